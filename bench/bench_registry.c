@@ -1,0 +1,44 @@
+/* The list of benchmarks. Add one line per bench_<name>.c. */
+#include <stdio.h>
+#include <string.h>
+
+#include "bench.h"
+#include "bench_util.h"
+
+/* Each bench file defines one of these. */
+extern const mm_bench_def_t mm_bench_convert_def;
+
+static const mm_bench_def_t *const mm_benches[] = {
+    &mm_bench_convert_def,
+};
+
+#define MM_BENCH_COUNT (sizeof mm_benches / sizeof mm_benches[0])
+
+void megamoe_bench_list(FILE *out)
+{
+    fprintf(out, "benchmarks:\n");
+    for (size_t i = 0; i < MM_BENCH_COUNT; i++)
+        fprintf(out, "  %-10s %s\n", mm_benches[i]->name, mm_benches[i]->help);
+    fprintf(out, "  %-10s run every benchmark above in turn\n", "all");
+}
+
+int megamoe_bench_run(const char *name, int argc, char **argv)
+{
+    if (strcmp(name, "all") == 0) {
+        int rc = 0;
+        for (size_t i = 0; i < MM_BENCH_COUNT; i++) {
+            char *sub_argv[] = {(char *)mm_benches[i]->name, NULL};
+            int r = mm_benches[i]->main(1, sub_argv);
+            if (r != 0) {
+                fprintf(stderr, "megamoe bench: '%s' failed (status %d)\n", mm_benches[i]->name, r);
+                rc = r;
+            }
+        }
+        return rc;
+    }
+    for (size_t i = 0; i < MM_BENCH_COUNT; i++)
+        if (strcmp(name, mm_benches[i]->name) == 0) return mm_benches[i]->main(argc, argv);
+    fprintf(stderr, "megamoe bench: unknown benchmark '%s'\n", name);
+    megamoe_bench_list(stderr);
+    return 2;
+}

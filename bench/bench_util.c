@@ -1,0 +1,201 @@
+/* Result rows, JSON/table output, progress and median timing for the benchmarks. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "megamoe/megamoe.h"
+
+#include "base/clock.h"
+#include "bench_util.h"
+
+#define MM_BENCH_MAX_ROWS 4096
+#define MM_BENCH_MAX_FIELDS 32
+
+typedef struct mm_bench_field {
+    char key[32];
+    char text[96]; /* JSON text of the value */
+    int quoted;
+} mm_bench_field_t;
+
+typedef struct mm_bench_row {
+    mm_bench_field_t fields[MM_BENCH_MAX_FIELDS];
+    int count;
+} mm_bench_row_t;
+
+static char mm_bench_name[64];
+static mm_bench_row_t *mm_rows;
+static int mm_row_count;
+
+void mm_bench_begin(const char *name)
+{
+    snprintf(mm_bench_name, sizeof mm_bench_name, "%s", name);
+    if (mm_rows == NULL) mm_rows = calloc(MM_BENCH_MAX_ROWS, sizeof *mm_rows);
+    mm_row_count = 0;
+}
+
+void mm_bench_row(void)
+{
+    if (mm_rows == NULL || mm_row_count >= MM_BENCH_MAX_ROWS) return;
+    mm_rows[mm_row_count++].count = 0;
+}
+
+static mm_bench_field_t *mm_bench_field(const char *key)
+{
+    if (mm_row_count == 0) return NULL;
+    mm_bench_row_t *row = &mm_rows[mm_row_count - 1];
+    if (row->count >= MM_BENCH_MAX_FIELDS) return NULL;
+    mm_bench_field_t *f = &row->fields[row->count++];
+    snprintf(f->key, sizeof f->key, "%s", key);
+    return f;
+}
+
+void mm_bench_str(const char *key, const char *value)
+{
+    mm_bench_field_t *f = mm_bench_field(key);
+    if (!f) return;
+    size_t o = 0;
+    for (const char *p = value; *p && o + 3 < sizeof f->text; p++) {
+        if (*p == '"' || *p == '\\') f->text[o++] = '\\';
+        f->text[o++] = (unsigned char)*p < 0x20 ? ' ' : *p;
+    }
+    f->text[o] = '\0';
+    f->quoted = 1;
+}
+
+void mm_bench_int(const char *key, long long value)
+{
+    mm_bench_field_t *f = mm_bench_field(key);
+    if (f) snprintf(f->text, sizeof f->text, "%lld", value), f->quoted = 0;
+}
+
+void mm_bench_num(const char *key, double value)
+{
+    mm_bench_field_t *f = mm_bench_field(key);
+    if (!f) return;
+    if (value != value) snprintf(f->text, sizeof f->text, "null");
+    else snprintf(f->text, sizeof f->text, "%.6g", value);
+    f->quoted = 0;
+}
+
+void mm_bench_bool(const char *key, int value)
+{
+    mm_bench_field_t *f = mm_bench_field(key);
+    if (f) snprintf(f->text, sizeof f->text, "%s", value ? "true" : "false"), f->quoted = 0;
+}
+
+void mm_bench_end(void)
+{
+    megamoe_host_info_t host;
+    megamoe_host_info(&host);
+    printf("{\"bench\": \"%s\", \"version\": \"%s\", \"host\": {\"cores\": %d, \"cpu\": \"%s\", "
+           "\"avx512\": %s, \"avx512_bf16\": %s, \"amx\": %s}, \"rows\": [",
+           mm_bench_name, megamoe_version(), host.cores, host.cpu, host.avx512 ? "true" : "false",
+           host.avx512_bf16 ? "true" : "false", host.amx_usable ? "true" : "false");
+    for (int r = 0; r < mm_row_count; r++) {
+        printf("%s\n  {", r ? "," : "");
+        for (int i = 0; i < mm_rows[r].count; i++) {
+            const mm_bench_field_t *f = &mm_rows[r].fields[i];
+            printf("%s\"%s\": %s%s%s", i ? ", " : "", f->key, f->quoted ? "\"" : "", f->text,
+                   f->quoted ? "\"" : "");
+        }
+        printf("}");
+    }
+    printf("\n]}\n");
+    fflush(stdout);
+
+    /* Table: one column per key, in first-seen order. */
+    char keys[64][32];
+    int widths[64], nkeys = 0;
+    for (int r = 0; r < mm_row_count; r++)
+        for (int i = 0; i < mm_rows[r].count; i++) {
+            int k = 0;
+            while (k < nkeys && strcmp(keys[k], mm_rows[r].fields[i].key) != 0) k++;
+            if (k == nkeys && nkeys < 64) {
+                snprintf(keys[nkeys], sizeof keys[nkeys], "%s", mm_rows[r].fields[i].key);
+                widths[nkeys] = (int)strlen(keys[nkeys]);
+                nkeys++;
+            }
+            if (k < nkeys && (int)strlen(mm_rows[r].fields[i].text) > widths[k])
+                widths[k] = (int)strlen(mm_rows[r].fields[i].text);
+        }
+    fprintf(stderr, "\n== %s ==\n", mm_bench_name);
+    for (int k = 0; k < nkeys; k++) fprintf(stderr, "%-*s  ", widths[k], keys[k]);
+    fprintf(stderr, "\n");
+    for (int r = 0; r < mm_row_count; r++) {
+        for (int k = 0; k < nkeys; k++) {
+            const char *text = "-";
+            for (int i = 0; i < mm_rows[r].count; i++)
+                if (strcmp(mm_rows[r].fields[i].key, keys[k]) == 0) text = mm_rows[r].fields[i].text;
+            fprintf(stderr, "%-*s  ", widths[k], text);
+        }
+        fprintf(stderr, "\n");
+    }
+    fflush(stderr);
+}
+
+void mm_bench_progress(int done, int total, const char *label)
+{
+    if (isatty(STDERR_FILENO)) {
+        fprintf(stderr, "\r[%3d/%3d] %-60.60s", done, total, label);
+        if (done == total) fprintf(stderr, "\n");
+    } else {
+        fprintf(stderr, "[%3d/%3d] %s\n", done, total, label);
+    }
+    fflush(stderr);
+}
+
+static int mm_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+double mm_bench_median_of(double *values, int n)
+{
+    if (n <= 0) return 0;
+    qsort(values, (size_t)n, sizeof *values, mm_cmp_double);
+    return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+double mm_bench_median(void (*fn)(void *arg), void *arg, int min_reps, double min_seconds)
+{
+    enum { MAX_REPS = 100000 };
+    static double times[MAX_REPS];
+    fn(arg); /* warm-up */
+    int n = 0;
+    double total = 0;
+    while (n < MAX_REPS && (n < min_reps || total < min_seconds)) {
+        uint64_t t0 = mm_now_ns();
+        fn(arg);
+        double dt = (double)(mm_now_ns() - t0) * 1e-9;
+        times[n++] = dt;
+        total += dt;
+    }
+    return mm_bench_median_of(times, n);
+}
+
+const char *mm_bench_self_exe(void)
+{
+    static char path[4096];
+    if (path[0] == '\0') {
+        ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+        if (n <= 0) snprintf(path, sizeof path, "megamoe");
+        else path[n] = '\0';
+    }
+    return path;
+}
+
+const char *mm_bench_opt(int argc, char **argv, const char *name, const char *def)
+{
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], name) == 0) return argv[i + 1];
+    return def;
+}
+
+int mm_bench_flag(int argc, char **argv, const char *name)
+{
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], name) == 0) return 1;
+    return 0;
+}

@@ -1,0 +1,1 @@
+"""Compatibility namespace so the HyperParallel import lines work on CPU."""

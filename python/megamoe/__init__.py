@@ -1,0 +1,13 @@
+"""megamoe: expert-parallel Mixture-of-Experts layers on CPUs (Python/PyTorch binding).
+
+The package wraps libmegamoe.so (found in the build tree, or at $MEGAMOE_LIB) with ctypes.
+Every failing call raises :class:`MegaMoeError`, which carries the C status and the library's
+message naming the fix.
+"""
+from . import _lib
+from .errors import MegaMoeError, check, status_name, status_str
+
+__version__ = _lib.lib.megamoe_version().decode()
+library_path = _lib.path
+
+__all__ = ["MegaMoeError", "check", "status_name", "status_str", "__version__", "library_path"]

@@ -1,0 +1,63 @@
+"""Locate and load libmegamoe.so with ctypes, and declare the C signatures used by the package."""
+import ctypes
+import glob
+import os
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_REPO = os.path.abspath(os.path.join(_HERE, "..", ".."))
+
+
+def _candidates():
+    env = os.environ.get("MEGAMOE_LIB")
+    if env:
+        yield env
+        return
+    build = os.environ.get("MEGAMOE_BUILD_DIR")
+    if build:
+        yield os.path.join(build, "src", "libmegamoe.so")
+    for preset in ("release", "debug", "asan", "tsan"):
+        yield os.path.join(_REPO, "build", preset, "src", "libmegamoe.so")
+    yield from sorted(glob.glob(os.path.join(_REPO, "build", "*", "src", "libmegamoe.so")))
+    yield os.path.join(_HERE, "libmegamoe.so")
+    yield "libmegamoe.so"
+
+
+def _load():
+    errors = []
+    for path in _candidates():
+        if os.path.sep in path and not os.path.exists(path):
+            errors.append(f"{path}: not found")
+            continue
+        try:
+            return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL), path
+        except OSError as exc:  # pragma: no cover - depends on the machine
+            errors.append(f"{path}: {exc}")
+    raise ImportError(
+        "megamoe: cannot load libmegamoe.so; build it with 'make build' or set MEGAMOE_LIB.\n  "
+        + "\n  ".join(errors))
+
+
+lib, path = _load()
+
+c_int = ctypes.c_int
+c_char_p = ctypes.c_char_p
+
+lib.megamoe_version.restype = c_char_p
+lib.megamoe_version.argtypes = []
+lib.megamoe_abi_version.restype = c_int
+lib.megamoe_status_str.restype = c_char_p
+lib.megamoe_status_str.argtypes = [c_int]
+lib.megamoe_status_name.restype = c_char_p
+lib.megamoe_status_name.argtypes = [c_int]
+lib.megamoe_last_error.restype = c_char_p
+lib.megamoe_last_error.argtypes = []
+lib.megamoe_clear_last_error.restype = None
+lib.megamoe_fp32_to_bf16.restype = ctypes.c_uint16
+lib.megamoe_fp32_to_bf16.argtypes = [ctypes.c_float]
+lib.megamoe_convert.restype = c_int
+lib.megamoe_convert.argtypes = [ctypes.c_void_p, c_int, ctypes.c_void_p, c_int, ctypes.c_size_t]
+
+ABI_VERSION = 1
+if lib.megamoe_abi_version() != ABI_VERSION:
+    raise ImportError(f"megamoe: {path} has ABI {lib.megamoe_abi_version()}, "
+                      f"this binding needs {ABI_VERSION}; rebuild with 'make build'")

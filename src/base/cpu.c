@@ -1,0 +1,141 @@
+/* CPU feature detection. */
+#include <string.h>
+#include <unistd.h>
+
+#include "cpu.h"
+
+#if MM_X86
+#include <cpuid.h>
+
+static void mm_cpuid(unsigned leaf, unsigned sub, unsigned r[4])
+{
+    __cpuid_count(leaf, sub, r[0], r[1], r[2], r[3]);
+}
+
+static unsigned long long mm_xgetbv0(void)
+{
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((unsigned long long)hi << 32) | lo;
+}
+#endif
+
+int mm_cpu_has_avx512(void)
+{
+#if MM_X86
+    static int cached = -1;
+    if (cached >= 0) return cached;
+    unsigned r[4];
+    mm_cpuid(1, 0, r);
+    int osxsave = (r[2] >> 27) & 1;
+    int ok = 0;
+    if (osxsave && (mm_xgetbv0() & 0xe6) == 0xe6) { /* XMM, YMM, opmask, ZMM state enabled */
+        mm_cpuid(7, 0, r);
+        int f = (r[1] >> 16) & 1, dq = (r[1] >> 17) & 1, bw = (r[1] >> 30) & 1,
+            vl = (r[1] >> 31) & 1;
+        ok = f && dq && bw && vl;
+    }
+    cached = ok;
+    return ok;
+#else
+    return 0;
+#endif
+}
+
+int mm_cpu_has_avx512_bf16(void)
+{
+#if MM_X86
+    static int cached = -1;
+    if (cached >= 0) return cached;
+    unsigned r[4];
+    mm_cpuid(7, 1, r);
+    cached = mm_cpu_has_avx512() && ((r[0] >> 5) & 1);
+    return cached;
+#else
+    return 0;
+#endif
+}
+
+int mm_cpu_has_amx_bf16(void)
+{
+#if MM_X86
+    static int cached = -1;
+    if (cached >= 0) return cached;
+    unsigned r[4];
+    mm_cpuid(7, 0, r);
+    cached = ((r[3] >> 24) & 1) && ((r[3] >> 22) & 1); /* AMX-TILE, AMX-BF16 */
+    return cached;
+#else
+    return 0;
+#endif
+}
+
+const char *mm_cpu_brand(void)
+{
+    static char brand[49];
+#if MM_X86
+    if (brand[0] == '\0') {
+        unsigned r[4];
+        mm_cpuid(0x80000000u, 0, r);
+        if (r[0] >= 0x80000004u) {
+            for (unsigned i = 0; i < 3; i++) {
+                mm_cpuid(0x80000002u + i, 0, r);
+                memcpy(brand + 16 * i, r, 16);
+            }
+            brand[48] = '\0';
+        } else {
+            strcpy(brand, "x86-64");
+        }
+        /* trim trailing blanks */
+        for (int i = (int)strlen(brand) - 1; i >= 0 && brand[i] == ' '; i--) brand[i] = '\0';
+    }
+#else
+    if (brand[0] == '\0') strcpy(brand, "unknown");
+#endif
+    return brand;
+}
+
+int mm_cpu_count(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+#include <pthread.h>
+#include <stdio.h>
+#include <sys/syscall.h>
+
+#include "megamoe/config.h"
+
+#define MM_ARCH_REQ_XCOMP_PERM 0x1023
+#define MM_XFEATURE_XTILEDATA 18
+
+static int mm_amx_granted;
+static pthread_once_t mm_amx_once = PTHREAD_ONCE_INIT;
+
+static void mm_amx_request_once(void)
+{
+#if MM_X86 && defined(SYS_arch_prctl)
+    if (!mm_cpu_has_amx_bf16()) return;
+    mm_amx_granted = syscall(SYS_arch_prctl, MM_ARCH_REQ_XCOMP_PERM, MM_XFEATURE_XTILEDATA) == 0;
+#endif
+}
+
+int mm_cpu_request_amx(void)
+{
+    pthread_once(&mm_amx_once, mm_amx_request_once);
+    return mm_amx_granted;
+}
+
+megamoe_status_t megamoe_host_info(megamoe_host_info_t *info_p)
+{
+    if (info_p == NULL) return MEGAMOE_INVALID_ARGUMENT;
+    memset(info_p, 0, sizeof *info_p);
+    snprintf(info_p->cpu, sizeof info_p->cpu, "%s", mm_cpu_brand());
+    info_p->cores = mm_cpu_count();
+    info_p->avx512 = mm_cpu_has_avx512();
+    info_p->avx512_bf16 = mm_cpu_has_avx512_bf16();
+    info_p->amx_bf16 = mm_cpu_has_amx_bf16();
+    info_p->amx_usable = mm_cpu_request_amx();
+    return MEGAMOE_OK;
+}

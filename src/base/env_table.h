@@ -1,0 +1,54 @@
+/* The ONE table of every environment variable megamoe reads (C library, CLI and Python).
+ *
+ * MM_ENV(ID, NAME, TYPE, DEFAULT, MIN, MAX, CHOICES, HELP)
+ *   TYPE    STRING | SIZE | BOOL | INT | ENUM
+ *   DEFAULT text form of the default ("" = none)
+ *   MIN/MAX bounds for INT and SIZE (inclusive)
+ *   CHOICES '|'-separated words for ENUM, else ""
+ *
+ * Adding a variable: one line here, then regenerate docs/env.md with
+ * `megamoe info --config --markdown > docs/env.md` (a test compares them).
+ */
+/* clang-format off */
+#define MM_ENV_TABLE(MM_ENV) \
+    MM_ENV(SHMEM_BOOTSTRAP_ENDPOINT, "HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT", STRING, "tcp://127.0.0.1:8662", 0, 0, "", \
+           "Bootstrap endpoint tcp://host:port shared by all ranks; rank 0 listens on it.") \
+    MM_ENV(SHMEM_HEAP_SIZE, "HYPER_PARALLEL_SHMEM_HEAP_SIZE", SIZE, "1G", 1048576, 1099511627776LL, "", \
+           "Bytes of symmetric heap per rank (sparse; fixed for one SHMEM lifecycle).") \
+    MM_ENV(SHMEM_TIMEOUT_SEC, "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC", INT, "120", 1, 86400, "", \
+           "Seconds a bootstrap connect or a wait on a peer may take before TIMEOUT.") \
+    MM_ENV(SHMEM_LOG_LEVEL, "HYPER_PARALLEL_SHMEM_LOG_LEVEL", INT, "2", 0, 2, "", \
+           "SHMEM runtime log level: 0 debug (with allocation call sites), 1 info, 2 error.") \
+    MM_ENV(LOG_LEVEL, "MEGAMOE_LOG_LEVEL", ENUM, "warn", 0, 0, "trace|debug|info|warn|error|off", \
+           "Library log level.") \
+    MM_ENV(JOB_TOKEN, "MEGAMOE_JOB_TOKEN", STRING, "", 0, 0, "", \
+           "Secret shared by the ranks of one job (set by megamoe launch); peers prove it at bootstrap.") \
+    MM_ENV(RANK, "RANK", INT, "", 0, 1048575, "", \
+           "This process's rank when no rank is passed to the API (torchrun, megamoe launch).") \
+    MM_ENV(WORLD_SIZE, "WORLD_SIZE", INT, "", 1, 1048576, "", \
+           "Number of ranks when none is passed to the API.") \
+    MM_ENV(LOCAL_RANK, "LOCAL_RANK", INT, "", 0, 1048575, "", \
+           "Rank within this host.") \
+    MM_ENV(LOCAL_WORLD_SIZE, "LOCAL_WORLD_SIZE", INT, "", 1, 1048576, "", \
+           "Number of ranks on this host.") \
+    MM_ENV(OMPI_RANK, "OMPI_COMM_WORLD_RANK", INT, "", 0, 1048575, "", \
+           "Rank set by Open MPI's mpirun (used when RANK is unset).") \
+    MM_ENV(OMPI_SIZE, "OMPI_COMM_WORLD_SIZE", INT, "", 1, 1048576, "", \
+           "World size set by Open MPI's mpirun (used when WORLD_SIZE is unset).") \
+    MM_ENV(RANKS_PER_NODE, "MEGAMOE_RANKS_PER_NODE", INT, "0", 0, 1048576, "", \
+           "Ranks per group for the 'hierarchy' dispatch algorithm (0 = all ranks of the host).") \
+    MM_ENV(GEMM, "MEGAMOE_GEMM", ENUM, "auto", 0, 0, "auto|amx|avx512|onednn|ref", \
+           "BF16 GEMM backend; auto picks the fastest available on this CPU.") \
+    MM_ENV(THREADS, "MEGAMOE_THREADS", INT, "0", 0, 4096, "", \
+           "Cores given to each rank (0 = online cores / local ranks).") \
+    MM_ENV(CUBE_WORKERS, "MEGAMOE_CUBE_WORKERS", INT, "0", 0, 4096, "", \
+           "GEMM ('cube') worker threads per rank (0 = derived from MEGAMOE_THREADS).") \
+    MM_ENV(VECTOR_WORKERS, "MEGAMOE_VECTOR_WORKERS", INT, "0", 0, 4096, "", \
+           "Communication/elementwise ('vector') worker threads per rank (0 = derived).") \
+    MM_ENV(CHECK, "MEGAMOE_CHECK", BOOL, "0", 0, 0, "", \
+           "Verify trusted inputs (tokens_per_expert, symmetric allocation order) at extra cost.") \
+    MM_ENV(PROFILE, "MEGAMOE_PROFILE", STRING, "", 0, 0, "", \
+           "Directory for MegaKernel Chrome traces (trace_<rank>.json); empty = profiling off.") \
+    MM_ENV(LIB, "MEGAMOE_LIB", STRING, "", 0, 0, "", \
+           "Python binding: path of libmegamoe.so to load instead of searching the build tree.")
+/* clang-format on */

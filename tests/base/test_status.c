@@ -1,0 +1,29 @@
+#include "base/error.h"
+#include "harness/harness.h"
+#include "megamoe/status.h"
+
+MM_TEST(status_strings_cover_every_code)
+{
+    ASSERT_EQ_INT(MEGAMOE_OK, 0);
+    ASSERT_EQ_STR(megamoe_status_name(MEGAMOE_CAPACITY_OVERFLOW), "CAPACITY_OVERFLOW");
+    ASSERT_EQ_STR(megamoe_status_str(MEGAMOE_PEER_LOST), "a peer rank was lost");
+    ASSERT_EQ_STR(megamoe_status_name((megamoe_status_t)-999), "UNKNOWN");
+#define CHECK_(name, value, text)                                                 \
+    ASSERT_TRUE(value == 0 || value == 1 || value < 0);                           \
+    ASSERT_EQ_STR(megamoe_status_name(MEGAMOE_##name), #name);                    \
+    ASSERT_EQ_STR(megamoe_status_str(MEGAMOE_##name), text);
+    MEGAMOE_STATUS_MAP(CHECK_)
+#undef CHECK_
+}
+
+MM_TEST(last_error_records_message)
+{
+    megamoe_log_set_level(MEGAMOE_LOG_OFF);
+    megamoe_clear_last_error();
+    ASSERT_EQ_STR(megamoe_last_error(), "");
+    megamoe_status_t st = mm_error(MEGAMOE_INVALID_ARGUMENT, "top_k %d must be in [1, %d]", 9, 8);
+    ASSERT_EQ_INT(st, MEGAMOE_INVALID_ARGUMENT);
+    ASSERT_EQ_STR(megamoe_last_error(), "INVALID_ARGUMENT: top_k 9 must be in [1, 8]");
+    megamoe_clear_last_error();
+    ASSERT_EQ_STR(megamoe_last_error(), "");
+}

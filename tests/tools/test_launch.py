@@ -1,0 +1,104 @@
+"""megamoe launch: environment, prefixes, failure propagation, timeouts, no leftovers."""
+import os
+import subprocess
+import sys
+import time
+
+from conftest import run_megamoe
+
+PY = sys.executable
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ")[1][0] != "Z"
+
+
+def test_normal_run_returns_zero_and_sets_environment(megamoe_bin):
+    code = ("import os; print('env', os.environ['RANK'], os.environ['WORLD_SIZE'], "
+            "os.environ['LOCAL_RANK'], os.environ['LOCAL_WORLD_SIZE'], "
+            "os.environ['HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT'], "
+            "len(os.environ['MEGAMOE_JOB_TOKEN']), os.environ['MASTER_PORT'])")
+    r = run_megamoe(["launch", "-n", "3", "--", PY, "-c", code])
+    assert r.returncode == 0, r.stderr
+    lines = sorted(l for l in r.stdout.splitlines() if " env " in l)
+    assert len(lines) == 3
+    endpoints = set()
+    for rank, line in enumerate(lines):
+        parts = line.split()
+        assert parts[0:2] == ["[rank", f"{rank}]"]
+        assert parts[3:7] == [str(rank), "3", str(rank), "3"]
+        assert parts[7].startswith("tcp://127.0.0.1:")
+        assert parts[8] == "64"
+        endpoints.add(parts[7])
+    assert len(endpoints) == 1
+
+
+def test_failing_rank_stops_the_others_quickly(megamoe_bin, tmp_path):
+    pidfile = tmp_path / "pids"
+    code = (
+        "import os, sys, time\n"
+        f"open({str(pidfile)!r}, 'a').write(str(os.getpid()) + '\\n')\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    time.sleep(0.5); sys.exit(3)\n"
+        "time.sleep(600)\n")
+    t0 = time.monotonic()
+    r = run_megamoe(["launch", "-n", "3", "--", PY, "-c", code], timeout=60)
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 3
+    assert elapsed < 5.5, elapsed
+    assert "rank 1 exited with status 3" in r.stderr
+    pids = [int(p) for p in pidfile.read_text().split()]
+    assert len(pids) == 3
+    time.sleep(0.2)
+    assert not any(_alive(p) for p in pids)
+
+
+def test_rank_ignoring_sigterm_is_killed(megamoe_bin):
+    code = ("import os, signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "if os.environ['RANK'] == '0': sys.exit(5)\n"
+            "time.sleep(600)\n")
+    t0 = time.monotonic()
+    r = run_megamoe(["launch", "-n", "2", "--", PY, "-c", code], timeout=60)
+    assert r.returncode == 5
+    assert time.monotonic() - t0 < 5.5
+
+
+def test_hanging_rank_is_stopped_at_the_timeout(megamoe_bin):
+    code = "import time; time.sleep(600)"
+    t0 = time.monotonic()
+    r = run_megamoe(["launch", "-n", "2", "--timeout", "1", "--", PY, "-c", code], timeout=60)
+    assert r.returncode == 124
+    assert time.monotonic() - t0 < 5
+    assert "timeout after 1 s" in r.stderr
+
+
+def test_killed_rank_is_reported_with_its_signal(megamoe_bin):
+    code = ("import os, signal, time\n"
+            "if os.environ['RANK'] == '1': os.kill(os.getpid(), signal.SIGKILL)\n"
+            "time.sleep(600)\n")
+    r = run_megamoe(["launch", "-n", "2", "--", PY, "-c", code], timeout=60)
+    assert r.returncode == 128 + 9
+    assert "rank 1 was killed by signal 9" in r.stderr
+
+
+def test_output_is_prefixed_per_line(megamoe_bin):
+    code = "import sys; print('a\\nb'); print('err', file=sys.stderr)"
+    r = run_megamoe(["launch", "-n", "2", "--", PY, "-c", code])
+    assert r.returncode == 0
+    assert sorted(r.stdout.splitlines()) == ["[rank 0] a", "[rank 0] b", "[rank 1] a", "[rank 1] b"]
+    assert "[rank 0] err" in r.stderr and "[rank 1] err" in r.stderr
+
+
+def test_bad_usage(megamoe_bin):
+    assert run_megamoe(["launch", "-n", "0", "--", "true"]).returncode == 2
+    assert run_megamoe(["launch", "--", "true"]).returncode == 2
+    assert run_megamoe(["launch", "-n", "2"]).returncode == 2
+    r = run_megamoe(["launch", "-n", "1", "--", "/nonexistent/cmd"])
+    assert r.returncode == 127
+    assert "cannot run" in r.stderr
