@@ -1,0 +1,144 @@
+/* Private symmetric-memory runtime (SHMEM) — the internal API used by ops, multicore and moe.
+ *
+ * Modelled on OpenSHMEM 1.5 / NVSHMEM so kernels read like their GPU counterparts:
+ *  - PEs are the ranks of the world (a process each). Every PE owns one heap segment of
+ *    HYPER_PARALLEL_SHMEM_HEAP_SIZE bytes; same-host peers map each other's segment, so a remote
+ *    object is (peer base + same offset) and can be loaded/stored directly (mm_shmem_ptr).
+ *  - Symmetric allocation is collective over the WORLD and must be called in the same order
+ *    with the same arguments on every PE (as shmem_malloc); the result has the same offset on
+ *    every PE. A mismatch between PEs is detected and reported as CONFIG_MISMATCH on all PEs.
+ *  - Signals are uint64_t words in the symmetric heap, one per 64-byte line.
+ *
+ * Memory ordering (what callers may rely on):
+ *  - mm_shmem_put_signal(): the data is visible to the target before the signal update; a
+ *    waiter that observes the new signal value (mm_shmem_signal_wait_until, acquire) sees the
+ *    data. Plain puts issued earlier by the same thread to the same PE are also visible.
+ *  - mm_shmem_fence(): puts/signals issued before it to a PE are delivered before those issued
+ *    after it to the same PE. mm_shmem_quiet(): all puts issued before it, to all PEs, are
+ *    complete (visible) when it returns. Barriers imply quiet.
+ *
+ * Errors: waits return TIMEOUT after HYPER_PARALLEL_SHMEM_TIMEOUT_SEC and PEER_LOST within 2 s of
+ * a peer's death (process gone or bootstrap connection closed); nothing blocks forever.
+ * Threads: data-path calls (put/get/signal/wait) are thread-safe; allocation, teams and
+ * barriers on one team must not run concurrently from several threads of a PE.
+ */
+#ifndef MM_SHMEM_SHMEM_H
+#define MM_SHMEM_SHMEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "megamoe/status.h"
+
+/* ---- lifecycle (process-wide reference count, exactly as the seed) ---- */
+
+typedef struct mm_shmem_params {
+    int rank;              /* -1: RANK, else OMPI_COMM_WORLD_RANK */
+    int world_size;        /* -1: WORLD_SIZE, else OMPI_COMM_WORLD_SIZE */
+    const char *endpoint;  /* NULL: HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT */
+    uint64_t heap_size;    /* 0: HYPER_PARALLEL_SHMEM_HEAP_SIZE */
+    int timeout_sec;       /* 0: HYPER_PARALLEL_SHMEM_TIMEOUT_SEC */
+} mm_shmem_params_t;
+
+mm_shmem_params_t mm_shmem_params_default(void);
+
+/* First acquire in the process bootstraps, maps the heaps and returns when every PE is up;
+ * later acquires only increment the count (their params must match the running runtime or
+ * be defaults, else INVALID_STATE). A failed first acquire leaves no reference and may be
+ * retried. */
+megamoe_status_t mm_shmem_acquire(const mm_shmem_params_t *params);
+/* Pairs with acquire. The last release checks every symmetric allocation was freed (else
+ * INVALID_STATE listing the leaks, reference kept), synchronises all PEs and tears down.
+ * Release without a reference is INVALID_STATE. */
+megamoe_status_t mm_shmem_release(void);
+int mm_shmem_refcount(void);
+/* 1 between the first acquire and the last release. */
+int mm_shmem_is_running(void);
+
+int mm_shmem_my_pe(void);
+int mm_shmem_n_pes(void);
+uint64_t mm_shmem_timeout_ns(void);
+
+/* ---- symmetric memory ---- */
+
+/* Collective over the world. align: power of two (0 = 64). site: "file:line" for debug_state. */
+megamoe_status_t mm_shmem_malloc_site(size_t size, size_t align, const char *site, void **ptr_p);
+#define MM_SHMEM_STR2_(x) #x
+#define MM_SHMEM_STR_(x) MM_SHMEM_STR2_(x)
+#define mm_shmem_malloc(size, align, ptr_p) \
+    mm_shmem_malloc_site((size), (align), __FILE__ ":" MM_SHMEM_STR_(__LINE__), (ptr_p))
+/* Collective over the world; NULL is a no-op. Freeing twice or a non-heap pointer is an error. */
+megamoe_status_t mm_shmem_free(void *ptr);
+
+/* Address at which the calling PE can load/store PE pe's copy of symmetric object sym;
+ * NULL when sym is not in the heap or pe is not reachable by load/store. */
+void *mm_shmem_ptr(const void *sym, int pe);
+/* 1 when ptr lies in the calling PE's heap. */
+int mm_shmem_is_symmetric(const void *ptr, size_t nbytes);
+
+typedef struct mm_shmem_debug_state {
+    int refcount;
+    uint64_t heap_size, bytes_used, bytes_peak;
+    int live_allocations;
+    /* Text listing live allocations (offset, size, site), NUL-terminated, truncated to fit. */
+    char live_table[4096];
+} mm_shmem_debug_state_t;
+megamoe_status_t mm_shmem_debug_state(mm_shmem_debug_state_t *state_p);
+
+/* ---- one-sided data movement (dest/src symmetric on the remote side) ---- */
+
+enum { MM_SHMEM_SIGNAL_SET = 0, MM_SHMEM_SIGNAL_ADD = 1 };
+enum {
+    MM_SHMEM_CMP_EQ = 0,
+    MM_SHMEM_CMP_NE,
+    MM_SHMEM_CMP_GT,
+    MM_SHMEM_CMP_GE,
+    MM_SHMEM_CMP_LT,
+    MM_SHMEM_CMP_LE
+};
+
+void mm_shmem_put(void *dest, const void *src, size_t nbytes, int pe);
+void mm_shmem_get(void *dest, const void *src, size_t nbytes, int pe);
+void mm_shmem_put_signal(void *dest, const void *src, size_t nbytes, uint64_t *sig,
+                         uint64_t value, int sig_op, int pe);
+void mm_shmem_signal_op(uint64_t *sig, uint64_t value, int sig_op, int pe);
+uint64_t mm_shmem_signal_fetch(const uint64_t *sig);
+/* Wait until *sig (local, symmetric or not) compares true with value; spin, then pause, then
+ * yield/sleep. value_p (may be NULL) gets the satisfying value. TIMEOUT / PEER_LOST. */
+megamoe_status_t mm_shmem_signal_wait_until(uint64_t *sig, int cmp, uint64_t value,
+                                            uint64_t *value_p);
+void mm_shmem_fence(void);
+void mm_shmem_quiet(void);
+
+/* ---- teams (subsets of the world, like shmem_team_t / MPI_Comm_split) ---- */
+
+typedef struct mm_shmem_team mm_shmem_team_t;
+/* The world team; valid while the runtime is running. */
+mm_shmem_team_t *mm_shmem_team_world(void);
+/* Collective over parent: PEs with the same color >= 0 form a team ordered by (key, parent
+ * rank); color < 0 gives *team_p = NULL. */
+megamoe_status_t mm_shmem_team_split(mm_shmem_team_t *parent, int color, int key,
+                                     mm_shmem_team_t **team_p);
+megamoe_status_t mm_shmem_team_destroy(mm_shmem_team_t *team);
+int mm_shmem_team_my_pe(const mm_shmem_team_t *team);
+int mm_shmem_team_n_pes(const mm_shmem_team_t *team);
+/* World PE of team member i (-1 when out of range). */
+int mm_shmem_team_world_pe(const mm_shmem_team_t *team, int i);
+
+megamoe_status_t mm_shmem_barrier_all(void);
+megamoe_status_t mm_shmem_team_barrier(mm_shmem_team_t *team);
+/* Every member contributes nbytes from src; dest (any memory) receives n_pes * nbytes in
+ * team order. Small control data (<= 64 KiB); over the heap, fast. */
+megamoe_status_t mm_shmem_team_allgather(mm_shmem_team_t *team, void *dest, const void *src,
+                                         size_t nbytes);
+megamoe_status_t mm_shmem_team_broadcast(mm_shmem_team_t *team, void *buf, size_t nbytes,
+                                         int root);
+/* Collective decision: every member passes its local status (and sets its last error text
+ * when failing). All members return the same result: OK when all were OK, else the status of
+ * the lowest team rank that failed, with megamoe_last_error() = "rank R: <its message>". */
+megamoe_status_t mm_shmem_team_agree(mm_shmem_team_t *team, megamoe_status_t local);
+
+/* 1 while world PE pe is believed alive. */
+int mm_shmem_pe_alive(int pe);
+
+#endif /* MM_SHMEM_SHMEM_H */
