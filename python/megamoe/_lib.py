@@ -61,3 +61,26 @@ ABI_VERSION = 1
 if lib.megamoe_abi_version() != ABI_VERSION:
     raise ImportError(f"megamoe: {path} has ABI {lib.megamoe_abi_version()}, "
                       f"this binding needs {ABI_VERSION}; rebuild with 'make build'")
+
+
+# ---- reference model (include/megamoe/reference.h) -----------------------------------------
+class ReferenceShape(ctypes.Structure):
+    _fields_ = [("ep", ctypes.c_int64), ("tokens_per_rank", ctypes.c_int64),
+                ("hidden", ctypes.c_int64), ("intermediate", ctypes.c_int64),
+                ("num_experts", ctypes.c_int64), ("top_k", ctypes.c_int64)]
+
+
+class ReferenceParams(ctypes.Structure):
+    _fields_ = [("swiglu_limit", ctypes.c_float), ("hidden_dtype", c_int), ("ids_dtype", c_int),
+                ("probs_dtype", c_int), ("weight_dtype", c_int), ("grad_dtype", c_int)]
+
+
+_vp = ctypes.c_void_p
+lib.megamoe_reference_params_default.restype = ReferenceParams
+lib.megamoe_reference_params_default.argtypes = []
+lib.megamoe_reference_forward.restype = c_int
+lib.megamoe_reference_forward.argtypes = [ctypes.POINTER(ReferenceShape),
+                                          ctypes.POINTER(ReferenceParams)] + [_vp] * 6
+lib.megamoe_reference_backward.restype = c_int
+lib.megamoe_reference_backward.argtypes = [ctypes.POINTER(ReferenceShape),
+                                           ctypes.POINTER(ReferenceParams)] + [_vp] * 10
