@@ -1,0 +1,158 @@
+/* One-sided row exchange: direct stores into peers' mapped buffers (same host) or SHMEM puts. */
+#include "ops/ep_exchange.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+
+#define MM_EP_SIG_STRIDE (64 / sizeof(uint64_t)) /* one signal per 64-byte line */
+
+static inline uint64_t *mm_ep_sig(const mm_ep_xbuf_t *x, int dir, int src)
+{
+    return x->sig + ((size_t)dir * (size_t)x->ep + (size_t)src) * MM_EP_SIG_STRIDE;
+}
+
+size_t mm_ep_xbuf_heap_bytes(int ep, int64_t capacity, int64_t ret_rows, size_t row_bytes)
+{
+    /* Each allocation is rounded to 4 KiB (page) alignment by us, plus the signal lines. */
+    size_t recv = mm_align_up((size_t)(capacity > 0 ? capacity : 1) * row_bytes, 4096);
+    size_t ret = mm_align_up((size_t)(ret_rows > 0 ? ret_rows : 1) * row_bytes, 4096);
+    size_t sig = mm_align_up((size_t)2 * (size_t)ep * 64, 4096);
+    return recv + ret + sig;
+}
+
+megamoe_status_t mm_ep_xbuf_create(mm_shmem_team_t *team, int64_t capacity, int64_t ret_rows,
+                                   size_t row_bytes, mm_ep_xbuf_t **xbuf_p)
+{
+    int ep = mm_shmem_team_n_pes(team);
+    mm_ep_xbuf_t *x = calloc(1, sizeof *x);
+    int *pes = calloc((size_t)(ep > 0 ? ep : 1), sizeof *pes);
+    if (x == NULL || pes == NULL) {
+        free(x);
+        free(pes);
+        return mm_error(MEGAMOE_OUT_OF_MEMORY, "cannot allocate exchange buffer descriptors");
+    }
+    x->ep = ep;
+    x->me = mm_shmem_team_my_pe(team);
+    x->pes = pes;
+    for (int i = 0; i < ep; i++) pes[i] = mm_shmem_team_world_pe(team, i);
+    x->row_bytes = row_bytes;
+    x->capacity = capacity;
+    x->ret_rows = ret_rows;
+    /* Same order and sizes on every PE: the allocations are symmetric. */
+    size_t recv_bytes = (size_t)(capacity > 0 ? capacity : 1) * row_bytes;
+    size_t ret_bytes = (size_t)(ret_rows > 0 ? ret_rows : 1) * row_bytes;
+    size_t sig_bytes = (size_t)2 * (size_t)ep * 64;
+    megamoe_status_t st = mm_shmem_malloc(recv_bytes, 4096, &x->recv);
+    if (st == MEGAMOE_OK) st = mm_shmem_malloc(ret_bytes, 4096, &x->ret);
+    if (st == MEGAMOE_OK) st = mm_shmem_malloc(sig_bytes, 4096, (void **)&x->sig);
+    if (st == MEGAMOE_OK) {
+        memset(x->sig, 0, sig_bytes);
+        st = mm_shmem_team_barrier(team);
+    }
+    if (st != MEGAMOE_OK) {
+        /* Every PE failed the same collective allocation, so freeing what exists is symmetric. */
+        mm_ep_xbuf_destroy(x);
+        return st;
+    }
+    *xbuf_p = x;
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t mm_ep_xbuf_destroy(mm_ep_xbuf_t *x)
+{
+    if (x == NULL) return MEGAMOE_OK;
+    megamoe_status_t st = MEGAMOE_OK, s;
+    /* Reverse order of allocation. */
+    if (x->sig && (s = mm_shmem_free(x->sig)) != MEGAMOE_OK && st == MEGAMOE_OK) st = s;
+    if (x->ret && (s = mm_shmem_free(x->ret)) != MEGAMOE_OK && st == MEGAMOE_OK) st = s;
+    if (x->recv && (s = mm_shmem_free(x->recv)) != MEGAMOE_OK && st == MEGAMOE_OK) st = s;
+    free(x->pes);
+    free(x);
+    return st;
+}
+
+/* Copy n rows to rows [dst_row, dst_row + n) of symmetric buffer sym on PE pe. */
+static inline void mm_ep_put_rows(void *sym, int64_t dst_row, const void *src, size_t ld,
+                                  int64_t n, size_t row_bytes, int pe)
+{
+    if (n <= 0) return;
+    char *dst_local = (char *)sym + (size_t)dst_row * row_bytes;
+    char *direct = mm_shmem_ptr(dst_local, pe);
+    if (ld == row_bytes) {
+        if (direct) memcpy(direct, src, (size_t)n * row_bytes);
+        else mm_shmem_put(dst_local, src, (size_t)n * row_bytes, pe);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const char *s = (const char *)src + (size_t)i * ld;
+        if (direct) memcpy(direct + (size_t)i * row_bytes, s, row_bytes);
+        else mm_shmem_put(dst_local + (size_t)i * row_bytes, s, row_bytes, pe);
+    }
+}
+
+void mm_ep_dispatch_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, const void *src,
+                         size_t ld, int gather, int64_t p0, int64_t p1)
+{
+    if (p0 >= p1) return;
+    const size_t rb = x->row_bytes;
+    int64_t e = mm_ep_expert_of_pos(p, p0);
+    int64_t pos = p0;
+    while (pos < p1) {
+        while (p->src_off[e + 1] <= pos) e++; /* skip empty experts */
+        int64_t end = p->src_off[e + 1] < p1 ? p->src_off[e + 1] : p1;
+        int pe = x->pes[e / p->L];
+        int64_t row = p->dst_off[e] + (pos - p->src_off[e]);
+        if (!gather) {
+            mm_ep_put_rows(x->recv, row, (const char *)src + (size_t)pos * ld, ld, end - pos, rb,
+                           pe);
+        } else {
+            char *dst_local = (char *)x->recv + (size_t)row * rb;
+            char *direct = mm_shmem_ptr(dst_local, pe);
+            for (int64_t q = pos; q < end; q++) {
+                const char *s = (const char *)src + (size_t)(p->perm_slot[q] / p->K) * ld;
+                size_t off = (size_t)(q - pos) * rb;
+                if (direct) memcpy(direct + off, s, rb);
+                else mm_shmem_put(dst_local + off, s, rb, pe);
+            }
+        }
+        pos = end;
+    }
+}
+
+void mm_ep_combine_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, const void *rows,
+                        size_t ld, int64_t r0, int64_t r1)
+{
+    const int ep = p->ep;
+    const int64_t nblk = p->L * ep;
+    for (int64_t b = 0; b < nblk && r0 < r1; b++) {
+        int64_t bo = p->blk_off[b], bn = p->blk_rows[b];
+        if (bn == 0 || bo + bn <= r0) continue;
+        if (bo >= r1) break;
+        int64_t s0 = r0 > bo ? r0 : bo, s1 = r1 < bo + bn ? r1 : bo + bn;
+        int src = (int)(b % ep);
+        mm_ep_put_rows(x->ret, p->ret_off[b] + (s0 - bo), (const char *)rows + (size_t)s0 * ld,
+                       ld, s1 - s0, x->row_bytes, x->pes[src]);
+    }
+}
+
+void mm_ep_done(mm_ep_xbuf_t *x, int dir)
+{
+    /* Puts issued through the runtime complete before the signals; direct stores are ordered
+     * by the release semantics of the signal update. */
+    mm_shmem_quiet();
+    for (int i = 0; i < x->ep; i++) {
+        int d = (x->me + i) % x->ep; /* rotated start: ranks do not all hit rank 0 first */
+        mm_shmem_signal_op(mm_ep_sig(x, dir, x->me), 1, MM_SHMEM_SIGNAL_ADD, x->pes[d]);
+    }
+}
+
+megamoe_status_t mm_ep_wait(mm_ep_xbuf_t *x, int dir)
+{
+    for (int s = 0; s < x->ep; s++)
+        MM_CHECK(mm_shmem_signal_wait_until(mm_ep_sig(x, dir, s), MM_SHMEM_CMP_GE, x->gen[dir],
+                                            NULL));
+    return MEGAMOE_OK;
+}

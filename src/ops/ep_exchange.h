@@ -1,0 +1,80 @@
+/* One-sided BF16 row exchange for expert parallelism, driven by a routing plan (ep_route.h).
+ *
+ *  dispatch: a source puts each of its permuted rows straight into its final row of the
+ *            destination's symmetric receive buffer (receive order: local expert, source rank,
+ *            source order), so the owner's grouped GEMM reads them in place — no staging copy
+ *            on either side.
+ *  combine:  the owner puts each received row's result back into the source's symmetric
+ *            return buffer (T*K rows, the source's permuted order), where the source reduces
+ *            the K copies of each token.
+ *
+ * Rows can be sent in any split (row ranges, tiles, several threads at once); when a rank has
+ * written all its rows of one exchange it calls *_done (once, from one thread, after the
+ * writers finished), which adds 1 to one signal per destination. A receiver's *_wait returns
+ * when every source has signalled. Signals are monotone generation counters (one 64-byte line
+ * each), so consecutive exchanges need no zeroing barrier: mm_ep_begin() moves the local
+ * generation and must be called on every rank for every exchange in the same order.
+ *
+ * Buffer reuse (why no barrier is needed between calls): a receiver only reads its receive
+ * buffer between its dispatch wait and its own combine puts; a source starts the next exchange
+ * into that buffer only after it received this exchange's combine from every owner, or after
+ * the next routing plan's count all-gather. Users must therefore finish reading received rows
+ * (and the return buffer) before sending their own combine rows / entering the next plan.
+ */
+#ifndef MM_OPS_EP_EXCHANGE_H
+#define MM_OPS_EP_EXCHANGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "megamoe/status.h"
+
+#include "ops/ep_route.h"
+#include "shmem/shmem.h"
+
+enum { MM_EP_DISPATCH = 0, MM_EP_COMBINE = 1 };
+
+typedef struct mm_ep_xbuf {
+    int ep, me;
+    int *pes;           /* [ep] world PE of team member i */
+    size_t row_bytes;   /* bytes per row (H * 2 for bf16) */
+    int64_t capacity;   /* rows of recv */
+    int64_t ret_rows;   /* rows of ret (T*K) */
+    void *recv;         /* symmetric [capacity][row_bytes] */
+    void *ret;          /* symmetric [ret_rows][row_bytes] */
+    uint64_t *sig;      /* symmetric: 2*ep signal lines (direction, source) */
+    uint64_t gen[2];    /* exchanges begun per direction */
+} mm_ep_xbuf_t;
+
+/* Symmetric heap bytes mm_ep_xbuf_create allocates (for heap sizing). */
+size_t mm_ep_xbuf_heap_bytes(int ep, int64_t capacity, int64_t ret_rows, size_t row_bytes);
+
+/* Collective over the world (symmetric allocation; team must span it in the same order on
+ * every PE): allocate and zero the buffers, then barrier so no peer signals before every rank
+ * has zeroed its signals. */
+megamoe_status_t mm_ep_xbuf_create(mm_shmem_team_t *team, int64_t capacity, int64_t ret_rows,
+                                   size_t row_bytes, mm_ep_xbuf_t **xbuf_p);
+/* Collective over the world (symmetric free). NULL is a no-op. Returns the first failure. */
+megamoe_status_t mm_ep_xbuf_destroy(mm_ep_xbuf_t *xbuf);
+
+static inline void mm_ep_begin(mm_ep_xbuf_t *x, int dir) { x->gen[dir]++; }
+
+/* Put this rank's permuted rows [p0, p1) into their destinations. gather != 0: row p is token
+ * row src + (perm_slot[p] / K) * ld (the token's hidden state, sent once per choice);
+ * gather == 0: row p is src + p * ld (rows already in permuted order). Thread-safe for
+ * disjoint ranges. */
+void mm_ep_dispatch_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *plan, const void *src,
+                         size_t ld, int gather, int64_t p0, int64_t p1);
+/* Put received-order rows [r0, r1) of rows (ld bytes apart, row r = result of receive row r)
+ * back into their sources' return buffers. Thread-safe for disjoint ranges. */
+void mm_ep_combine_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *plan, const void *rows,
+                        size_t ld, int64_t r0, int64_t r1);
+
+/* All rows of the current exchange of direction dir are written (by every writer thread of
+ * this rank): signal every peer. */
+void mm_ep_done(mm_ep_xbuf_t *x, int dir);
+/* Wait until every source signalled the current exchange of direction dir. TIMEOUT or
+ * PEER_LOST (from the SHMEM wait) when a peer never does. */
+megamoe_status_t mm_ep_wait(mm_ep_xbuf_t *x, int dir);
+
+#endif /* MM_OPS_EP_EXCHANGE_H */
