@@ -1,0 +1,548 @@
+/* The oneDNN 2.6 backend (2.x op-descriptor C API, kept inside this file).
+ *
+ * What oneDNN 2.6 does, measured on the machines we run on (docs/kernels.md):
+ *  - Packed weights (format `any`, BA16a64b2a) only pay off in the brgemm matmul, and brgemm
+ *    takes neither runtime shapes nor strided operands: it wants fixed M and dense A and C
+ *    (otherwise oneDNN picks gemm:jit, which ignores the packing, or its reference code).
+ *    So a packed product runs fixed-M primitives on row chunks of MM_DNNL_MB rows (as fast
+ *    as one big call, often faster); a tail chunk is padded to a multiple of MM_DNNL_ALIGN
+ *    rows through per-thread scratch, which bounds the primitives per (K, N) to
+ *    1 + MM_DNNL_MB / MM_DNNL_ALIGN. Strided A, a row list or a column sub-block go through
+ *    dense scratch too, and accumulate / bf16-after-scratch through mm_gemm_epilogue().
+ *    The packed layout keeps each 64-column block contiguous, so a column sub-block starting
+ *    at a multiple of 64 is a pointer offset into the same packed copy.
+ *  - Plain operands (no packed weight; TN weight grads) run one primitive with every size and
+ *    stride given at run time (gemm:jit), one per (form, C type, accumulate, threads).
+ * Primitives live in a process-wide cache (mutex); each thread has its own stream and scratch
+ * (user scratchpad mode), so concurrent calls share nothing mutable. Each call sets the
+ * calling thread's OpenMP thread count to args->threads around oneDNN and restores it, so
+ * oneDNN never starts threads nobody asked for.
+ */
+#ifdef MM_HAVE_ONEDNN
+#include <omp.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl_debug.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "gemm_impl.h"
+
+#define MM_DNNL_MB 256       /* rows per fixed-M primitive call on packed weights */
+#define MM_DNNL_ALIGN 16     /* tail chunks are padded to a multiple of this many rows */
+#define MM_DNNL_BUCKETS 256  /* primitive cache hash buckets */
+#define MM_DNNL_CACHE_MAX 4096
+
+/* ---- engine, streams, threads ------------------------------------------------------------ */
+
+static dnnl_engine_t mm_engine;
+static dnnl_status_t mm_engine_status = dnnl_runtime_error;
+static pthread_once_t mm_engine_once = PTHREAD_ONCE_INIT;
+
+static void mm_engine_init(void) { mm_engine_status = dnnl_engine_create(&mm_engine, dnnl_cpu, 0); }
+
+static megamoe_status_t mm_dnnl_fail(dnnl_status_t s, const char *what)
+{
+    return mm_error(MEGAMOE_INTERNAL, "oneDNN %s failed: %s (status %d)", what,
+                    dnnl_status2str(s), (int)s);
+}
+
+static megamoe_status_t mm_onednn_probe(void)
+{
+    pthread_once(&mm_engine_once, mm_engine_init);
+    if (mm_engine_status != dnnl_success)
+        return mm_error_quiet(MEGAMOE_UNSUPPORTED, "oneDNN CPU engine unavailable: %s",
+                              dnnl_status2str(mm_engine_status));
+    return MEGAMOE_OK;
+}
+
+static pthread_key_t mm_stream_key;
+static pthread_once_t mm_stream_key_once = PTHREAD_ONCE_INIT;
+static _Thread_local dnnl_stream_t mm_stream_tls;
+
+static void mm_stream_free(void *s) { dnnl_stream_destroy(s); }
+static void mm_stream_key_init(void) { pthread_key_create(&mm_stream_key, mm_stream_free); }
+
+static megamoe_status_t mm_stream(dnnl_stream_t *stream_p)
+{
+    if (mm_stream_tls == NULL) {
+        MM_CHECK(mm_onednn_probe());
+        pthread_once(&mm_stream_key_once, mm_stream_key_init);
+        dnnl_status_t s = dnnl_stream_create(&mm_stream_tls, mm_engine, dnnl_stream_default_flags);
+        if (s != dnnl_success) return mm_dnnl_fail(s, "stream creation");
+        pthread_setspecific(mm_stream_key, mm_stream_tls);
+    }
+    *stream_p = mm_stream_tls;
+    return MEGAMOE_OK;
+}
+
+/* The calling thread's OpenMP team size is what oneDNN uses; set it for the call only. */
+static int mm_omp_enter(int threads)
+{
+    int prev = omp_get_max_threads();
+    if (prev != threads) omp_set_num_threads(threads);
+    return prev;
+}
+
+static void mm_omp_leave(int prev, int threads)
+{
+    if (prev != threads) omp_set_num_threads(prev);
+}
+
+/* ---- primitive cache --------------------------------------------------------------------- */
+
+enum { MM_DNNL_PLAIN = 0, MM_DNNL_PACKED = 1 };
+
+typedef struct mm_dnnl_key {
+    int kind, form, c_type, accumulate, threads;
+    int64_t rows, K, N;       /* PACKED only */
+    dnnl_memory_desc_t wmd;   /* PACKED only: weights layout (compared with dnnl_memory_desc_equal) */
+} mm_dnnl_key_t;
+
+typedef struct mm_dnnl_prim {
+    struct mm_dnnl_prim *next;
+    mm_dnnl_key_t key;
+    dnnl_primitive_desc_t pd;
+    dnnl_primitive_t prim;
+    size_t scratch_bytes;
+    int usable; /* 0: oneDNN would run its reference code here; compute unpacked instead */
+} mm_dnnl_prim_t;
+
+static pthread_mutex_t mm_cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static mm_dnnl_prim_t *mm_cache[MM_DNNL_BUCKETS];
+static int mm_cache_count;
+static int mm_cache_full_warned;
+
+static unsigned mm_key_hash(const mm_dnnl_key_t *k)
+{
+    uint64_t h = 1469598103934665603ull;
+    int64_t v[8] = {k->kind, k->form, k->c_type, k->accumulate, k->threads, k->rows, k->K, k->N};
+    for (int i = 0; i < 8; i++) h = (h ^ (uint64_t)v[i]) * 1099511628211ull;
+    return (unsigned)(h ^ (h >> 32)) % MM_DNNL_BUCKETS;
+}
+
+static int mm_key_equal(const mm_dnnl_key_t *a, const mm_dnnl_key_t *b)
+{
+    if (a->kind != b->kind || a->form != b->form || a->c_type != b->c_type ||
+        a->accumulate != b->accumulate || a->threads != b->threads || a->rows != b->rows ||
+        a->K != b->K || a->N != b->N)
+        return 0;
+    return a->kind == MM_DNNL_PLAIN || dnnl_memory_desc_equal(&a->wmd, &b->wmd);
+}
+
+static dnnl_data_type_t mm_dnnl_type(int c_type)
+{
+    return c_type == MEGAMOE_DTYPE_BF16 ? dnnl_bf16 : dnnl_f32;
+}
+
+static void mm_prim_destroy(mm_dnnl_prim_t *p)
+{
+    if (p == NULL) return;
+    if (p->prim) dnnl_primitive_destroy(p->prim);
+    if (p->pd) dnnl_primitive_desc_destroy(p->pd);
+    free(p);
+}
+
+/* Build the primitive for a key (called with the cache lock held, inside the OpenMP scope of
+ * key->threads, which oneDNN reads at creation). */
+static megamoe_status_t mm_prim_create(const mm_dnnl_key_t *key, mm_dnnl_prim_t **prim_p)
+{
+    MM_CHECK(mm_onednn_probe());
+    const dnnl_dim_t R = DNNL_RUNTIME_DIM_VAL;
+    dnnl_memory_desc_t src, wei, dst;
+    dnnl_status_t s;
+    if (key->kind == MM_DNNL_PLAIN) {
+        dnnl_dims_t dims = {R, R};
+        dnnl_dims_t rowmajor = {R, 1}, colmajor = {1, R};
+        s = dnnl_memory_desc_init_by_strides(&src, 2, dims, dnnl_bf16,
+                                             key->form == MM_GEMM_TN ? colmajor : rowmajor);
+        if (s == dnnl_success)
+            s = dnnl_memory_desc_init_by_strides(&wei, 2, dims, dnnl_bf16,
+                                                 key->form == MM_GEMM_NT ? colmajor : rowmajor);
+        if (s == dnnl_success)
+            s = dnnl_memory_desc_init_by_strides(&dst, 2, dims, mm_dnnl_type(key->c_type), rowmajor);
+    } else {
+        dnnl_dims_t sd = {key->rows, key->K}, dd = {key->rows, key->N};
+        s = dnnl_memory_desc_init_by_tag(&src, 2, sd, dnnl_bf16, dnnl_ab);
+        if (s == dnnl_success)
+            s = dnnl_memory_desc_init_by_tag(&dst, 2, dd, mm_dnnl_type(key->c_type), dnnl_ab);
+        wei = key->wmd;
+    }
+    if (s != dnnl_success) return mm_dnnl_fail(s, "memory descriptor");
+
+    dnnl_matmul_desc_t md;
+    s = dnnl_matmul_desc_init(&md, &src, &wei, NULL, &dst);
+    if (s != dnnl_success) return mm_dnnl_fail(s, "matmul descriptor");
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t ops = NULL;
+    s = dnnl_primitive_attr_create(&attr);
+    if (s == dnnl_success) s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (s == dnnl_success && key->accumulate) {
+        s = dnnl_post_ops_create(&ops);
+        if (s == dnnl_success) s = dnnl_post_ops_append_sum(ops, 1.0f);
+        if (s == dnnl_success) s = dnnl_primitive_attr_set_post_ops(attr, ops);
+    }
+    mm_dnnl_prim_t *p = calloc(1, sizeof *p);
+    if (p == NULL) s = dnnl_out_of_memory;
+    if (s == dnnl_success) s = dnnl_primitive_desc_create(&p->pd, &md, attr, mm_engine, NULL);
+    if (ops) dnnl_post_ops_destroy(ops);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    if (s != dnnl_success) {
+        mm_prim_destroy(p);
+        return mm_dnnl_fail(s, "matmul primitive descriptor");
+    }
+    p->key = *key;
+    const char *impl = "";
+    dnnl_primitive_desc_query(p->pd, dnnl_query_impl_info_str, 0, &impl);
+    p->usable = strncmp(impl, "ref", 3) != 0;
+    if (key->kind == MM_DNNL_PACKED &&
+        !dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(p->pd, dnnl_query_weights_md, 0), &wei))
+        p->usable = 0;
+    if (!p->usable) {
+        MM_DEBUG("oneDNN picks '%s' for packed %lldx%lldx%lld; computing unpacked instead", impl,
+                 (long long)key->rows, (long long)key->K, (long long)key->N);
+        *prim_p = p;
+        return MEGAMOE_OK;
+    }
+    p->scratch_bytes = dnnl_memory_desc_get_size(
+        dnnl_primitive_desc_query_md(p->pd, dnnl_query_scratchpad_md, 0));
+    s = dnnl_primitive_create(&p->prim, p->pd);
+    if (s != dnnl_success) {
+        mm_prim_destroy(p);
+        return mm_dnnl_fail(s, "matmul primitive creation");
+    }
+    MM_DEBUG("oneDNN matmul %s form %d rows %lld K %lld N %lld: %s", key->kind ? "packed" : "plain",
+             key->form, (long long)key->rows, (long long)key->K, (long long)key->N, impl);
+    *prim_p = p;
+    return MEGAMOE_OK;
+}
+
+/* Cached primitive for key; *owned_p = 1 when the cache is full and the caller must destroy. */
+static megamoe_status_t mm_prim_get(const mm_dnnl_key_t *key, mm_dnnl_prim_t **prim_p, int *owned_p)
+{
+    unsigned h = mm_key_hash(key);
+    *owned_p = 0;
+    pthread_mutex_lock(&mm_cache_lock);
+    for (mm_dnnl_prim_t *p = mm_cache[h]; p; p = p->next)
+        if (mm_key_equal(&p->key, key)) {
+            pthread_mutex_unlock(&mm_cache_lock);
+            *prim_p = p;
+            return MEGAMOE_OK;
+        }
+    mm_dnnl_prim_t *p = NULL;
+    megamoe_status_t st = mm_prim_create(key, &p);
+    if (st == MEGAMOE_OK) {
+        if (mm_cache_count < MM_DNNL_CACHE_MAX) {
+            p->next = mm_cache[h];
+            mm_cache[h] = p;
+            mm_cache_count++;
+        } else {
+            *owned_p = 1;
+            if (!mm_cache_full_warned) {
+                mm_cache_full_warned = 1;
+                MM_WARN("oneDNN primitive cache holds %d primitives; new shapes are now built "
+                        "per call (slow): too many distinct (K, N, threads) combinations",
+                        MM_DNNL_CACHE_MAX);
+            }
+        }
+        *prim_p = p;
+    }
+    pthread_mutex_unlock(&mm_cache_lock);
+    return st;
+}
+
+/* Run a primitive on three buffers described by the given descriptors. */
+static megamoe_status_t mm_prim_run(const mm_dnnl_prim_t *p, const dnnl_memory_desc_t *src_md,
+                                    const void *src, const dnnl_memory_desc_t *wei_md,
+                                    const void *wei, const dnnl_memory_desc_t *dst_md, void *dst)
+{
+    dnnl_stream_t stream;
+    MM_CHECK(mm_stream(&stream));
+    void *pad = NULL;
+    if (p->scratch_bytes > 0 && (pad = mm_gemm_scratch(3, p->scratch_bytes)) == NULL)
+        return MEGAMOE_OUT_OF_MEMORY;
+    dnnl_memory_t mem[4] = {NULL, NULL, NULL, NULL};
+    dnnl_status_t s = dnnl_memory_create(&mem[0], src_md, mm_engine, (void *)src);
+    if (s == dnnl_success) s = dnnl_memory_create(&mem[1], wei_md, mm_engine, (void *)wei);
+    if (s == dnnl_success) s = dnnl_memory_create(&mem[2], dst_md, mm_engine, dst);
+    int nargs = 3;
+    if (s == dnnl_success && pad != NULL) {
+        s = dnnl_memory_create(&mem[3], dnnl_primitive_desc_query_md(p->pd, dnnl_query_scratchpad_md, 0),
+                               mm_engine, pad);
+        nargs = 4;
+    }
+    if (s == dnnl_success) {
+        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]},
+                                   {DNNL_ARG_DST, mem[2]}, {DNNL_ARG_SCRATCHPAD, mem[3]}};
+        s = dnnl_primitive_execute(p->prim, stream, nargs, args);
+        if (s == dnnl_success) s = dnnl_stream_wait(stream);
+    }
+    for (int i = 0; i < 4; i++)
+        if (mem[i]) dnnl_memory_destroy(mem[i]);
+    return s == dnnl_success ? MEGAMOE_OK : mm_dnnl_fail(s, "matmul execution");
+}
+
+static megamoe_status_t mm_md_strided(dnnl_memory_desc_t *md, int64_t d0, int64_t d1, int64_t s0,
+                                      int64_t s1, dnnl_data_type_t t)
+{
+    dnnl_dims_t dims = {d0, d1}, strides = {s0, s1};
+    dnnl_status_t s = dnnl_memory_desc_init_by_strides(md, 2, dims, t, strides);
+    return s == dnnl_success ? MEGAMOE_OK : mm_dnnl_fail(s, "memory descriptor");
+}
+
+/* ---- plain operands: one runtime-shape primitive ----------------------------------------- */
+
+/* Gather rows [m, m+rows) of A (NN/NT), or columns [m, m+rows) of A (TN, as [K, rows]), from
+ * the row list into dense scratch slot 1. */
+static const uint16_t *mm_gather_a(const mm_gemm_args_t *a, int64_t m, int64_t rows, int64_t *ld_p)
+{
+    int tn = a->form == MM_GEMM_TN;
+    int64_t n_rows = tn ? a->K : rows, n_cols = tn ? rows : a->K;
+    uint16_t *buf = mm_gemm_scratch(1, (size_t)(n_rows * n_cols) * sizeof(uint16_t));
+    if (buf == NULL) return NULL;
+    for (int64_t r = 0; r < n_rows; r++)
+        memcpy(buf + r * n_cols, mm_gemm_a_row(a, tn ? r : m + r) + (tn ? m : 0),
+               (size_t)n_cols * sizeof(uint16_t));
+    *ld_p = n_cols;
+    return buf;
+}
+
+static megamoe_status_t mm_plain_rows(const mm_gemm_args_t *a, mm_dnnl_prim_t *p, int64_t m,
+                                      int64_t rows, const uint16_t *A, int64_t lda)
+{
+    int64_t cols = a->n1 - a->n0;
+    dnnl_memory_desc_t src, wei, dst;
+    if (a->form == MM_GEMM_TN) MM_CHECK(mm_md_strided(&src, rows, a->K, 1, lda, dnnl_bf16));
+    else MM_CHECK(mm_md_strided(&src, rows, a->K, lda, 1, dnnl_bf16));
+    const uint16_t *B;
+    if (a->form == MM_GEMM_NT) {
+        MM_CHECK(mm_md_strided(&wei, a->K, cols, 1, a->ldb, dnnl_bf16));
+        B = a->B + a->n0 * a->ldb;
+    } else {
+        MM_CHECK(mm_md_strided(&wei, a->K, cols, a->ldb, 1, dnnl_bf16));
+        B = a->B + a->n0;
+    }
+    MM_CHECK(mm_md_strided(&dst, rows, cols, a->ldc, 1, mm_dnnl_type(a->c_type)));
+    return mm_prim_run(p, &src, A, &wei, B, &dst, mm_gemm_c_at(a->C, a->ldc, a->c_type, m, a->n0));
+}
+
+static megamoe_status_t mm_plain(const mm_gemm_args_t *a)
+{
+    mm_dnnl_key_t key;
+    memset(&key, 0, sizeof key);
+    key.kind = MM_DNNL_PLAIN;
+    key.form = a->form;
+    key.c_type = a->c_type;
+    key.accumulate = a->accumulate;
+    key.threads = a->threads;
+    mm_dnnl_prim_t *p;
+    int owned;
+    MM_CHECK(mm_prim_get(&key, &p, &owned));
+    megamoe_status_t st = MEGAMOE_OK;
+    if (a->a_rows == NULL) {
+        const uint16_t *A = a->form == MM_GEMM_TN ? a->A + a->m0 : a->A + a->m0 * a->lda;
+        st = mm_plain_rows(a, p, a->m0, a->m1 - a->m0, A, a->lda);
+    } else {
+        for (int64_t m = a->m0; m < a->m1 && st == MEGAMOE_OK; m += MM_DNNL_MB) {
+            int64_t rows = a->m1 - m < MM_DNNL_MB ? a->m1 - m : MM_DNNL_MB, ld;
+            const uint16_t *A = mm_gather_a(a, m, rows, &ld);
+            st = A ? mm_plain_rows(a, p, m, rows, A, ld) : MEGAMOE_OUT_OF_MEMORY;
+        }
+    }
+    if (owned) mm_prim_destroy(p);
+    return st;
+}
+
+/* ---- packed weights ---------------------------------------------------------------------- */
+
+typedef struct mm_dnnl_weight {
+    dnnl_memory_desc_t md; /* layout of the packed copy, dims [K, N] */
+    int64_t nb;            /* columns per contiguous block (0: not splittable by columns) */
+    int64_t block_stride;  /* elements between consecutive column blocks */
+} mm_dnnl_weight_t;
+
+/* Plain product on the weight's source, for what the packed copy cannot serve. */
+static megamoe_status_t mm_unpacked(const mm_gemm_args_t *a, int64_t m0, int64_t m1)
+{
+    mm_gemm_args_t u = *a;
+    u.weight = NULL;
+    u.B = a->weight->src;
+    u.ldb = a->weight->ld;
+    u.m0 = m0;
+    u.m1 = m1;
+    return mm_plain(&u);
+}
+
+static megamoe_status_t mm_packed(const mm_gemm_args_t *a)
+{
+    const mm_gemm_weight_t *w = a->weight;
+    const mm_dnnl_weight_t *lw = w->impl;
+    int64_t cols = a->n1 - a->n0;
+    if (lw->nb == 0 && cols != a->N) return mm_unpacked(a, a->m0, a->m1);
+
+    mm_dnnl_key_t key;
+    memset(&key, 0, sizeof key);
+    key.kind = MM_DNNL_PACKED;
+    key.form = MM_GEMM_NN; /* NT weights are packed to the same [K,N] layout */
+    key.threads = a->threads;
+    key.K = a->K;
+    key.N = cols;
+    key.wmd = lw->md;
+    key.wmd.dims[1] = cols;
+    const uint16_t *wptr = w->data;
+    if (lw->nb) {
+        key.wmd.padded_dims[1] = (cols + lw->nb - 1) / lw->nb * lw->nb;
+        wptr += (a->n0 / lw->nb) * lw->block_stride;
+    }
+
+    for (int64_t m = a->m0; m < a->m1; m += MM_DNNL_MB) {
+        int64_t rows = a->m1 - m < MM_DNNL_MB ? a->m1 - m : MM_DNNL_MB;
+        int64_t padded = (rows + MM_DNNL_ALIGN - 1) / MM_DNNL_ALIGN * MM_DNNL_ALIGN;
+        int direct_a = a->a_rows == NULL && a->lda == a->K && padded == rows;
+        int direct_c = padded == rows && a->ldc == cols && !a->accumulate;
+        key.rows = padded;
+        key.c_type = direct_c ? a->c_type : MEGAMOE_DTYPE_FP32;
+        mm_dnnl_prim_t *p;
+        int owned;
+        MM_CHECK(mm_prim_get(&key, &p, &owned));
+        megamoe_status_t st = MEGAMOE_OK;
+        if (!p->usable) {
+            st = mm_unpacked(a, m, m + rows);
+        } else {
+            const uint16_t *A = a->A + m * a->lda;
+            if (!direct_a) {
+                uint16_t *buf = mm_gemm_scratch(1, (size_t)(padded * a->K) * sizeof(uint16_t));
+                if (buf == NULL) st = MEGAMOE_OUT_OF_MEMORY;
+                for (int64_t r = 0; buf && r < padded; r++) {
+                    if (r < rows)
+                        memcpy(buf + r * a->K, mm_gemm_a_row(a, m + r), (size_t)a->K * sizeof(uint16_t));
+                    else
+                        memset(buf + r * a->K, 0, (size_t)a->K * sizeof(uint16_t));
+                }
+                A = buf;
+            }
+            void *C = mm_gemm_c_at(a->C, a->ldc, a->c_type, m, a->n0);
+            float *acc = NULL;
+            if (st == MEGAMOE_OK && !direct_c) {
+                acc = mm_gemm_scratch(2, (size_t)(padded * cols) * sizeof(float));
+                if (acc == NULL) st = MEGAMOE_OUT_OF_MEMORY;
+            }
+            if (st == MEGAMOE_OK)
+                st = mm_prim_run(p, dnnl_primitive_desc_query_md(p->pd, dnnl_query_src_md, 0), A,
+                                 dnnl_primitive_desc_query_md(p->pd, dnnl_query_weights_md, 0), wptr,
+                                 dnnl_primitive_desc_query_md(p->pd, dnnl_query_dst_md, 0),
+                                 direct_c ? C : (void *)acc);
+            if (st == MEGAMOE_OK && !direct_c)
+                mm_gemm_epilogue(acc, cols, rows, cols, C, a->ldc, a->c_type, a->accumulate);
+        }
+        if (owned) mm_prim_destroy(p);
+        if (st != MEGAMOE_OK) return st;
+    }
+    return MEGAMOE_OK;
+}
+
+static megamoe_status_t mm_onednn_gemm(const mm_gemm_args_t *a)
+{
+    int prev = mm_omp_enter(a->threads);
+    megamoe_status_t st = a->weight ? mm_packed(a) : mm_plain(a);
+    mm_omp_leave(prev, a->threads);
+    return st;
+}
+
+/* Choose oneDNN's preferred layout for [K,N] (as a brgemm matmul of MM_DNNL_MB rows sees it)
+ * and reorder the source into it. */
+static megamoe_status_t mm_onednn_pack_impl(mm_gemm_weight_t *w, mm_dnnl_weight_t *lw)
+{
+    dnnl_memory_desc_t src, wei, dst, from;
+    dnnl_dims_t sd = {MM_DNNL_MB, w->K}, wd = {w->K, w->N}, dd = {MM_DNNL_MB, w->N};
+    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&src, 2, sd, dnnl_bf16, dnnl_ab);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&wei, 2, wd, dnnl_bf16, dnnl_format_tag_any);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&dst, 2, dd, dnnl_f32, dnnl_ab);
+    if (s != dnnl_success) return mm_dnnl_fail(s, "memory descriptor");
+    dnnl_matmul_desc_t md;
+    s = dnnl_matmul_desc_init(&md, &src, &wei, NULL, &dst);
+    dnnl_primitive_desc_t pd = NULL;
+    if (s == dnnl_success) s = dnnl_primitive_desc_create(&pd, &md, NULL, mm_engine, NULL);
+    if (s != dnnl_success) return mm_dnnl_fail(s, "matmul descriptor for packing");
+    lw->md = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    dnnl_primitive_desc_destroy(pd);
+
+    const dnnl_blocking_desc_t *b = &lw->md.format_desc.blocking;
+    if (lw->md.format_kind != dnnl_blocked || b->inner_nblks == 0) return MEGAMOE_OK; /* plain */
+    int64_t kb = 1, nb = 1;
+    for (int i = 0; i < b->inner_nblks; i++) {
+        if (b->inner_idxs[i] == 0) kb *= b->inner_blks[i];
+        else nb *= b->inner_blks[i];
+    }
+    /* Column blocks outermost and contiguous (BA16a64b2a): sub-blocks are pointer offsets. */
+    int col_outer = b->strides[0] == kb * nb && b->strides[1] == b->strides[0] * (lw->md.padded_dims[0] / kb);
+    lw->nb = col_outer ? nb : 0;
+    lw->block_stride = col_outer ? b->strides[1] : 0;
+
+    size_t bytes = dnnl_memory_desc_get_size(&lw->md);
+    void *data = NULL;
+    MM_CHECK(mm_aligned_alloc(bytes, MM_CACHE_LINE, "oneDNN packed weight", &data));
+    if (w->form == MM_GEMM_NT) s = dnnl_memory_desc_init_by_strides(&from, 2, wd, dnnl_bf16, (dnnl_dims_t){1, w->ld});
+    else s = dnnl_memory_desc_init_by_strides(&from, 2, wd, dnnl_bf16, (dnnl_dims_t){w->ld, 1});
+    dnnl_primitive_desc_t rpd = NULL;
+    dnnl_primitive_t reorder = NULL;
+    dnnl_memory_t mfrom = NULL, mto = NULL;
+    dnnl_stream_t stream;
+    megamoe_status_t st = mm_stream(&stream);
+    if (st == MEGAMOE_OK) {
+        if (s == dnnl_success) s = dnnl_reorder_primitive_desc_create(&rpd, &from, mm_engine, &lw->md, mm_engine, NULL);
+        if (s == dnnl_success) s = dnnl_primitive_create(&reorder, rpd);
+        if (s == dnnl_success) s = dnnl_memory_create(&mfrom, &from, mm_engine, (void *)w->src);
+        if (s == dnnl_success) s = dnnl_memory_create(&mto, &lw->md, mm_engine, data);
+        if (s == dnnl_success) {
+            dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, mfrom}, {DNNL_ARG_TO, mto}};
+            s = dnnl_primitive_execute(reorder, stream, 2, args);
+            if (s == dnnl_success) s = dnnl_stream_wait(stream);
+        }
+        if (s != dnnl_success) st = mm_dnnl_fail(s, "weight reorder");
+    }
+    if (mfrom) dnnl_memory_destroy(mfrom);
+    if (mto) dnnl_memory_destroy(mto);
+    if (reorder) dnnl_primitive_destroy(reorder);
+    if (rpd) dnnl_primitive_desc_destroy(rpd);
+    if (st != MEGAMOE_OK) {
+        mm_aligned_free(data);
+        return st;
+    }
+    w->data = data;
+    w->bytes = bytes;
+    w->packed = 1;
+    w->n_align = lw->nb ? lw->nb : w->N;
+    return MEGAMOE_OK;
+}
+
+static megamoe_status_t mm_onednn_weight_pack(mm_gemm_weight_t *w)
+{
+    MM_CHECK(mm_onednn_probe());
+    mm_dnnl_weight_t *lw = calloc(1, sizeof *lw);
+    if (lw == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "oneDNN packed weight: out of memory");
+    w->impl = lw;
+    int prev = mm_omp_enter(1);
+    megamoe_status_t st = mm_onednn_pack_impl(w, lw);
+    mm_omp_leave(prev, 1);
+    return st; /* on failure the framework calls weight_release */
+}
+
+static void mm_onednn_weight_release(mm_gemm_weight_t *w)
+{
+    if (w->packed) mm_aligned_free(w->data);
+    free(w->impl);
+}
+
+const mm_gemm_backend_ops_t mm_gemm_onednn_ops = {
+    .name = "onednn",
+    .probe = mm_onednn_probe,
+    .gemm = mm_onednn_gemm,
+    .weight_pack = mm_onednn_weight_pack,
+    .weight_release = mm_onednn_weight_release,
+    .gemm_grouped = NULL,
+};
+#endif /* MM_HAVE_ONEDNN */

@@ -1,0 +1,545 @@
+/* GEMM: every form, every backend built here, against an fp64 reference at odd sizes; padded
+ * strides, sub-blocks (cells outside must stay untouched), bf16 and fp32 C, accumulate,
+ * packed weights and their re-pack on update, row lists, grouped products with empty groups,
+ * concurrent calls, backend selection and argument errors. */
+#include <dirent.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "harness/harness.h"
+#include "kernels/gemm.h"
+#include "megamoe/dtype.h"
+#include "megamoe/log.h"
+
+#define SENTINEL 12345.0f
+
+/* ---- data and reference ------------------------------------------------------------------ */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+
+static uint16_t *rand_bf16(size_t n)
+{
+    uint16_t *p = malloc((n ? n : 1) * sizeof *p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = megamoe_fp32_to_bf16(((float)(rnd() % 20001) - 10000.0f) / 7000.0f);
+    return p;
+}
+
+static double bf(uint16_t b) { return megamoe_bf16_to_fp32(b); }
+
+typedef struct op {
+    mm_gemm_form_t form;
+    int64_t M, N, K;
+    const uint16_t *A, *B;
+    int64_t lda, ldb;
+    const uint16_t *const *a_rows;
+} op_t;
+
+static double a_at(const op_t *o, int64_t m, int64_t k)
+{
+    if (o->form == MM_GEMM_TN) return o->a_rows ? bf(o->a_rows[k][m]) : bf(o->A[k * o->lda + m]);
+    return o->a_rows ? bf(o->a_rows[m][k]) : bf(o->A[m * o->lda + k]);
+}
+
+static double b_at(const op_t *o, int64_t k, int64_t n)
+{
+    return o->form == MM_GEMM_NT ? bf(o->B[n * o->ldb + k]) : bf(o->B[k * o->ldb + n]);
+}
+
+/* C (as stored before the call: c_old) vs fp64 product on [m0,m1) x [n0,n1); everything else
+ * must still hold c_old. Bound: fp32 accumulation (2K ulps of sum |a*b|) + one bf16 rounding. */
+static int check_c(const char *what, const op_t *o, const void *C, const void *c_old, int64_t ldc,
+                   megamoe_dtype_t ct, int accumulate, int64_t m0, int64_t m1, int64_t n0, int64_t n1)
+{
+    for (int64_t m = 0; m < o->M; m++)
+        for (int64_t n = 0; n < ldc; n++) {
+            size_t i = (size_t)(m * ldc + n);
+            double got = ct == MEGAMOE_DTYPE_FP32 ? ((const float *)C)[i] : bf(((const uint16_t *)C)[i]);
+            double old = ct == MEGAMOE_DTYPE_FP32 ? ((const float *)c_old)[i]
+                                                  : bf(((const uint16_t *)c_old)[i]);
+            int inside = m >= m0 && m < m1 && n >= n0 && n < n1;
+            if (!inside) {
+                if (memcmp((const char *)C + i * megamoe_dtype_size(ct),
+                           (const char *)c_old + i * megamoe_dtype_size(ct), megamoe_dtype_size(ct))) {
+                    fprintf(stderr, "%s: C[%lld,%lld] outside the sub-block changed: %g -> %g\n",
+                            what, (long long)m, (long long)n, old, got);
+                    return 0;
+                }
+                continue;
+            }
+            double want = accumulate ? old : 0.0, mag = accumulate ? fabs(old) : 0.0;
+            for (int64_t k = 0; k < o->K; k++) {
+                double p = a_at(o, m, k) * b_at(o, k, n);
+                want += p;
+                mag += fabs(p);
+            }
+            double tol = 2.0 * (double)(o->K + 1) * 0x1p-24 * mag + 1e-30;
+            if (ct == MEGAMOE_DTYPE_BF16) tol += 0x1p-8 * fabs(want);
+            if (!(fabs(got - want) <= tol)) {
+                fprintf(stderr, "%s: C[%lld,%lld] = %.9g, want %.9g (tol %.3g)\n", what,
+                        (long long)m, (long long)n, got, want, tol);
+                return 0;
+            }
+        }
+    return 1;
+}
+
+static void *make_c(int64_t M, int64_t ldc, megamoe_dtype_t ct, int random)
+{
+    size_t n = (size_t)(M * ldc) + 1;
+    void *c = malloc(n * megamoe_dtype_size(ct));
+    for (size_t i = 0; i < n; i++) {
+        float v = random ? ((float)(rnd() % 2001) - 1000.0f) / 300.0f : SENTINEL;
+        if (ct == MEGAMOE_DTYPE_FP32) ((float *)c)[i] = v;
+        else ((uint16_t *)c)[i] = megamoe_fp32_to_bf16(v);
+    }
+    return c;
+}
+
+static const mm_gemm_backend_ops_t *backends[8];
+static int n_backends;
+
+static void load_backends(void)
+{
+    if (n_backends) return;
+    for (int i = 0; mm_gemm_backend_at(i); i++) {
+        const mm_gemm_backend_ops_t *b;
+        if (mm_gemm_backend_get(mm_gemm_backend_at(i)->name, &b) == MEGAMOE_OK) backends[n_backends++] = b;
+        else fprintf(stderr, "backend %s not usable here: %s\n", mm_gemm_backend_at(i)->name,
+                     megamoe_last_error());
+    }
+}
+
+/* One product through mm_gemm, checked. pad > 0 adds that many columns to every stride. */
+static int run_case(const mm_gemm_backend_ops_t *be, mm_gemm_form_t form, int64_t M, int64_t N,
+                    int64_t K, megamoe_dtype_t ct, int accumulate, int packed, int pad,
+                    int64_t m0, int64_t m1, int64_t n0, int64_t n1, int use_rows)
+{
+    op_t o = {form, M, N, K, NULL, NULL, 0, 0, NULL};
+    int64_t a_r = form == MM_GEMM_TN ? K : M, a_c = form == MM_GEMM_TN ? M : K;
+    int64_t b_r = form == MM_GEMM_NT ? N : K, b_c = form == MM_GEMM_NT ? K : N;
+    o.lda = a_c + pad;
+    o.ldb = b_c + pad;
+    int64_t ldc = N + pad;
+    uint16_t *A = rand_bf16((size_t)(a_r * o.lda)), *B = rand_bf16((size_t)(b_r * o.ldb));
+    o.A = A;
+    o.B = B;
+    const uint16_t **rows = NULL;
+    if (use_rows) { /* reversed row order through the list */
+        rows = malloc((size_t)(a_r ? a_r : 1) * sizeof *rows);
+        uint16_t *Ar = rand_bf16((size_t)(a_r * o.lda));
+        for (int64_t r = 0; r < a_r; r++) {
+            memcpy(Ar + (a_r - 1 - r) * o.lda, A + r * o.lda, (size_t)o.lda * 2);
+            rows[r] = Ar + (a_r - 1 - r) * o.lda;
+        }
+        o.a_rows = rows;
+        free(A);
+        A = Ar;
+        o.A = NULL;
+    }
+    void *C = make_c(M, ldc, ct, 1), *C0 = make_c(M, ldc, ct, 0);
+    memcpy(C0, C, (size_t)(M * ldc + 1) * megamoe_dtype_size(ct));
+    mm_gemm_weight_t *w = NULL;
+    int ok = 1;
+    if (packed && mm_gemm_weight_create(be, form, K, N, B, o.ldb, 7, &w) != MEGAMOE_OK) {
+        fprintf(stderr, "weight_create: %s\n", megamoe_last_error());
+        ok = 0;
+    }
+    mm_gemm_args_t a;
+    mm_gemm_args_init(&a);
+    a.form = form;
+    a.M = M;
+    a.N = N;
+    a.K = K;
+    a.A = o.A;
+    a.lda = o.lda;
+    a.a_rows = o.a_rows;
+    a.B = packed ? NULL : B;
+    a.ldb = o.ldb;
+    a.weight = w;
+    a.C = C;
+    a.ldc = ldc;
+    a.c_type = ct;
+    a.accumulate = accumulate;
+    a.m0 = m0;
+    a.m1 = m1;
+    a.n0 = n0;
+    a.n1 = n1;
+    a.backend = be;
+    char what[200];
+    snprintf(what, sizeof what, "%s %s M=%lld N=%lld K=%lld %s acc=%d packed=%d pad=%d rows=%d [%lld,%lld)x[%lld,%lld)",
+             be->name, form == MM_GEMM_NN ? "NN" : form == MM_GEMM_NT ? "NT" : "TN", (long long)M,
+             (long long)N, (long long)K, megamoe_dtype_name(ct), accumulate, packed, pad, use_rows,
+             (long long)m0, (long long)(m1 == MM_GEMM_END ? M : m1), (long long)n0,
+             (long long)(n1 == MM_GEMM_END ? N : n1));
+    if (ok) {
+        megamoe_status_t st = mm_gemm(&a);
+        if (st != MEGAMOE_OK) {
+            fprintf(stderr, "%s: %s\n", what, megamoe_last_error());
+            ok = 0;
+        }
+    }
+    if (ok)
+        ok = check_c(what, &o, C, C0, ldc, ct, accumulate, m0, m1 == MM_GEMM_END ? M : m1, n0,
+                     n1 == MM_GEMM_END ? N : n1);
+    mm_gemm_weight_destroy(w);
+    free(A);
+    free(B);
+    free(rows);
+    free(C);
+    free(C0);
+    return ok;
+}
+
+/* ---- cases ------------------------------------------------------------------------------- */
+
+MM_TEST(every_form_backend_size_dtype_and_mode)
+{
+    load_backends();
+    ASSERT_TRUE(n_backends >= 1);
+    static const int64_t Ms[] = {0, 1, 17, 48, 129};
+    static const int64_t KN[][2] = {{33, 47}, {200, 100}, {1, 5}};
+    int cases = 0;
+    for (int b = 0; b < n_backends; b++)
+        for (int f = 0; f < 3; f++)
+            for (int mi = 0; mi < 5; mi++)
+                for (int s = 0; s < 3; s++)
+                    for (int ct = 0; ct < 2; ct++)
+                        for (int acc = 0; acc < 2; acc++)
+                            for (int packed = 0; packed < (f == MM_GEMM_TN ? 1 : 2); packed++) {
+                                int pad = (mi + s + acc) % 2 ? 3 : 0;
+                                ASSERT_TRUE(run_case(backends[b], (mm_gemm_form_t)f, Ms[mi], KN[s][1], KN[s][0],
+                                                     ct ? MEGAMOE_DTYPE_BF16 : MEGAMOE_DTYPE_FP32, acc,
+                                                     packed, pad, 0, MM_GEMM_END, 0, MM_GEMM_END, 0));
+                                cases++;
+                            }
+    fprintf(stderr, "  %d products on %d backends\n", cases, n_backends);
+}
+
+MM_TEST(zero_k_gives_zero_or_keeps_c)
+{
+    load_backends();
+    for (int b = 0; b < n_backends; b++)
+        for (int f = 0; f < 3; f++)
+            for (int acc = 0; acc < 2; acc++)
+                ASSERT_TRUE(run_case(backends[b], (mm_gemm_form_t)f, 5, 9, 0, MEGAMOE_DTYPE_FP32, acc, 0,
+                                     1, 0, MM_GEMM_END, 0, MM_GEMM_END, 0));
+}
+
+MM_TEST(sub_blocks_touch_only_their_cells)
+{
+    load_backends();
+    /* n0 multiples of 64 keep the packed copy in use; others fall back to the source. */
+    static const int64_t blocks[][4] = {{0, 300, 64, 128}, {0, 300, 64, 100}, {17, 290, 128, 320},
+                                        {255, 300, 0, 320}, {3, 4, 5, 6}, {0, 300, 192, 320},
+                                        {100, 100, 0, 320}, {0, 300, 256, 257}};
+    load_backends();
+    for (int b = 0; b < n_backends; b++)
+        for (int f = 0; f < 3; f++)
+            for (int i = 0; i < 8; i++)
+                for (int packed = 0; packed < (f == MM_GEMM_TN ? 1 : 2); packed++)
+                    ASSERT_TRUE(run_case(backends[b], (mm_gemm_form_t)f, 300, 320, 96,
+                                         i % 2 ? MEGAMOE_DTYPE_BF16 : MEGAMOE_DTYPE_FP32, i % 3 == 0,
+                                         packed, 0, blocks[i][0], blocks[i][1], blocks[i][2],
+                                         blocks[i][3], 0));
+}
+
+MM_TEST(row_lists_gather_a)
+{
+    load_backends();
+    for (int b = 0; b < n_backends; b++)
+        for (int f = 0; f < 3; f++)
+            for (int packed = 0; packed < (f == MM_GEMM_TN ? 1 : 2); packed++) {
+                ASSERT_TRUE(run_case(backends[b], (mm_gemm_form_t)f, 37, 70, 45, MEGAMOE_DTYPE_FP32, 0,
+                                     packed, 2, 0, MM_GEMM_END, 0, MM_GEMM_END, 1));
+                ASSERT_TRUE(run_case(backends[b], (mm_gemm_form_t)f, 300, 70, 45, MEGAMOE_DTYPE_BF16, 1,
+                                     packed, 0, 10, 290, 0, MM_GEMM_END, 1));
+            }
+}
+
+MM_TEST(long_m_crosses_row_chunks)
+{
+    /* 600 rows: two full fixed-M chunks and a padded tail in the oneDNN packed path. */
+    load_backends();
+    for (int b = 0; b < n_backends; b++)
+        for (int packed = 0; packed < 2; packed++)
+            for (int ct = 0; ct < 2; ct++)
+                ASSERT_TRUE(run_case(backends[b], MM_GEMM_NN, 600, 130, 64,
+                                     ct ? MEGAMOE_DTYPE_BF16 : MEGAMOE_DTYPE_FP32, 0, packed, 0, 0,
+                                     MM_GEMM_END, 0, MM_GEMM_END, 0));
+}
+
+MM_TEST(multithreaded_onednn_call)
+{
+    load_backends();
+    for (int b = 0; b < n_backends; b++) {
+        /* threads = 2 through run_case's defaults is not reachable; build the call here. */
+        int64_t M = 130, N = 200, K = 70;
+        uint16_t *A = rand_bf16((size_t)(M * K)), *B = rand_bf16((size_t)(K * N));
+        float *C = calloc((size_t)(M * N) + 1, 4), *C0 = calloc((size_t)(M * N) + 1, 4);
+        mm_gemm_weight_t *w = NULL;
+        ASSERT_OK(mm_gemm_weight_create(backends[b], MM_GEMM_NN, K, N, B, N, 1, &w));
+        mm_gemm_args_t a;
+        mm_gemm_args_init(&a);
+        a.M = M, a.N = N, a.K = K, a.A = A, a.lda = K, a.weight = w, a.C = C, a.ldc = N;
+        a.threads = 2;
+        ASSERT_OK(mm_gemm(&a));
+        op_t o = {MM_GEMM_NN, M, N, K, A, B, K, N, NULL};
+        ASSERT_TRUE(check_c("threads=2", &o, C, C0, N, MEGAMOE_DTYPE_FP32, 0, 0, M, 0, N));
+        mm_gemm_weight_destroy(w);
+        free(A), free(B), free(C), free(C0);
+    }
+}
+
+/* ---- grouped ----------------------------------------------------------------------------- */
+
+MM_TEST(grouped_forms_with_empty_groups)
+{
+    load_backends();
+    static const int64_t rows[] = {0, 17, 0, 129, 1, 0};
+    const int G = 6;
+    int64_t T = 0;
+    for (int g = 0; g < G; g++) T += rows[g];
+    const int64_t K = 40, N = 70;
+    for (int b = 0; b < n_backends; b++)
+        for (int f = 0; f < 2; f++)
+            for (int packed = 0; packed < 2; packed++)
+                for (int sub = 0; sub < 2; sub++) {
+                    uint16_t *A = rand_bf16((size_t)(T * K)), *B = rand_bf16((size_t)(G * K * N));
+                    float *C = (float *)make_c(T, N, MEGAMOE_DTYPE_FP32, 1);
+                    float *C0 = malloc((size_t)(T * N + 1) * 4);
+                    memcpy(C0, C, (size_t)(T * N + 1) * 4);
+                    mm_gemm_weight_t *w[6] = {0};
+                    for (int g = 0; g < G && packed; g++)
+                        ASSERT_OK(mm_gemm_weight_create(backends[b], (mm_gemm_form_t)f, K, N,
+                                                        B + g * K * N, f == MM_GEMM_NT ? K : N, 1, &w[g]));
+                    mm_gemm_grouped_args_t a;
+                    mm_gemm_grouped_args_init(&a);
+                    a.form = (mm_gemm_form_t)f;
+                    a.num_groups = G;
+                    a.group_rows = rows;
+                    a.K = K, a.N = N, a.A = A, a.lda = K;
+                    a.B = packed ? NULL : B;
+                    a.ldb = f == MM_GEMM_NT ? K : N;
+                    a.b_group_stride = K * N;
+                    a.weights = packed ? (const mm_gemm_weight_t *const *)w : NULL;
+                    a.C = C, a.ldc = N, a.backend = backends[b];
+                    int64_t m0 = sub ? 10 : 0, m1 = sub ? 140 : T, n0 = sub ? 64 : 0, n1 = sub ? 69 : N;
+                    a.m0 = m0, a.m1 = m1, a.n0 = n0, a.n1 = n1;
+                    ASSERT_OK(mm_gemm_grouped(&a));
+                    int64_t start = 0;
+                    for (int g = 0; g < G; start += rows[g], g++) {
+                        op_t o = {(mm_gemm_form_t)f, rows[g], N, K, A + start * K, B + g * K * N, K,
+                                  f == MM_GEMM_NT ? K : N, NULL};
+                        int64_t lo = m0 > start ? m0 - start : 0;
+                        int64_t hi = m1 < start + rows[g] ? m1 - start : rows[g];
+                        if (hi < lo) hi = lo;
+                        char what[96];
+                        snprintf(what, sizeof what, "%s grouped %s packed=%d sub=%d group %d",
+                                 backends[b]->name, f ? "NT" : "NN", packed, sub, g);
+                        ASSERT_TRUE(check_c(what, &o, C + start * N, C0 + start * N, N,
+                                            MEGAMOE_DTYPE_FP32, 0, lo, hi, n0, n1));
+                    }
+                    for (int g = 0; g < G; g++) mm_gemm_weight_destroy(w[g]);
+                    free(A), free(B), free(C), free(C0);
+                }
+}
+
+MM_TEST(grouped_tn_weight_grads)
+{
+    load_backends();
+    static const int64_t rows[] = {5, 0, 33, 0};
+    const int G = 4;
+    const int64_t M = 45, N = 38, T = 38;
+    for (int b = 0; b < n_backends; b++)
+        for (int acc = 0; acc < 2; acc++) {
+            uint16_t *X = rand_bf16((size_t)(T * M)), *dY = rand_bf16((size_t)(T * N));
+            float *C = (float *)make_c(G * M, N, MEGAMOE_DTYPE_FP32, 1);
+            float *C0 = malloc((size_t)(G * M * N + 1) * 4);
+            memcpy(C0, C, (size_t)(G * M * N + 1) * 4);
+            mm_gemm_grouped_args_t a;
+            mm_gemm_grouped_args_init(&a);
+            a.form = MM_GEMM_TN;
+            a.num_groups = G;
+            a.group_rows = rows;
+            a.M = M, a.N = N, a.A = X, a.lda = M, a.B = dY, a.ldb = N;
+            a.C = C, a.ldc = N, a.c_group_stride = M * N, a.accumulate = acc, a.backend = backends[b];
+            ASSERT_OK(mm_gemm_grouped(&a));
+            int64_t start = 0;
+            for (int g = 0; g < G; start += rows[g], g++) {
+                op_t o = {MM_GEMM_TN, M, N, rows[g], X + start * M, dY + start * N, M, N, NULL};
+                char what[64];
+                snprintf(what, sizeof what, "%s TN group %d acc %d", backends[b]->name, g, acc);
+                ASSERT_TRUE(check_c(what, &o, C + g * M * N, C0 + g * M * N, N, MEGAMOE_DTYPE_FP32,
+                                    acc, 0, M, 0, N));
+            }
+            free(X), free(dY), free(C), free(C0);
+        }
+}
+
+/* ---- packed weights ---------------------------------------------------------------------- */
+
+MM_TEST(weight_repacks_only_on_new_version)
+{
+    load_backends();
+    const int64_t M = 20, N = 90, K = 50;
+    for (int b = 0; b < n_backends; b++)
+        for (int f = 0; f < 2; f++) {
+            uint16_t *A = rand_bf16((size_t)(M * K)), *B = rand_bf16((size_t)(K * N));
+            uint16_t *Bold = malloc((size_t)(K * N) * 2);
+            memcpy(Bold, B, (size_t)(K * N) * 2);
+            int64_t ldb = f == MM_GEMM_NT ? K : N;
+            float *C = calloc((size_t)(M * N) + 1, 4), *C0 = calloc((size_t)(M * N) + 1, 4);
+            mm_gemm_weight_t *w = NULL;
+            ASSERT_OK(mm_gemm_weight_create(backends[b], (mm_gemm_form_t)f, K, N, B, ldb, 1, &w));
+            ASSERT_TRUE(mm_gemm_weight_packed_bytes(w) > 0);
+            ASSERT_EQ_INT(mm_gemm_weight_version(w), 1);
+            /* An optimizer step changes B in place ... */
+            for (int64_t i = 0; i < K * N; i++) B[i] = megamoe_fp32_to_bf16(-megamoe_bf16_to_fp32(B[i]) + 0.25f);
+            mm_gemm_args_t a;
+            mm_gemm_args_init(&a);
+            a.form = (mm_gemm_form_t)f, a.M = M, a.N = N, a.K = K, a.A = A, a.lda = K;
+            a.weight = w, a.C = C, a.ldc = N;
+            /* ... without a new version the packed copy still holds the old weights ... */
+            int repacked = -1;
+            ASSERT_OK(mm_gemm_weight_update(w, B, ldb, 1, &repacked));
+            ASSERT_EQ_INT(repacked, 0);
+            ASSERT_OK(mm_gemm(&a));
+            op_t o = {(mm_gemm_form_t)f, M, N, K, A, Bold, K, ldb, NULL};
+            ASSERT_TRUE(check_c("before update", &o, C, C0, N, MEGAMOE_DTYPE_FP32, 0, 0, M, 0, N));
+            /* ... and the bumped version re-packs. */
+            ASSERT_OK(mm_gemm_weight_update(w, B, ldb, 2, &repacked));
+            ASSERT_EQ_INT(repacked, 1);
+            ASSERT_EQ_INT(mm_gemm_weight_version(w), 2);
+            ASSERT_OK(mm_gemm(&a));
+            o.B = B;
+            ASSERT_TRUE(check_c("after update", &o, C, C0, N, MEGAMOE_DTYPE_FP32, 0, 0, M, 0, N));
+            mm_gemm_weight_destroy(w);
+            free(A), free(B), free(Bold), free(C), free(C0);
+        }
+}
+
+/* ---- concurrency ------------------------------------------------------------------------- */
+
+typedef struct worker {
+    const mm_gemm_backend_ops_t *be;
+    const mm_gemm_weight_t *w;
+    const uint16_t *A;
+    float *C;
+    int64_t M, N, K, n0, n1;
+    int iters;
+    megamoe_status_t st;
+} worker_t;
+
+static void *worker_main(void *p)
+{
+    worker_t *w = p;
+    for (int i = 0; i < w->iters && w->st == MEGAMOE_OK; i++) {
+        mm_gemm_args_t a;
+        mm_gemm_args_init(&a);
+        a.M = w->M, a.N = w->N, a.K = w->K, a.A = w->A, a.lda = w->K, a.weight = w->w;
+        a.C = w->C, a.ldc = w->N, a.n0 = w->n0, a.n1 = w->n1, a.m0 = i % 3, a.m1 = w->M;
+        w->st = mm_gemm(&a);
+    }
+    return NULL;
+}
+
+static int count_threads(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return -1;
+    for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+MM_TEST(concurrent_calls_share_weights_and_spawn_no_threads)
+{
+    load_backends();
+    const int64_t M = 70, N = 256, K = 96;
+    for (int b = 0; b < n_backends; b++) {
+        uint16_t *A = rand_bf16((size_t)(M * K)), *B = rand_bf16((size_t)(K * N));
+        float *C = calloc((size_t)(M * N) + 1, 4), *C0 = calloc((size_t)(M * N) + 1, 4);
+        mm_gemm_weight_t *w = NULL;
+        ASSERT_OK(mm_gemm_weight_create(backends[b], MM_GEMM_NN, K, N, B, N, 1, &w));
+        worker_t ws[4];
+        pthread_t t[4];
+        int before = count_threads();
+        for (int i = 0; i < 4; i++) {
+            ws[i] = (worker_t){backends[b], w, A, C, M, N, K, i * 64, i * 64 + 64, 6, MEGAMOE_OK};
+            ASSERT_EQ_INT(pthread_create(&t[i], NULL, worker_main, &ws[i]), 0);
+        }
+        for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+        for (int i = 0; i < 4; i++) ASSERT_OK(ws[i].st);
+        /* The workers are gone; anything else alive now was started by a backend. */
+        ASSERT_EQ_INT(count_threads(), before);
+        op_t o = {MM_GEMM_NN, M, N, K, A, B, K, N, NULL};
+        ASSERT_TRUE(check_c("concurrent", &o, C, C0, N, MEGAMOE_DTYPE_FP32, 0, 0, M, 0, N));
+        mm_gemm_weight_destroy(w);
+        free(A), free(B), free(C), free(C0);
+    }
+}
+
+/* ---- selection and errors ---------------------------------------------------------------- */
+
+MM_TEST(backend_selection_by_environment)
+{
+    const mm_gemm_backend_ops_t *b = NULL;
+    setenv("MEGAMOE_GEMM", "ref", 1);
+    ASSERT_OK(mm_gemm_backend_default(&b));
+    ASSERT_EQ_STR(b->name, "ref");
+    setenv("MEGAMOE_GEMM", "amx", 1);
+    megamoe_log_set_level(MEGAMOE_LOG_OFF);
+    ASSERT_STATUS(mm_gemm_backend_default(&b), MEGAMOE_UNSUPPORTED);
+    ASSERT_CONTAINS(megamoe_last_error(), "MEGAMOE_GEMM=amx");
+    setenv("MEGAMOE_GEMM", "blas", 1);
+    ASSERT_STATUS(mm_gemm_backend_default(&b), MEGAMOE_INVALID_ARGUMENT);
+    setenv("MEGAMOE_GEMM", "auto", 1);
+    ASSERT_OK(mm_gemm_backend_default(&b));
+#ifdef MM_TEST_HAVE_ONEDNN
+    ASSERT_EQ_STR(b->name, "onednn");
+#endif
+    unsetenv("MEGAMOE_GEMM");
+    megamoe_log_set_level(MEGAMOE_LOG_WARN);
+}
+
+MM_TEST(bad_arguments_are_rejected)
+{
+    load_backends();
+    megamoe_log_set_level(MEGAMOE_LOG_OFF);
+    uint16_t A[64] = {0}, B[64] = {0};
+    float C[64];
+    mm_gemm_args_t a;
+    mm_gemm_args_init(&a);
+    a.M = 4, a.N = 4, a.K = 4, a.A = A, a.lda = 4, a.B = B, a.ldb = 4, a.C = C, a.ldc = 4;
+    a.backend = &(*backends[0]);
+    ASSERT_OK(mm_gemm(&a));
+    a.ldc = 3;
+    ASSERT_STATUS(mm_gemm(&a), MEGAMOE_INVALID_ARGUMENT);
+    a.ldc = 4, a.m1 = 5;
+    ASSERT_STATUS(mm_gemm(&a), MEGAMOE_INVALID_ARGUMENT);
+    a.m1 = MM_GEMM_END, a.c_type = MEGAMOE_DTYPE_FP16;
+    ASSERT_STATUS(mm_gemm(&a), MEGAMOE_INVALID_ARGUMENT);
+    a.c_type = MEGAMOE_DTYPE_FP32, a.B = NULL;
+    ASSERT_STATUS(mm_gemm(&a), MEGAMOE_INVALID_ARGUMENT);
+    mm_gemm_weight_t *w = NULL;
+    ASSERT_OK(mm_gemm_weight_create(backends[0], MM_GEMM_NN, 4, 4, B, 4, 0, &w));
+    a.form = MM_GEMM_NT, a.weight = w;
+    ASSERT_STATUS(mm_gemm(&a), MEGAMOE_INVALID_ARGUMENT);
+    ASSERT_STATUS(mm_gemm_weight_create(backends[0], MM_GEMM_TN, 4, 4, B, 4, 0, &w), MEGAMOE_INVALID_ARGUMENT);
+    mm_gemm_weight_destroy(w);
+    int64_t rows[2] = {2, -1};
+    mm_gemm_grouped_args_t g;
+    mm_gemm_grouped_args_init(&g);
+    g.num_groups = 2, g.group_rows = rows;
+    ASSERT_STATUS(mm_gemm_grouped(&g), MEGAMOE_INVALID_ARGUMENT);
+    megamoe_log_set_level(MEGAMOE_LOG_WARN);
+}
