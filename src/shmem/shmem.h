@@ -110,6 +110,30 @@ megamoe_status_t mm_shmem_signal_wait_until(uint64_t *sig, int cmp, uint64_t val
 void mm_shmem_fence(void);
 void mm_shmem_quiet(void);
 
+/* ---- additions: generic waits, zeroed allocation, liveness, introspection ---- */
+
+/* The same wait as mm_shmem_signal_wait_until on ANY local 64-bit word (e.g. an executor's
+ * dependency counter in private memory): spin, pause, yield, sleep; TIMEOUT after
+ * HYPER_PARALLEL_SHMEM_TIMEOUT_SEC; PEER_LOST when a peer dies (checked only while the runtime
+ * is running). The word is read with acquire loads. */
+megamoe_status_t mm_shmem_wait_u64(const uint64_t *addr, int cmp, uint64_t value,
+                                   uint64_t *value_p);
+/* Non-blocking: 1 when *addr (acquire load) compares true with value. */
+int mm_shmem_test_u64(const uint64_t *addr, int cmp, uint64_t value);
+/* OK while every peer is alive, else PEER_LOST naming the lost PE (for callers that build
+ * their own waits around mm_shmem_test_u64). INVALID_STATE when not running. */
+megamoe_status_t mm_shmem_check_liveness(void);
+
+/* mm_shmem_malloc, then zero the local copy and barrier, so no peer can write into the
+ * object before every PE zeroed it (the pre-launch convergence rule). */
+megamoe_status_t mm_shmem_calloc_site(size_t size, size_t align, const char *site, void **ptr_p);
+#define mm_shmem_calloc(size, align, ptr_p) \
+    mm_shmem_calloc_site((size), (align), __FILE__ ":" MM_SHMEM_STR_(__LINE__), (ptr_p))
+
+/* Name the segment of PE pe was published under ("/megamoe-<hex>"; removed from /dev/shm
+ * once every PE mapped it). For tests and diagnostics. */
+megamoe_status_t mm_shmem_segment_name(int pe, char *buf, size_t len);
+
 /* ---- teams (subsets of the world, like shmem_team_t / MPI_Comm_split) ---- */
 
 typedef struct mm_shmem_team mm_shmem_team_t;

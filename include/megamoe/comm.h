@@ -1,0 +1,63 @@
+/* megamoe — communicator.
+ *
+ * A communicator is a group of ranks (processes) that run one job together on a host. The
+ * first communicator of a process starts the private symmetric-memory runtime underneath
+ * (bootstrap over TCP, a shared heap per rank); it stops when the last communicator is
+ * destroyed. Creating, splitting, barriers and destroying are collective: every rank of the
+ * (parent) communicator calls them in the same order.
+ *
+ * Settings come from the parameters, else from the environment (docs/env.md):
+ * RANK/WORLD_SIZE (or Open MPI's variables), HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT,
+ * HYPER_PARALLEL_SHMEM_HEAP_SIZE, HYPER_PARALLEL_SHMEM_TIMEOUT_SEC, MEGAMOE_JOB_TOKEN.
+ */
+#ifndef MEGAMOE_COMM_H
+#define MEGAMOE_COMM_H
+
+#include <stdint.h>
+
+#include "megamoe/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct megamoe_comm megamoe_comm_t;
+
+typedef struct megamoe_comm_params {
+    int rank;             /* -1: from the environment */
+    int world_size;       /* -1: from the environment */
+    const char *endpoint; /* NULL: HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT ("tcp://host:port") */
+    uint64_t heap_size;   /* 0: HYPER_PARALLEL_SHMEM_HEAP_SIZE (bytes per rank) */
+    int timeout_sec;      /* 0: HYPER_PARALLEL_SHMEM_TIMEOUT_SEC */
+} megamoe_comm_params_t;
+
+/* All fields "from the environment". */
+megamoe_comm_params_t megamoe_comm_params_default(void);
+
+/* Communicator of all ranks of the job (NULL params = defaults). While another communicator
+ * is alive in the process the params must be defaults or equal to the running ones. */
+megamoe_status_t megamoe_comm_create(const megamoe_comm_params_t *params,
+                                     megamoe_comm_t **comm_p);
+
+/* Ranks of parent with the same color >= 0 form a new communicator ordered by (key, parent
+ * rank); color < 0 gives *comm_p = NULL. Collective over parent. */
+megamoe_status_t megamoe_comm_split(megamoe_comm_t *parent, int color, int key,
+                                    megamoe_comm_t **comm_p);
+
+/* Rank of the caller in comm and the number of ranks (-1 for a NULL or dead handle). */
+int megamoe_comm_rank(const megamoe_comm_t *comm);
+int megamoe_comm_size(const megamoe_comm_t *comm);
+
+/* Returns when every rank of comm has entered; TIMEOUT / PEER_LOST instead of hanging. */
+megamoe_status_t megamoe_comm_barrier(megamoe_comm_t *comm);
+
+/* Collective. The last destroy in the process stops the runtime, which fails (INVALID_STATE,
+ * naming them) while objects built on it are still alive; then comm stays valid so the caller
+ * can free them and call destroy again. NULL is a no-op. */
+megamoe_status_t megamoe_comm_destroy(megamoe_comm_t *comm);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEGAMOE_COMM_H */

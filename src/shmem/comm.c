@@ -1,0 +1,115 @@
+/* Public communicator: a SHMEM team plus one reference on the runtime. */
+#include <stdlib.h>
+
+#include "base/error.h"
+#include "comm_impl.h"
+
+#define MM_COMM_MAGIC 0x636f6d6du
+
+struct megamoe_comm {
+    uint32_t magic;
+    mm_shmem_team_t *team; /* NULL once its team was destroyed (destroy being retried) */
+    int owns_team;
+};
+
+megamoe_comm_params_t megamoe_comm_params_default(void)
+{
+    return (megamoe_comm_params_t){.rank = -1, .world_size = -1, .endpoint = NULL,
+                                   .heap_size = 0, .timeout_sec = 0};
+}
+
+static int mm_comm_valid(const megamoe_comm_t *c) { return c && c->magic == MM_COMM_MAGIC; }
+
+mm_shmem_team_t *mm_comm_team(const megamoe_comm_t *c)
+{
+    return mm_comm_valid(c) ? c->team : NULL;
+}
+
+megamoe_status_t megamoe_comm_create(const megamoe_comm_params_t *params, megamoe_comm_t **comm_p)
+{
+    if (comm_p == NULL)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "megamoe_comm_create: comm_p is NULL");
+    megamoe_comm_t *c = calloc(1, sizeof *c);
+    if (c == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "megamoe_comm_create: out of memory");
+    mm_shmem_params_t p = mm_shmem_params_default();
+    if (params) {
+        p.rank = params->rank;
+        p.world_size = params->world_size;
+        p.endpoint = params->endpoint;
+        p.heap_size = params->heap_size;
+        p.timeout_sec = params->timeout_sec;
+    }
+    megamoe_status_t st = mm_shmem_acquire(&p);
+    if (st != MEGAMOE_OK) {
+        free(c);
+        return st;
+    }
+    c->magic = MM_COMM_MAGIC;
+    c->team = mm_shmem_team_world();
+    *comm_p = c;
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t megamoe_comm_split(megamoe_comm_t *parent, int color, int key,
+                                    megamoe_comm_t **comm_p)
+{
+    if (!mm_comm_valid(parent) || parent->team == NULL || comm_p == NULL)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "megamoe_comm_split: invalid parent "
+                        "communicator or NULL comm_p");
+    MM_CHECK(mm_shmem_acquire(NULL));
+    megamoe_comm_t *c = calloc(1, sizeof *c);
+    mm_shmem_team_t *team = NULL;
+    /* Collective even when this rank is out of memory: the split reports it on every rank
+     * only if it runs, so run it and drop the result here. */
+    megamoe_status_t st = mm_shmem_team_split(parent->team, c ? color : -1, key, &team);
+    if (st == MEGAMOE_OK && c == NULL && color >= 0)
+        st = mm_error(MEGAMOE_OUT_OF_MEMORY, "megamoe_comm_split: out of memory");
+    if (st != MEGAMOE_OK || team == NULL) {
+        free(c);
+        mm_shmem_release();
+        if (st == MEGAMOE_OK) *comm_p = NULL;
+        return st;
+    }
+    c->magic = MM_COMM_MAGIC;
+    c->team = team;
+    c->owns_team = 1;
+    *comm_p = c;
+    return MEGAMOE_OK;
+}
+
+int megamoe_comm_rank(const megamoe_comm_t *c)
+{
+    return mm_comm_valid(c) && c->team ? mm_shmem_team_my_pe(c->team) : -1;
+}
+
+int megamoe_comm_size(const megamoe_comm_t *c)
+{
+    return mm_comm_valid(c) && c->team ? mm_shmem_team_n_pes(c->team) : -1;
+}
+
+megamoe_status_t megamoe_comm_barrier(megamoe_comm_t *c)
+{
+    if (!mm_comm_valid(c) || c->team == NULL)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "megamoe_comm_barrier: invalid communicator");
+    return mm_shmem_team_barrier(c->team);
+}
+
+megamoe_status_t megamoe_comm_destroy(megamoe_comm_t *c)
+{
+    if (c == NULL) return MEGAMOE_OK;
+    if (!mm_comm_valid(c))
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "megamoe_comm_destroy: not a communicator "
+                        "(destroyed twice?)");
+    megamoe_status_t st = MEGAMOE_OK;
+    if (c->owns_team && c->team) {
+        st = mm_shmem_team_destroy(c->team); /* frees the team even when the barrier fails */
+        c->team = NULL;
+    }
+    int before = mm_shmem_refcount();
+    megamoe_status_t rs = mm_shmem_release();
+    if (rs != MEGAMOE_OK && mm_shmem_refcount() == before && before > 0)
+        return rs; /* the last release refused (objects alive): keep the handle for a retry */
+    c->magic = 0;
+    free(c);
+    return st != MEGAMOE_OK ? st : rs;
+}

@@ -1,0 +1,179 @@
+/* State shared by the files of the SHMEM runtime (not for other layers: use shmem.h).
+ *
+ * One process-wide runtime (mm_shmem_g). Lifecycle fields change only under `lock` in
+ * acquire/release; the data path reads the immutable-while-running fields after an acquire
+ * load of `running`. The liveness fields are written by the monitor thread with atomics.
+ *
+ * Each PE's segment = [reserve | user heap]. The reserve (MM_SHMEM_RESERVE bytes) holds the
+ * runtime's own symmetric state:
+ *   header page   line 0: magic; line 1: job-lost word (PE 0's copy is the job's)
+ *   team slots    MM_SHMEM_MAX_TEAMS x MM_SHMEM_SLOT_STRIDE, one per live team on this PE:
+ *                   MM_SHMEM_BAR_ROUNDS barrier lines (64 B each, generation numbers)
+ *                   2 collective outboxes of MM_SHMEM_COLL_CHUNK bytes (double buffered)
+ */
+#ifndef MM_SHMEM_INTERNAL_H
+#define MM_SHMEM_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "base/error.h"
+#include "bootstrap.h"
+#include "heap_alloc.h"
+#include "shmem.h"
+#include "shmem_log.h"
+#include "transport.h"
+
+#define MM_SHMEM_MAX_PES 4096
+#define MM_SHMEM_MAX_TEAMS 64
+#define MM_SHMEM_BAR_ROUNDS 16 /* dissemination rounds: 2^16 PEs > MM_SHMEM_MAX_PES */
+#define MM_SHMEM_COLL_CHUNK (64u << 10)
+#define MM_SHMEM_HEADER_BYTES 4096u
+#define MM_SHMEM_SLOT_SYNC 4096u
+#define MM_SHMEM_SLOT_STRIDE (MM_SHMEM_SLOT_SYNC + 2u * MM_SHMEM_COLL_CHUNK)
+#define MM_SHMEM_RESERVE_RAW \
+    (MM_SHMEM_HEADER_BYTES + (uint64_t)MM_SHMEM_MAX_TEAMS * MM_SHMEM_SLOT_STRIDE)
+/* Rounded to 2 MiB so the user heap starts on a huge-page boundary. */
+#define MM_SHMEM_RESERVE ((MM_SHMEM_RESERVE_RAW + (2u << 20) - 1) / (2u << 20) * (2u << 20))
+#define MM_SHMEM_HEADER_MAGIC 0x6d6567616d6f6531ull /* "megamoe1" */
+/* Identifies the reserve layout in the settings check (same build = same layout). */
+#define MM_SHMEM_LAYOUT_ID \
+    ((uint64_t)MM_SHMEM_RESERVE ^ ((uint64_t)MM_SHMEM_MAX_TEAMS << 40) ^ \
+     ((uint64_t)MM_SHMEM_COLL_CHUNK << 8) ^ MM_SHMEM_BAR_ROUNDS)
+
+typedef struct mm_shmem_header {
+    uint64_t magic;
+    char pad0[56];
+    uint64_t lost; /* PE 0's copy: 1 + the first PE found dead by anyone, 0 while all alive */
+    char pad1[56];
+} mm_shmem_header_t;
+
+struct mm_shmem_team {
+    uint32_t magic;
+    int n, me, slot;
+    int *pes;          /* world PE of each member */
+    uint64_t bar_gen;  /* barriers done (generation numbers, monotone) */
+    uint64_t coll_gen; /* collectives done (outbox parity) */
+    int is_world;
+    struct mm_shmem_team *next; /* live non-world teams */
+};
+#define MM_SHMEM_TEAM_MAGIC 0x7465616du
+
+typedef struct mm_shmem_peer {
+    int pid;
+    int pidfd;           /* -1 when pidfd_open is unavailable */
+    uint64_t start_time; /* /proc/<pid>/stat starttime, for the fallback check */
+    mm_shmem_segment_t seg;
+} mm_shmem_peer_t;
+
+typedef struct mm_shmem_global {
+    pthread_mutex_t lock; /* lifecycle, allocation and team bookkeeping */
+    int refcount;
+    atomic_int running;
+
+    /* fixed while running */
+    int my_pe, n_pes;
+    mm_shmem_params_t params; /* resolved values of the first acquire */
+    char endpoint[MM_ENDPOINT_MAX_LEN + 1];
+    uint64_t heap_size, seg_size, timeout_ns;
+    char *my_base;   /* my segment */
+    char *heap_base; /* my_base + MM_SHMEM_RESERVE */
+    char **bases;    /* per PE: mapping of its segment (NULL: not load/store reachable) */
+    mm_shmem_peer_t *peers;
+    mm_boot_t *boot;
+    const mm_shmem_transport_t *transport;
+
+    /* symmetric allocation (collective, main thread) */
+    mm_heap_alloc_t alloc;
+    uint64_t alloc_seq;
+
+    /* teams */
+    struct mm_shmem_team world;
+    struct mm_shmem_team *teams;
+    uint64_t slots_used; /* bit s: slot s in use on this PE */
+
+    /* liveness (monitor thread writes, everyone reads) */
+    atomic_int lost_pe; /* -1 while everyone is alive */
+    atomic_uchar *dead; /* per PE */
+    char lost_why[160]; /* written before lost_pe is published */
+    atomic_int closing; /* teardown started: peers leaving is expected */
+    pthread_t monitor;
+    int monitor_started;
+    int wake_fd; /* eventfd that stops the monitor */
+} mm_shmem_global_t;
+
+extern mm_shmem_global_t mm_shmem_g;
+
+static inline int mm_shmem_running_now(void)
+{
+    return atomic_load_explicit(&mm_shmem_g.running, memory_order_acquire);
+}
+
+megamoe_status_t mm_shmem_not_running(const char *what);
+
+static inline mm_shmem_header_t *mm_shmem_header(char *base) { return (mm_shmem_header_t *)base; }
+
+static inline uint64_t *mm_shmem_slot_line(char *base, int slot, int round)
+{
+    return (uint64_t *)(base + MM_SHMEM_HEADER_BYTES + (uint64_t)slot * MM_SHMEM_SLOT_STRIDE +
+                        (uint64_t)round * 64u);
+}
+
+static inline char *mm_shmem_slot_outbox(char *base, int slot, uint64_t parity)
+{
+    return base + MM_SHMEM_HEADER_BYTES + (uint64_t)slot * MM_SHMEM_SLOT_STRIDE +
+           MM_SHMEM_SLOT_SYNC + (parity & 1) * MM_SHMEM_COLL_CHUNK;
+}
+
+/* ---- copy.c ---- */
+/* Copy for puts/gets: non-temporal AVX-512 stores from MM_SHMEM_NT_THRESHOLD bytes (followed
+ * by sfence, so a later signal store cannot overtake the data), else memcpy. */
+void mm_shmem_copy(void *dst, const void *src, size_t n);
+#define MM_SHMEM_NT_THRESHOLD (1u << 20)
+
+/* ---- liveness.c ---- */
+megamoe_status_t mm_shmem_liveness_start(void);
+/* Stop and join the monitor (idempotent). */
+void mm_shmem_liveness_stop(void);
+/* Record pe as lost (first caller wins for the message) and tell the other PEs. */
+void mm_shmem_mark_lost(int pe, const char *why);
+/* OK, or PEER_LOST (logged, naming the lost PE and `what` the caller was doing). */
+megamoe_status_t mm_shmem_check_peers(const char *what);
+/* Lost PE (-1 when none), from this PE's monitor or from the job-lost word. */
+int mm_shmem_lost_pe(void);
+
+/* ---- wait.c ---- */
+/* The spin -> pause -> yield -> sleep wait with timeout and liveness checks. what: for
+ * messages ("team barrier", "signal wait"). */
+megamoe_status_t mm_shmem_wait_impl(const uint64_t *addr, int cmp, uint64_t value,
+                                    uint64_t *value_p, const char *what);
+static inline int mm_shmem_cmp(uint64_t v, int cmp, uint64_t value)
+{
+    switch (cmp) {
+    case MM_SHMEM_CMP_EQ: return v == value;
+    case MM_SHMEM_CMP_NE: return v != value;
+    case MM_SHMEM_CMP_GT: return v > value;
+    case MM_SHMEM_CMP_GE: return v >= value;
+    case MM_SHMEM_CMP_LT: return v < value;
+    case MM_SHMEM_CMP_LE: return v <= value;
+    }
+    return 0;
+}
+
+/* ---- symheap.c ---- */
+/* Text of the live allocations, one per line, at most max_rows rows (caller holds lock). */
+size_t mm_shmem_live_table(char *out, size_t len, int max_rows);
+
+/* ---- team.c ---- */
+/* Set up the world team (slot 0) for a new lifecycle. */
+void mm_shmem_team_world_init(void);
+/* Free every team structure (teardown). */
+void mm_shmem_team_drop_all(void);
+int mm_shmem_team_live_count(void);
+/* Forget a team on this PE only (no synchronisation). */
+void mm_shmem_team_destroy_local(mm_shmem_team_t *t);
+
+#endif /* MM_SHMEM_INTERNAL_H */

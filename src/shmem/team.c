@@ -1,0 +1,318 @@
+/* Teams and their collectives over the heap: barrier, allgather, broadcast, agree, split.
+ *
+ * Every team owns one slot of the reserve on each member PE (the world team slot 0). The
+ * barrier is a dissemination barrier: in round k a member stores the team's barrier
+ * generation into line k of member (me + 2^k) mod n and waits until its own line k reaches
+ * the generation. Generations only grow, so nothing is reset between barriers, and a fast
+ * member already at generation g+1 satisfies a slow one waiting for g (>=). The collectives
+ * copy into the member's own outbox, run a barrier, then read the other members' outboxes
+ * directly; two outboxes used alternately mean that the next collective's barrier separates
+ * the reads of call k from the overwrite by call k+2, so one barrier per call suffices.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shmem_internal.h"
+
+static megamoe_status_t mm_team_check(const mm_shmem_team_t *t, const char *op)
+{
+    if (!mm_shmem_running_now()) return mm_shmem_not_running(op);
+    if (t == NULL || t->magic != MM_SHMEM_TEAM_MAGIC)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: not a live team handle (destroyed, or "
+                        "from an earlier SHMEM lifecycle)", op);
+    return MEGAMOE_OK;
+}
+
+void mm_shmem_team_world_init(void)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    g->world = (struct mm_shmem_team){.magic = MM_SHMEM_TEAM_MAGIC,
+                                      .n = g->n_pes,
+                                      .me = g->my_pe,
+                                      .slot = 0,
+                                      .is_world = 1};
+    g->teams = NULL;
+    g->slots_used = 1;
+}
+
+void mm_shmem_team_drop_all(void)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    while (g->teams) {
+        struct mm_shmem_team *t = g->teams;
+        g->teams = t->next;
+        t->magic = 0;
+        free(t->pes);
+        free(t);
+    }
+    g->world.magic = 0;
+    g->slots_used = 0;
+}
+
+int mm_shmem_team_live_count(void)
+{
+    int n = 0;
+    for (struct mm_shmem_team *t = mm_shmem_g.teams; t; t = t->next) n++;
+    return n;
+}
+
+mm_shmem_team_t *mm_shmem_team_world(void)
+{
+    return mm_shmem_running_now() ? &mm_shmem_g.world : NULL;
+}
+
+static int mm_team_pe(const mm_shmem_team_t *t, int i) { return t->is_world ? i : t->pes[i]; }
+
+int mm_shmem_team_my_pe(const mm_shmem_team_t *t)
+{
+    return t && t->magic == MM_SHMEM_TEAM_MAGIC ? t->me : -1;
+}
+
+int mm_shmem_team_n_pes(const mm_shmem_team_t *t)
+{
+    return t && t->magic == MM_SHMEM_TEAM_MAGIC ? t->n : -1;
+}
+
+int mm_shmem_team_world_pe(const mm_shmem_team_t *t, int i)
+{
+    if (!t || t->magic != MM_SHMEM_TEAM_MAGIC || i < 0 || i >= t->n) return -1;
+    return mm_team_pe(t, i);
+}
+
+static megamoe_status_t mm_team_barrier_raw(mm_shmem_team_t *t, const char *what)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    mm_shmem_quiet(); /* barriers imply quiet */
+    uint64_t gen = ++t->bar_gen;
+    for (int k = 0, d = 1; d < t->n; k++, d <<= 1) {
+        int to = mm_team_pe(t, (t->me + d) % t->n);
+        __atomic_store_n(mm_shmem_slot_line(g->bases[to], t->slot, k), gen, __ATOMIC_RELEASE);
+        MM_CHECK(mm_shmem_wait_impl(mm_shmem_slot_line(g->my_base, t->slot, k),
+                                    MM_SHMEM_CMP_GE, gen, NULL, what));
+    }
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t mm_shmem_team_barrier(mm_shmem_team_t *t)
+{
+    MM_CHECK(mm_team_check(t, "mm_shmem_team_barrier"));
+    return mm_team_barrier_raw(t, "team barrier");
+}
+
+megamoe_status_t mm_shmem_barrier_all(void)
+{
+    if (!mm_shmem_running_now()) return mm_shmem_not_running("mm_shmem_barrier_all");
+    return mm_team_barrier_raw(&mm_shmem_g.world, "barrier");
+}
+
+/* Allgather in chunks of at most one outbox (in place is fine: src may lie in dest). */
+static megamoe_status_t mm_team_allgather_raw(mm_shmem_team_t *t, void *dest, const void *src,
+                                              size_t nbytes, const char *what)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    if (nbytes == 0) return mm_team_barrier_raw(t, what);
+    for (size_t done = 0; done < nbytes; done += MM_SHMEM_COLL_CHUNK) {
+        size_t chunk = nbytes - done < MM_SHMEM_COLL_CHUNK ? nbytes - done : MM_SHMEM_COLL_CHUNK;
+        uint64_t parity = t->coll_gen++;
+        memcpy(mm_shmem_slot_outbox(g->my_base, t->slot, parity), (const char *)src + done, chunk);
+        MM_CHECK(mm_team_barrier_raw(t, what));
+        for (int i = 0; i < t->n; i++)
+            memcpy((char *)dest + (size_t)i * nbytes + done,
+                   mm_shmem_slot_outbox(g->bases[mm_team_pe(t, i)], t->slot, parity), chunk);
+    }
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t mm_shmem_team_allgather(mm_shmem_team_t *t, void *dest, const void *src,
+                                         size_t nbytes)
+{
+    MM_CHECK(mm_team_check(t, "mm_shmem_team_allgather"));
+    if (nbytes && (!dest || !src))
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_team_allgather: NULL buffer");
+    return mm_team_allgather_raw(t, dest, src, nbytes, "team allgather");
+}
+
+megamoe_status_t mm_shmem_team_broadcast(mm_shmem_team_t *t, void *buf, size_t nbytes, int root)
+{
+    MM_CHECK(mm_team_check(t, "mm_shmem_team_broadcast"));
+    if (root < 0 || root >= t->n)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_team_broadcast: root %d is not in "
+                        "[0, %d)", root, t->n);
+    if (nbytes && !buf)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_team_broadcast: NULL buffer");
+    mm_shmem_global_t *g = &mm_shmem_g;
+    if (nbytes == 0) return mm_team_barrier_raw(t, "team broadcast");
+    for (size_t done = 0; done < nbytes; done += MM_SHMEM_COLL_CHUNK) {
+        size_t chunk = nbytes - done < MM_SHMEM_COLL_CHUNK ? nbytes - done : MM_SHMEM_COLL_CHUNK;
+        uint64_t parity = t->coll_gen++;
+        if (t->me == root)
+            memcpy(mm_shmem_slot_outbox(g->my_base, t->slot, parity), (char *)buf + done, chunk);
+        MM_CHECK(mm_team_barrier_raw(t, "team broadcast"));
+        if (t->me != root)
+            memcpy((char *)buf + done,
+                   mm_shmem_slot_outbox(g->bases[mm_team_pe(t, root)], t->slot, parity), chunk);
+    }
+    return MEGAMOE_OK;
+}
+
+#define MM_AGREE_TEXT 500
+typedef struct mm_agree_entry {
+    int32_t status;
+    char text[MM_AGREE_TEXT];
+} mm_agree_entry_t;
+
+megamoe_status_t mm_shmem_team_agree(mm_shmem_team_t *t, megamoe_status_t local)
+{
+    MM_CHECK(mm_team_check(t, "mm_shmem_team_agree"));
+    mm_agree_entry_t mine;
+    memset(&mine, 0, sizeof mine);
+    mine.status = local;
+    if (local != MEGAMOE_OK) snprintf(mine.text, sizeof mine.text, "%s", megamoe_last_error());
+    mm_agree_entry_t *all = malloc(sizeof mine * (size_t)t->n);
+    if (all == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "mm_shmem_team_agree: out of memory");
+    megamoe_status_t st = mm_team_allgather_raw(t, all, &mine, sizeof mine, "team agree");
+    if (st == MEGAMOE_OK) {
+        for (int i = 0; i < t->n; i++) {
+            if (all[i].status == MEGAMOE_OK) continue;
+            char text[MM_AGREE_TEXT + 32];
+            all[i].text[MM_AGREE_TEXT - 1] = '\0';
+            snprintf(text, sizeof text, "rank %d: %s", mm_team_pe(t, i), all[i].text);
+            if (i != t->me) MM_LOG(MEGAMOE_LOG_ERROR, "%s", text);
+            mm_set_last_error(text);
+            st = (megamoe_status_t)all[i].status;
+            break;
+        }
+    }
+    free(all);
+    return st;
+}
+
+typedef struct mm_split_entry {
+    int32_t color, key;
+    uint64_t slots_used;
+} mm_split_entry_t;
+
+/* Members of color c in new-team order (key, then parent rank); returns the count. */
+static int mm_split_members(const mm_split_entry_t *e, int n, int32_t c, int *out)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (e[i].color != c) continue;
+        int j = k++;
+        /* insertion sort: stable, so equal keys keep parent order */
+        while (j > 0 && e[out[j - 1]].key > e[i].key) {
+            out[j] = out[j - 1];
+            j--;
+        }
+        out[j] = i;
+    }
+    return k;
+}
+
+megamoe_status_t mm_shmem_team_split(mm_shmem_team_t *parent, int color, int key,
+                                     mm_shmem_team_t **team_p)
+{
+    MM_CHECK(mm_team_check(parent, "mm_shmem_team_split"));
+    if (team_p == NULL)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_team_split: team_p is NULL");
+    mm_shmem_global_t *g = &mm_shmem_g;
+    int n = parent->n;
+    mm_split_entry_t mine = {color < 0 ? -1 : color, key, g->slots_used};
+    mm_split_entry_t *all = malloc(sizeof mine * (size_t)n);
+    int *members = malloc(sizeof(int) * (size_t)n);
+    int *slot_of = malloc(sizeof(int) * (size_t)n);
+    if (!all || !members || !slot_of) {
+        free(all), free(members), free(slot_of);
+        return mm_error(MEGAMOE_OUT_OF_MEMORY, "mm_shmem_team_split: out of memory");
+    }
+    megamoe_status_t st = mm_team_allgather_raw(parent, all, &mine, sizeof mine, "team split");
+    /* Every member decides every new team the same way, so failures are identical too. */
+    for (int i = 0; i < n && st == MEGAMOE_OK; i++) {
+        slot_of[i] = -1;
+        if (all[i].color < 0) continue;
+        int first = 1;
+        for (int j = 0; j < i; j++)
+            if (all[j].color == all[i].color) first = 0;
+        if (!first) continue;
+        int k = mm_split_members(all, n, all[i].color, members);
+        uint64_t used = 0;
+        for (int m = 0; m < k; m++) used |= all[members[m]].slots_used;
+        int slot = -1;
+        for (int s = 1; s < MM_SHMEM_MAX_TEAMS; s++)
+            if (!(used >> s & 1)) {
+                slot = s;
+                break;
+            }
+        if (slot < 0)
+            st = mm_error(MEGAMOE_OUT_OF_MEMORY, "mm_shmem_team_split: no free team slot for "
+                          "color %d (at most %d live teams per PE, world included); destroy "
+                          "unused teams", all[i].color, MM_SHMEM_MAX_TEAMS);
+        for (int m = 0; m < k; m++) slot_of[members[m]] = slot;
+    }
+    struct mm_shmem_team *t = NULL;
+    if (st == MEGAMOE_OK && mine.color >= 0) {
+        int k = mm_split_members(all, n, mine.color, members);
+        t = calloc(1, sizeof *t);
+        int *pes = malloc(sizeof(int) * (size_t)k);
+        if (!t || !pes) {
+            free(t), free(pes);
+            t = NULL;
+            st = mm_error(MEGAMOE_OUT_OF_MEMORY, "mm_shmem_team_split: out of memory");
+        } else {
+            t->magic = MM_SHMEM_TEAM_MAGIC;
+            t->n = k;
+            t->slot = slot_of[parent->me];
+            t->pes = pes;
+            for (int m = 0; m < k; m++) {
+                pes[m] = mm_team_pe(parent, members[m]);
+                if (members[m] == parent->me) t->me = m;
+            }
+            /* Nobody writes this slot before the barrier below, so plain zeroing is safe. */
+            memset(mm_shmem_slot_line(g->my_base, t->slot, 0), 0, MM_SHMEM_BAR_ROUNDS * 64u);
+            g->slots_used |= 1ull << t->slot;
+            t->next = g->teams;
+            g->teams = t;
+        }
+    }
+    free(all), free(members), free(slot_of);
+    /* A local allocation failure must not leave the others waiting: agree, then sync. */
+    if (st == MEGAMOE_OK || st == MEGAMOE_OUT_OF_MEMORY) {
+        megamoe_status_t agreed = mm_shmem_team_agree(parent, st);
+        if (agreed != MEGAMOE_OK) st = agreed;
+    }
+    if (st != MEGAMOE_OK) {
+        if (t) mm_shmem_team_destroy_local(t);
+        return st;
+    }
+    MM_SHMEM_DEBUG("team split: color %d key %d -> %d of %d (slot %d)", color, key,
+                   t ? t->me : -1, t ? t->n : 0, t ? t->slot : -1);
+    *team_p = t;
+    return MEGAMOE_OK;
+}
+
+void mm_shmem_team_destroy_local(mm_shmem_team_t *t)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    for (struct mm_shmem_team **p = &g->teams; *p; p = &(*p)->next)
+        if (*p == t) {
+            *p = t->next;
+            break;
+        }
+    g->slots_used &= ~(1ull << t->slot);
+    t->magic = 0;
+    free(t->pes);
+    free(t);
+}
+
+megamoe_status_t mm_shmem_team_destroy(mm_shmem_team_t *t)
+{
+    MM_CHECK(mm_team_check(t, "mm_shmem_team_destroy"));
+    if (t->is_world)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_team_destroy: the world team lives "
+                        "as long as the runtime");
+    /* After this barrier no member writes into this PE's slot or reads its outboxes. */
+    megamoe_status_t st = mm_team_barrier_raw(t, "team destroy");
+    mm_shmem_team_destroy_local(t);
+    return st;
+}

@@ -1,0 +1,111 @@
+/* Waiting on a 64-bit word: spin, then yield, then sleep, with timeout and liveness checks.
+ *
+ * Phases (from the first miss): up to MM_WAIT_SPIN_NS spinning with a pause instruction (a
+ * flag written by a peer on another core arrives in ~0.1-0.3 us, machine_limits.md 5.2), then
+ * sched_yield until MM_WAIT_YIELD_NS (lets a peer sharing this core run), then sleeps growing
+ * from 20 us to MM_WAIT_SLEEP_MAX_NS, so an idle waiter costs almost no CPU. The clock is read
+ * every few spins; at each read the timeout (HYPER_PARALLEL_SHMEM_TIMEOUT_SEC) and the peer
+ * liveness (two atomic loads) are checked, so PEER_LOST follows a death by at most one sleep
+ * plus the monitor's reaction time.
+ */
+#include <sched.h>
+
+#include "base/clock.h"
+#include "base/env.h"
+#include "shmem_internal.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define MM_PAUSE() _mm_pause()
+#else
+#define MM_PAUSE() __asm__ __volatile__("" ::: "memory")
+#endif
+
+#define MM_WAIT_SPIN_NS 50000ull
+#define MM_WAIT_YIELD_NS 2000000ull
+#define MM_WAIT_SLEEP_MAX_NS 1000000ull
+
+static const char *const mm_cmp_names[] = {"==", "!=", ">", ">=", "<", "<="};
+
+static uint64_t mm_wait_timeout_ns(void)
+{
+    if (mm_shmem_running_now()) return mm_shmem_g.timeout_ns;
+    int64_t sec = 120;
+    if (mm_env_int(MM_ENV_SHMEM_TIMEOUT_SEC, &sec) != MEGAMOE_OK) sec = 120;
+    return (uint64_t)sec * 1000000000ull;
+}
+
+megamoe_status_t mm_shmem_wait_impl(const uint64_t *addr, int cmp, uint64_t value,
+                                    uint64_t *value_p, const char *what)
+{
+    uint64_t v = __atomic_load_n(addr, __ATOMIC_ACQUIRE);
+    if (mm_shmem_cmp(v, cmp, value)) {
+        if (value_p) *value_p = v;
+        return MEGAMOE_OK;
+    }
+    if (cmp < MM_SHMEM_CMP_EQ || cmp > MM_SHMEM_CMP_LE)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: comparison %d is not one of "
+                        "MM_SHMEM_CMP_EQ..MM_SHMEM_CMP_LE", what, cmp);
+    if (addr == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: NULL address", what);
+    uint64_t start = mm_now_ns(), timeout = mm_wait_timeout_ns(), sleep_ns = 20000;
+    int live = mm_shmem_running_now();
+    unsigned spins = 0;
+    for (;;) {
+        v = __atomic_load_n(addr, __ATOMIC_ACQUIRE);
+        if (mm_shmem_cmp(v, cmp, value)) break;
+        if (++spins < 32) { /* read the clock every 32 spins only */
+            MM_PAUSE();
+            continue;
+        }
+        spins = 0;
+        uint64_t elapsed = mm_now_ns() - start;
+        if (live) {
+            megamoe_status_t st = mm_shmem_check_peers(what);
+            if (st != MEGAMOE_OK) return st;
+        }
+        if (elapsed >= timeout)
+            return mm_error(MEGAMOE_TIMEOUT, "%s timed out after %.1f s waiting for the word at "
+                            "%p to become %s %llu (it is %llu); a peer is stuck or never "
+                            "signals; raise HYPER_PARALLEL_SHMEM_TIMEOUT_SEC if the work "
+                            "legitimately takes longer", what, (double)elapsed * 1e-9,
+                            (const void *)addr, mm_cmp_names[cmp], (unsigned long long)value,
+                            (unsigned long long)v);
+        if (elapsed < MM_WAIT_SPIN_NS) {
+            MM_PAUSE();
+            continue;
+        }
+        if (elapsed < MM_WAIT_YIELD_NS) {
+            sched_yield();
+        } else {
+            uint64_t left = timeout - elapsed;
+            mm_sleep_ns(sleep_ns < left ? sleep_ns : left);
+            if (sleep_ns < MM_WAIT_SLEEP_MAX_NS) sleep_ns *= 2;
+        }
+        spins = 31; /* slow phases: check the clock after every miss */
+    }
+    if (value_p) *value_p = v;
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t mm_shmem_wait_u64(const uint64_t *addr, int cmp, uint64_t value,
+                                   uint64_t *value_p)
+{
+    return mm_shmem_wait_impl(addr, cmp, value, value_p, "wait");
+}
+
+megamoe_status_t mm_shmem_signal_wait_until(uint64_t *sig, int cmp, uint64_t value,
+                                            uint64_t *value_p)
+{
+    return mm_shmem_wait_impl(sig, cmp, value, value_p, "signal wait");
+}
+
+int mm_shmem_test_u64(const uint64_t *addr, int cmp, uint64_t value)
+{
+    return mm_shmem_cmp(__atomic_load_n(addr, __ATOMIC_ACQUIRE), cmp, value);
+}
+
+megamoe_status_t mm_shmem_check_liveness(void)
+{
+    if (!mm_shmem_running_now()) return mm_shmem_not_running("mm_shmem_check_liveness");
+    return mm_shmem_check_peers("a liveness check");
+}
