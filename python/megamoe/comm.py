@@ -1,0 +1,204 @@
+"""megamoe communicators from Python, bound to torch.distributed process groups.
+
+``world()`` is the communicator of every rank of the job. It is created on first use: rank and
+world size come from torch.distributed when it is initialised (so megamoe ranks are torch's
+global ranks), else from RANK / WORLD_SIZE; the bootstrap endpoint comes from
+HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT (default tcp://127.0.0.1:8662 — set a free port per job).
+
+``for_group(pg)`` binds a communicator to a torch.distributed group; ``group_name(pg)`` returns a
+name usable as ``group_ep`` / ``group_tp`` in :mod:`megamoe.ops`. Creating a group communicator
+is collective over the WORLD (it is a split of the world communicator, like ``dist.new_group``):
+every rank must call ``for_group`` / ``group_name`` for its groups in the same order, with groups
+that partition the world at each call (e.g. first every rank's EP group, then every rank's TP
+group).
+
+Communicators are destroyed by ``shutdown()`` (also registered with atexit); the last destroy
+stops the symmetric-memory runtime, collectively on every rank.
+"""
+import atexit
+import ctypes
+import threading
+
+from . import _lib
+from .errors import MegaMoeError, check
+
+_lock = threading.RLock()
+_world = None
+_by_name = {}
+_by_group = {}
+_order = []  # creation order, destroyed in reverse
+
+
+class _Params(ctypes.Structure):
+    _fields_ = [("rank", ctypes.c_int), ("world_size", ctypes.c_int),
+                ("endpoint", ctypes.c_char_p), ("heap_size", ctypes.c_uint64),
+                ("timeout_sec", ctypes.c_int)]
+
+
+_L = _lib.lib
+_L.megamoe_comm_params_default.restype = _Params
+_L.megamoe_comm_params_default.argtypes = []
+_L.megamoe_comm_create.restype = ctypes.c_int
+_L.megamoe_comm_create.argtypes = [ctypes.POINTER(_Params), ctypes.POINTER(ctypes.c_void_p)]
+_L.megamoe_comm_split.restype = ctypes.c_int
+_L.megamoe_comm_split.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                  ctypes.POINTER(ctypes.c_void_p)]
+_L.megamoe_comm_rank.restype = ctypes.c_int
+_L.megamoe_comm_rank.argtypes = [ctypes.c_void_p]
+_L.megamoe_comm_size.restype = ctypes.c_int
+_L.megamoe_comm_size.argtypes = [ctypes.c_void_p]
+_L.megamoe_comm_barrier.restype = ctypes.c_int
+_L.megamoe_comm_barrier.argtypes = [ctypes.c_void_p]
+_L.megamoe_comm_destroy.restype = ctypes.c_int
+_L.megamoe_comm_destroy.argtypes = [ctypes.c_void_p]
+
+
+class Comm:
+    """A megamoe communicator (``megamoe_comm_t*``)."""
+
+    def __init__(self, handle, name, world_ranks):
+        self._handle = handle
+        self.name = name
+        self.world_ranks = tuple(world_ranks)
+
+    @property
+    def handle(self):
+        if self._handle is None:
+            raise MegaMoeError(-2, f"communicator {self.name} was destroyed")
+        return self._handle
+
+    @property
+    def rank(self):
+        return _L.megamoe_comm_rank(self.handle)
+
+    @property
+    def size(self):
+        return _L.megamoe_comm_size(self.handle)
+
+    def barrier(self):
+        check(_L.megamoe_comm_barrier(self.handle))
+
+    def destroy(self):
+        """Collective; the last destroy in the process stops the runtime."""
+        with _lock:
+            if self._handle is None:
+                return
+            check(_L.megamoe_comm_destroy(self._handle))
+            self._handle = None
+            _by_name.pop(self.name, None)
+            for key, comm in list(_by_group.items()):
+                if comm is self:
+                    del _by_group[key]
+            if self in _order:
+                _order.remove(self)
+            global _world
+            if _world is self:
+                _world = None
+
+    @property
+    def alive(self):
+        return self._handle is not None
+
+    def __repr__(self):
+        state = f"rank {self.rank}/{self.size}" if self.alive else "destroyed"
+        return f"<megamoe.comm.Comm {self.name} {state}>"
+
+
+def _torch_dist():
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch is a dependency of the binding
+        return None
+    if dist.is_available() and dist.is_initialized():
+        return dist
+    return None
+
+
+def world(endpoint=None, heap_size=0, timeout_sec=0):
+    """The world communicator, created on first call (collective over all ranks)."""
+    global _world
+    with _lock:
+        if _world is not None and _world.alive:
+            return _world
+        params = _L.megamoe_comm_params_default()
+        dist = _torch_dist()
+        if dist is not None:
+            params.rank = dist.get_rank()
+            params.world_size = dist.get_world_size()
+        if endpoint is not None:
+            params.endpoint = endpoint.encode()
+        params.heap_size = int(heap_size)
+        params.timeout_sec = int(timeout_sec)
+        handle = ctypes.c_void_p()
+        check(_L.megamoe_comm_create(ctypes.byref(params), ctypes.byref(handle)))
+        n = _L.megamoe_comm_size(handle)
+        _world = Comm(handle, "megamoe:world", range(n))
+        _by_name[_world.name] = _world
+        _order.append(_world)
+        return _world
+
+
+def _group_ranks(pg):
+    """Global ranks of a torch process group, in group-rank order."""
+    import torch.distributed as dist
+    if hasattr(dist, "get_process_group_ranks"):
+        return list(dist.get_process_group_ranks(pg))
+    from torch.distributed import distributed_c10d as c10d
+    mapping = c10d._pg_group_ranks[pg]  # {global rank: group rank}
+    return [g for g, _ in sorted(mapping.items(), key=lambda kv: kv[1])]
+
+
+def for_group(process_group=None):
+    """Communicator of a torch.distributed group (None or WORLD gives ``world()``)."""
+    dist = _torch_dist()
+    w = world()
+    if process_group is None or dist is None or process_group is dist.group.WORLD:
+        return w
+    with _lock:
+        key = id(process_group)
+        comm = _by_group.get(key)
+        if comm is not None and comm.alive:
+            return comm
+        ranks = _group_ranks(process_group)
+        me = dist.get_rank()
+        if me not in ranks:
+            raise MegaMoeError(-1, f"rank {me} is not a member of the process group {ranks}")
+        color, key_rank = min(ranks), ranks.index(me)
+        handle = ctypes.c_void_p()
+        check(_L.megamoe_comm_split(w.handle, color, key_rank, ctypes.byref(handle)))
+        name = "megamoe:group:" + ",".join(str(r) for r in ranks)
+        comm = Comm(handle, name, ranks)
+        _by_group[key] = comm
+        _by_name[name] = comm
+        _order.append(comm)
+        return comm
+
+
+def group_name(process_group=None):
+    """Name of the communicator bound to a torch.distributed group (``group_ep``/``group_tp``)."""
+    return for_group(process_group).name
+
+
+def by_name(name):
+    """The live communicator with this name (MegaMoeError INVALID_ARGUMENT if none)."""
+    with _lock:
+        comm = _by_name.get(name)
+    if comm is None or not comm.alive:
+        raise MegaMoeError(-1, f"no megamoe communicator named {name!r}; get one from "
+                               "megamoe.comm.group_name(process_group)")
+    return comm
+
+
+def shutdown():
+    """Destroy every communicator this process created, newest first (collective)."""
+    with _lock:
+        for comm in reversed(list(_order)):
+            comm.destroy()
+
+
+@atexit.register
+def _shutdown_at_exit():  # pragma: no cover - exercised by process exit
+    try:
+        shutdown()
+    except MegaMoeError:
+        pass
