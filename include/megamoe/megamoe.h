@@ -16,6 +16,7 @@
 
 #include "megamoe/config.h"
 #include "megamoe/dtype.h"
+#include "megamoe/layout.h"
 #include "megamoe/log.h"
 #include "megamoe/status.h"
 #include "megamoe/version.h"

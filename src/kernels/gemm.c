@@ -11,10 +11,7 @@
 #include "base/env.h"
 #include "base/error.h"
 #include "gemm_impl.h"
-
-#if MM_X86
-#include <immintrin.h>
-#endif
+#include "simd.h"
 
 /* ---- registry ---------------------------------------------------------------------------- */
 
@@ -156,22 +153,6 @@ static void mm_epilogue_row_scalar(const float *acc, int64_t n, void *c, megamoe
 }
 
 #if MM_X86
-/* fp32 -> bf16 round-to-nearest-even keeping NaNs NaN: same bits as megamoe_fp32_to_bf16. */
-MM_TARGET_AVX512 static inline __m256i mm_cvt_bf16_avx512(__m512 v)
-{
-    const __m512i u = _mm512_castps_si512(v);
-    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
-                                                     _mm512_and_si512(_mm512_srli_epi32(u, 16),
-                                                                      _mm512_set1_epi32(1))));
-    /* NaN: truncate, and set the quiet bit when the kept payload would be zero */
-    __m512i t = _mm512_or_si512(u, _mm512_maskz_mov_epi32(
-                                       _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x007f0000)),
-                                       _mm512_set1_epi32(0x00400000)));
-    r = _mm512_mask_mov_epi32(r, nan, t);
-    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
-}
-
 MM_TARGET_AVX512 static void mm_epilogue_row_avx512(const float *acc, int64_t n, void *c,
                                                    megamoe_dtype_t t, int accumulate)
 {
@@ -191,7 +172,7 @@ MM_TARGET_AVX512 static void mm_epilogue_row_avx512(const float *acc, int64_t n,
                 __m512i old = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(o + j)));
                 v = _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(old, 16)), v);
             }
-            _mm256_storeu_si256((__m256i *)(o + j), mm_cvt_bf16_avx512(v));
+            _mm256_storeu_si256((__m256i *)(o + j), mm_cvt_bf16x16(v));
         }
     }
     if (j < n)
@@ -204,7 +185,7 @@ void mm_gemm_epilogue(const float *acc, int64_t ld_acc, int64_t rows, int64_t co
                       int64_t ldc, megamoe_dtype_t c_type, int accumulate)
 {
 #if MM_X86
-    int vec = mm_cpu_has_avx512();
+    int vec = mm_kernels_use_avx512();
 #endif
     for (int64_t r = 0; r < rows; r++) {
         void *c = mm_gemm_c_at(C, ldc, c_type, r, 0);
