@@ -228,8 +228,8 @@ megamoe_status_t mm_shmem_team_split(mm_shmem_team_t *parent, int color, int key
     }
     megamoe_status_t st = mm_team_allgather_raw(parent, all, &mine, sizeof mine, "team split");
     /* Every member decides every new team the same way, so failures are identical too. */
+    for (int i = 0; i < n; i++) slot_of[i] = -1;
     for (int i = 0; i < n && st == MEGAMOE_OK; i++) {
-        slot_of[i] = -1;
         if (all[i].color < 0) continue;
         int first = 1;
         for (int j = 0; j < i; j++)
