@@ -1,0 +1,188 @@
+/* megamoe — MegaMoeExperts: the expert-parallel MoE-FFN layer (dispatch -> GMM1 -> SwiGLU ->
+ * GMM2 -> combine), forward and backward, BF16 training (seed 000, docs/moe.md).
+ *
+ * Shapes are fixed at creation: every rank of the EP communicator has T tokens
+ * (local_num_tokens, a multiple of 128), hidden size H, intermediate size I, E global experts
+ * (a multiple of EP; rank r owns experts r*E/EP .. (r+1)*E/EP - 1) and top-k K. Creation,
+ * forward, backward, share and close are collective over the EP communicator: every rank calls
+ * them in the same order. The communicator must span the whole world of ranks.
+ *
+ * Math, per token t and choice k with e = topk_ids[t,k] (global id):
+ *     [g|u] = x_t · gate_up[e]          gate_up [E/EP, H, 2I]: gate columns, then up columns
+ *     g = min(g, limit), u = clamp(u, -limit, limit)     only when swiglu_limit > 0
+ *     a = silu(g) * u,  y = a · down[e]  down [E/EP, I, H]
+ *     out[t] = sum_k topk_weights[t,k] * y[t,k]          summed in fp32 at the token's rank
+ * so grad topk_weights[t,k] = <grad_out[t], y[t,k]>. Data are bf16, every product and sum is
+ * accumulated in fp32, activations are stored in bf16.
+ *
+ * Capacity (rows a rank can receive per call, the symmetric receive buffer):
+ * expert_capacity_factor 0 (default) = lossless align128(EP*T*K); a finite factor f >= 1 gives
+ * align128(ceil(T*K*f)). When any rank would receive more, every rank returns the same
+ * CAPACITY_OVERFLOW before any data moves. Saved activations are sized to the rows actually
+ * received, so routing may change from call to call and several forwards may be outstanding
+ * before their backwards.
+ *
+ * Execution resources (symmetric buffers, worker threads) belong to a resource group; layers
+ * of the same configuration can share one with megamoe_experts_share() before their first
+ * forward (serial use only). A group acquires the private SHMEM runtime at its first forward
+ * and releases it when its last layer is closed (heap sizing: docs/moe.md).
+ *
+ * Errors: every call returns megamoe_status_t; settings that differ between ranks are
+ * CONFIG_MISMATCH on every rank; outputs are written only on success.
+ */
+#ifndef MEGAMOE_EXPERTS_H
+#define MEGAMOE_EXPERTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "megamoe/comm.h"
+#include "megamoe/dtype.h"
+#include "megamoe/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct megamoe_experts megamoe_experts_t;      /* one layer */
+typedef struct megamoe_experts_saved megamoe_experts_saved_t; /* one forward's saved state */
+
+typedef struct megamoe_experts_params {
+    int64_t local_num_tokens;      /* T: tokens per rank, a positive multiple of 128 */
+    int64_t hidden_size;           /* H >= 1 */
+    int64_t intermediate_size;     /* I >= 1 */
+    int64_t num_experts;           /* E: global experts, a positive multiple of EP */
+    int64_t top_k;                 /* K in [1, E] */
+    double expert_capacity_factor; /* 0 = lossless (default); else finite and >= 1 */
+    float swiglu_limit;            /* 0 = no clamp (default); else finite and > 0 */
+    const char *schedule;          /* "O0" (default when NULL); "O1" is not available yet */
+    int workers;                   /* threads per rank; 0 = MEGAMOE_THREADS, else
+                                      online cores / LOCAL_WORLD_SIZE (default) */
+} megamoe_experts_params_t;
+
+/* All fields zero except schedule = "O0": the caller must set the five shapes. */
+megamoe_experts_params_t megamoe_experts_params_default(void);
+
+/* The layer's weights, owned by the caller (e.g. torch parameters), bf16 and contiguous:
+ * gate_up [E/EP, H, 2I] and down [E/EP, I, H]. version is the caller's counter for their
+ * contents: the layer keeps pre-packed copies and re-packs only when the pointers or the
+ * version changed since the last call (bump it after every optimizer step). */
+typedef struct megamoe_experts_weights {
+    const void *gate_up;
+    const void *down;
+    uint64_t version;
+} megamoe_experts_weights_t;
+
+typedef struct megamoe_experts_input {
+    const void *hidden_states;           /* bf16 [T, H] */
+    const void *topk_ids;                /* [T, K] global expert ids */
+    megamoe_dtype_t topk_ids_dtype;      /* INT32 or INT64 */
+    const void *topk_weights;            /* [T, K] router weights */
+    megamoe_dtype_t topk_weights_dtype;  /* FP32 or BF16 */
+    const void *tokens_per_expert;       /* optional [E] exact local histogram of topk_ids */
+    megamoe_dtype_t tokens_per_expert_dtype; /* INT32 or INT64 */
+} megamoe_experts_input_t;
+
+/* Input descriptor with int32 ids, fp32 weights and no histogram. */
+megamoe_experts_input_t megamoe_experts_input_default(void);
+
+/* Output gradients of one backward; all bf16 unless stated. */
+typedef struct megamoe_experts_grads {
+    void *hidden_states;         /* [T, H] */
+    void *topk_weights;          /* [T, K] in the forward's topk_weights_dtype; NULL = skip */
+    void *gate_up;               /* [E/EP, H, 2I], weight_grad_dtype */
+    void *down;                  /* [E/EP, I, H], weight_grad_dtype */
+    megamoe_dtype_t weight_grad_dtype; /* BF16 (default) or FP32 */
+} megamoe_experts_grads_t;
+
+/* Collective: validate params (INVALID_ARGUMENT naming the rule; UNSUPPORTED for schedule
+ * "O1"), compare them across the ranks of ep (CONFIG_MISMATCH on every rank when they differ)
+ * and create the layer. ep must outlive the layer. params NULL is invalid (shapes required). */
+megamoe_status_t megamoe_experts_create(megamoe_comm_t *ep, const megamoe_experts_params_t *params,
+                                        megamoe_experts_t **experts_p);
+
+/* Let layers share one resource group (workspace, threads, SHMEM reference). Collective; call
+ * before the first forward of any of them, with layers of identical configuration (else
+ * INVALID_ARGUMENT / INVALID_STATE naming the layer). Parameters, gradients and saved
+ * activations stay per layer; shared layers must be used serially (a concurrent call from
+ * another thread is INVALID_STATE). */
+megamoe_status_t megamoe_experts_share(megamoe_experts_t *const *layers, size_t count);
+
+/* Forward. output: bf16 [T, H]. saved_p != NULL: keep what the backward needs and return it
+ * (free it with megamoe_experts_saved_destroy, after or instead of the backward); NULL:
+ * inference, nothing kept. Collective. */
+megamoe_status_t megamoe_experts_forward(megamoe_experts_t *experts,
+                                         const megamoe_experts_weights_t *weights,
+                                         const megamoe_experts_input_t *input, void *output,
+                                         megamoe_experts_saved_t **saved_p);
+
+/* Backward of the forward that produced saved, for grad_output bf16 [T, H]. weights must hold
+ * the same values as in that forward. The saved state stays valid (free it afterwards).
+ * Collective. */
+megamoe_status_t megamoe_experts_backward(megamoe_experts_t *experts,
+                                          megamoe_experts_saved_t *saved,
+                                          const megamoe_experts_weights_t *weights,
+                                          const void *grad_output,
+                                          const megamoe_experts_grads_t *grads);
+
+/* Free one forward's saved state (local; any time, also after close). NULL is a no-op. */
+void megamoe_experts_saved_destroy(megamoe_experts_saved_t *saved);
+
+/* Close the layer: idempotent; collective when it is the last open layer of its resource group
+ * (then the group's symmetric memory is freed and its SHMEM reference released), so call it
+ * on every rank in the same order, after all backwards. Later forward/backward/share calls
+ * are INVALID_STATE. */
+megamoe_status_t megamoe_experts_close(megamoe_experts_t *experts);
+
+/* Free the handle (local). Closes nothing: a layer destroyed before close() keeps its group's
+ * resources alive until process exit (as dropping the module does in the original), and the
+ * last SHMEM release will report them. NULL is a no-op. */
+void megamoe_experts_destroy(megamoe_experts_t *experts);
+
+typedef struct megamoe_experts_info {
+    int64_t tokens, hidden, intermediate, num_experts, top_k;
+    int ep, rank;
+    int64_t local_experts;
+    int64_t capacity;        /* receive capacity in rows */
+    double capacity_factor;
+    float swiglu_limit;
+    char schedule[8];
+    int workers;
+    size_t heap_bytes;       /* symmetric heap bytes of this layer's resource group */
+    int group_layers;        /* layers sharing the resource group */
+    int closed;
+    int64_t last_recv_rows;  /* rows this rank received in the last forward (-1: none yet) */
+} megamoe_experts_info_t;
+
+megamoe_status_t megamoe_experts_get_info(const megamoe_experts_t *experts,
+                                          megamoe_experts_info_t *info_p);
+
+/* Per-phase wall time accumulated by this layer's forward and backward calls on this rank. */
+#define MEGAMOE_EXPERTS_MAX_PHASES 20
+typedef struct megamoe_experts_timing {
+    int count;                                  /* phases listed */
+    const char *name[MEGAMOE_EXPERTS_MAX_PHASES]; /* "fwd.dispatch", "bwd.gmm_dx", ... */
+    double seconds[MEGAMOE_EXPERTS_MAX_PHASES];
+    uint64_t forwards, backwards;               /* calls accumulated */
+} megamoe_experts_timing_t;
+
+megamoe_status_t megamoe_experts_get_timing(const megamoe_experts_t *experts,
+                                            megamoe_experts_timing_t *timing_p);
+void megamoe_experts_reset_timing(megamoe_experts_t *experts);
+
+/* Symmetric heap bytes one resource group of this configuration needs on every rank:
+ * (capacity + T*K) rows of H bf16 plus signal lines, each buffer rounded to 4 KiB. The heap
+ * must have that much free at the group's first forward (see docs/moe.md "Heap sizing");
+ * a process that starts SHMEM itself can pass align64MiB(sum + 16 MiB) as the heap size.
+ * 0 for invalid params. */
+size_t megamoe_experts_heap_bytes(const megamoe_experts_params_t *params, int ep_size);
+
+/* Receive capacity in rows for the given settings (the rule above); 0 for invalid input. */
+int64_t megamoe_experts_capacity_rows(int64_t ep, int64_t tokens, int64_t top_k,
+                                      double capacity_factor);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEGAMOE_EXPERTS_H */

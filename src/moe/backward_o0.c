@@ -1,0 +1,301 @@
+/* O0 backward (reference design §1.5), each phase one step of the group's worker pool:
+ *   source:  dY[t,k] = w[t,k] · dOut[t] (bf16 rows, permuted order) and
+ *            grad w[t,k] = <dOut[t], y[t,k]>           (fp32, y saved by the forward)
+ *   dispatch dY rows to the expert owners (the forward's plan, receive order)
+ *   owner:   dA  = dY · W2ᵀ          dW2 = Aᵀ · dY       (A saved)
+ *            dGU = SwiGLU'(dA, GU)                       (GU saved)
+ *            dX  = dGU · W1ᵀ         dW1 = Xᵀ · dGU      (X saved)
+ *   combine dX rows back to the token's rank;  grad hidden[t] = sum_k dX[t,k] (fp32).
+ * The owner finishes every read of the received dY before it sends its combine rows, which is
+ * what lets a peer reuse that buffer for its next exchange (ep_exchange.h).
+ * Failure protocol as in forward_o0.c. A failure after data started to move (lost peer,
+ * timeout, a GEMM error on some rank) may leave the weight-gradient outputs partly written.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "moe/experts_impl.h"
+#include "moe/moe_rows.h"
+
+enum { BW_PREP, BW_DISPATCH, BW_GMM_DA, BW_GMM_DW2, BW_SWIGLU, BW_GMM_DX, BW_GMM_DW1, BW_COMBINE,
+       BW_REDUCE };
+
+typedef struct mm_bwd {
+    int phase;
+    megamoe_experts_t *x;
+    mm_moe_group_t *g;
+    const megamoe_experts_saved_t *sv;
+    const mm_ep_plan_t *plan;
+    int64_t T, H, I, K, R;
+    const int64_t *group_rows;
+    const uint16_t *dout;  /* [T, H] */
+    uint16_t *dy;          /* [T*K, H] permuted order (to send) */
+    float *gw;             /* [T*K] grad router weights (fp32), slot order, or NULL */
+    const uint16_t *recv;  /* [R, H] received dY */
+    uint16_t *da;          /* [R, I] */
+    uint16_t *dgu;         /* [R, 2I] */
+    uint16_t *dx;          /* [R, H] */
+    const uint16_t *ret;   /* [T*K, H] returned dX, permuted order */
+    uint16_t *dhidden;     /* [T, H] */
+    void *dw1, *dw2;
+    megamoe_dtype_t wg_type;
+    float *acc;
+} mm_bwd_t;
+
+static megamoe_status_t mm_bwd_gemm(mm_bwd_t *b, int worker, int nw)
+{
+    megamoe_experts_t *x = b->x;
+    const int64_t H = b->H, I = b->I;
+    mm_gemm_grouped_args_t g;
+    mm_gemm_grouped_args_init(&g);
+    g.num_groups = (int)x->L;
+    g.group_rows = b->group_rows;
+    int64_t align = 1;
+    switch (b->phase) {
+    case BW_GMM_DA: /* dA[R,I] = dY[R,H] · down[j]ᵀ */
+        g.form = MM_GEMM_NT;
+        g.K = H;
+        g.N = I;
+        g.A = b->recv;
+        g.lda = H;
+        g.weights = (const mm_gemm_weight_t *const *)x->packed.w2t;
+        g.C = b->da;
+        g.ldc = I;
+        g.c_type = MEGAMOE_DTYPE_BF16;
+        align = mm_gemm_weight_n_align(g.weights[0]);
+        break;
+    case BW_GMM_DW2: /* dW2_j[I,H] = A_jᵀ · dY_j */
+        g.form = MM_GEMM_TN;
+        g.M = I;
+        g.N = H;
+        g.A = b->sv->a;
+        g.lda = I;
+        g.B = b->recv;
+        g.ldb = H;
+        g.C = b->dw2;
+        g.ldc = H;
+        g.c_group_stride = I * H;
+        g.c_type = b->wg_type;
+        break;
+    case BW_GMM_DX: /* dX[R,H] = dGU[R,2I] · gate_up[j]ᵀ */
+        g.form = MM_GEMM_NT;
+        g.K = 2 * I;
+        g.N = H;
+        g.A = b->dgu;
+        g.lda = 2 * I;
+        g.weights = (const mm_gemm_weight_t *const *)x->packed.w1t;
+        g.C = b->dx;
+        g.ldc = H;
+        g.c_type = MEGAMOE_DTYPE_BF16;
+        align = mm_gemm_weight_n_align(g.weights[0]);
+        break;
+    case BW_GMM_DW1: /* dW1_j[H,2I] = X_jᵀ · dGU_j */
+        g.form = MM_GEMM_TN;
+        g.M = H;
+        g.N = 2 * I;
+        g.A = b->sv->x;
+        g.lda = H;
+        g.B = b->dgu;
+        g.ldb = 2 * I;
+        g.C = b->dw1;
+        g.ldc = 2 * I;
+        g.c_group_stride = H * 2 * I;
+        g.c_type = b->wg_type;
+        break;
+    default:
+        return mm_error(MEGAMOE_INTERNAL, "phase %d is not a GEMM", b->phase);
+    }
+    return mm_moe_gemm_split(&g, worker, nw, align);
+}
+
+static megamoe_status_t mm_bwd_work(void *arg, int worker, int nw)
+{
+    mm_bwd_t *b = arg;
+    const int64_t H = b->H, K = b->K;
+    const size_t rb = (size_t)H * 2;
+    int64_t lo, hi;
+    switch (b->phase) {
+    case BW_PREP:
+        mm_pool_split(b->T * K, worker, nw, 1, &lo, &hi);
+        for (int64_t p = lo; p < hi; p++) {
+            int64_t slot = b->plan->perm_slot[p];
+            const uint16_t *d = b->dout + (slot / K) * H;
+            mm_rows_scale(b->dy + p * H, d, b->sv->w[slot], (size_t)H);
+            if (b->gw) b->gw[slot] = mm_rows_dot(d, b->sv->y + p * H, (size_t)H);
+        }
+        return MEGAMOE_OK;
+    case BW_DISPATCH:
+        mm_pool_split(b->T * K, worker, nw, 1, &lo, &hi);
+        mm_ep_dispatch_rows(b->g->xbuf, b->plan, b->dy, rb, 0, lo, hi);
+        return MEGAMOE_OK;
+    case BW_GMM_DA:
+    case BW_GMM_DW2:
+    case BW_GMM_DX:
+    case BW_GMM_DW1:
+        return mm_bwd_gemm(b, worker, nw);
+    case BW_SWIGLU:
+        mm_pool_split(b->R, worker, nw, 1, &lo, &hi);
+        if (hi <= lo) return MEGAMOE_OK;
+        return mm_swiglu_bwd(hi - lo, b->I, b->sv->gu + lo * 2 * b->I, 2 * b->I,
+                             b->da + lo * b->I, b->I, b->dgu + lo * 2 * b->I, 2 * b->I,
+                             b->x->cfg.limit);
+    case BW_COMBINE:
+        mm_pool_split(b->R, worker, nw, 1, &lo, &hi);
+        mm_ep_combine_rows(b->g->xbuf, b->plan, b->dx, rb, lo, hi);
+        return MEGAMOE_OK;
+    case BW_REDUCE: {
+        float *acc = b->acc + (size_t)worker * (size_t)H;
+        mm_pool_split(b->T, worker, nw, 1, &lo, &hi);
+        for (int64_t t = lo; t < hi; t++) {
+            memset(acc, 0, (size_t)H * sizeof *acc);
+            for (int64_t k = 0; k < K; k++)
+                mm_rows_axpy(acc, b->ret + (int64_t)b->plan->slot_pos[t * K + k] * H, 1.0f,
+                             (size_t)H);
+            megamoe_convert(b->dhidden + t * H, MEGAMOE_DTYPE_BF16, acc, MEGAMOE_DTYPE_FP32,
+                            (size_t)H);
+        }
+        return MEGAMOE_OK;
+    }
+    default:
+        return mm_error(MEGAMOE_INTERNAL, "unknown backward phase %d", b->phase);
+    }
+}
+
+static megamoe_status_t mm_bwd_phase(mm_bwd_t *b, int phase, int timer)
+{
+    uint64_t t0 = mm_now_ns();
+    b->phase = phase;
+    megamoe_status_t st = mm_pool_run(b->g->pool, mm_bwd_work, b);
+    if (timer >= 0) b->x->phase_s[timer] += (double)(mm_now_ns() - t0) * 1e-9;
+    return st;
+}
+
+static megamoe_status_t mm_bwd_check(const megamoe_experts_t *x,
+                                     const megamoe_experts_saved_t *sv, const void *dout,
+                                     const megamoe_experts_grads_t *gr)
+{
+    if (sv == NULL)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "backward needs the saved state of a forward");
+    if (sv->layer_serial != x->serial)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "the saved state belongs to another MegaMoeExperts layer");
+    if (dout == NULL || gr == NULL || gr->hidden_states == NULL || gr->gate_up == NULL ||
+        gr->down == NULL)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "backward needs grad_output and the grads of hidden_states, gate_up and "
+                        "down");
+    if (gr->weight_grad_dtype != MEGAMOE_DTYPE_BF16 && gr->weight_grad_dtype != MEGAMOE_DTYPE_FP32)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "weight_grad_dtype must be bf16 or fp32, got %s",
+                        megamoe_dtype_name(gr->weight_grad_dtype));
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, megamoe_experts_saved_t *sv,
+                                    const megamoe_experts_weights_t *wts, const void *dout,
+                                    const megamoe_experts_grads_t *gr)
+{
+    mm_moe_group_t *g = x->group;
+    const int64_t T = x->cfg.T, H = x->cfg.H, I = x->cfg.I, K = x->cfg.K, L = x->L;
+    const size_t TK = (size_t)(T * K);
+    megamoe_status_t st = mm_bwd_check(x, sv, dout, gr);
+    if (st == MEGAMOE_OK && !g->ready)
+        st = mm_error(MEGAMOE_INVALID_STATE, "backward before any forward of this layer");
+    if (st == MEGAMOE_OK) st = mm_moe_pack_weights(x, wts, 1);
+    mm_bwd_t b;
+    memset(&b, 0, sizeof b);
+    int64_t *group_rows = NULL;
+    if (st == MEGAMOE_OK) {
+        const int64_t R = sv->rows, Rb = R > 0 ? R : 1;
+        b.x = x;
+        b.g = g;
+        b.sv = sv;
+        b.plan = sv->plan;
+        b.T = T;
+        b.H = H;
+        b.I = I;
+        b.K = K;
+        b.R = R;
+        b.dout = dout;
+        b.recv = g->xbuf->recv;
+        b.ret = g->xbuf->ret;
+        b.dhidden = gr->hidden_states;
+        b.dw1 = gr->gate_up;
+        b.dw2 = gr->down;
+        b.wg_type = gr->weight_grad_dtype;
+        group_rows = calloc((size_t)L, sizeof *group_rows);
+        if (group_rows == NULL) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "group list");
+        else
+            for (int64_t j = 0; j < L; j++)
+                group_rows[j] = sv->plan->group_off[j + 1] - sv->plan->group_off[j];
+        b.group_rows = group_rows;
+        void *p = NULL;
+        if (st == MEGAMOE_OK) st = mm_moe_scratch(g, MM_SCR_DY, TK * (size_t)H * 2, &p);
+        b.dy = p;
+        if (st == MEGAMOE_OK) st = mm_moe_scratch(g, MM_SCR_DA, (size_t)Rb * (size_t)I * 2, &p);
+        b.da = p;
+        if (st == MEGAMOE_OK) st = mm_moe_scratch(g, MM_SCR_DGU, (size_t)Rb * (size_t)(2 * I) * 2, &p);
+        b.dgu = p;
+        if (st == MEGAMOE_OK) st = mm_moe_scratch(g, MM_SCR_Y, (size_t)Rb * (size_t)H * 2, &p);
+        b.dx = p;
+        if (st == MEGAMOE_OK)
+            st = mm_moe_scratch(g, MM_SCR_ACC, (size_t)mm_pool_size(g->pool) * (size_t)H * 4, &p);
+        b.acc = p;
+        if (st == MEGAMOE_OK && gr->topk_weights != NULL) {
+            st = mm_moe_scratch(g, MM_SCR_F32, TK * sizeof(float), &p);
+            b.gw = p;
+        }
+    }
+    /* Nothing has moved yet: a failure anywhere stops every rank here. */
+    st = mm_shmem_team_agree(x->team, st);
+    if (st != MEGAMOE_OK) {
+        free(group_rows);
+        return st;
+    }
+    megamoe_status_t local = MEGAMOE_OK;
+
+    /* ---- source: weighted grad rows and router-weight grads; dispatch to the owners ---- */
+    st = mm_bwd_phase(&b, BW_PREP, MM_PH_BWD_PREP);
+    if (st != MEGAMOE_OK) local = st;
+    uint64_t tw = mm_now_ns();
+    mm_ep_begin(g->xbuf, MM_EP_DISPATCH);
+    st = mm_bwd_phase(&b, BW_DISPATCH, -1);
+    mm_ep_done(g->xbuf, MM_EP_DISPATCH);
+    if (st == MEGAMOE_OK) st = mm_ep_wait(g->xbuf, MM_EP_DISPATCH);
+    x->phase_s[MM_PH_BWD_DISPATCH] += (double)(mm_now_ns() - tw) * 1e-9;
+    if (st != MEGAMOE_OK) goto broken;
+
+    /* ---- owner: data grads and weight grads ---- */
+    if (local == MEGAMOE_OK) local = mm_bwd_phase(&b, BW_GMM_DA, MM_PH_BWD_GMM_DA);
+    if (local == MEGAMOE_OK) local = mm_bwd_phase(&b, BW_GMM_DW2, MM_PH_BWD_GMM_DW2);
+    if (local == MEGAMOE_OK) local = mm_bwd_phase(&b, BW_SWIGLU, MM_PH_BWD_SWIGLU);
+    if (local == MEGAMOE_OK) local = mm_bwd_phase(&b, BW_GMM_DX, MM_PH_BWD_GMM_DX);
+    if (local == MEGAMOE_OK) local = mm_bwd_phase(&b, BW_GMM_DW1, MM_PH_BWD_GMM_DW1);
+
+    /* ---- combine dX back to the tokens' ranks ---- */
+    tw = mm_now_ns();
+    mm_ep_begin(g->xbuf, MM_EP_COMBINE);
+    st = mm_bwd_phase(&b, BW_COMBINE, -1);
+    mm_ep_done(g->xbuf, MM_EP_COMBINE);
+    if (st == MEGAMOE_OK) st = mm_ep_wait(g->xbuf, MM_EP_COMBINE);
+    if (st != MEGAMOE_OK) goto broken;
+    st = mm_shmem_team_agree(x->team, local);
+    x->phase_s[MM_PH_BWD_COMBINE] += (double)(mm_now_ns() - tw) * 1e-9;
+    if (st != MEGAMOE_OK) goto fail;
+
+    st = mm_bwd_phase(&b, BW_REDUCE, MM_PH_BWD_REDUCE);
+    if (st == MEGAMOE_OK && gr->topk_weights != NULL)
+        st = megamoe_convert(gr->topk_weights, sv->w_dtype, b.gw, MEGAMOE_DTYPE_FP32, TK);
+    if (st != MEGAMOE_OK) goto fail;
+    free(group_rows);
+    x->backwards++;
+    return MEGAMOE_OK;
+
+broken:
+    g->broken = 1;
+fail:
+    free(group_rows);
+    return st;
+}

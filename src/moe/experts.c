@@ -1,0 +1,509 @@
+/* MegaMoeExperts: creation and validation, cross-rank agreement, sharing, close, weights
+ * packing, info and timing. The schedules live in forward_o0.c and backward_o0.c. */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "moe/experts_impl.h"
+#include "shmem/comm_impl.h"
+
+static const char *const mm_moe_phase_names[MM_PH_COUNT] = {
+    "fwd.route",    "fwd.dispatch", "fwd.gmm1",   "fwd.swiglu",  "fwd.gmm2",    "fwd.combine",
+    "fwd.reduce",   "bwd.prep",     "bwd.dispatch", "bwd.gmm_da", "bwd.gmm_dw2", "bwd.swiglu",
+    "bwd.gmm_dx",   "bwd.gmm_dw1",  "bwd.combine", "bwd.reduce",
+};
+
+static atomic_uint_fast64_t mm_moe_serial = 1;
+
+megamoe_experts_params_t megamoe_experts_params_default(void)
+{
+    megamoe_experts_params_t p;
+    memset(&p, 0, sizeof p);
+    p.schedule = "O0";
+    return p;
+}
+
+megamoe_experts_input_t megamoe_experts_input_default(void)
+{
+    megamoe_experts_input_t in;
+    memset(&in, 0, sizeof in);
+    in.topk_ids_dtype = MEGAMOE_DTYPE_INT32;
+    in.topk_weights_dtype = MEGAMOE_DTYPE_FP32;
+    in.tokens_per_expert_dtype = MEGAMOE_DTYPE_INT32;
+    return in;
+}
+
+int64_t megamoe_experts_capacity_rows(int64_t ep, int64_t tokens, int64_t top_k, double factor)
+{
+    if (ep < 1 || tokens < 1 || top_k < 1 || !(factor == 0 || (isfinite(factor) && factor >= 1)))
+        return 0;
+    double rows = factor == 0 ? (double)ep * (double)tokens * (double)top_k
+                              : ceil((double)tokens * (double)top_k * factor);
+    if (rows > 1e15) return 0;
+    return ((int64_t)rows + 127) / 128 * 128;
+}
+
+size_t megamoe_experts_heap_bytes(const megamoe_experts_params_t *p, int ep)
+{
+    if (p == NULL || ep < 1) return 0;
+    mm_moe_config_t c;
+    memset(&c, 0, sizeof c);
+    c.T = p->local_num_tokens;
+    c.H = p->hidden_size;
+    c.K = p->top_k;
+    c.ep = ep;
+    c.capacity = megamoe_experts_capacity_rows(ep, c.T, c.K, p->expert_capacity_factor);
+    if (c.capacity == 0 || c.H < 1) return 0;
+    return mm_moe_heap_need(&c);
+}
+
+/* Local validation: the rules of seed 000 "输入与权重", each error naming its rule. */
+static megamoe_status_t mm_moe_validate(const megamoe_experts_params_t *p, int ep)
+{
+    if (p->local_num_tokens < 128 || p->local_num_tokens % 128 != 0)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "local_num_tokens (T) = %lld must be a positive multiple of 128 (the "
+                        "static 128-row communication tiling)",
+                        (long long)p->local_num_tokens);
+    if (p->hidden_size < 1 || p->intermediate_size < 1)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "hidden_size (H) = %lld and intermediate_size (I) = %lld must be >= 1",
+                        (long long)p->hidden_size, (long long)p->intermediate_size);
+    if (p->hidden_size > (1 << 20) || p->intermediate_size > (1 << 20))
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "hidden_size and intermediate_size must be <= 1048576");
+    if (p->num_experts < 1 || p->num_experts % ep != 0)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "num_experts (E) = %lld must be a positive multiple of the EP size %d "
+                        "(every rank owns E/EP experts)",
+                        (long long)p->num_experts, ep);
+    if (p->top_k < 1 || p->top_k > p->num_experts)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "top_k (K) = %lld must be in [1, E = %lld]",
+                        (long long)p->top_k, (long long)p->num_experts);
+    if (p->local_num_tokens * p->top_k * ep >= INT32_MAX)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "EP*T*K = %lld rows must stay below 2^31",
+                        (long long)(p->local_num_tokens * p->top_k * ep));
+    double f = p->expert_capacity_factor;
+    if (!(f == 0 || (isfinite(f) && f >= 1)))
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "expert_capacity_factor = %g must be unset/0 (lossless) or a finite "
+                        "number >= 1",
+                        f);
+    if (!(p->swiglu_limit == 0 || (isfinite(p->swiglu_limit) && p->swiglu_limit > 0)))
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "swiglu_limit = %g must be unset/0 (no clamp) or a finite number > 0",
+                        (double)p->swiglu_limit);
+    const char *s = p->schedule ? p->schedule : "O0";
+    if (strcmp(s, "O1") == 0)
+        return mm_error(MEGAMOE_UNSUPPORTED,
+                        "schedule \"O1\" (the multicore executor) is not available in this build "
+                        "yet; use schedule \"O0\"");
+    if (strcmp(s, "O0") != 0)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "schedule \"%.16s\" is unknown; use \"O0\"", s);
+    if (p->workers < 0 || p->workers > MM_POOL_MAX_WORKERS)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "workers = %d must be in [0, %d] (0 = default)",
+                        p->workers, MM_POOL_MAX_WORKERS);
+    return MEGAMOE_OK;
+}
+
+/* Same configuration on every rank, or CONFIG_MISMATCH everywhere naming the first difference. */
+static megamoe_status_t mm_moe_agree_config(mm_shmem_team_t *team, const mm_moe_config_t *c)
+{
+    int n = mm_shmem_team_n_pes(team);
+    mm_moe_config_t *all = calloc((size_t)n, sizeof *all);
+    megamoe_status_t st = all ? MEGAMOE_OK : mm_error(MEGAMOE_OUT_OF_MEMORY, "config exchange");
+    MM_CHECK(mm_shmem_team_agree(team, st));
+    st = mm_shmem_team_allgather(team, all, c, sizeof *c);
+    for (int r = 1; st == MEGAMOE_OK && r < n; r++) {
+        const mm_moe_config_t *a = &all[0], *b = &all[r];
+        const char *field = NULL;
+        char va[64] = "", vb[64] = "";
+#define MM_CMP_I(f, name)                                                                  \
+    if (!field && a->f != b->f) {                                                          \
+        field = name;                                                                      \
+        snprintf(va, sizeof va, "%lld", (long long)a->f);                                  \
+        snprintf(vb, sizeof vb, "%lld", (long long)b->f);                                  \
+    }
+#define MM_CMP_F(f, name)                                                                  \
+    if (!field && memcmp(&a->f, &b->f, sizeof a->f) != 0) {                                \
+        field = name;                                                                      \
+        snprintf(va, sizeof va, "%g", (double)a->f);                                       \
+        snprintf(vb, sizeof vb, "%g", (double)b->f);                                       \
+    }
+        MM_CMP_I(T, "local_num_tokens")
+        MM_CMP_I(H, "hidden_size")
+        MM_CMP_I(I, "intermediate_size")
+        MM_CMP_I(E, "num_experts")
+        MM_CMP_I(K, "top_k")
+        MM_CMP_I(ep, "ep_size")
+        MM_CMP_F(factor, "expert_capacity_factor")
+        MM_CMP_F(limit, "swiglu_limit")
+        if (!field && strcmp(a->schedule, b->schedule) != 0) {
+            field = "schedule";
+            snprintf(va, sizeof va, "%s", a->schedule);
+            snprintf(vb, sizeof vb, "%s", b->schedule);
+        }
+#undef MM_CMP_I
+#undef MM_CMP_F
+        if (field)
+            st = mm_error(MEGAMOE_CONFIG_MISMATCH,
+                          "MegaMoeExperts settings differ between ranks: %s is %s on rank 0 but "
+                          "%s on rank %d; every EP rank must construct the layer identically",
+                          field, va, vb, r);
+    }
+    free(all);
+    return st;
+}
+
+megamoe_status_t megamoe_experts_create(megamoe_comm_t *comm, const megamoe_experts_params_t *p,
+                                        megamoe_experts_t **experts_p)
+{
+    if (experts_p == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "experts_p is NULL");
+    if (comm == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "the EP communicator is NULL");
+    mm_shmem_team_t *team = mm_comm_team(comm);
+    if (team == NULL)
+        return mm_error(MEGAMOE_INVALID_STATE,
+                        "the EP communicator is not usable (destroyed, or SHMEM not running)");
+    int ep = mm_shmem_team_n_pes(team), me = mm_shmem_team_my_pe(team);
+    megamoe_status_t st = MEGAMOE_OK;
+    if (p == NULL)
+        st = mm_error(MEGAMOE_INVALID_ARGUMENT,
+                      "params is NULL; start from megamoe_experts_params_default() and set the "
+                      "shapes");
+    if (st == MEGAMOE_OK && ep != mm_shmem_n_pes())
+        st = mm_error(MEGAMOE_UNSUPPORTED,
+                      "the EP communicator has %d ranks but the world has %d: MegaMoeExperts "
+                      "needs EP to cover the whole default world (seed: EP 必须覆盖整个默认 world)",
+                      ep, mm_shmem_n_pes());
+    for (int i = 0; st == MEGAMOE_OK && i < ep; i++)
+        if (mm_shmem_team_world_pe(team, i) != i)
+            st = mm_error(MEGAMOE_UNSUPPORTED,
+                          "the EP communicator must list the world's ranks in order (member %d "
+                          "is world rank %d)",
+                          i, mm_shmem_team_world_pe(team, i));
+    if (st == MEGAMOE_OK) st = mm_moe_validate(p, ep);
+    int workers = 0;
+    if (st == MEGAMOE_OK) {
+        workers = p->workers;
+        if (workers == 0) st = mm_pool_default_workers(&workers);
+    }
+    megamoe_experts_t *x = NULL;
+    if (st == MEGAMOE_OK) {
+        x = calloc(1, sizeof *x);
+        if (x == NULL) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "cannot allocate a layer");
+    }
+    /* A failure on any rank stops every rank here, before the config exchange. */
+    st = mm_shmem_team_agree(team, st);
+    if (st != MEGAMOE_OK) {
+        free(x);
+        return st;
+    }
+    mm_moe_config_t c;
+    memset(&c, 0, sizeof c); /* padding too: the struct is compared bytewise across ranks */
+    c.T = p->local_num_tokens;
+    c.H = p->hidden_size;
+    c.I = p->intermediate_size;
+    c.E = p->num_experts;
+    c.K = p->top_k;
+    c.ep = ep;
+    c.factor = p->expert_capacity_factor;
+    c.limit = p->swiglu_limit;
+    c.capacity = megamoe_experts_capacity_rows(ep, c.T, c.K, c.factor);
+    snprintf(c.schedule, sizeof c.schedule, "%s", p->schedule ? p->schedule : "O0");
+    st = mm_moe_agree_config(team, &c);
+    if (st == MEGAMOE_OK) st = mm_moe_group_create(&c, team, workers, &x->group);
+    st = mm_shmem_team_agree(team, st);
+    if (st != MEGAMOE_OK) {
+        if (x->group) {
+            mm_moe_group_detach(x->group); /* never prepared: local */
+            mm_moe_group_unref(x->group);
+        }
+        free(x);
+        return st;
+    }
+    x->serial = atomic_fetch_add(&mm_moe_serial, 1);
+    x->cfg = c;
+    x->comm = comm;
+    x->team = team;
+    x->ep = ep;
+    x->me = me;
+    x->L = c.E / ep;
+    x->workers = workers;
+    x->last_recv_rows = -1;
+    *experts_p = x;
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t megamoe_experts_share(megamoe_experts_t *const *layers, size_t count)
+{
+    if (layers == NULL || count == 0)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "share needs a non-empty list of layers");
+    megamoe_experts_t *first = layers[0];
+    megamoe_status_t st = MEGAMOE_OK;
+    for (size_t i = 0; i < count && st == MEGAMOE_OK; i++) {
+        megamoe_experts_t *x = layers[i];
+        if (x == NULL) {
+            st = mm_error(MEGAMOE_INVALID_ARGUMENT, "layer %zu of the share list is NULL", i);
+        } else if (x->closed) {
+            st = mm_error(MEGAMOE_INVALID_STATE,
+                          "layer %zu of the share list is closed; MegaMoeExperts used after close()",
+                          i);
+        } else if (x->group->used) {
+            st = mm_error(MEGAMOE_INVALID_STATE,
+                          "share_execution_resources must be called before the first forward; "
+                          "layer %zu has already run one",
+                          i);
+        } else if (x->team != first->team) {
+            st = mm_error(MEGAMOE_INVALID_ARGUMENT,
+                          "layer %zu uses a different EP communicator than layer 0; shared layers "
+                          "need the same one",
+                          i);
+        } else if (memcmp(&x->cfg, &first->cfg, sizeof x->cfg) != 0) {
+            st = mm_error(MEGAMOE_INVALID_ARGUMENT,
+                          "layer %zu has a different configuration than layer 0 (T, H, I, E, K, "
+                          "EP, expert_capacity_factor, swiglu_limit and schedule must match to "
+                          "share execution resources)",
+                          i);
+        }
+    }
+    if (first == NULL) return st; /* no team to agree on */
+    /* Every rank must share the same way, or their symmetric allocations would diverge. */
+    uint64_t sig[2] = {(uint64_t)count, st == MEGAMOE_OK ? 1u : 0u};
+    st = mm_shmem_team_agree(first->team, st);
+    if (st != MEGAMOE_OK) return st;
+    int n = mm_shmem_team_n_pes(first->team);
+    uint64_t *all = calloc((size_t)n * 2, sizeof *all);
+    st = all ? MEGAMOE_OK : mm_error(MEGAMOE_OUT_OF_MEMORY, "share exchange");
+    MM_CHECK(mm_shmem_team_agree(first->team, st));
+    st = mm_shmem_team_allgather(first->team, all, sig, sizeof sig);
+    for (int r = 1; st == MEGAMOE_OK && r < n; r++)
+        if (all[2 * r] != all[0])
+            st = mm_error(MEGAMOE_CONFIG_MISMATCH,
+                          "share_execution_resources got %llu layers on rank 0 but %llu on rank "
+                          "%d; call it with the same layers on every rank",
+                          (unsigned long long)all[0], (unsigned long long)all[2 * r], r);
+    free(all);
+    if (st != MEGAMOE_OK) return st;
+    mm_moe_group_t *g = first->group;
+    for (size_t i = 1; i < count; i++) {
+        megamoe_experts_t *x = layers[i];
+        if (x->group == g) continue; /* listed twice or shared before */
+        mm_moe_group_t *old = x->group; /* never used, so nothing allocated but the struct */
+        x->group = g;
+        g->layers++;
+        g->open_layers++;
+        old->open_layers--;
+        mm_moe_group_unref(old);
+    }
+    return MEGAMOE_OK;
+}
+
+static void mm_moe_packed_free(megamoe_experts_t *x)
+{
+    mm_gemm_weight_t **sets[4] = {x->packed.w1, x->packed.w2, x->packed.w2t, x->packed.w1t};
+    for (int s = 0; s < 4; s++) {
+        if (sets[s] == NULL) continue;
+        for (int64_t j = 0; j < x->L; j++) mm_gemm_weight_destroy(sets[s][j]);
+        free(sets[s]);
+    }
+    memset(&x->packed, 0, sizeof x->packed);
+}
+
+megamoe_status_t megamoe_experts_close(megamoe_experts_t *x)
+{
+    if (x == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "close: layer is NULL");
+    if (x->closed) return MEGAMOE_OK;
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&x->group->busy, &expected, 1))
+        return mm_error(MEGAMOE_INVALID_STATE,
+                        "close() while another thread runs a layer of this resource group; close "
+                        "after all forward/backward calls returned");
+    x->closed = 1;
+    mm_moe_packed_free(x);
+    megamoe_status_t st = mm_moe_group_detach(x->group);
+    atomic_store(&x->group->busy, 0);
+    return st;
+}
+
+void megamoe_experts_destroy(megamoe_experts_t *x)
+{
+    if (x == NULL) return;
+    if (!x->closed)
+        MM_WARN("a MegaMoeExperts layer was destroyed without close(); its resource group stays "
+                "allocated until the process exits");
+    mm_moe_packed_free(x);
+    mm_moe_group_unref(x->group);
+    free(x);
+}
+
+void megamoe_experts_saved_destroy(megamoe_experts_saved_t *s)
+{
+    if (s == NULL) return;
+    mm_ep_plan_destroy(s->plan);
+    mm_aligned_free(s->x);
+    mm_aligned_free(s->gu);
+    mm_aligned_free(s->a);
+    mm_aligned_free(s->y);
+    mm_aligned_free(s->w);
+    free(s);
+}
+
+megamoe_status_t mm_moe_enter(megamoe_experts_t *x, const char *what)
+{
+    if (x == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: layer is NULL", what);
+    if (x->closed)
+        return mm_error(MEGAMOE_INVALID_STATE,
+                        "%s: MegaMoeExperts used after close(); create a new layer", what);
+    if (x->group->broken)
+        return mm_error(MEGAMOE_INVALID_STATE,
+                        "%s: this layer's resource group failed in an earlier call (a peer was "
+                        "lost or timed out) and can only be closed",
+                        what);
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&x->group->busy, &expected, 1))
+        return mm_error(MEGAMOE_INVALID_STATE,
+                        "%s: another thread is running a layer of this resource group; shared "
+                        "execution resources allow serial use only",
+                        what);
+    return MEGAMOE_OK;
+}
+
+void mm_moe_leave(megamoe_experts_t *x) { atomic_store(&x->group->busy, 0); }
+
+/* Create or refresh one set of packed weights (one per local expert). */
+static megamoe_status_t mm_moe_pack_set(megamoe_experts_t *x, mm_gemm_weight_t ***set,
+                                        mm_gemm_form_t form, int64_t K, int64_t N,
+                                        const uint16_t *base, int64_t ld, int64_t stride,
+                                        uint64_t version)
+{
+    if (*set == NULL) {
+        *set = calloc((size_t)x->L, sizeof **set);
+        if (*set == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "packed weight table");
+    }
+    for (int64_t j = 0; j < x->L; j++) {
+        const uint16_t *src = base + j * stride;
+        if ((*set)[j] == NULL)
+            MM_CHECK(mm_gemm_weight_create(NULL, form, K, N, src, ld, version, &(*set)[j]));
+        else
+            MM_CHECK(mm_gemm_weight_update((*set)[j], src, ld, version, NULL));
+    }
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t mm_moe_pack_weights(megamoe_experts_t *x, const megamoe_experts_weights_t *w,
+                                     int backward)
+{
+    if (w == NULL || w->gate_up == NULL || w->down == NULL)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "weights (gate_up [E/EP, H, 2I] and down [E/EP, I, H], bf16) are required");
+    const int64_t H = x->cfg.H, I = x->cfg.I;
+    const uint16_t *w1 = w->gate_up, *w2 = w->down;
+    if (!backward) {
+        /* GMM1: [rows,H] · gate_up[j] [H,2I];  GMM2: [rows,I] · down[j] [I,H] */
+        MM_CHECK(mm_moe_pack_set(x, &x->packed.w1, MM_GEMM_NN, H, 2 * I, w1, 2 * I, H * 2 * I,
+                                 w->version));
+        MM_CHECK(mm_moe_pack_set(x, &x->packed.w2, MM_GEMM_NN, I, H, w2, H, I * H, w->version));
+    } else {
+        /* dA = dY · down[j]ᵀ: B = down[j] read as [N=I, K=H];
+         * dX = dGU · gate_up[j]ᵀ: B = gate_up[j] read as [N=H, K=2I]. */
+        MM_CHECK(mm_moe_pack_set(x, &x->packed.w2t, MM_GEMM_NT, H, I, w2, H, I * H, w->version));
+        MM_CHECK(mm_moe_pack_set(x, &x->packed.w1t, MM_GEMM_NT, 2 * I, H, w1, 2 * I, H * 2 * I,
+                                 w->version));
+    }
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t mm_moe_gemm_split(mm_gemm_grouped_args_t *g, int worker, int n_workers,
+                                   int64_t n_align)
+{
+    int64_t n0, n1;
+    mm_pool_split(g->N, worker, n_workers, n_align, &n0, &n1);
+    if (n0 >= n1) return MEGAMOE_OK;
+    g->n0 = n0;
+    g->n1 = n1;
+    g->threads = 1;
+    return mm_gemm_grouped(g);
+}
+
+megamoe_status_t megamoe_experts_forward(megamoe_experts_t *x,
+                                         const megamoe_experts_weights_t *weights,
+                                         const megamoe_experts_input_t *input, void *output,
+                                         megamoe_experts_saved_t **saved_p)
+{
+    MM_CHECK(mm_moe_enter(x, "forward"));
+    megamoe_status_t st = mm_moe_group_prepare(x->group);
+    if (st == MEGAMOE_OK) {
+        x->group->used = 1;
+        st = mm_moe_forward_o0(x, weights, input, output, saved_p);
+    }
+    mm_moe_leave(x);
+    return st;
+}
+
+megamoe_status_t megamoe_experts_backward(megamoe_experts_t *x, megamoe_experts_saved_t *saved,
+                                          const megamoe_experts_weights_t *weights,
+                                          const void *grad_output,
+                                          const megamoe_experts_grads_t *grads)
+{
+    MM_CHECK(mm_moe_enter(x, "backward"));
+    megamoe_status_t st = mm_moe_backward_o0(x, saved, weights, grad_output, grads);
+    mm_moe_leave(x);
+    return st;
+}
+
+megamoe_status_t megamoe_experts_get_info(const megamoe_experts_t *x,
+                                          megamoe_experts_info_t *info_p)
+{
+    if (x == NULL || info_p == NULL)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "get_info: NULL argument");
+    megamoe_experts_info_t in;
+    memset(&in, 0, sizeof in);
+    in.tokens = x->cfg.T;
+    in.hidden = x->cfg.H;
+    in.intermediate = x->cfg.I;
+    in.num_experts = x->cfg.E;
+    in.top_k = x->cfg.K;
+    in.ep = x->ep;
+    in.rank = x->me;
+    in.local_experts = x->L;
+    in.capacity = x->cfg.capacity;
+    in.capacity_factor = x->cfg.factor;
+    in.swiglu_limit = x->cfg.limit;
+    snprintf(in.schedule, sizeof in.schedule, "%s", x->cfg.schedule);
+    in.workers = x->workers;
+    in.heap_bytes = x->group->heap_bytes;
+    in.group_layers = x->group->layers;
+    in.closed = x->closed;
+    in.last_recv_rows = x->last_recv_rows;
+    *info_p = in;
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t megamoe_experts_get_timing(const megamoe_experts_t *x,
+                                            megamoe_experts_timing_t *timing_p)
+{
+    if (x == NULL || timing_p == NULL)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "get_timing: NULL argument");
+    megamoe_experts_timing_t t;
+    memset(&t, 0, sizeof t);
+    t.count = MM_PH_COUNT;
+    for (int i = 0; i < MM_PH_COUNT; i++) {
+        t.name[i] = mm_moe_phase_names[i];
+        t.seconds[i] = x->phase_s[i];
+    }
+    t.forwards = x->forwards;
+    t.backwards = x->backwards;
+    *timing_p = t;
+    return MEGAMOE_OK;
+}
+
+void megamoe_experts_reset_timing(megamoe_experts_t *x)
+{
+    if (x == NULL) return;
+    memset(x->phase_s, 0, sizeof x->phase_s);
+    x->forwards = x->backwards = 0;
+}

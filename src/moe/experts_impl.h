@@ -1,0 +1,156 @@
+/* MegaMoeExperts internals shared by the files of src/moe/ (layer, resource group, O0
+ * forward, O0 backward). */
+#ifndef MM_MOE_EXPERTS_IMPL_H
+#define MM_MOE_EXPERTS_IMPL_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "megamoe/experts.h"
+
+#include "kernels/gemm.h"
+#include "kernels/swiglu.h"
+#include "multicore/worker_pool.h"
+#include "ops/ep_exchange.h"
+#include "ops/ep_route.h"
+#include "shmem/shmem.h"
+
+/* Everything that must be equal on every rank and between layers sharing a group. */
+typedef struct mm_moe_config {
+    int64_t T, H, I, E, K;
+    int64_t ep;
+    double factor;
+    float limit;
+    int64_t capacity;
+    char schedule[8];
+} mm_moe_config_t;
+
+/* Phases timed per layer (names in experts.c). */
+enum {
+    MM_PH_FWD_ROUTE,
+    MM_PH_FWD_DISPATCH,
+    MM_PH_FWD_GMM1,
+    MM_PH_FWD_SWIGLU,
+    MM_PH_FWD_GMM2,
+    MM_PH_FWD_COMBINE,
+    MM_PH_FWD_REDUCE,
+    MM_PH_BWD_PREP,
+    MM_PH_BWD_DISPATCH,
+    MM_PH_BWD_GMM_DA,
+    MM_PH_BWD_GMM_DW2,
+    MM_PH_BWD_SWIGLU,
+    MM_PH_BWD_GMM_DX,
+    MM_PH_BWD_GMM_DW1,
+    MM_PH_BWD_COMBINE,
+    MM_PH_BWD_REDUCE,
+    MM_PH_COUNT
+};
+
+/* Per-call scratch that is not saved for backward; grown on demand, shared by the layers of a
+ * group (they run serially). */
+typedef struct mm_moe_scratch {
+    void *buf[8];
+    size_t bytes[8];
+} mm_moe_scratch_t;
+enum {
+    MM_SCR_GU,  /* [R, 2I] bf16 (inference forward) */
+    MM_SCR_A,   /* [R, I]  bf16 (inference forward) */
+    MM_SCR_Y,   /* [R, H]  bf16 expert outputs (forward) / dX (backward), receive order */
+    MM_SCR_DY,  /* [T*K, H] bf16 grad rows to send, permuted order */
+    MM_SCR_DA,  /* [R, I]  bf16 dA */
+    MM_SCR_DGU, /* [R, 2I] bf16 d[gate|up] */
+    MM_SCR_ACC, /* [workers, H] fp32 accumulators */
+    MM_SCR_F32, /* [T*K] fp32 router weights / their gradients */
+};
+
+/* One resource group: symmetric exchange buffers, the worker pool, the SHMEM reference. */
+typedef struct mm_moe_group {
+    struct mm_moe_group *next; /* process-wide registry (heap sizing) */
+    mm_moe_config_t cfg;
+    mm_shmem_team_t *team;
+    int workers;
+    int layers;      /* layers attached */
+    int open_layers; /* attached and not closed */
+    int used;        /* a forward ran (sharing is no longer allowed) */
+    int ready;       /* SHMEM acquired, buffers allocated, pool running */
+    int broken;      /* a collective step failed half-way: only close() is allowed */
+    size_t heap_bytes;
+    mm_ep_xbuf_t *xbuf;
+    mm_pool_t *pool;
+    mm_moe_scratch_t scratch;
+    atomic_int busy; /* serial use: a second thread is rejected */
+} mm_moe_group_t;
+
+/* Pre-packed copies of one layer's weights (per local expert). */
+typedef struct mm_moe_packed {
+    mm_gemm_weight_t **w1;  /* NN gate_up[j] [H, 2I]   forward GMM1 */
+    mm_gemm_weight_t **w2;  /* NN down[j] [I, H]       forward GMM2 */
+    mm_gemm_weight_t **w2t; /* NT down[j] as [N=I, K=H]   dA = dY · W2ᵀ */
+    mm_gemm_weight_t **w1t; /* NT gate_up[j] as [N=H, K=2I]  dX = dGU · W1ᵀ */
+} mm_moe_packed_t;
+
+struct megamoe_experts {
+    uint64_t serial; /* identifies the layer in its saved states */
+    mm_moe_config_t cfg;
+    megamoe_comm_t *comm;
+    mm_shmem_team_t *team;
+    int ep, me;
+    int64_t L;
+    int workers;
+    int closed;
+    mm_moe_group_t *group;
+    mm_moe_packed_t packed;
+    int64_t last_recv_rows;
+    double phase_s[MM_PH_COUNT];
+    uint64_t forwards, backwards;
+};
+
+struct megamoe_experts_saved {
+    uint64_t layer_serial;
+    mm_ep_plan_t *plan;
+    int64_t rows;   /* rows received (R) */
+    uint16_t *x;    /* [max(R,1), H]   received tokens */
+    uint16_t *gu;   /* [max(R,1), 2I]  GMM1 output */
+    uint16_t *a;    /* [max(R,1), I]   SwiGLU output */
+    uint16_t *y;    /* [T*K, H]        expert outputs returned to this rank, permuted order */
+    float *w;       /* [T*K]           router weights (fp32), slot order */
+    megamoe_dtype_t w_dtype;
+};
+
+/* ---- group.c ---- */
+megamoe_status_t mm_moe_group_create(const mm_moe_config_t *cfg, mm_shmem_team_t *team,
+                                     int workers, mm_moe_group_t **group_p);
+/* Collective at a group's first forward: SHMEM acquire, heap check, buffers, pool. */
+megamoe_status_t mm_moe_group_prepare(mm_moe_group_t *g);
+/* Detach one layer; the last one frees the group (collective when it was prepared). */
+megamoe_status_t mm_moe_group_detach(mm_moe_group_t *g);
+/* A layer handle stops referring to its group (frees it once closed and unreferenced). */
+void mm_moe_group_unref(mm_moe_group_t *g);
+/* Grow scratch buffer `which` to at least bytes. */
+megamoe_status_t mm_moe_scratch(mm_moe_group_t *g, int which, size_t bytes, void **ptr_p);
+/* Heap bytes a group of this configuration needs. */
+size_t mm_moe_heap_need(const mm_moe_config_t *cfg);
+
+/* ---- experts.c ---- */
+/* Common entry checks of forward/backward: open layer, usable group, serial use. On OK the
+ * group is marked busy; mm_moe_leave() clears it. */
+megamoe_status_t mm_moe_enter(megamoe_experts_t *x, const char *what);
+void mm_moe_leave(megamoe_experts_t *x);
+/* Bring the packed weights up to date (local). backward != 0 also packs the NT copies. */
+megamoe_status_t mm_moe_pack_weights(megamoe_experts_t *x, const megamoe_experts_weights_t *w,
+                                     int backward);
+
+/* ---- forward_o0.c / backward_o0.c ---- */
+megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, const megamoe_experts_weights_t *w,
+                                   const megamoe_experts_input_t *in, void *output,
+                                   megamoe_experts_saved_t **saved_p);
+megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, megamoe_experts_saved_t *saved,
+                                    const megamoe_experts_weights_t *w, const void *grad_output,
+                                    const megamoe_experts_grads_t *grads);
+
+/* Column split of a grouped GEMM across pool workers (n_align: packed-weight alignment). */
+megamoe_status_t mm_moe_gemm_split(mm_gemm_grouped_args_t *g, int worker, int n_workers,
+                                   int64_t n_align);
+
+#endif /* MM_MOE_EXPERTS_IMPL_H */

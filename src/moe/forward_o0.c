@@ -1,0 +1,304 @@
+/* O0 forward: route -> dispatch -> GMM1 -> SwiGLU -> GMM2 -> combine -> reduce, each phase one
+ * data-parallel step of the group's worker pool, with the symmetric heap between ranks.
+ *
+ * Failure protocol: checks that can fail on one rank only (inputs, allocation, weight packing)
+ * are agreed on before any data moves. A local failure after that (a GEMM backend error) does
+ * not abandon the peers: the rank keeps sending (and signalling) its rows so nobody waits
+ * for a timeout, and the failure is agreed on after the combine, before the output is written.
+ * A lost peer or a timeout inside a wait marks the group broken (only close() remains).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/env.h"
+#include "base/error.h"
+#include "moe/experts_impl.h"
+#include "moe/moe_rows.h"
+
+enum { FW_DISPATCH, FW_GMM1, FW_SWIGLU, FW_GMM2, FW_COMBINE, FW_REDUCE };
+
+typedef struct mm_fwd {
+    int phase;
+    megamoe_experts_t *x;
+    mm_moe_group_t *g;
+    const mm_ep_plan_t *plan;
+    int64_t T, H, I, K, R;
+    const int64_t *group_rows;   /* [L] rows per local expert */
+    const uint16_t *hidden;      /* [T, H] */
+    const uint16_t *recv;        /* [R, H] received rows (symmetric) */
+    uint16_t *xsave;             /* [R, H] copy for backward, or NULL */
+    uint16_t *gu, *a, *y;        /* [R, 2I], [R, I], [R, H] */
+    const uint16_t *ret;         /* [T*K, H] returned rows (symmetric), permuted order */
+    uint16_t *ysave;             /* [T*K, H] copy for backward, or NULL */
+    const float *w;              /* [T*K] router weights, slot order */
+    uint16_t *out;               /* [T, H] */
+    float *acc;                  /* [workers, H] */
+} mm_fwd_t;
+
+static megamoe_status_t mm_fwd_gemm(mm_fwd_t *f, int worker, int nw, int second)
+{
+    megamoe_experts_t *x = f->x;
+    mm_gemm_grouped_args_t g;
+    mm_gemm_grouped_args_init(&g);
+    g.form = MM_GEMM_NN;
+    g.num_groups = (int)x->L;
+    g.group_rows = f->group_rows;
+    g.c_type = MEGAMOE_DTYPE_BF16;
+    if (!second) { /* [R,H] · gate_up[j] [H,2I] */
+        g.K = f->H;
+        g.N = 2 * f->I;
+        g.A = f->recv;
+        g.lda = f->H;
+        g.weights = (const mm_gemm_weight_t *const *)x->packed.w1;
+        g.C = f->gu;
+        g.ldc = 2 * f->I;
+    } else { /* [R,I] · down[j] [I,H] */
+        g.K = f->I;
+        g.N = f->H;
+        g.A = f->a;
+        g.lda = f->I;
+        g.weights = (const mm_gemm_weight_t *const *)x->packed.w2;
+        g.C = f->y;
+        g.ldc = f->H;
+    }
+    int64_t align = mm_gemm_weight_n_align(g.weights[0]);
+    return mm_moe_gemm_split(&g, worker, nw, align);
+}
+
+static megamoe_status_t mm_fwd_work(void *arg, int worker, int nw)
+{
+    mm_fwd_t *f = arg;
+    const size_t rb = (size_t)f->H * 2;
+    int64_t b, e;
+    switch (f->phase) {
+    case FW_DISPATCH:
+        mm_pool_split(f->T * f->K, worker, nw, 1, &b, &e);
+        mm_ep_dispatch_rows(f->g->xbuf, f->plan, f->hidden, rb, 1, b, e);
+        return MEGAMOE_OK;
+    case FW_GMM1:
+        if (f->xsave) { /* keep the received tokens for dW1 = Xᵀ·dGU */
+            mm_pool_split(f->R, worker, nw, 1, &b, &e);
+            if (e > b) memcpy(f->xsave + b * f->H, f->recv + b * f->H, (size_t)(e - b) * rb);
+        }
+        return mm_fwd_gemm(f, worker, nw, 0);
+    case FW_SWIGLU:
+        mm_pool_split(f->R, worker, nw, 1, &b, &e);
+        if (e <= b) return MEGAMOE_OK;
+        return mm_swiglu_fwd(e - b, f->I, f->gu + b * 2 * f->I, 2 * f->I, f->a + b * f->I, f->I,
+                             f->x->cfg.limit);
+    case FW_GMM2:
+        return mm_fwd_gemm(f, worker, nw, 1);
+    case FW_COMBINE:
+        mm_pool_split(f->R, worker, nw, 1, &b, &e);
+        mm_ep_combine_rows(f->g->xbuf, f->plan, f->y, rb, b, e);
+        return MEGAMOE_OK;
+    case FW_REDUCE: {
+        const int64_t K = f->K, H = f->H;
+        float *acc = f->acc + (size_t)worker * (size_t)H;
+        mm_pool_split(f->T, worker, nw, 1, &b, &e);
+        for (int64_t t = b; t < e; t++) {
+            memset(acc, 0, (size_t)H * sizeof *acc);
+            for (int64_t k = 0; k < K; k++) {
+                int64_t pos = f->plan->slot_pos[t * K + k];
+                mm_rows_axpy(acc, f->ret + pos * H, f->w[t * K + k], (size_t)H);
+            }
+            megamoe_convert(f->out + t * H, MEGAMOE_DTYPE_BF16, acc, MEGAMOE_DTYPE_FP32, (size_t)H);
+        }
+        if (f->ysave) { /* the expert outputs, for grad topk_weights = <dOut, y> */
+            mm_pool_split(f->T * K, worker, nw, 1, &b, &e);
+            if (e > b) memcpy(f->ysave + b * H, f->ret + b * H, (size_t)(e - b) * rb);
+        }
+        return MEGAMOE_OK;
+    }
+    default:
+        return mm_error(MEGAMOE_INTERNAL, "unknown forward phase %d", f->phase);
+    }
+}
+
+/* Run one phase on the pool; timer >= 0 adds its time to that phase. */
+static megamoe_status_t mm_fwd_phase(mm_fwd_t *f, int phase, int timer)
+{
+    uint64_t t0 = mm_now_ns();
+    f->phase = phase;
+    megamoe_status_t st = mm_pool_run(f->g->pool, mm_fwd_work, f);
+    if (timer >= 0) f->x->phase_s[timer] += (double)(mm_now_ns() - t0) * 1e-9;
+    return st;
+}
+
+static megamoe_status_t mm_fwd_check_input(const megamoe_experts_input_t *in, const void *output)
+{
+    if (in == NULL || in->hidden_states == NULL || in->topk_ids == NULL ||
+        in->topk_weights == NULL || output == NULL)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "forward needs hidden_states, topk_ids, topk_weights and output");
+    if (in->topk_ids_dtype != MEGAMOE_DTYPE_INT32 && in->topk_ids_dtype != MEGAMOE_DTYPE_INT64)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "topk_ids must be int32 or int64, got %s",
+                        megamoe_dtype_name(in->topk_ids_dtype));
+    if (in->topk_weights_dtype != MEGAMOE_DTYPE_FP32 && in->topk_weights_dtype != MEGAMOE_DTYPE_BF16)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "topk_weights must be fp32 or bf16, got %s",
+                        megamoe_dtype_name(in->topk_weights_dtype));
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, const megamoe_experts_weights_t *wts,
+                                   const megamoe_experts_input_t *in, void *output,
+                                   megamoe_experts_saved_t **saved_p)
+{
+    mm_moe_group_t *g = x->group;
+    const int64_t T = x->cfg.T, H = x->cfg.H, I = x->cfg.I, K = x->cfg.K, L = x->L;
+    const size_t TK = (size_t)(T * K);
+    uint64_t t0 = mm_now_ns();
+
+    /* ---- local checks and packing, then the collective routing plan ---- */
+    megamoe_status_t st = mm_fwd_check_input(in, output);
+    if (st == MEGAMOE_OK) st = mm_moe_pack_weights(x, wts, 0);
+    int check = 0;
+    if (st == MEGAMOE_OK) {
+        megamoe_status_t cs = mm_env_bool(MM_ENV_CHECK, &check);
+        if (cs != MEGAMOE_OK && cs != MEGAMOE_NOT_FOUND) st = cs;
+    }
+    mm_ep_plan_t *plan = NULL;
+    mm_ep_shape_t shape = {x->ep, x->me, T, K, x->cfg.E, x->cfg.capacity, x->cfg.factor};
+    if (st == MEGAMOE_OK) st = mm_ep_plan_create(&shape, &plan);
+    if (plan != NULL)
+        st = mm_ep_route(plan, x->team, in->topk_ids, in->topk_ids_dtype, in->tokens_per_expert,
+                         in->tokens_per_expert_dtype, check, st);
+    else /* no plan: still take part in the agreement so peers do not wait */
+        st = mm_shmem_team_agree(x->team, st);
+    if (st != MEGAMOE_OK) {
+        mm_ep_plan_destroy(plan);
+        return st;
+    }
+    const int64_t R = plan->recv_rows, Rb = R > 0 ? R : 1; /* one placeholder row when none */
+    x->phase_s[MM_PH_FWD_ROUTE] += (double)(mm_now_ns() - t0) * 1e-9;
+
+    /* ---- buffers: saved ones sized to the rows actually received ---- */
+    mm_fwd_t f;
+    memset(&f, 0, sizeof f);
+    f.x = x;
+    f.g = g;
+    f.plan = plan;
+    f.T = T;
+    f.H = H;
+    f.I = I;
+    f.K = K;
+    f.R = R;
+    f.hidden = in->hidden_states;
+    f.recv = g->xbuf->recv;
+    f.ret = g->xbuf->ret;
+    f.out = output;
+    megamoe_experts_saved_t *sv = NULL;
+    int64_t *group_rows = calloc((size_t)L, sizeof *group_rows);
+    if (group_rows == NULL) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "group list");
+    else
+        for (int64_t j = 0; j < L; j++) group_rows[j] = plan->group_off[j + 1] - plan->group_off[j];
+    f.group_rows = group_rows;
+    if (st == MEGAMOE_OK && saved_p != NULL) {
+        sv = calloc(1, sizeof *sv);
+        if (sv == NULL) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "saved state");
+        if (st == MEGAMOE_OK) {
+            sv->layer_serial = x->serial;
+            sv->plan = plan;
+            sv->rows = R;
+            sv->w_dtype = in->topk_weights_dtype;
+            st = mm_aligned_alloc((size_t)Rb * (size_t)H * 2, 64, "saved tokens", (void **)&sv->x);
+        }
+        if (st == MEGAMOE_OK)
+            st = mm_aligned_alloc((size_t)Rb * (size_t)(2 * I) * 2, 64, "saved GMM1 output",
+                                  (void **)&sv->gu);
+        if (st == MEGAMOE_OK)
+            st = mm_aligned_alloc((size_t)Rb * (size_t)I * 2, 64, "saved activation", (void **)&sv->a);
+        if (st == MEGAMOE_OK)
+            st = mm_aligned_alloc(TK * (size_t)H * 2, 64, "saved expert outputs", (void **)&sv->y);
+        if (st == MEGAMOE_OK)
+            st = mm_aligned_alloc(TK * sizeof(float), 64, "saved router weights", (void **)&sv->w);
+        if (st == MEGAMOE_OK) {
+            f.xsave = sv->x;
+            f.gu = sv->gu;
+            f.a = sv->a;
+            f.ysave = sv->y;
+            f.w = sv->w;
+        }
+    } else if (st == MEGAMOE_OK) {
+        void *p = NULL;
+        st = mm_moe_scratch(g, MM_SCR_GU, (size_t)Rb * (size_t)(2 * I) * 2, &p);
+        f.gu = p;
+        if (st == MEGAMOE_OK) st = mm_moe_scratch(g, MM_SCR_A, (size_t)Rb * (size_t)I * 2, &p);
+        f.a = p;
+        if (st == MEGAMOE_OK && in->topk_weights_dtype == MEGAMOE_DTYPE_FP32) f.w = in->topk_weights;
+        else if (st == MEGAMOE_OK) {
+            st = mm_moe_scratch(g, MM_SCR_F32, TK * sizeof(float), &p);
+            f.w = p;
+        }
+    }
+    void *p = NULL;
+    if (st == MEGAMOE_OK) st = mm_moe_scratch(g, MM_SCR_Y, (size_t)Rb * (size_t)H * 2, &p);
+    f.y = p;
+    if (st == MEGAMOE_OK)
+        st = mm_moe_scratch(g, MM_SCR_ACC, (size_t)mm_pool_size(g->pool) * (size_t)H * 4, &p);
+    f.acc = p;
+    if (st == MEGAMOE_OK && f.w != in->topk_weights) /* fp32 router weights in slot order */
+        st = megamoe_convert((float *)f.w, MEGAMOE_DTYPE_FP32, in->topk_weights,
+                             in->topk_weights_dtype, TK);
+    /* Nothing has moved yet: a failure anywhere stops every rank here. */
+    st = mm_shmem_team_agree(x->team, st);
+    if (st != MEGAMOE_OK) {
+        free(group_rows);
+        if (sv) sv->plan = NULL;
+        megamoe_experts_saved_destroy(sv);
+        mm_ep_plan_destroy(plan);
+        return st;
+    }
+
+    /* ---- dispatch: token rows straight into their final receive rows ---- */
+    megamoe_status_t local = MEGAMOE_OK; /* a failure that must not strand the peers */
+    uint64_t tw = mm_now_ns();
+    mm_ep_begin(g->xbuf, MM_EP_DISPATCH);
+    st = mm_fwd_phase(&f, FW_DISPATCH, -1);
+    mm_ep_done(g->xbuf, MM_EP_DISPATCH);
+    if (st == MEGAMOE_OK) st = mm_ep_wait(g->xbuf, MM_EP_DISPATCH);
+    x->phase_s[MM_PH_FWD_DISPATCH] += (double)(mm_now_ns() - tw) * 1e-9;
+    if (st != MEGAMOE_OK) goto broken;
+
+    /* ---- expert compute on the received rows ---- */
+    local = mm_fwd_phase(&f, FW_GMM1, MM_PH_FWD_GMM1);
+    if (local == MEGAMOE_OK) local = mm_fwd_phase(&f, FW_SWIGLU, MM_PH_FWD_SWIGLU);
+    if (local == MEGAMOE_OK) local = mm_fwd_phase(&f, FW_GMM2, MM_PH_FWD_GMM2);
+
+    /* ---- combine: results back to each token's rank ---- */
+    tw = mm_now_ns();
+    mm_ep_begin(g->xbuf, MM_EP_COMBINE);
+    st = mm_fwd_phase(&f, FW_COMBINE, -1);
+    mm_ep_done(g->xbuf, MM_EP_COMBINE);
+    if (st != MEGAMOE_OK) {
+        g->broken = 1;
+        goto fail;
+    }
+    st = mm_ep_wait(g->xbuf, MM_EP_COMBINE);
+    if (st != MEGAMOE_OK) g->broken = 1;
+    else st = mm_shmem_team_agree(x->team, local);
+    x->phase_s[MM_PH_FWD_COMBINE] += (double)(mm_now_ns() - tw) * 1e-9;
+    if (st != MEGAMOE_OK) goto fail;
+
+    /* ---- reduce the K copies of each token with its router weights ---- */
+    st = mm_fwd_phase(&f, FW_REDUCE, MM_PH_FWD_REDUCE);
+    if (st != MEGAMOE_OK) goto fail;
+
+    free(group_rows);
+    x->last_recv_rows = R;
+    x->forwards++;
+    if (saved_p) *saved_p = sv;
+    else mm_ep_plan_destroy(plan);
+    return MEGAMOE_OK;
+
+broken:
+    g->broken = 1;
+fail:
+    free(group_rows);
+    if (sv) sv->plan = NULL;
+    megamoe_experts_saved_destroy(sv);
+    mm_ep_plan_destroy(plan);
+    return st;
+}

@@ -1,0 +1,97 @@
+/* Row helpers (see moe_rows.h). The scalar paths mirror the vector lanes exactly. */
+#include "moe/moe_rows.h"
+
+#include <string.h>
+
+#include "megamoe/dtype.h"
+
+#include "base/cpu.h"
+
+static inline float mm_bf(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+#if MM_X86
+#include <immintrin.h>
+
+MM_TARGET_AVX512 static inline __m512 mm_load_bf16x16(const uint16_t *p)
+{
+    __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+MM_TARGET_AVX512 static void mm_rows_axpy_avx512(float *acc, const uint16_t *x, float w,
+                                                 size_t n)
+{
+    size_t i = 0;
+    if (w == 1.0f) {
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_loadu_ps(acc + i), mm_load_bf16x16(x + i)));
+        for (; i < n; i++) acc[i] += mm_bf(x[i]);
+        return;
+    }
+    const __m512 vw = _mm512_set1_ps(w);
+    /* mul then add (not fma) so the scalar tail and fallback give the same bits */
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_loadu_ps(acc + i),
+                                                _mm512_mul_ps(vw, mm_load_bf16x16(x + i))));
+    for (; i < n; i++) acc[i] += w * mm_bf(x[i]);
+}
+
+MM_TARGET_AVX512 static float mm_rows_dot_avx512(const uint16_t *a, const uint16_t *b, size_t n)
+{
+    __m512 s = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        s = _mm512_add_ps(s, _mm512_mul_ps(mm_load_bf16x16(a + i), mm_load_bf16x16(b + i)));
+    float lanes[16];
+    _mm512_storeu_ps(lanes, s);
+    for (; i < n; i++) lanes[i % 16] += mm_bf(a[i]) * mm_bf(b[i]);
+    for (int w = 8; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) lanes[l] += lanes[l + w];
+    return lanes[0];
+}
+#endif
+
+void mm_rows_axpy(float *acc, const uint16_t *x, float w, size_t n)
+{
+#if MM_X86
+    if (mm_cpu_has_avx512()) {
+        mm_rows_axpy_avx512(acc, x, w, n);
+        return;
+    }
+#endif
+    if (w == 1.0f)
+        for (size_t i = 0; i < n; i++) acc[i] += mm_bf(x[i]);
+    else
+        for (size_t i = 0; i < n; i++) acc[i] += w * mm_bf(x[i]);
+}
+
+void mm_rows_scale(uint16_t *dst, const uint16_t *x, float w, size_t n)
+{
+    float tmp[256];
+    for (size_t i = 0; i < n; i += 256) {
+        size_t m = n - i < 256 ? n - i : 256;
+        for (size_t j = 0; j < m; j++) tmp[j] = w * mm_bf(x[i + j]);
+        megamoe_convert(dst + i, MEGAMOE_DTYPE_BF16, tmp, MEGAMOE_DTYPE_FP32, m);
+    }
+}
+
+float mm_rows_dot(const uint16_t *a, const uint16_t *b, size_t n)
+{
+#if MM_X86
+    if (mm_cpu_has_avx512()) return mm_rows_dot_avx512(a, b, n);
+#endif
+    float lanes[16] = {0};
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) lanes[l] += mm_bf(a[i + l]) * mm_bf(b[i + l]);
+    for (; i < n; i++) lanes[i % 16] += mm_bf(a[i]) * mm_bf(b[i]);
+    for (int w = 8; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) lanes[l] += lanes[l + w];
+    return lanes[0];
+}

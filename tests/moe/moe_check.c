@@ -1,0 +1,249 @@
+/* Helpers of the MegaMoeExperts tests (see moe_check.h). */
+#include "moe_check.h"
+
+#include <math.h>
+#include <stdio.h>
+
+static megamoe_comm_t *mm_comm;
+
+static void mm_test_comm_destroy(void)
+{
+    if (mm_comm && megamoe_comm_destroy(mm_comm) != MEGAMOE_OK)
+        fprintf(stderr, "destroying the world communicator: %s\n", megamoe_last_error());
+    mm_comm = NULL;
+}
+
+megamoe_comm_t *mm_test_comm(void)
+{
+    if (mm_comm == NULL) {
+        if (megamoe_comm_create(NULL, &mm_comm) != MEGAMOE_OK) {
+            fprintf(stderr, "cannot create the world communicator: %s\n", megamoe_last_error());
+            mm_comm = NULL;
+            return NULL;
+        }
+        atexit(mm_test_comm_destroy);
+    }
+    return mm_comm;
+}
+
+static float *mm_f32(size_t n) { return calloc(n ? n : 1, sizeof(float)); }
+
+int mm_ref_compute(const mm_moe_problem_t *p, float limit, mm_ref_result_t *r)
+{
+    memset(r, 0, sizeof *r);
+    const size_t N = (size_t)(p->ep * p->T);
+    megamoe_reference_shape_t s = {p->ep, p->T, p->H, p->I, p->E, p->K};
+    megamoe_reference_params_t rp = megamoe_reference_params_default();
+    rp.swiglu_limit = limit;
+    rp.hidden_dtype = MEGAMOE_DTYPE_BF16;
+    rp.weight_dtype = MEGAMOE_DTYPE_BF16;
+    rp.grad_dtype = MEGAMOE_DTYPE_BF16;
+    r->out = mm_f32(N * (size_t)p->H);
+    r->gh = mm_f32(N * (size_t)p->H);
+    r->gp = mm_f32(N * (size_t)p->K);
+    r->g1 = mm_f32((size_t)(p->E * p->H * 2 * p->I));
+    r->g2 = mm_f32((size_t)(p->E * p->I * p->H));
+    if (!r->out || !r->gh || !r->gp || !r->g1 || !r->g2) return -1;
+    if (megamoe_reference_forward(&s, &rp, p->hidden, p->ids, p->probs, p->gate_up, p->down,
+                                  r->out) != MEGAMOE_OK)
+        return -1;
+    if (megamoe_reference_backward(&s, &rp, p->grad_out, p->hidden, p->ids, p->probs, p->gate_up,
+                                   p->down, r->gh, r->gp, r->g1, r->g2) != MEGAMOE_OK)
+        return -1;
+    return 0;
+}
+
+void mm_ref_free(mm_ref_result_t *r)
+{
+    free(r->out);
+    free(r->gh);
+    free(r->gp);
+    free(r->g1);
+    free(r->g2);
+    memset(r, 0, sizeof *r);
+}
+
+void mm_layer_result_free(mm_layer_result_t *r)
+{
+    free(r->out);
+    free(r->gh);
+    free(r->gp);
+    free(r->g1);
+    free(r->g2);
+    memset(r, 0, sizeof *r);
+}
+
+megamoe_experts_weights_t mm_local_weights(const mm_moe_problem_t *p, int me, uint64_t version)
+{
+    const int64_t L = p->E / p->ep;
+    megamoe_experts_weights_t w = {p->gate_up + (size_t)(me * L * p->H * 2 * p->I),
+                                   p->down + (size_t)(me * L * p->I * p->H), version};
+    return w;
+}
+
+int mm_input_make(const mm_moe_problem_t *p, int me, const mm_call_opts_t *o, mm_input_buf_t *b)
+{
+    memset(b, 0, sizeof *b);
+    const size_t TK = (size_t)(p->T * p->K), off = (size_t)me * TK;
+    b->in = megamoe_experts_input_default();
+    b->in.hidden_states = p->hidden + (size_t)me * (size_t)(p->T * p->H);
+    if (o && o->ids64) {
+        int64_t *ids = malloc(TK * sizeof *ids);
+        if (!ids) return -1;
+        for (size_t i = 0; i < TK; i++) ids[i] = p->ids[off + i];
+        b->ids = ids;
+        b->in.topk_ids = ids;
+        b->in.topk_ids_dtype = MEGAMOE_DTYPE_INT64;
+    } else {
+        b->in.topk_ids = p->ids + off;
+    }
+    if (o && o->probs_bf16) {
+        uint16_t *pr = malloc(TK * sizeof *pr);
+        if (!pr) return -1;
+        megamoe_convert(pr, MEGAMOE_DTYPE_BF16, p->probs + off, MEGAMOE_DTYPE_FP32, TK);
+        b->probs = pr;
+        b->in.topk_weights = pr;
+        b->in.topk_weights_dtype = MEGAMOE_DTYPE_BF16;
+    } else {
+        b->in.topk_weights = p->probs + off;
+    }
+    if (o && o->tpe) {
+        int64_t *h = calloc((size_t)p->E, sizeof *h);
+        if (!h) return -1;
+        for (size_t i = 0; i < TK; i++) h[p->ids[off + i]]++;
+        if (o->tpe == 1) {
+            int32_t *h32 = malloc((size_t)p->E * sizeof *h32);
+            if (!h32) {
+                free(h);
+                return -1;
+            }
+            for (int64_t e = 0; e < p->E; e++) h32[e] = (int32_t)h[e];
+            free(h);
+            b->tpe = h32;
+            b->in.tokens_per_expert_dtype = MEGAMOE_DTYPE_INT32;
+        } else {
+            b->tpe = h;
+            b->in.tokens_per_expert_dtype = MEGAMOE_DTYPE_INT64;
+        }
+        b->in.tokens_per_expert = b->tpe;
+    }
+    return 0;
+}
+
+void mm_input_free(mm_input_buf_t *b)
+{
+    free(b->ids);
+    free(b->probs);
+    free(b->tpe);
+    memset(b, 0, sizeof *b);
+}
+
+static float *mm_to_f32(const void *src, int bf16, size_t n)
+{
+    float *d = mm_f32(n);
+    if (d) megamoe_convert(d, MEGAMOE_DTYPE_FP32, src, bf16 ? MEGAMOE_DTYPE_BF16 : MEGAMOE_DTYPE_FP32, n);
+    return d;
+}
+
+int mm_layer_result_from(const mm_moe_problem_t *p, const uint16_t *out, const uint16_t *gh,
+                         const void *gp, int gp_bf16, const uint16_t *g1, const uint16_t *g2,
+                         mm_layer_result_t *res)
+{
+    const int64_t L = p->E / p->ep;
+    memset(res, 0, sizeof *res);
+    res->out = mm_to_f32(out, 1, (size_t)(p->T * p->H));
+    res->gh = mm_to_f32(gh, 1, (size_t)(p->T * p->H));
+    res->gp = mm_to_f32(gp, gp_bf16, (size_t)(p->T * p->K));
+    res->g1 = mm_to_f32(g1, 1, (size_t)(L * p->H * 2 * p->I));
+    res->g2 = mm_to_f32(g2, 1, (size_t)(L * p->I * p->H));
+    return res->out && res->gh && res->gp && res->g1 && res->g2 ? 0 : -1;
+}
+
+int mm_close_bf16(const char *what, const float *got, const float *want, size_t n)
+{
+    double se = 0, sr = 0, maxe = 0, maxr = 0;
+    size_t inside = 0, worst = 0;
+    int finite = 1;
+    for (size_t i = 0; i < n; i++) {
+        double g = got[i], w = want[i], e = fabs(g - w);
+        finite &= isfinite(g);
+        se += e * e;
+        sr += w * w;
+        if (e > maxe || !(e == e)) {
+            maxe = e;
+            worst = i;
+        }
+        if (fabs(w) > maxr) maxr = fabs(w);
+        inside += e <= MM_ATOL + MM_RTOL * fabs(w);
+    }
+    double rel_l2 = sr > 0 ? sqrt(se / sr) : sqrt(se);
+    double rel_max = maxr > 0 ? maxe / maxr : maxe;
+    int ok = finite && rel_l2 <= MM_REL_L2 && rel_max <= MM_REL_MAX;
+    printf("%s %s: relL2 %.3f%% maxerr/maxref %.3f%% elementwise(2e-2,2e-3) %.2f%% worst [%zu] "
+           "got %.6g want %.6g\n",
+           ok ? "PASS" : "FAIL", what, 100 * rel_l2, 100 * rel_max,
+           n ? 100.0 * (double)inside / (double)n : 100.0, worst, n ? got[worst] : 0.0,
+           n ? want[worst] : 0.0);
+    return ok;
+}
+
+int mm_compare(const char *what, const mm_moe_problem_t *p, int me, const mm_layer_result_t *got,
+               const mm_ref_result_t *ref)
+{
+    const int64_t L = p->E / p->ep, T = p->T, H = p->H, I = p->I, K = p->K;
+    const size_t w1 = (size_t)(H * 2 * I), w2 = (size_t)(I * H);
+    char name[160];
+    int ok = 1;
+    snprintf(name, sizeof name, "%s: output", what);
+    ok &= mm_close_bf16(name, got->out, ref->out + (size_t)(me * T * H), (size_t)(T * H));
+    snprintf(name, sizeof name, "%s: grad hidden", what);
+    ok &= mm_close_bf16(name, got->gh, ref->gh + (size_t)(me * T * H), (size_t)(T * H));
+    snprintf(name, sizeof name, "%s: grad topk_weights", what);
+    ok &= mm_close_bf16(name, got->gp, ref->gp + (size_t)(me * T * K), (size_t)(T * K));
+    snprintf(name, sizeof name, "%s: grad gate_up", what);
+    ok &= mm_close_bf16(name, got->g1, ref->g1 + (size_t)me * (size_t)L * w1, (size_t)L * w1);
+    snprintf(name, sizeof name, "%s: grad down", what);
+    ok &= mm_close_bf16(name, got->g2, ref->g2 + (size_t)me * (size_t)L * w2, (size_t)L * w2);
+
+    /* One SGD step (lr 0.5) from the bf16 weights: ours vs the reference's. */
+    const float lr = 0.5f;
+    float *mine = mm_f32((size_t)L * (w1 + w2)), *want = mm_f32((size_t)L * (w1 + w2));
+    if (!mine || !want) ok = 0;
+    for (size_t i = 0; ok && i < (size_t)L * w1; i++) {
+        float w = megamoe_bf16_to_fp32(p->gate_up[(size_t)me * (size_t)L * w1 + i]);
+        mine[i] = megamoe_bf16_to_fp32(megamoe_fp32_to_bf16(w - lr * got->g1[i]));
+        want[i] = w - lr * ref->g1[(size_t)me * (size_t)L * w1 + i];
+    }
+    for (size_t i = 0; ok && i < (size_t)L * w2; i++) {
+        float w = megamoe_bf16_to_fp32(p->down[(size_t)me * (size_t)L * w2 + i]);
+        mine[(size_t)L * w1 + i] = megamoe_bf16_to_fp32(megamoe_fp32_to_bf16(w - lr * got->g2[i]));
+        want[(size_t)L * w1 + i] = w - lr * ref->g2[(size_t)me * (size_t)L * w2 + i];
+    }
+    snprintf(name, sizeof name, "%s: weights after one SGD step", what);
+    if (ok) ok &= mm_close_bf16(name, mine, want, (size_t)L * (w1 + w2));
+    free(mine);
+    free(want);
+
+    /* Every value finite; experts with no token: exact zeros; others: some non-zero grad. */
+    for (int64_t j = 0; j < L; j++) {
+        int64_t e = me * L + j, slots = 0;
+        for (int64_t i = 0; i < p->ep * T * K; i++) slots += p->ids[i] == e;
+        int nonzero = 0, finite = 1;
+        for (size_t i = 0; i < w1; i++) {
+            float v = got->g1[(size_t)j * w1 + i];
+            nonzero |= v != 0.0f;
+            finite &= isfinite(v);
+        }
+        for (size_t i = 0; i < w2; i++) {
+            float v = got->g2[(size_t)j * w2 + i];
+            nonzero |= v != 0.0f;
+            finite &= isfinite(v);
+        }
+        if (!finite || (slots == 0 && nonzero) || (slots > 0 && !nonzero)) {
+            fprintf(stderr, "%s: expert %lld (%lld slots): finite=%d nonzero=%d\n", what,
+                    (long long)e, (long long)slots, finite, nonzero);
+            ok = 0;
+        }
+    }
+    return ok;
+}
