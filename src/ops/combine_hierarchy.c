@@ -1,0 +1,241 @@
+/* CombineV2 with comm_alg "hierarchy": two hops through one leader per group, with a partial
+ * sum at the leader.
+ *
+ * Hop 0: every source sends its expert_scales, expert ids and masks to every leader (small).
+ * Hop 1: every expert rank puts its rows (after the TP add / int8 transport, as fullmesh) into
+ * its group leader's dense slots for (source, token, slot). The leader reduces, per (source,
+ * token), the slots its group served in slot order into one fp32 partial (MoE rows weighted,
+ * shared-expert rows with weight 1) and puts it to the source. Hop 2 done, the source adds the
+ * partials of the groups in group order, then copy/const experts, then shared_expert_x, and
+ * rounds once. This re-associates the fp32 sum of spec §5.3 (the order is by group instead of
+ * by slot); everything else is the fullmesh computation.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "combine_v2.h"
+
+static int64_t mm_v2h_gs(const mm_v2_combine_t *c) { return c->c.hier_group; }
+static int64_t mm_v2h_ng(const mm_v2_combine_t *c)
+{
+    return (c->c.eW + mm_v2h_gs(c) - 1) / mm_v2h_gs(c);
+}
+static size_t mm_v2h_wbytes(const mm_v2_combine_t *c)
+{
+    return mm_align_up((size_t)(c->c.max_bs * c->c.K) * 9 + (size_t)c->c.max_bs, 64);
+}
+static size_t mm_v2h_pstride(const mm_v2_combine_t *c)
+{
+    return mm_align_up((size_t)c->c.h * 4 + 8, 64);
+}
+
+uint64_t mm_v2c_hier_seg(const mm_v2_combine_t *c, int seg)
+{
+    uint64_t srcs = (uint64_t)c->c.eW, mb = (uint64_t)c->c.max_bs;
+    switch (seg) {
+    case MM_V2C_HSLOTS: return srcs * mb * (uint64_t)c->KS * c->cstride;
+    case MM_V2C_HW: return srcs * mm_v2h_wbytes(c);
+    case MM_V2C_PARTIAL: return (uint64_t)mm_v2h_ng(c) * mb * mm_v2h_pstride(c);
+    default: return 0;
+    }
+}
+
+/* Group of the rank that serves slot k of token t of source s; -1 when nothing is routed. */
+static int64_t mm_v2h_slot_group(const mm_v2_combine_t *c, int64_t s, int64_t k, int32_t id,
+                                 uint8_t active)
+{
+    const mm_v2_cfg_t *g = &c->c;
+    if (k < g->K) {
+        if (!active || id >= g->eE) return -1;
+        return mm_v2_moe_dst(g, id) / mm_v2h_gs(c);
+    }
+    return mm_v2_shared_dst(g, s, k - g->K) / mm_v2h_gs(c);
+}
+
+static megamoe_status_t mm_v2h_send_weights(mm_v2_combine_t *c, const uint8_t *processed)
+{
+    const mm_v2_cfg_t *g = &c->c;
+    const megamoe_combine_v2_args_t *a = c->a;
+    size_t wb = mm_v2h_wbytes(c), nk = (size_t)(g->max_bs * g->K);
+    uint8_t *buf = calloc(1, wb);
+    if (!buf) return mm_error(MEGAMOE_OUT_OF_MEMORY, "combine_v2: no memory");
+    size_t n = (size_t)(g->bs * g->K);
+    memcpy(buf, a->expert_scales.data, n * 4);
+    memcpy(buf + nk * 4, a->expert_ids.data, n * 4);
+    const uint8_t *mask = a->x_active_mask.data;
+    for (int64_t t = 0; t < g->bs; t++)
+        for (int64_t k = 0; k < g->K; k++)
+            buf[nk * 8 + (size_t)(t * g->K + k)] =
+                (uint8_t)(processed[t] && (g->mask_dim != 2 || mask[t * g->K + k]));
+    memcpy(buf + nk * 9, processed, (size_t)g->bs);
+    uint8_t *to = mm_v2_seg(&c->call, MM_V2C_HW) + (size_t)g->erank * wb;
+    int64_t gs = mm_v2h_gs(c);
+    for (int64_t l = 0; l < g->eW; l += gs) {
+        int pe = mm_v2c_pe(c, l);
+        if (l == g->erank) memcpy(to, buf, wb);
+        else mm_shmem_put_signal(to, buf, wb, mm_v2_sig(&c->call, MM_V2C_SIG, 2 * c->n + c->call.me),
+                                 c->call.gen, MM_SHMEM_SIGNAL_SET, pe);
+    }
+    free(buf);
+    return MEGAMOE_OK;
+}
+
+static megamoe_status_t mm_v2h_send_rows(mm_v2_combine_t *c)
+{
+    const mm_v2_cfg_t *g = &c->c;
+    const int32_t *tr = c->a->assist_info_for_combine.data;
+    int64_t leader = g->erank / mm_v2h_gs(c) * mm_v2h_gs(c);
+    int pe = mm_v2c_pe(c, leader);
+    uint8_t *tmp = NULL;
+    if (mm_aligned_alloc(c->cstride, 64, "combine row", (void **)&tmp)) return MEGAMOE_OUT_OF_MEMORY;
+    size_t stamp_off = c->cstride - 8;
+    uint64_t gen = c->call.gen;
+    size_t per_src = (size_t)(g->max_bs * c->KS);
+    for (int64_t i = 0; i < c->n_own; i++) {
+        int64_t s = tr[3 * i], slot = (int64_t)tr[3 * i + 1] * c->KS + tr[3 * i + 2];
+        const uint8_t *p = mm_v2c_payload(c, i, tmp);
+        if (p != tmp) memcpy(tmp, p, c->pay);
+        memcpy(tmp + stamp_off, &gen, 8);
+        uint8_t *to = mm_v2c_slot(c, MM_V2C_HSLOTS, (int64_t)((size_t)s * per_src) + slot);
+        if (leader == g->erank) memcpy(to, tmp, c->cstride);
+        else mm_shmem_put(to, tmp, c->cstride, pe);
+    }
+    mm_aligned_free(tmp);
+    if (leader != g->erank) {
+        mm_shmem_fence();
+        mm_shmem_signal_op(mm_v2_sig(&c->call, MM_V2C_SIG, c->n + c->call.me), gen,
+                           MM_SHMEM_SIGNAL_SET, pe);
+    }
+    return MEGAMOE_OK;
+}
+
+/* Leader: partial sums of this group's rows for every (source, token). */
+static megamoe_status_t mm_v2h_leader(mm_v2_combine_t *c)
+{
+    const mm_v2_cfg_t *g = &c->c;
+    int64_t gs = mm_v2h_gs(c), grp = g->erank / gs, h = g->h;
+    for (int64_t d = grp * gs; d < (grp + 1) * gs && d < g->eW; d++) {
+        if (d == g->erank) continue;
+        int pe = mm_v2c_pe(c, d);
+        MM_CHECK(mm_v2_wait(&c->call, mm_v2_sig(&c->call, MM_V2C_SIG, c->n + pe),
+                            "hierarchy rows from the group", pe, NULL));
+    }
+    size_t wb = mm_v2h_wbytes(c), nk = (size_t)(g->max_bs * g->K), ps = mm_v2h_pstride(c);
+    size_t per_src = (size_t)(g->max_bs * c->KS), stamp_off = c->cstride - 8;
+    float *acc = NULL;
+    if (mm_aligned_alloc(ps + (size_t)h * 8, 64, "hierarchy partial", (void **)&acc))
+        return MEGAMOE_OUT_OF_MEMORY;
+    float *scratch = (float *)((uint8_t *)acc + ps);
+    uint64_t gen = c->call.gen;
+    megamoe_status_t st = MEGAMOE_OK;
+    for (int64_t s = 0; s < g->eW && st == MEGAMOE_OK; s++) {
+        int pe = mm_v2c_pe(c, s);
+        if (s != g->erank)
+            MM_CHECK(mm_v2_wait(&c->call, mm_v2_sig(&c->call, MM_V2C_SIG, 2 * c->n + pe),
+                                "hierarchy weights", pe, NULL));
+        const uint8_t *wbuf = mm_v2_seg(&c->call, MM_V2C_HW) + (size_t)s * wb;
+        const float *w = (const float *)wbuf;
+        const int32_t *ids = (const int32_t *)(wbuf + nk * 4);
+        const uint8_t *act = wbuf + nk * 8, *proc = wbuf + nk * 9;
+        for (int64_t t = 0; t < g->max_bs && st == MEGAMOE_OK; t++) {
+            if (!proc[t]) continue;
+            int any = 0;
+            memset(acc, 0, (size_t)h * 4);
+            for (int64_t k = 0; k < c->KS; k++) {
+                int32_t id = k < g->K ? ids[t * g->K + k] : 0;
+                uint8_t on = k < g->K ? act[t * g->K + k] : 1;
+                if (mm_v2h_slot_group(c, s, k, id, on) != grp) continue;
+                const uint8_t *p = mm_v2c_slot(c, MM_V2C_HSLOTS, (int64_t)((size_t)s * per_src) + t * c->KS + k);
+                uint64_t stamp;
+                memcpy(&stamp, p + stamp_off, 8);
+                if (stamp != gen) {
+                    st = mm_error(MEGAMOE_INVALID_ARGUMENT, "combine_v2 (hierarchy): no expert row "
+                                  "for source %lld token %lld slot %lld: the combine inputs must "
+                                  "be those of the matching dispatch_v2", (long long)s,
+                                  (long long)t, (long long)k);
+                    break;
+                }
+                mm_v2c_accumulate(c, acc, p, k < g->K ? w[t * g->K + k] : 1.0f, k < g->K, scratch);
+                any = 1;
+            }
+            if (!any || st != MEGAMOE_OK) continue;
+            memcpy((uint8_t *)acc + ps - 8, &gen, 8);
+            uint8_t *to = mm_v2_seg(&c->call, MM_V2C_PARTIAL) + (size_t)(grp * g->max_bs + t) * ps;
+            if (s == g->erank) memcpy(to, acc, ps);
+            else mm_shmem_put(to, acc, ps, pe);
+        }
+    }
+    mm_aligned_free(acc);
+    if (st != MEGAMOE_OK) return st;
+    mm_shmem_fence();
+    for (int64_t s = 0; s < g->eW; s++)
+        if (s != g->erank)
+            mm_shmem_signal_op(mm_v2_sig(&c->call, MM_V2C_SIG, c->call.me), gen,
+                               MM_SHMEM_SIGNAL_SET, mm_v2c_pe(c, s));
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t mm_v2c_hier_run(mm_v2_combine_t *c, const uint8_t *processed)
+{
+    const mm_v2_cfg_t *g = &c->c;
+    const megamoe_combine_v2_args_t *a = c->a;
+    int64_t gs = mm_v2h_gs(c), ng = mm_v2h_ng(c), h = g->h;
+    MM_CHECK(mm_v2h_send_weights(c, processed));
+    MM_CHECK(mm_v2h_send_rows(c));
+    if (g->erank % gs == 0) MM_CHECK(mm_v2h_leader(c));
+    uint64_t t0 = mm_now_ns();
+    for (int64_t l = 0; l < g->eW; l += gs) {
+        if (l == g->erank) continue;
+        int pe = mm_v2c_pe(c, l);
+        MM_CHECK(mm_v2_wait(&c->call, mm_v2_sig(&c->call, MM_V2C_SIG, pe), "hierarchy partials", pe, NULL));
+        c->perf_us[mm_v2_phys(g, l)] += (int64_t)((mm_now_ns() - t0) / 1000);
+    }
+    size_t ps = mm_v2h_pstride(c), xrow = (size_t)h * g->xsize;
+    float *acc = NULL;
+    if (mm_aligned_alloc((size_t)h * 16, 64, "combine accumulators", (void **)&acc))
+        return MEGAMOE_OUT_OF_MEMORY;
+    float *scratch = acc + h;
+    const int32_t *ids = a->expert_ids.data;
+    const uint8_t *mask = a->x_active_mask.data;
+    const float *w = a->expert_scales.data;
+    megamoe_status_t st = MEGAMOE_OK;
+    uint8_t *need = calloc((size_t)ng, 1);
+    if (!need) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "combine_v2: no memory");
+    for (int64_t t = 0; t < g->bs && st == MEGAMOE_OK; t++) {
+        if (!processed[t]) continue;
+        memset(need, 0, (size_t)ng);
+        for (int64_t k = 0; k < c->KS; k++) {
+            int32_t id = k < g->K ? ids[t * g->K + k] : 0;
+            uint8_t on = k < g->K ? (uint8_t)(g->mask_dim != 2 || mask[t * g->K + k]) : 1;
+            int64_t grp = mm_v2h_slot_group(c, g->erank, k, id, on);
+            if (grp >= 0) need[grp] = 1;
+        }
+        memset(acc, 0, (size_t)h * 4);
+        for (int64_t grp = 0; grp < ng; grp++) {
+            if (!need[grp]) continue;
+            const uint8_t *p = mm_v2_seg(&c->call, MM_V2C_PARTIAL) + (size_t)(grp * g->max_bs + t) * ps;
+            uint64_t stamp;
+            memcpy(&stamp, p + ps - 8, 8);
+            if (stamp != c->call.gen) {
+                st = mm_error(MEGAMOE_INTERNAL, "combine_v2 (hierarchy): no partial from group %lld "
+                              "for token %lld", (long long)grp, (long long)t);
+                break;
+            }
+            mm_v2_axpy_f(acc, (const float *)p, 1.0f, h);
+        }
+        if (st != MEGAMOE_OK) break;
+        for (int64_t k = 0; k < g->K; k++) {
+            if (g->mask_dim == 2 && !mask[t * g->K + k]) continue;
+            if (ids[t * g->K + k] >= g->E) mm_v2c_special(c, t, ids[t * g->K + k], w[t * g->K + k], acc, scratch);
+        }
+        if (a->shared_expert_x.data)
+            mm_v2_add_x(g->xtype, acc, (const uint8_t *)a->shared_expert_x.data + (size_t)t * xrow, h);
+        mm_v2c_emit(c, t, acc, scratch);
+    }
+    free(need);
+    mm_aligned_free(acc);
+    return st;
+}

@@ -1,0 +1,413 @@
+/* MoeDistributeCombineV2 and MoeDistributeCombineAddRmsNorm (A3 semantics, docs/ops.md).
+ *
+ * Expert side: optional TP partial-sum exchange (ReduceScatterV), then every received row i goes
+ * back to its source (assist triple: rank, token, slot) with one put into the source's dense
+ * slot t * (K + NS) + k' (plus a generation stamp), one signal per (expert rank, source).
+ * Source side: the fixed fp32 order of spec §5.3 (k ascending with special experts in place,
+ * then shared experts, then shared_expert_x), separate roundings, one rounding at the end.
+ * Rows a rank returns to itself are read in place from expand_x (no copy) on the plain path.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "combine_v2.h"
+
+#define MM_BAD(...) return mm_error(MEGAMOE_INVALID_ARGUMENT, __VA_ARGS__)
+
+const uint8_t *mm_v2c_row(const mm_v2_combine_t *c, int64_t i)
+{
+    if (c->y) return c->y + (size_t)i * (size_t)c->c.h * c->c.xsize;
+    return (const uint8_t *)c->a->expand_x.data + (size_t)i * (size_t)c->c.h * c->c.xsize;
+}
+
+const uint8_t *mm_v2c_payload(const mm_v2_combine_t *c, int64_t i, uint8_t *tmp)
+{
+    if (!c->c.comm_quant) return mm_v2c_row(c, i);
+    mm_v2_cq_quant(c->c.xtype, c->c.h, mm_v2c_row(c, i), tmp);
+    return tmp;
+}
+
+void mm_v2c_accumulate(const mm_v2_combine_t *c, float *acc, const uint8_t *payload, float w,
+                       int weighted, float *scratch)
+{
+    int64_t h = c->c.h;
+    if (c->c.comm_quant) {
+        mm_v2_cq_dequant_f32(c->c.xtype, h, payload, scratch);
+        mm_v2_axpy_f(acc, scratch, weighted ? w : 1.0f, h);
+    } else if (weighted) {
+        mm_v2_axpy_x(c->c.xtype, acc, payload, w, h);
+    } else {
+        mm_v2_add_x(c->c.xtype, acc, payload, h);
+    }
+}
+
+/* Copy and const experts (zero experts add nothing). scratch: 3 * H floats. */
+void mm_v2c_special(const mm_v2_combine_t *c, int64_t t, int64_t e, float w, float *acc,
+                    float *scratch)
+{
+    const mm_v2_cfg_t *g = &c->c;
+    const megamoe_combine_v2_args_t *a = c->a;
+    int64_t h = g->h;
+    size_t xrow = (size_t)h * g->xsize;
+    const uint8_t *ori = (const uint8_t *)a->ori_x.data + (size_t)t * xrow;
+    if (e < g->E + g->Z) return; /* zero expert */
+    if (e < g->E + g->Z + g->Cp) {
+        mm_v2_axpy_x(g->xtype, acc, ori, w, h);
+        return;
+    }
+    /* const expert, A3 form: softmax gating of (alpha1 . x, alpha2 . x) between x and v */
+    int64_t ci = e - (g->E + g->Z + g->Cp);
+    float *xf = scratch, *tmp = scratch + h;
+    mm_v2_widen(g->xtype, ori, xf, h);
+    float alpha[2];
+    const megamoe_tensor_t *al[2] = {&a->const_expert_alpha_1, &a->const_expert_alpha_2};
+    for (int j = 0; j < 2; j++) {
+        mm_v2_widen(g->xtype, (const uint8_t *)al[j]->data + (size_t)ci * xrow, tmp, h);
+        for (int64_t i = 0; i < h; i++) tmp[i] = tmp[i] * xf[i];
+        alpha[j] = mm_v2_sum16(tmp, h);
+    }
+    float m = alpha[0] > alpha[1] ? alpha[0] : alpha[1];
+    float d0 = alpha[0] - m, d1 = alpha[1] - m;
+    float e0 = (float)exp((double)d0), e1 = (float)exp((double)d1);
+    float sum = e0 + e1;
+    float p1 = e0 / sum, p2 = e1 / sum;
+    mm_v2_widen(g->xtype, (const uint8_t *)a->const_expert_v.data + (size_t)ci * xrow, tmp, h);
+    for (int64_t i = 0; i < h; i++) {
+        float u = xf[i] * p1, v = tmp[i] * p2;
+        float s = u + v;
+        float p = s * w;
+        acc[i] = acc[i] + p;
+    }
+}
+
+void mm_v2c_emit(const mm_v2_combine_t *c, int64_t t, float *acc, float *scratch)
+{
+    const mm_v2_cfg_t *g = &c->c;
+    int64_t h = g->h;
+    size_t xrow = (size_t)h * g->xsize;
+    uint8_t *x = (uint8_t *)c->a->x.data + (size_t)t * xrow;
+    if (!c->arn) {
+        mm_v2_narrow(g->xtype, acc, x, h);
+        return;
+    }
+    /* add + RMSNorm (spec §5.4): s = acc + residual (acc not rounded first) */
+    const megamoe_combine_add_rms_norm_args_t *r = c->arn;
+    float *tmp = scratch;
+    mm_v2_add_x(g->xtype, acc, (const uint8_t *)r->residual_x.data + (size_t)t * xrow, h);
+    mm_v2_narrow(g->xtype, acc, x, h);
+    float inv_h = 1.0f / (float)h;
+    for (int64_t i = 0; i < h; i++) {
+        float sq = acc[i] * acc[i];
+        tmp[i] = sq * inv_h;
+    }
+    float ms = mm_v2_sum16(tmp, h) + (float)r->norm_eps;
+    float rstd = 1.0f / sqrtf(ms);
+    ((float *)r->rstd.data)[t] = rstd;
+    for (int64_t i = 0; i < h; i++) tmp[i] = acc[i] * rstd;
+    uint8_t *y = (uint8_t *)r->y.data + (size_t)t * xrow;
+    mm_v2_narrow(g->xtype, tmp, y, h); /* bf16(s * rstd) */
+    mm_v2_widen(g->xtype, y, tmp, h);
+    float *gam = acc; /* acc is no longer needed */
+    mm_v2_widen(g->xtype, r->gamma.data, gam, h);
+    for (int64_t i = 0; i < h; i++) tmp[i] = tmp[i] * gam[i];
+    mm_v2_narrow(g->xtype, tmp, y, h);
+}
+
+/* ---- local checks ---------------------------------------------------------------------- */
+
+static megamoe_status_t mm_v2c_local(mm_v2_combine_t *c, int op)
+{
+    const megamoe_combine_v2_args_t *a = c->a;
+    MM_CHECK(mm_v2_combine_config(a, op, &c->c));
+    mm_v2_cfg_t *g = &c->c;
+    MM_CHECK(mm_v2_check_ids_mask(g, &a->expert_ids, &a->x_active_mask,
+                                  op == MM_V2_OP_COMBINE ? "combine_v2" : "combine_add_rms_norm"));
+    c->KS = g->K + g->NS;
+    /* outputs */
+    if (c->arn) {
+        const megamoe_combine_add_rms_norm_args_t *r = c->arn;
+        megamoe_tensor_t row3 = mm_v2_tensor(g->xtype, 3, g->bs, 1, g->h);
+        if (r->residual_x.data == NULL) MM_BAD("residual_x is required");
+        if (r->residual_x.dtype != g->xtype || r->residual_x.ndim != 3 ||
+            r->residual_x.shape[0] != g->bs || r->residual_x.shape[1] != 1 ||
+            r->residual_x.shape[2] != g->h)
+            MM_BAD("residual_x must be [BS, 1, H] = [%lld, 1, %lld] of the expand_x dtype",
+                   (long long)g->bs, (long long)g->h);
+        if (r->gamma.data == NULL || r->gamma.dtype != g->xtype || r->gamma.ndim != 1 ||
+            r->gamma.shape[0] != g->h)
+            MM_BAD("gamma must be [H] = [%lld] of the expand_x dtype", (long long)g->h);
+        if (!isfinite(r->norm_eps)) MM_BAD("norm_eps must be finite");
+        MM_CHECK(mm_v2_check_out(&a->x, &row3, "x", 0));
+        MM_CHECK(mm_v2_check_out(&r->y, &row3, "y", 0));
+        megamoe_tensor_t rs = mm_v2_tensor(MEGAMOE_DTYPE_FP32, 3, g->bs, 1, 1);
+        MM_CHECK(mm_v2_check_out(&r->rstd, &rs, "rstd", 0));
+    } else {
+        megamoe_tensor_t want = mm_v2_tensor(g->xtype, 2, g->bs, g->h, 0);
+        MM_CHECK(mm_v2_check_out(&a->x, &want, "x", 0));
+    }
+    if (g->erank < 0) return MEGAMOE_OK; /* removed: returns nothing, receives nothing */
+    /* own rows and their routing (spec §5.1) */
+    const int32_t *cnt = a->ep_send_counts.data;
+    int64_t L = mm_v2_local_experts(g, g->erank);
+    c->n_own = cnt[L * g->eW - 1];
+    int64_t rows = a->expand_x.shape[0];
+    if (c->n_own < 0 || c->n_own > g->A || c->n_own > rows)
+        MM_BAD("ep_send_counts[%lld] = %lld (rows this rank received) must be in [0, min(A = %lld, "
+               "expand_x rows %lld)]", (long long)(L * g->eW - 1), (long long)c->n_own,
+               (long long)g->A, (long long)rows);
+    if (g->tp == 2) {
+        c->n_peer = ((const int32_t *)a->tp_send_counts.data)[1 - g->tp_rank];
+        if (c->n_peer < 0 || c->n_own + c->n_peer > rows)
+            MM_BAD("tp_send_counts[%lld] = %lld: own rows %lld plus the TP peer's rows exceed "
+                   "expand_x's %lld rows", (long long)(1 - g->tp_rank), (long long)c->n_peer,
+                   (long long)c->n_own, (long long)rows);
+    }
+    if (a->assist_info_for_combine.shape[0] < 3 * c->n_own)
+        MM_BAD("assist_info_for_combine has fewer than 3 * %lld entries", (long long)c->n_own);
+    const int32_t *tr = a->assist_info_for_combine.data;
+    for (int64_t i = 0; i < c->n_own; i++) {
+        int32_t s = tr[3 * i], t = tr[3 * i + 1], k = tr[3 * i + 2];
+        if (s < 0 || s >= g->eW || t < 0 || t >= g->max_bs || k < 0 || k >= c->KS)
+            MM_BAD("assist_info_for_combine row %lld = (%d, %d, %d) is not a (rank < %lld, "
+                   "token < %lld, slot < %lld) triple from dispatch_v2", (long long)i, s, t, k,
+                   (long long)g->eW, (long long)g->max_bs, (long long)c->KS);
+    }
+    return MEGAMOE_OK;
+}
+
+/* ---- TP: ReduceScatterV of the partial results (spec §5.1) ----------------------------- */
+
+static megamoe_status_t mm_v2c_tp(mm_v2_combine_t *c)
+{
+    const mm_v2_cfg_t *g = &c->c;
+    size_t xrow = (size_t)g->h * g->xsize;
+    int peer = mm_v2_tp_peer_pe(&c->call, g->tp_rank);
+    uint8_t *buf = mm_v2_seg(&c->call, MM_V2C_TPDATA);
+    const uint8_t *ex = c->a->expand_x.data;
+    if (c->n_peer > 0)
+        mm_shmem_put(buf + 64, ex + (size_t)c->n_own * xrow, (size_t)c->n_peer * xrow, peer);
+    int64_t head = c->n_peer;
+    uint64_t *sig = mm_v2_sig(&c->call, MM_V2C_SIG, 3 * c->n);
+    mm_shmem_put_signal(buf, &head, 8, sig, c->call.gen, MM_SHMEM_SIGNAL_SET, peer);
+    MM_CHECK(mm_v2_wait(&c->call, sig, "the TP peer's partial rows", peer, NULL));
+    int64_t got;
+    memcpy(&got, buf, 8);
+    if (got != c->n_own)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "combine_v2: the TP peer sends %lld partial rows "
+                        "but this rank received %lld (tp_send_counts / ep_send_counts do not "
+                        "match the dispatch)", (long long)got, (long long)c->n_own);
+    if (mm_aligned_alloc((size_t)c->n_own * xrow, 64, "combine TP rows", (void **)&c->y))
+        return MEGAMOE_OUT_OF_MEMORY;
+    for (int64_t i = 0; i < c->n_own; i++)
+        mm_v2_tp_add(g->xtype, ex + (size_t)i * xrow, buf + 64 + (size_t)i * xrow,
+                     c->y + (size_t)i * xrow, g->h);
+    return MEGAMOE_OK;
+}
+
+/* ---- fullmesh: rows back to their sources ---------------------------------------------- */
+
+static megamoe_status_t mm_v2c_send(mm_v2_combine_t *c)
+{
+    const mm_v2_cfg_t *g = &c->c;
+    const int32_t *tr = c->a->assist_info_for_combine.data;
+    int plain_self = !g->comm_quant && c->y == NULL;
+    uint8_t *tmp = NULL;
+    if (mm_aligned_alloc(c->cstride, 64, "combine row", (void **)&tmp)) return MEGAMOE_OUT_OF_MEMORY;
+    size_t stamp_off = c->cstride - 8;
+    uint64_t gen = c->call.gen;
+    for (int64_t i = 0; i < c->n_own; i++) {
+        int64_t s = tr[3 * i], slot = (int64_t)tr[3 * i + 1] * c->KS + tr[3 * i + 2];
+        if (s == g->erank && plain_self) {
+            c->selfrow[slot] = (int32_t)i;
+            continue;
+        }
+        const uint8_t *p = mm_v2c_payload(c, i, tmp);
+        uint8_t *to = mm_v2c_slot(c, MM_V2C_SLOTS, slot);
+        if (s == g->erank) {
+            if (p != tmp) memcpy(tmp, p, c->pay);
+            memcpy(tmp + stamp_off, &gen, 8);
+            memcpy(to, tmp, c->cstride);
+            continue;
+        }
+        int pe = mm_v2c_pe(c, s);
+        mm_shmem_put(to, p, c->pay, pe);
+        mm_shmem_put(to + stamp_off, &gen, 8, pe);
+    }
+    mm_aligned_free(tmp);
+    mm_shmem_fence();
+    for (int64_t s = 0; s < g->eW; s++)
+        if (s != g->erank)
+            mm_shmem_signal_op(mm_v2_sig(&c->call, MM_V2C_SIG, c->call.me), gen,
+                               MM_SHMEM_SIGNAL_SET, mm_v2c_pe(c, s));
+    return MEGAMOE_OK;
+}
+
+static megamoe_status_t mm_v2c_reduce(mm_v2_combine_t *c, const uint8_t *processed)
+{
+    const mm_v2_cfg_t *g = &c->c;
+    const megamoe_combine_v2_args_t *a = c->a;
+    uint64_t t0 = mm_now_ns();
+    for (int64_t d = 0; d < g->eW; d++) {
+        if (d == g->erank) continue;
+        int pe = mm_v2c_pe(c, d);
+        MM_CHECK(mm_v2_wait(&c->call, mm_v2_sig(&c->call, MM_V2C_SIG, pe), "combine rows", pe, NULL));
+        c->perf_us[mm_v2_phys(g, d)] += (int64_t)((mm_now_ns() - t0) / 1000);
+    }
+    int64_t h = g->h, K = g->K;
+    float *acc = NULL;
+    if (mm_aligned_alloc((size_t)h * 16, 64, "combine accumulators", (void **)&acc))
+        return MEGAMOE_OUT_OF_MEMORY;
+    float *scratch = acc + h; /* 3 * H */
+    const int32_t *ids = a->expert_ids.data;
+    const uint8_t *mask = a->x_active_mask.data;
+    const float *w = a->expert_scales.data;
+    size_t stamp_off = c->cstride - 8;
+    size_t xrow = (size_t)h * g->xsize;
+    megamoe_status_t st = MEGAMOE_OK;
+    for (int64_t t = 0; t < g->bs && st == MEGAMOE_OK; t++) {
+        if (!processed[t]) continue;
+        memset(acc, 0, (size_t)h * 4);
+        for (int64_t k = 0; k < c->KS && st == MEGAMOE_OK; k++) {
+            int64_t slot = t * c->KS + k;
+            if (k < K) {
+                if (g->mask_dim == 2 && !mask[t * K + k]) continue;
+                int64_t e = ids[t * K + k];
+                if (e >= g->E) {
+                    mm_v2c_special(c, t, e, w[t * K + k], acc, scratch);
+                    continue;
+                }
+            }
+            const uint8_t *p;
+            if (c->selfrow && c->selfrow[slot] >= 0) {
+                p = (const uint8_t *)a->expand_x.data + (size_t)c->selfrow[slot] * xrow;
+            } else {
+                p = mm_v2c_slot(c, MM_V2C_SLOTS, slot);
+                uint64_t stamp;
+                memcpy(&stamp, p + stamp_off, 8);
+                if (stamp != c->call.gen) {
+                    st = mm_error(MEGAMOE_INVALID_ARGUMENT, "combine_v2: no expert row came back "
+                                  "for token %lld slot %lld: expert_ids, x_active_mask, "
+                                  "assist_info_for_combine and ep_send_counts must be those of "
+                                  "the matching dispatch_v2", (long long)t, (long long)k);
+                    break;
+                }
+            }
+            mm_v2c_accumulate(c, acc, p, k < K ? w[t * K + k] : 1.0f, k < K, scratch);
+        }
+        if (st != MEGAMOE_OK) break;
+        if (a->shared_expert_x.data)
+            mm_v2_add_x(g->xtype, acc, (const uint8_t *)a->shared_expert_x.data + (size_t)t * xrow, h);
+        mm_v2c_emit(c, t, acc, scratch);
+    }
+    mm_aligned_free(acc);
+    return st;
+}
+
+/* ---- entry ----------------------------------------------------------------------------- */
+
+static void mm_v2c_zero_unprocessed(const mm_v2_combine_t *c, const uint8_t *processed)
+{
+    const mm_v2_cfg_t *g = &c->c;
+    size_t xrow = (size_t)g->h * g->xsize;
+    for (int64_t t = 0; t < g->bs; t++) {
+        if (processed && processed[t]) continue;
+        memset((uint8_t *)c->a->x.data + (size_t)t * xrow, 0, xrow);
+        if (c->arn) {
+            memset((uint8_t *)c->arn->y.data + (size_t)t * xrow, 0, xrow);
+            ((float *)c->arn->rstd.data)[t] = 0.0f;
+        }
+    }
+}
+
+static megamoe_status_t mm_v2c_run(mm_v2_combine_t *c, int op)
+{
+    const megamoe_combine_v2_args_t *a = c->a;
+    megamoe_status_t local = mm_v2c_local(c, op);
+    const mm_v2_cfg_t *g = &c->c;
+    int tp2 = local == MEGAMOE_OK && g->tp == 2;
+    MM_CHECK(mm_v2_call_begin(&c->call, MM_V2_WS_COMBINE, a->group_ep, tp2 ? a->group_tp : NULL));
+    c->n = c->call.n_world;
+    if (local == MEGAMOE_OK) {
+        c->pay = g->comm_quant ? mm_v2_cq_bytes(g->h, g->xsize) : (size_t)g->h * g->xsize;
+        c->cstride = mm_align_up(mm_align_up(c->pay, 8) + 8, 64);
+    }
+    mm_v2_record_t *r = mm_v2_rec(&c->call, c->call.me);
+    r->status = local;
+    if (local == MEGAMOE_OK) {
+        mm_v2_record_attrs(g, r);
+        r->seg[MM_V2C_SIG] = (uint64_t)c->n * 4 * 64;
+        r->seg[MM_V2C_SLOTS] = (uint64_t)g->max_bs * (uint64_t)c->KS * c->cstride;
+        r->seg[MM_V2C_TPDATA] = g->tp == 2 ? 64 + (uint64_t)g->A * (uint64_t)g->h * g->xsize : 0;
+        for (int s = MM_V2C_HSLOTS; s < MM_V2C_NSEG; s++)
+            r->seg[s] = g->alg == MM_V2_ALG_HIERARCHY ? mm_v2c_hier_seg(c, s) : 0;
+    }
+    megamoe_status_t st = mm_v2_call_agree(&c->call, op == MM_V2_OP_COMBINE ? "combine_v2"
+                                                                            : "combine_add_rms_norm");
+    if (st == MEGAMOE_OK) {
+        uint64_t seg[MM_V2C_NSEG];
+        for (int s = 0; s < MM_V2C_NSEG; s++) seg[s] = mm_v2_call_segmax(&c->call, s);
+        st = mm_v2_call_layout(&c->call, MM_V2C_NSEG, seg);
+    }
+    if (st != MEGAMOE_OK) return st;
+    uint8_t *processed = calloc((size_t)(g->bs ? g->bs : 1), 1);
+    c->perf_us = calloc((size_t)g->W, 8);
+    if (!processed || !c->perf_us) {
+        free(processed);
+        return mm_error(MEGAMOE_OUT_OF_MEMORY, "combine_v2: no memory");
+    }
+    if (g->erank >= 0) mm_v2_active_tokens(g, a->x_active_mask.data, processed);
+    if (g->erank >= 0 && g->tp == 2) st = mm_v2c_tp(c);
+    if (st == MEGAMOE_OK && g->erank >= 0) {
+        if (g->alg == MM_V2_ALG_HIERARCHY) {
+            st = mm_v2c_hier_run(c, processed);
+        } else {
+            if (!g->comm_quant && c->y == NULL) {
+                int64_t nslot = g->bs * c->KS;
+                c->selfrow = malloc((size_t)(nslot > 0 ? nslot : 1) * 4);
+                if (!c->selfrow) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "combine_v2: no memory");
+                else memset(c->selfrow, 0xff, (size_t)(g->bs * c->KS) * 4);
+            }
+            if (st == MEGAMOE_OK) st = mm_v2c_send(c);
+            if (st == MEGAMOE_OK) st = mm_v2c_reduce(c, processed);
+        }
+    }
+    if (st == MEGAMOE_OK) {
+        if (a->zero_fill) mm_v2c_zero_unprocessed(c, processed);
+        if (a->performance_info.data)
+            for (int64_t p = 0; p < g->W; p++)
+                ((int64_t *)a->performance_info.data)[p] += c->perf_us[p];
+    }
+    free(processed);
+    return st;
+}
+
+static megamoe_status_t mm_v2c_entry(const megamoe_combine_v2_args_t *a,
+                                     const megamoe_combine_add_rms_norm_args_t *arn, int op)
+{
+    mm_v2_combine_t c;
+    memset(&c, 0, sizeof c);
+    c.a = a;
+    c.arn = arn;
+    megamoe_status_t st = mm_v2c_run(&c, op);
+    free(c.selfrow);
+    free(c.perf_us);
+    mm_aligned_free(c.y);
+    mm_v2_call_end(&c.call);
+    return st;
+}
+
+megamoe_status_t megamoe_combine_v2(const megamoe_combine_v2_args_t *args)
+{
+    if (args == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "combine_v2: args is NULL");
+    return mm_v2c_entry(args, NULL, MM_V2_OP_COMBINE);
+}
+
+megamoe_status_t megamoe_combine_add_rms_norm(const megamoe_combine_add_rms_norm_args_t *args)
+{
+    if (args == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "combine_add_rms_norm: args is NULL");
+    return mm_v2c_entry(&args->combine, args, MM_V2_OP_ADD_RMS_NORM);
+}

@@ -1,0 +1,552 @@
+/* MoeDistributeDispatchV2 (A3 semantics, docs/ops.md): plan, fullmesh send, receive, TP.
+ *
+ * Data path per rank: every source puts its per-local-expert counts into each destination's
+ * mailbox (one put-with-signal), then puts each row, quantised on the way, straight into the
+ * destination's receive region for this source (regions are packed by the counts of the
+ * agreement record). Rows for itself go straight into expand_x at their final row once all
+ * counts are in. The receiver copies each source's region into expand_x as soon as that
+ * source's data signal arrives (expert-major, then source, then token order: spec §3.4).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "dispatch_v2.h"
+
+static void mm_v2d_free(mm_v2_dispatch_t *d)
+{
+    free(d->active);
+    free(d->pdst);
+    free(d->ppos);
+    free(d->sdst);
+    free(d->spos);
+    free(d->cnt);
+    free(d->blk);
+    free(d->rows_to);
+    free(d->rcnt);
+    free(d->src_region);
+    free(d->perf_us);
+    mm_v2_call_end(&d->call);
+}
+
+int mm_v2d_payload_per_token(const mm_v2_dispatch_t *d)
+{
+    const megamoe_tensor_t *s = &d->a->scales;
+    return s->data == NULL || s->ndim == 1;
+}
+
+/* Row of the scales tensor for slot k' of token t (-1: no scales; 0 for 1-D scales). */
+int64_t mm_v2d_scale_row(const mm_v2_dispatch_t *d, int64_t k_slot, int64_t t)
+{
+    const megamoe_tensor_t *s = &d->a->scales;
+    if (s->data == NULL) return -1;
+    if (s->ndim == 1) return 0;
+    if (k_slot >= d->c.K) return k_slot - d->c.K; /* shared expert j */
+    const int32_t *ids = d->a->expert_ids.data;
+    return d->c.NS + ids[t * d->c.K + k_slot];
+}
+
+void mm_v2d_make_row(const mm_v2_dispatch_t *d, int64_t t, int64_t srow, uint8_t *rec)
+{
+    const mm_v2_cfg_t *c = &d->c;
+    const uint8_t *x = (const uint8_t *)d->a->x.data + (size_t)t * (size_t)c->h * c->xsize;
+    const megamoe_tensor_t *s = &d->a->scales;
+    const float *smooth = NULL;
+    int64_t slen = 0;
+    if (srow >= 0) {
+        slen = s->ndim == 1 ? s->shape[0] : c->h;
+        smooth = (const float *)s->data + (s->ndim == 1 ? 0 : srow * c->h);
+    }
+    mm_v2_quant_row(c, x, smooth, slen, rec, rec + d->scale_off);
+}
+
+/* ---- plan ------------------------------------------------------------------------------ */
+
+static megamoe_status_t mm_v2d_alloc(void **p, size_t n, size_t size)
+{
+    *p = calloc(n ? n : 1, size);
+    return *p ? MEGAMOE_OK : mm_error(MEGAMOE_OUT_OF_MEMORY, "dispatch_v2: no memory for the plan");
+}
+
+static megamoe_status_t mm_v2d_plan(mm_v2_dispatch_t *d)
+{
+    mm_v2_cfg_t *c = &d->c;
+    int64_t bs = c->bs, K = c->K, NS = c->NS, eW = c->eW;
+    d->Lmax = c->eL;
+    MM_CHECK(mm_v2d_alloc((void **)&d->active, (size_t)bs, 1));
+    MM_CHECK(mm_v2d_alloc((void **)&d->pdst, (size_t)(bs * K), 4));
+    MM_CHECK(mm_v2d_alloc((void **)&d->ppos, (size_t)(bs * K), 4));
+    MM_CHECK(mm_v2d_alloc((void **)&d->sdst, (size_t)(bs * NS), 4));
+    MM_CHECK(mm_v2d_alloc((void **)&d->spos, (size_t)(bs * NS), 4));
+    MM_CHECK(mm_v2d_alloc((void **)&d->cnt, (size_t)(eW * d->Lmax), 4));
+    MM_CHECK(mm_v2d_alloc((void **)&d->blk, (size_t)(eW * d->Lmax), 4));
+    MM_CHECK(mm_v2d_alloc((void **)&d->rows_to, (size_t)eW, 8));
+    MM_CHECK(mm_v2d_alloc((void **)&d->rcnt, (size_t)(eW * d->Lmax), 4));
+    MM_CHECK(mm_v2d_alloc((void **)&d->src_region, (size_t)eW, 8));
+    MM_CHECK(mm_v2d_alloc((void **)&d->perf_us, (size_t)c->W, 8));
+    for (int64_t i = 0; i < bs * K; i++) d->pdst[i] = -1;
+    for (int64_t i = 0; i < bs * NS; i++) d->sdst[i] = -1;
+    if (c->erank < 0) return MEGAMOE_OK; /* removed by elastic_info: sends nothing */
+    const uint8_t *mask = d->a->x_active_mask.data;
+    d->n_active = mm_v2_active_tokens(c, mask, d->active);
+    const int32_t *ids = d->a->expert_ids.data;
+    int64_t L = d->Lmax;
+    /* pass 1: destinations and counts (special experts and masked pairs are not sent) */
+    for (int64_t t = 0; t < bs; t++) {
+        if (!d->active[t]) continue;
+        for (int64_t k = 0; k < K; k++) {
+            int64_t i = t * K + k, e = ids[i];
+            if (c->mask_dim == 2 && !mask[i]) continue;
+            if (e >= c->eE) continue;
+            int64_t dst = mm_v2_moe_dst(c, e);
+            d->pdst[i] = (int32_t)dst;
+            d->cnt[dst * L + e % c->eL]++;
+        }
+        for (int64_t j = 0; j < NS; j++) {
+            int64_t dst = mm_v2_shared_dst(c, c->erank, j);
+            d->sdst[t * NS + j] = (int32_t)dst;
+            d->cnt[dst * L]++;
+        }
+    }
+    /* block starts inside each destination's region: local expert, then token order */
+    for (int64_t dst = 0; dst < eW; dst++) {
+        int64_t acc = 0;
+        for (int64_t le = 0; le < L; le++) {
+            d->blk[dst * L + le] = (int32_t)acc;
+            acc += d->cnt[dst * L + le];
+        }
+        d->rows_to[dst] = acc;
+    }
+    /* pass 2: positions (running counters reuse rcnt as scratch) */
+    int32_t *run = d->rcnt;
+    for (int64_t t = 0; t < bs; t++) {
+        for (int64_t k = 0; k < K; k++) {
+            int64_t i = t * K + k;
+            if (d->pdst[i] < 0) continue;
+            int64_t b = (int64_t)d->pdst[i] * L + ids[i] % c->eL;
+            d->ppos[i] = d->blk[b] + run[b]++;
+        }
+        for (int64_t j = 0; j < NS; j++) {
+            int64_t i = t * NS + j;
+            if (d->sdst[i] < 0) continue;
+            int64_t b = (int64_t)d->sdst[i] * L;
+            d->spos[i] = d->blk[b] + run[b]++;
+        }
+    }
+    memset(d->rcnt, 0, (size_t)(eW * L) * 4);
+    return MEGAMOE_OK;
+}
+
+int64_t mm_v2d_region(const mm_v2_dispatch_t *d, int64_t s, int64_t dst)
+{
+    int ps = mm_v2d_pe(d, s), pd = mm_v2d_pe(d, dst);
+    int64_t off = 0;
+    for (int p = 0; p < ps; p++) off += mm_v2_rec_counts(&d->call, p)[pd];
+    return off;
+}
+
+/* ---- send ------------------------------------------------------------------------------ */
+
+static uint64_t *mm_v2d_sig(const mm_v2_dispatch_t *d, int line)
+{
+    return mm_v2_sig(&d->call, MM_V2D_SIG, line);
+}
+
+static megamoe_status_t mm_v2d_send_counts(mm_v2_dispatch_t *d)
+{
+    const mm_v2_cfg_t *c = &d->c;
+    int me = d->call.me;
+    int32_t *box = (int32_t *)mm_v2_seg(&d->call, MM_V2D_MAILBOX) + (size_t)me * d->Lmax;
+    for (int64_t dst = 0; dst < c->eW; dst++) {
+        if (dst == c->erank) continue;
+        mm_shmem_put_signal(box, d->cnt + dst * d->Lmax,
+                            (size_t)mm_v2_local_experts(c, dst) * 4, mm_v2d_sig(d, me),
+                            d->call.gen, MM_SHMEM_SIGNAL_SET, mm_v2d_pe(d, dst));
+    }
+    return MEGAMOE_OK;
+}
+
+/* Put one record (payload from `rec` or, for quant_mode 0, straight from x) to dst. */
+static void mm_v2d_put(const mm_v2_dispatch_t *d, int64_t dst, int pe, int64_t region,
+                       int64_t pos, const uint8_t *payload, const mm_v2_meta_t *meta)
+{
+    uint8_t *to = mm_v2d_rec(d, MM_V2D_RECV, region, pos);
+    mm_shmem_put(to, payload, d->c.quant ? d->meta_off : d->c.row_bytes, pe);
+    mm_shmem_put(to + d->meta_off, meta, sizeof *meta, pe);
+    (void)dst;
+}
+
+static megamoe_status_t mm_v2d_send_rows(mm_v2_dispatch_t *d)
+{
+    const mm_v2_cfg_t *c = &d->c;
+    int64_t K = c->K, NS = c->NS;
+    int64_t *region = calloc((size_t)c->eW, 8);
+    int *pes = calloc((size_t)c->eW, sizeof(int));
+    uint8_t *rec = NULL;
+    if (!region || !pes || mm_aligned_alloc(d->stride, 64, "dispatch row", (void **)&rec)) {
+        free(region);
+        free(pes);
+        return mm_error(MEGAMOE_OUT_OF_MEMORY, "dispatch_v2: no memory for the send state");
+    }
+    for (int64_t dst = 0; dst < c->eW; dst++) {
+        region[dst] = mm_v2d_region(d, c->erank, dst);
+        pes[dst] = mm_v2d_pe(d, dst);
+    }
+    const float *ws = d->a->expert_scales.data;
+    const uint8_t *x = d->a->x.data;
+    size_t xrow = (size_t)c->h * c->xsize;
+    int per_token = mm_v2d_payload_per_token(d);
+    for (int64_t t = 0; t < c->bs; t++) {
+        if (!d->active[t]) continue;
+        int cached = 0;
+        for (int64_t k = 0; k < K + NS; k++) {
+            int64_t dst = k < K ? d->pdst[t * K + k] : d->sdst[t * NS + (k - K)];
+            if (dst < 0 || dst == c->erank) continue;
+            int64_t pos = k < K ? d->ppos[t * K + k] : d->spos[t * NS + (k - K)];
+            const uint8_t *payload = x + (size_t)t * xrow;
+            if (c->quant) {
+                if (!(per_token && cached)) mm_v2d_make_row(d, t, mm_v2d_scale_row(d, k, t), rec);
+                cached = 1;
+                payload = rec;
+            }
+            mm_v2_meta_t meta = {(int32_t)t, (int32_t)k,
+                                 k < K ? (ws ? ws[t * K + k] : 0.0f) : 1.0f, 0};
+            mm_v2d_put(d, dst, pes[dst], region[dst], pos, payload, &meta);
+        }
+    }
+    mm_shmem_fence();
+    int me = d->call.me;
+    for (int64_t dst = 0; dst < c->eW; dst++)
+        if (dst != c->erank)
+            mm_shmem_signal_op(mm_v2d_sig(d, d->n + me), d->call.gen, MM_SHMEM_SIGNAL_SET, pes[dst]);
+    mm_aligned_free(rec);
+    free(region);
+    free(pes);
+    return MEGAMOE_OK;
+}
+
+/* ---- receive --------------------------------------------------------------------------- */
+
+typedef struct {
+    uint8_t *xo;      /* expand_x */
+    uint8_t *so;      /* dynamic_scales (NULL when no per-row scales) */
+    int32_t *assist;
+    float *escales;   /* expand_scales (NULL without expert_scales) */
+    int64_t *off;     /* [L * eW] final first row of block (le, s) */
+} mm_v2d_out_t;
+
+static void mm_v2d_place(const mm_v2_dispatch_t *d, const mm_v2d_out_t *o, int64_t row,
+                         const uint8_t *payload, const uint8_t *scales, int64_t s,
+                         const mm_v2_meta_t *meta)
+{
+    const mm_v2_cfg_t *c = &d->c;
+    memcpy(o->xo + (size_t)row * c->row_bytes, payload, c->row_bytes);
+    if (o->so) memcpy(o->so + (size_t)row * c->scale_bytes, scales, c->scale_bytes);
+    o->assist[3 * row] = (int32_t)s;
+    o->assist[3 * row + 1] = meta->t;
+    o->assist[3 * row + 2] = meta->k;
+    if (o->escales) o->escales[row] = meta->w;
+}
+
+/* Rows of this rank for itself: quantised from x straight into their final rows. */
+static void mm_v2d_self_rows(mm_v2_dispatch_t *d, const mm_v2d_out_t *o, uint8_t *rec)
+{
+    const mm_v2_cfg_t *c = &d->c;
+    int64_t K = c->K, NS = c->NS, L = mm_v2_local_experts(c, c->erank), me = c->erank;
+    const int32_t *ids = d->a->expert_ids.data;
+    const float *ws = d->a->expert_scales.data;
+    size_t xrow = (size_t)c->h * c->xsize;
+    int per_token = mm_v2d_payload_per_token(d);
+    for (int64_t t = 0; t < c->bs; t++) {
+        if (!d->active[t]) continue;
+        int cached = 0;
+        for (int64_t k = 0; k < K + NS; k++) {
+            int64_t dst = k < K ? d->pdst[t * K + k] : d->sdst[t * NS + (k - K)];
+            if (dst != me) continue;
+            int64_t pos = k < K ? d->ppos[t * K + k] : d->spos[t * NS + (k - K)];
+            int64_t le = k < K ? ids[t * K + k] % c->eL : 0;
+            if (L == 1) le = 0;
+            int64_t row = o->off[le * c->eW + me] + (pos - d->blk[me * d->Lmax + le]);
+            const uint8_t *payload = (const uint8_t *)d->a->x.data + (size_t)t * xrow;
+            if (c->quant) {
+                if (!(per_token && cached)) mm_v2d_make_row(d, t, mm_v2d_scale_row(d, k, t), rec);
+                cached = 1;
+                payload = rec;
+            }
+            mm_v2_meta_t meta = {(int32_t)t, (int32_t)k,
+                                 k < K ? (ws ? ws[t * K + k] : 0.0f) : 1.0f, 0};
+            mm_v2d_place(d, o, row, payload, rec + d->scale_off, me, &meta);
+        }
+    }
+}
+
+static void mm_v2d_copy_source(mm_v2_dispatch_t *d, const mm_v2d_out_t *o, int64_t s)
+{
+    const mm_v2_cfg_t *c = &d->c;
+    int64_t L = mm_v2_local_experts(c, c->erank), i = 0;
+    for (int64_t le = 0; le < L; le++) {
+        int64_t n = d->rcnt[s * d->Lmax + le], row0 = o->off[le * c->eW + s];
+        for (int64_t r = 0; r < n; r++, i++) {
+            const uint8_t *rec = mm_v2d_rec(d, MM_V2D_RECV, d->src_region[s], i);
+            mm_v2_meta_t meta;
+            memcpy(&meta, rec + d->meta_off, sizeof meta);
+            mm_v2d_place(d, o, row0 + r, rec, rec + d->scale_off, s, &meta);
+        }
+    }
+}
+
+static megamoe_status_t mm_v2d_receive(mm_v2_dispatch_t *d, const mm_v2d_out_t *o, uint8_t *rec)
+{
+    const mm_v2_cfg_t *c = &d->c;
+    const megamoe_dispatch_v2_args_t *a = d->a;
+    int64_t eW = c->eW, me = c->erank, L = mm_v2_local_experts(c, me);
+    int32_t *box = (int32_t *)mm_v2_seg(&d->call, MM_V2D_MAILBOX);
+    uint64_t t0 = mm_now_ns();
+    /* counts from every source, then the final block layout (spec §3.4, §3.6) */
+    for (int64_t s = 0; s < eW; s++) {
+        if (s == me) {
+            for (int64_t le = 0; le < L; le++) d->rcnt[s * d->Lmax + le] = d->cnt[me * d->Lmax + le];
+            continue;
+        }
+        int pe = mm_v2d_pe(d, s);
+        MM_CHECK(mm_v2_wait(&d->call, mm_v2d_sig(d, pe), "dispatch counts", pe, NULL));
+        for (int64_t le = 0; le < L; le++)
+            d->rcnt[s * d->Lmax + le] = box[(size_t)pe * d->Lmax + le];
+        d->src_region[s] = mm_v2d_region(d, s, me);
+    }
+    int32_t *counts = a->ep_recv_counts.data;
+    int64_t acc = 0;
+    for (int64_t le = 0; le < L; le++)
+        for (int64_t s = 0; s < eW; s++) {
+            o->off[le * eW + s] = acc;
+            acc += d->rcnt[s * d->Lmax + le];
+            counts[le * eW + s] = (int32_t)acc;
+        }
+    d->n_own = acc;
+    if (acc > a->expand_x.shape[0])
+        return mm_error(MEGAMOE_INTERNAL, "dispatch_v2: %lld rows received exceed expand_x's %lld",
+                        (long long)acc, (long long)a->expand_x.shape[0]);
+    /* own rows while the others' data is in flight */
+    mm_v2d_self_rows(d, o, rec);
+    /* remote sources in arrival order */
+    int64_t pending = 0;
+    uint8_t *done = calloc((size_t)eW, 1);
+    if (!done) return mm_error(MEGAMOE_OUT_OF_MEMORY, "dispatch_v2: no memory");
+    for (int64_t s = 0; s < eW; s++) {
+        if (s == me) done[s] = 1;
+        else pending++;
+    }
+    megamoe_status_t st = MEGAMOE_OK;
+    while (pending > 0 && st == MEGAMOE_OK) {
+        int progressed = 0;
+        for (int64_t s = 0; s < eW; s++) {
+            if (done[s]) continue;
+            int pe = mm_v2d_pe(d, s);
+            if (mm_shmem_signal_fetch(mm_v2d_sig(d, d->n + pe)) < d->call.gen) continue;
+            d->perf_us[mm_v2_phys(c, s)] += (int64_t)((mm_now_ns() - t0) / 1000);
+            mm_v2d_copy_source(d, o, s);
+            done[s] = 1;
+            pending--;
+            progressed = 1;
+        }
+        if (!progressed) {
+            for (int64_t s = 0; s < eW; s++)
+                if (!done[s]) {
+                    int pe = mm_v2d_pe(d, s);
+                    st = mm_v2_wait(&d->call, mm_v2d_sig(d, d->n + pe), "dispatch data", pe, NULL);
+                    break;
+                }
+        }
+    }
+    free(done);
+    return st;
+}
+
+/* ---- TP (tp_world_size 2): own rows first, then the peer's rows (spec §3.5) ------------- */
+
+static megamoe_status_t mm_v2d_tp(mm_v2_dispatch_t *d, const mm_v2d_out_t *o, int64_t *n_peer_p)
+{
+    const mm_v2_cfg_t *c = &d->c;
+    const megamoe_dispatch_v2_args_t *a = d->a;
+    int peer = mm_v2_tp_peer_pe(&d->call, c->tp_rank);
+    uint64_t *sig = mm_v2d_sig(d, 3 * d->n);
+    uint8_t *tpd = mm_v2_seg(&d->call, MM_V2D_TPDATA);
+    int32_t *meta = (int32_t *)mm_v2_seg(&d->call, MM_V2D_TPMETA);
+    for (int64_t i = 0; i < d->n_own; i++) {
+        mm_shmem_put(tpd + (size_t)i * d->stride, o->xo + (size_t)i * c->row_bytes, c->row_bytes, peer);
+        if (o->so)
+            mm_shmem_put(tpd + (size_t)i * d->stride + d->scale_off,
+                         o->so + (size_t)i * c->scale_bytes, c->scale_bytes, peer);
+    }
+    int32_t head = (int32_t)d->n_own;
+    mm_shmem_put(meta, &head, 4, peer);
+    mm_shmem_put_signal(meta + 16, a->ep_recv_counts.data, (size_t)c->W * 4, sig, d->call.gen,
+                        MM_SHMEM_SIGNAL_SET, peer);
+    MM_CHECK(mm_v2_wait(&d->call, sig, "the TP peer's rows", peer, NULL));
+    int64_t n_peer = meta[0];
+    if (d->n_own + n_peer > a->expand_x.shape[0])
+        return mm_error(MEGAMOE_INTERNAL, "dispatch_v2: own + TP peer rows %lld exceed expand_x",
+                        (long long)(d->n_own + n_peer));
+    for (int64_t i = 0; i < n_peer; i++) {
+        int64_t row = d->n_own + i;
+        memcpy(o->xo + (size_t)row * c->row_bytes, tpd + (size_t)i * d->stride, c->row_bytes);
+        if (o->so)
+            memcpy(o->so + (size_t)row * c->scale_bytes, tpd + (size_t)i * d->stride + d->scale_off,
+                   c->scale_bytes);
+    }
+    memcpy((int32_t *)a->ep_recv_counts.data + c->W, meta + 16, (size_t)c->W * 4);
+    *n_peer_p = n_peer;
+    return MEGAMOE_OK;
+}
+
+/* ---- outputs --------------------------------------------------------------------------- */
+
+static void mm_zero_tail(void *p, size_t elem, int64_t from, int64_t numel)
+{
+    if (p && from < numel) memset((uint8_t *)p + (size_t)from * elem, 0, (size_t)(numel - from) * elem);
+}
+
+static void mm_v2d_finish(mm_v2_dispatch_t *d, int64_t n_peer)
+{
+    const mm_v2_cfg_t *c = &d->c;
+    const megamoe_dispatch_v2_args_t *a = d->a;
+    int64_t L = c->erank >= 0 ? mm_v2_local_experts(c, c->erank) : 0, eW = c->eW;
+    int64_t *tok = a->expert_token_nums.data;
+    int32_t *counts = a->ep_recv_counts.data;
+    int64_t cum = 0;
+    for (int64_t le = 0; le < L; le++) {
+        int64_t n = counts[le * eW + eW - 1] - (le ? counts[le * eW - 1] : 0);
+        if (c->tp == 2) n += n_peer; /* L == 1 */
+        cum += n;
+        tok[le] = c->ent_type == 0 ? cum : n;
+    }
+    if (c->tp == 2) {
+        int32_t *tpc = a->tp_recv_counts.data;
+        tpc[c->tp_rank] = (int32_t)d->n_own;
+        tpc[1 - c->tp_rank] = (int32_t)n_peer;
+    }
+    if (a->performance_info.data) {
+        int64_t *perf = a->performance_info.data;
+        for (int64_t r = 0; r < c->W; r++) perf[r] += d->perf_us[r];
+    }
+    if (!a->zero_fill) return;
+    int64_t rows = d->n_own + n_peer;
+    mm_zero_tail(a->expand_x.data, c->row_bytes, rows, a->expand_x.shape[0]);
+    int64_t sn = megamoe_tensor_numel(&a->dynamic_scales);
+    size_t se = megamoe_dtype_size(a->dynamic_scales.dtype);
+    mm_zero_tail(a->dynamic_scales.data, se, c->scale_elems ? rows * c->scale_elems : 0, sn);
+    mm_zero_tail(a->assist_info_for_combine.data, 4, 3 * d->n_own,
+                 megamoe_tensor_numel(&a->assist_info_for_combine));
+    mm_zero_tail(tok, 8, L, megamoe_tensor_numel(&a->expert_token_nums));
+    int64_t cn = megamoe_tensor_numel(&a->ep_recv_counts);
+    if (c->tp == 2) mm_zero_tail(counts, 4, 2 * c->W, cn);
+    else mm_zero_tail(counts, 4, L * eW, cn);
+    if (c->tp != 2) mm_zero_tail(a->tp_recv_counts.data, 4, 0, megamoe_tensor_numel(&a->tp_recv_counts));
+    mm_zero_tail(a->expand_scales.data, 4, a->expert_scales.data ? d->n_own : 0,
+                 megamoe_tensor_numel(&a->expand_scales));
+}
+
+/* ---- entry ----------------------------------------------------------------------------- */
+
+static megamoe_status_t mm_v2d_local(mm_v2_dispatch_t *d)
+{
+    const megamoe_dispatch_v2_args_t *a = d->a;
+    MM_CHECK(mm_v2_dispatch_config(a, &d->c));
+    mm_v2_cfg_t *c = &d->c;
+    MM_CHECK(mm_v2_check_ids_mask(c, &a->expert_ids, &a->x_active_mask, "dispatch_v2"));
+    megamoe_dispatch_v2_args_t want = *a;
+    mm_v2_dispatch_out_shapes(c, &want);
+    MM_CHECK(mm_v2_check_out(&a->expand_x, &want.expand_x, "expand_x", 1));
+    MM_CHECK(mm_v2_check_out(&a->dynamic_scales, &want.dynamic_scales, "dynamic_scales", 1));
+    megamoe_tensor_t assist = want.assist_info_for_combine;
+    assist.shape[0] = 3 * c->A;
+    MM_CHECK(mm_v2_check_out(&a->assist_info_for_combine, &assist, "assist_info_for_combine", 1));
+    MM_CHECK(mm_v2_check_out(&a->expert_token_nums, &want.expert_token_nums, "expert_token_nums", 0));
+    megamoe_tensor_t counts = want.ep_recv_counts;
+    counts.shape[0] = c->n_counts;
+    MM_CHECK(mm_v2_check_out(&a->ep_recv_counts, &counts, "ep_recv_counts", 1));
+    if (c->tp == 2) MM_CHECK(mm_v2_check_out(&a->tp_recv_counts, &want.tp_recv_counts, "tp_recv_counts", 0));
+    if (a->expert_scales.data)
+        MM_CHECK(mm_v2_check_out(&a->expand_scales, &want.expand_scales, "expand_scales", 1));
+    d->scale_off = mm_align_up(c->row_bytes, 16);
+    d->meta_off = d->scale_off + mm_align_up(c->scale_bytes, 16);
+    d->stride = mm_align_up(d->meta_off + sizeof(mm_v2_meta_t), 64);
+    return mm_v2d_plan(d);
+}
+
+megamoe_status_t megamoe_dispatch_v2(const megamoe_dispatch_v2_args_t *a)
+{
+    if (a == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "dispatch_v2: args is NULL");
+    mm_v2_dispatch_t d;
+    memset(&d, 0, sizeof d);
+    d.a = a;
+    megamoe_status_t local = mm_v2d_local(&d);
+    int tp2 = local == MEGAMOE_OK && d.c.tp == 2;
+    megamoe_status_t st = mm_v2_call_begin(&d.call, MM_V2_WS_DISPATCH, a->group_ep,
+                                           tp2 ? a->group_tp : NULL);
+    if (st != MEGAMOE_OK) {
+        mm_v2d_free(&d);
+        return st;
+    }
+    d.n = d.call.n_world;
+    mm_v2_record_t *r = mm_v2_rec(&d.call, d.call.me);
+    r->status = local;
+    if (local == MEGAMOE_OK) {
+        mm_v2_record_attrs(&d.c, r);
+        int32_t *rows = mm_v2_rec_counts(&d.call, d.call.me);
+        for (int64_t dst = 0; dst < d.c.eW && d.c.erank >= 0; dst++)
+            if (dst != d.c.erank) rows[mm_v2d_pe(&d, dst)] = (int32_t)d.rows_to[dst];
+        if (d.c.alg == MM_V2_ALG_HIERARCHY) mm_v2d_hier_units(&d, rows + d.n);
+        r->aux[0] = (int64_t)d.stride;
+        r->seg[MM_V2D_SIG] = (uint64_t)d.n * 4 * 64;
+        r->seg[MM_V2D_MAILBOX] = (uint64_t)d.n * (uint64_t)d.Lmax * 4;
+        r->seg[MM_V2D_TPDATA] = d.c.tp == 2 ? (uint64_t)d.c.A * d.stride : 0;
+        r->seg[MM_V2D_TPMETA] = (uint64_t)(d.c.W + 16) * 4;
+        r->aux[1] = d.c.alg == MM_V2_ALG_HIERARCHY ? (int64_t)mm_v2d_hier_stride(&d) : 0;
+    }
+    st = mm_v2_call_agree(&d.call, "dispatch_v2");
+    if (st == MEGAMOE_OK) {
+        uint64_t seg[MM_V2D_NSEG];
+        for (int s = 0; s < MM_V2D_NSEG; s++) seg[s] = mm_v2_call_segmax(&d.call, s);
+        for (int p = 0; p < d.n; p++) { /* receive and staging regions from everyone's counts */
+            uint64_t rows = 0, units = 0;
+            for (int q = 0; q < d.n; q++) {
+                rows += (uint64_t)mm_v2_rec_counts(&d.call, q)[p];
+                units += (uint64_t)mm_v2_rec_counts(&d.call, q)[d.n + p];
+            }
+            uint64_t rb = rows * (uint64_t)mm_v2_rec(&d.call, p)->aux[0];
+            uint64_t sb = units * (uint64_t)mm_v2_rec(&d.call, p)->aux[1];
+            if (rb > seg[MM_V2D_RECV]) seg[MM_V2D_RECV] = rb;
+            if (sb > seg[MM_V2D_STAGE]) seg[MM_V2D_STAGE] = sb;
+        }
+        st = mm_v2_call_layout(&d.call, MM_V2D_NSEG, seg);
+    }
+    if (st != MEGAMOE_OK) {
+        mm_v2d_free(&d);
+        return st;
+    }
+    /* data phase */
+    const mm_v2_cfg_t *c = &d.c;
+    uint8_t *rec = NULL;
+    mm_v2d_out_t o = {a->expand_x.data, c->scale_bytes ? a->dynamic_scales.data : NULL,
+                      a->assist_info_for_combine.data,
+                      a->expert_scales.data ? a->expand_scales.data : NULL, NULL};
+    int64_t n_peer = 0;
+    o.off = calloc((size_t)(d.Lmax * c->eW), 8);
+    st = mm_aligned_alloc(d.stride, 64, "dispatch row", (void **)&rec);
+    if (o.off == NULL && st == MEGAMOE_OK) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "dispatch_v2: no memory");
+    if (st == MEGAMOE_OK && c->erank >= 0) {
+        st = mm_v2d_send_counts(&d);
+        if (st == MEGAMOE_OK)
+            st = c->alg == MM_V2_ALG_HIERARCHY ? mm_v2d_hier_send(&d) : mm_v2d_send_rows(&d);
+        if (st == MEGAMOE_OK) st = mm_v2d_receive(&d, &o, rec);
+    }
+    if (st == MEGAMOE_OK && c->tp == 2) st = mm_v2d_tp(&d, &o, &n_peer);
+    if (st == MEGAMOE_OK) mm_v2d_finish(&d, n_peer);
+    free(o.off);
+    mm_aligned_free(rec);
+    mm_v2d_free(&d);
+    return st;
+}

@@ -1,0 +1,71 @@
+/* DispatchV2 internals shared by dispatch_v2.c (fullmesh, receive side, TP) and
+ * dispatch_hierarchy.c (the two-hop send). */
+#ifndef MM_OPS_DISPATCH_V2_H
+#define MM_OPS_DISPATCH_V2_H
+
+#include "v2_internal.h"
+
+/* Segments of the dispatch workspace. */
+enum {
+    MM_V2D_SIG,     /* 4 * n_world signal lines: counts | data | hop-1 | (TP at 3 * n_world) */
+    MM_V2D_MAILBOX, /* n_world * Lmax int32: per-local-expert row counts from each source */
+    MM_V2D_RECV,    /* rows from remote sources, one region per source (world PE order) */
+    MM_V2D_TPDATA,  /* TP peer's rows (TP only) */
+    MM_V2D_TPMETA,  /* TP peer's row count and cumulative counts */
+    MM_V2D_STAGE,   /* hierarchy: hop-1 units from the sources of this leader's group */
+    MM_V2D_NSEG
+};
+
+/* Per-row metadata stored after the row and its scales. */
+typedef struct mm_v2_meta {
+    int32_t t, k;  /* source token, slot (k < K: MoE pair; K + j: shared expert j) */
+    float w;       /* expert_scales[t][k] (1 for shared rows, 0 without expert_scales) */
+    int32_t pad;
+} mm_v2_meta_t;
+
+typedef struct mm_v2_dispatch {
+    const megamoe_dispatch_v2_args_t *a;
+    mm_v2_cfg_t c;
+    mm_v2_call_t call;
+    int n;                      /* world size */
+    /* plan (compact ids) */
+    int64_t Lmax, n_active;
+    uint8_t *active;            /* [bs] */
+    int32_t *pdst, *ppos;       /* [bs*K] destination and row inside its region (-1: not sent) */
+    int32_t *sdst, *spos;       /* [bs*NS] the same for shared-expert rows */
+    int32_t *cnt, *blk;         /* [eW*Lmax] rows per (destination, local expert), block starts */
+    int64_t *rows_to;           /* [eW] rows per destination */
+    /* record layout */
+    size_t scale_off, meta_off, stride;
+    /* receive side */
+    int32_t *rcnt;              /* [eW*Lmax] rows per (source, my local expert) */
+    int64_t *src_region;        /* [eW] first record of source s's region in my RECV segment */
+    int64_t n_own;              /* rows received (own block) */
+    int64_t *perf_us;           /* [W] wait per physical source, us */
+} mm_v2_dispatch_t;
+
+/* Record slot i of a region starting at `region` (records) in segment s. */
+static inline uint8_t *mm_v2d_rec(const mm_v2_dispatch_t *d, int s, int64_t region, int64_t i)
+{
+    return mm_v2_seg(&d->call, s) + (size_t)(region + i) * d->stride;
+}
+/* Region start of source s (compact) in the RECV segment of destination dst (compact). */
+int64_t mm_v2d_region(const mm_v2_dispatch_t *d, int64_t s, int64_t dst);
+/* World PE of a compact rank. */
+static inline int mm_v2d_pe(const mm_v2_dispatch_t *d, int64_t compact)
+{
+    return mm_v2_ep_pe(&d->call, mm_v2_phys(&d->c, compact));
+}
+/* Quantise (or copy) the row of token t for expert row `srow` of scales (-1: none) into a
+ * record buffer (row + scales). */
+void mm_v2d_make_row(const mm_v2_dispatch_t *d, int64_t t, int64_t srow, uint8_t *rec);
+/* 1 when every slot of a token gets the same payload (no per-expert smoothing scales). */
+int mm_v2d_payload_per_token(const mm_v2_dispatch_t *d);
+int64_t mm_v2d_scale_row(const mm_v2_dispatch_t *d, int64_t k_slot, int64_t t);
+
+/* Hierarchy: hop-1 sizes for the agreement record and the two-hop send. */
+void mm_v2d_hier_units(mm_v2_dispatch_t *d, int32_t *units_to_pe);
+uint64_t mm_v2d_hier_stride(const mm_v2_dispatch_t *d);
+megamoe_status_t mm_v2d_hier_send(mm_v2_dispatch_t *d);
+
+#endif /* MM_OPS_DISPATCH_V2_H */

@@ -1,0 +1,163 @@
+/* Argument structs of the v2 operators: defaults, tensor helpers, output shape inference. */
+#include <string.h>
+
+#include "megamoe/ops.h"
+
+#include "base/error.h"
+#include "v2_internal.h"
+
+megamoe_tensor_t megamoe_tensor_none(void)
+{
+    megamoe_tensor_t t;
+    memset(&t, 0, sizeof t);
+    t.dtype = MEGAMOE_DTYPE_FP32;
+    return t;
+}
+
+int64_t megamoe_tensor_numel(const megamoe_tensor_t *tensor)
+{
+    int64_t n = 1;
+    for (int i = 0; i < tensor->ndim && i < MEGAMOE_TENSOR_MAX_DIMS; i++) n *= tensor->shape[i];
+    return n;
+}
+
+megamoe_tensor_t mm_v2_tensor(megamoe_dtype_t dtype, int ndim, int64_t d0, int64_t d1, int64_t d2)
+{
+    megamoe_tensor_t t = megamoe_tensor_none();
+    t.dtype = dtype;
+    t.ndim = ndim;
+    t.shape[0] = d0;
+    t.shape[1] = d1;
+    t.shape[2] = d2;
+    return t;
+}
+
+megamoe_dispatch_v2_args_t megamoe_dispatch_v2_args_default(void)
+{
+    megamoe_dispatch_v2_args_t a;
+    memset(&a, 0, sizeof a);
+    megamoe_tensor_t none = megamoe_tensor_none();
+    a.x = a.expert_ids = a.scales = a.x_active_mask = a.expert_scales = none;
+    a.elastic_info = a.performance_info = none;
+    a.expand_x = a.dynamic_scales = a.assist_info_for_combine = a.expert_token_nums = none;
+    a.ep_recv_counts = a.tp_recv_counts = a.expand_scales = none;
+    a.shared_expert_num = 1; /* torch_npu default; normalised to 0 when no shared ranks */
+    a.expert_token_nums_type = 1;
+    a.comm_alg = "";
+    a.zero_fill = 1;
+    return a;
+}
+
+megamoe_combine_v2_args_t megamoe_combine_v2_args_default(void)
+{
+    megamoe_combine_v2_args_t a;
+    memset(&a, 0, sizeof a);
+    megamoe_tensor_t none = megamoe_tensor_none();
+    a.expand_x = a.expert_ids = a.assist_info_for_combine = a.ep_send_counts = none;
+    a.expert_scales = a.tp_send_counts = a.x_active_mask = a.expand_scales = none;
+    a.shared_expert_x = a.elastic_info = a.ori_x = none;
+    a.const_expert_alpha_1 = a.const_expert_alpha_2 = a.const_expert_v = none;
+    a.performance_info = a.activation_scale = a.weight_scale = a.group_list = none;
+    a.x = none;
+    a.shared_expert_num = 1;
+    a.comm_alg = "";
+    a.zero_fill = 1;
+    return a;
+}
+
+megamoe_combine_add_rms_norm_args_t megamoe_combine_add_rms_norm_args_default(void)
+{
+    megamoe_combine_add_rms_norm_args_t a;
+    memset(&a, 0, sizeof a);
+    a.combine = megamoe_combine_v2_args_default();
+    a.residual_x = a.gamma = a.y = a.rstd = megamoe_tensor_none();
+    a.norm_eps = 1e-6;
+    return a;
+}
+
+int64_t megamoe_ops_struct_size(int which)
+{
+    switch (which) {
+    case 0: return (int64_t)sizeof(megamoe_tensor_t);
+    case 1: return (int64_t)sizeof(megamoe_dispatch_v2_args_t);
+    case 2: return (int64_t)sizeof(megamoe_combine_v2_args_t);
+    case 3: return (int64_t)sizeof(megamoe_combine_add_rms_norm_args_t);
+    default: return -1;
+    }
+}
+
+megamoe_status_t mm_v2_check_out(const megamoe_tensor_t *got, const megamoe_tensor_t *want,
+                                 const char *name, int dim0_at_least)
+{
+    if (got->data == NULL && megamoe_tensor_numel(want) > 0)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "output %s is missing (data is NULL); allocate "
+                        "it with the shape megamoe_*_infer() reports", name);
+    if (got->dtype != want->dtype)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "output %s has dtype %s, expected %s", name,
+                        megamoe_dtype_name(got->dtype), megamoe_dtype_name(want->dtype));
+    if (got->ndim != want->ndim)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "output %s has %d dimensions, expected %d", name,
+                        got->ndim, want->ndim);
+    for (int i = 0; i < want->ndim; i++) {
+        int ok = (i == 0 && dim0_at_least) ? got->shape[i] >= want->shape[i]
+                                            : got->shape[i] == want->shape[i];
+        if (!ok)
+            return mm_error(MEGAMOE_INVALID_ARGUMENT, "output %s dim %d is %lld, expected %s%lld",
+                            name, i, (long long)got->shape[i],
+                            (i == 0 && dim0_at_least) ? "at least " : "",
+                            (long long)want->shape[i]);
+    }
+    return MEGAMOE_OK;
+}
+
+/* Shapes exactly as torch_npu allocates them (op-plugin dispatch_v2). */
+void mm_v2_dispatch_out_shapes(const mm_v2_cfg_t *c, megamoe_dispatch_v2_args_t *a)
+{
+    int64_t rows = c->T * c->A;
+    a->expand_x = mm_v2_tensor(c->ytype, 2, rows, c->h, 0);
+    if (c->quant == 3)
+        a->dynamic_scales = mm_v2_tensor(MEGAMOE_DTYPE_FP32, 2, rows, c->scale_elems, 0);
+    else if (c->quant == 4)
+        a->dynamic_scales = mm_v2_tensor(MEGAMOE_DTYPE_E8M0, 2, rows, c->scale_elems, 0);
+    else
+        a->dynamic_scales = mm_v2_tensor(MEGAMOE_DTYPE_FP32, 1, rows, 0, 0);
+    int64_t assist = c->bs * c->k > 128 * c->A ? c->bs * c->k : 128 * c->A;
+    a->assist_info_for_combine = mm_v2_tensor(MEGAMOE_DTYPE_INT32, 1, assist, 0, 0);
+    a->expert_token_nums = mm_v2_tensor(MEGAMOE_DTYPE_INT64, 1, c->L_out, 0, 0);
+    int64_t counts = c->n_counts;
+    if (a->expert_scales.data != NULL) /* torch_npu reserves the A2 layered bookkeeping */
+        counts = c->W * c->L_out + 2 * c->gbs_real * c->K * (c->W / 8);
+    if (counts < c->n_counts) counts = c->n_counts;
+    a->ep_recv_counts = mm_v2_tensor(MEGAMOE_DTYPE_INT32, 1, counts, 0, 0);
+    a->tp_recv_counts = mm_v2_tensor(MEGAMOE_DTYPE_INT32, 1, c->tp, 0, 0);
+    a->expand_scales = mm_v2_tensor(MEGAMOE_DTYPE_FP32, 1, c->A, 0, 0);
+}
+
+megamoe_status_t megamoe_dispatch_v2_infer(megamoe_dispatch_v2_args_t *args)
+{
+    if (args == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "args is NULL");
+    mm_v2_cfg_t cfg;
+    MM_CHECK(mm_v2_dispatch_config(args, &cfg));
+    mm_v2_dispatch_out_shapes(&cfg, args);
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t megamoe_combine_v2_infer(megamoe_combine_v2_args_t *args)
+{
+    if (args == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "args is NULL");
+    mm_v2_cfg_t cfg;
+    MM_CHECK(mm_v2_combine_config(args, MM_V2_OP_COMBINE, &cfg));
+    args->x = mm_v2_tensor(cfg.xtype, 2, cfg.bs, cfg.h, 0);
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t megamoe_combine_add_rms_norm_infer(megamoe_combine_add_rms_norm_args_t *args)
+{
+    if (args == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "args is NULL");
+    mm_v2_cfg_t cfg;
+    MM_CHECK(mm_v2_combine_config(&args->combine, MM_V2_OP_ADD_RMS_NORM, &cfg));
+    args->combine.x = mm_v2_tensor(cfg.xtype, 3, cfg.bs, 1, cfg.h);
+    args->y = mm_v2_tensor(cfg.xtype, 3, cfg.bs, 1, cfg.h);
+    args->rstd = mm_v2_tensor(MEGAMOE_DTYPE_FP32, 3, cfg.bs, 1, 1);
+    return MEGAMOE_OK;
+}

@@ -1,0 +1,223 @@
+/* Internal pieces shared by the DispatchV2 / CombineV2 / CombineAddRmsNorm operators.
+ *
+ * One call of an operator runs in phases:
+ *   1. validate locally (v2_validate.c) and derive the configuration (mm_v2_cfg_t);
+ *   2. agree (v2_workspace.c): one allgather over the WORLD of a fixed-size record (local status,
+ *      attributes, team membership, workspace needs, rows sent to every PE) — this is the
+ *      count exchange, the CONFIG_MISMATCH check, the growth decision for the symmetric
+ *      workspace, and the guard that makes buffer reuse safe (nobody writes into a buffer of
+ *      call n+1 before its owner has finished call n);
+ *   3. move data with one-sided puts into the peers' symmetric workspace and one signal per
+ *      (source, destination) pair, valued with the call generation (monotone, never reset).
+ */
+#ifndef MM_OPS_V2_INTERNAL_H
+#define MM_OPS_V2_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "megamoe/ops.h"
+
+#include "shmem/comm_impl.h"
+#include "shmem/shmem.h"
+
+/* ---- configuration --------------------------------------------------------------------- */
+
+enum { MM_V2_OP_DISPATCH = 1, MM_V2_OP_COMBINE = 2, MM_V2_OP_ADD_RMS_NORM = 3 };
+enum { MM_V2_ALG_FULLMESH = 0, MM_V2_ALG_FULLMESH_V2 = 1, MM_V2_ALG_HIERARCHY = 2 };
+
+/* Attributes that must be equal on every rank of an EP group (names in v2_validate.c). */
+enum {
+    MM_V2_ATTR_OP,
+    MM_V2_ATTR_EP_WORLD,
+    MM_V2_ATTR_MOE_EXPERTS,
+    MM_V2_ATTR_SHARED_EXPERTS,
+    MM_V2_ATTR_SHARED_RANKS,
+    MM_V2_ATTR_SHARD_TYPE,
+    MM_V2_ATTR_K,
+    MM_V2_ATTR_H,
+    MM_V2_ATTR_XTYPE,
+    MM_V2_ATTR_YTYPE,
+    MM_V2_ATTR_QUANT,
+    MM_V2_ATTR_GLOBAL_BS,
+    MM_V2_ATTR_TP_WORLD,
+    MM_V2_ATTR_ALG,
+    MM_V2_ATTR_ZERO,
+    MM_V2_ATTR_COPY,
+    MM_V2_ATTR_CONST,
+    MM_V2_ATTR_COMM_QUANT,
+    MM_V2_ATTR_ELASTIC,
+    MM_V2_ATTR_HIER_GROUP,
+    MM_V2_NATTR
+};
+
+typedef struct mm_v2_cfg {
+    int op;
+    /* shapes */
+    int64_t bs, h, k;
+    megamoe_dtype_t xtype;   /* token type (dispatch x, combine expand_x) */
+    megamoe_dtype_t ytype;   /* dispatch expand_x type */
+    size_t xsize, ysize;     /* element sizes */
+    /* attributes (NS normalised: S == 0 && NS == 1 -> 0) */
+    int64_t W, rank, E, S, NS, K, Z, Cp, Cn, quant, comm_quant, tp, tp_rank, T;
+    int64_t gbs_real, max_bs, A, L_moe, L_out, n_counts;
+    int alg, mask_dim, ent_type;
+    int hier_group;          /* ranks per hierarchy group */
+    /* effective values (elastic_info with isScaled = 1 replaces W, S, E and the rank id) */
+    int scaled;
+    int64_t eW, eS, eE, erank; /* erank = compact id, -1 when this rank was removed */
+    int64_t eL, rpse;          /* local experts of this rank's role; ranks per shared expert */
+    int shared_role;
+    const int32_t *table1, *table2; /* physical -> compact, compact -> physical */
+    /* rows of the dispatch payload */
+    int64_t scale_elems;     /* per-row dynamic scale elements (0, 1, ceil(H/128), align2(H/32)) */
+    size_t scale_bytes;      /* bytes of those */
+    size_t row_bytes;        /* H * ysize */
+    uint64_t elastic_hash;
+} mm_v2_cfg_t;
+
+/* Derive the configuration from dispatch / combine arguments; INVALID_ARGUMENT naming the
+ * parameter and the rule for every semantic rule of the spec (validation only, no
+ * communication). For the checks that read whole tensors (ids, masks, NaN) see below. */
+megamoe_status_t mm_v2_dispatch_config(const megamoe_dispatch_v2_args_t *a, mm_v2_cfg_t *cfg);
+megamoe_status_t mm_v2_combine_config(const megamoe_combine_v2_args_t *a, int op,
+                                      mm_v2_cfg_t *cfg);
+/* Data checks of the inputs common to both operators: id range (and elastic holes), mask
+ * shape/type/prefix rule. n_active_p: tokens processed (all, prefix, or any-true rows). */
+megamoe_status_t mm_v2_check_ids_mask(const mm_v2_cfg_t *cfg, const megamoe_tensor_t *ids,
+                                      const megamoe_tensor_t *mask, const char *op_name);
+/* 1 when the fp32 array holds a NaN. */
+int mm_v2_has_nan(const float *v, int64_t n);
+/* Expected output descriptors (shapes as torch_npu allocates them). */
+void mm_v2_dispatch_out_shapes(const mm_v2_cfg_t *cfg, megamoe_dispatch_v2_args_t *a);
+/* Check that a caller's output tensor matches (dtype, rank, dims with >= for capacities). */
+megamoe_status_t mm_v2_check_out(const megamoe_tensor_t *got, const megamoe_tensor_t *want,
+                                 const char *name, int dim0_at_least);
+megamoe_tensor_t mm_v2_tensor(megamoe_dtype_t dtype, int ndim, int64_t d0, int64_t d1,
+                              int64_t d2);
+
+/* Routing helpers (compact id space). */
+static inline int64_t mm_v2_moe_dst(const mm_v2_cfg_t *c, int64_t e) { return c->eS + e / c->eL; }
+static inline int64_t mm_v2_shared_dst(const mm_v2_cfg_t *c, int64_t src, int64_t j)
+{
+    return src % c->rpse + j * c->rpse;
+}
+/* Compact id -> physical EP rank. */
+static inline int64_t mm_v2_phys(const mm_v2_cfg_t *c, int64_t compact)
+{
+    return c->scaled ? c->table2[compact] : compact;
+}
+/* Local experts of the rank with compact id r (1 on shared ranks). */
+static inline int64_t mm_v2_local_experts(const mm_v2_cfg_t *c, int64_t r)
+{
+    return r < c->eS ? 1 : c->eL;
+}
+/* Tokens processed by the source under the mask (all / prefix / rows with any true). */
+int64_t mm_v2_active_tokens(const mm_v2_cfg_t *cfg, const uint8_t *mask, uint8_t *active);
+
+/* ---- agreement and workspace ----------------------------------------------------------- */
+
+enum { MM_V2_WS_DISPATCH = 0, MM_V2_WS_COMBINE = 1, MM_V2_WS_COUNT = 2 };
+#define MM_V2_MAX_SEGS 8
+
+typedef struct mm_v2_record {
+    int32_t status;      /* local status (MEGAMOE_OK when this rank can proceed) */
+    int32_t ep_leader;   /* world PE of EP rank 0 (-1 unknown) */
+    int32_t ep_rank, ep_size;
+    int32_t tp_leader, tp_rank, tp_size;
+    int32_t pad;
+    int64_t attrs[MM_V2_NATTR];
+    int64_t tp_attrs[4]; /* H, ytype, quant, A: must match between TP peers */
+    int64_t bs;
+    uint64_t ws_size;    /* this rank's current pool size (lockstep check) */
+    uint64_t seg[MM_V2_MAX_SEGS];
+    int64_t aux[4];      /* operator-specific small values */
+    /* followed by int32 counts[2 * n_world]: rows to each PE, hop-1 units to each PE */
+} mm_v2_record_t;
+
+typedef struct mm_v2_call {
+    int kind;                   /* MM_V2_WS_* */
+    int n_world, me;            /* world size and my world PE */
+    mm_shmem_team_t *ep, *tp;   /* NULL when absent */
+    size_t rec_bytes;
+    uint8_t *records;           /* n_world records (malloc) */
+    uint64_t gen;               /* this call's generation (>= 1) */
+    uint8_t *base;              /* my symmetric pool */
+    uint64_t seg_off[MM_V2_MAX_SEGS];
+} mm_v2_call_t;
+
+static inline mm_v2_record_t *mm_v2_rec(const mm_v2_call_t *call, int pe)
+{
+    return (mm_v2_record_t *)(call->records + (size_t)pe * call->rec_bytes);
+}
+static inline int32_t *mm_v2_rec_counts(const mm_v2_call_t *call, int pe)
+{
+    return (int32_t *)((uint8_t *)mm_v2_rec(call, pe) + sizeof(mm_v2_record_t));
+}
+
+/* Start a call: requires the runtime to run. Fills n_world/me and allocates the records. */
+megamoe_status_t mm_v2_call_begin(mm_v2_call_t *call, int kind, megamoe_comm_t *ep,
+                                  megamoe_comm_t *tp);
+/* Exchange the records (mine = mm_v2_rec(call, call->me), filled by the caller), decide
+ * collectively: the first failing rank's status (its message via team agree), CONFIG_MISMATCH
+ * for attributes that differ inside an EP group or between TP peers; then grow the pool so
+ * that every segment fits (segment sizes are world maxima) and bump the generation. */
+megamoe_status_t mm_v2_call_agree(mm_v2_call_t *call, const char *op_name);
+/* World maximum of record field seg[s]. */
+uint64_t mm_v2_call_segmax(const mm_v2_call_t *call, int s);
+/* Lay the segments out (sizes must be world maxima, so every PE gets the same offsets), grow
+ * the pool when needed (collective, same decision everywhere) and start the generation. */
+megamoe_status_t mm_v2_call_layout(mm_v2_call_t *call, int nseg, const uint64_t *seg_bytes);
+void mm_v2_call_end(mm_v2_call_t *call);
+/* Address of segment s in MY pool (symmetric: the same offset on every PE). */
+static inline uint8_t *mm_v2_seg(const mm_v2_call_t *call, int s)
+{
+    return call->base + call->seg_off[s];
+}
+/* Signal line i of a signal segment. */
+static inline uint64_t *mm_v2_sig(const mm_v2_call_t *call, int s, int i)
+{
+    return (uint64_t *)(mm_v2_seg(call, s) + (size_t)i * 64);
+}
+/* Wait for a signal to reach this call's generation; adds the wait to *waited_us when given. */
+megamoe_status_t mm_v2_wait(const mm_v2_call_t *call, uint64_t *sig, const char *what,
+                            int peer, int64_t *waited_us);
+/* Fill the attribute fields of a record from a configuration. */
+void mm_v2_record_attrs(const mm_v2_cfg_t *cfg, mm_v2_record_t *rec);
+
+/* World PE of EP rank r / of the TP peer. */
+int mm_v2_ep_pe(const mm_v2_call_t *call, int64_t ep_rank);
+int mm_v2_tp_peer_pe(const mm_v2_call_t *call, int64_t tp_rank);
+
+/* ---- row transforms (the one place that calls the kernels' quantisers) ----------------- */
+
+/* Quantise (or copy) one token row for dispatch into out (row_bytes) and scale_out
+ * (scale_bytes). smooth: the scales row for this expert (NULL: none); for quant_mode 1 with a
+ * [1] / [H] scales tensor the caller passes that. */
+void mm_v2_quant_row(const mm_v2_cfg_t *cfg, const void *x, const float *smooth,
+                     int64_t smooth_len, void *out, void *scale_out);
+/* Combine transport quantisation (commQuantMode 2): q[H] int8, then XType scales per block of
+ * 8 (ceil(H/8) of them) right after q, in one record of mm_v2_cq_bytes(h, xsize) bytes. */
+size_t mm_v2_cq_bytes(int64_t h, size_t xsize);
+void mm_v2_cq_quant(megamoe_dtype_t xtype, int64_t h, const void *y, void *rec);
+/* Dequantise a record to XType values and widen to fp32 (y' of the spec); out has room for
+ * 2 * h floats (the second half is scratch). */
+void mm_v2_cq_dequant_f32(megamoe_dtype_t xtype, int64_t h, const void *rec, float *out);
+
+/* ---- small numeric helpers (exact; see docs/ops.md) ------------------------------------ */
+
+/* Widen n XType values to fp32. */
+void mm_v2_widen(megamoe_dtype_t t, const void *src, float *dst, int64_t n);
+/* Round n fp32 values to XType (RNE). */
+void mm_v2_narrow(megamoe_dtype_t t, const float *src, void *dst, int64_t n);
+/* acc[i] = fl(acc[i] + fl(f32(y[i]) * s)) for XType y (no fused multiply-add). */
+void mm_v2_axpy_x(megamoe_dtype_t t, float *acc, const void *y, float s, int64_t n);
+/* acc[i] = fl(acc[i] + v[i] * s) / acc[i] = fl(acc[i] + v[i]). */
+void mm_v2_axpy_f(float *acc, const float *v, float s, int64_t n);
+void mm_v2_add_x(megamoe_dtype_t t, float *acc, const void *y, int64_t n);
+/* The fixed 16-lane summation order used for dot products and sums of squares. */
+float mm_v2_sum16(const float *v, int64_t n);
+/* XType(a + b) rounded once from the exact sum (bf16: fp32 add then RNE, as the device). */
+void mm_v2_tp_add(megamoe_dtype_t t, const void *a, const void *b, void *out, int64_t n);
+
+#endif /* MM_OPS_V2_INTERNAL_H */

@@ -1,0 +1,284 @@
+/* Agreement and symmetric workspaces of the v2 operators (see v2_internal.h).
+ *
+ * Symmetric allocation is collective over the world, so the workspaces are process-wide pools
+ * (one per operator kind), not per communicator: every world rank calls the operators in the
+ * same order, each call starts with one world allgather of a fixed-size record, and every rank
+ * derives the same decisions from the same records — in particular whether a pool must grow
+ * and to what size (the world maximum of what any rank needs), so repeated calls with the same
+ * sizes never allocate. Segment 0 of a pool holds the signal lines; they are zeroed when a pool
+ * is (re)allocated and otherwise only ever raised to the call generation.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "v2_internal.h"
+
+static struct {
+    void *base[MM_V2_WS_COUNT];
+    uint64_t size[MM_V2_WS_COUNT];
+    uint64_t gen[MM_V2_WS_COUNT];
+} mm_v2_pool;
+
+static const char *const mm_v2_attr_names[MM_V2_NATTR] = {
+    "operator",        "ep_world_size",    "moe_expert_num",    "shared_expert_num",
+    "shared_expert_rank_num", "expert_shard_type", "K (expert_ids dim 1)", "H",
+    "token dtype",     "expand_x dtype",   "quant_mode",        "global_bs (BS * ep_world_size when 0)",
+    "tp_world_size",   "comm_alg",         "zero_expert_num",   "copy_expert_num",
+    "const_expert_num", "comm_quant_mode", "elastic_info",
+    "MEGAMOE_RANKS_PER_NODE"};
+
+static const char *mm_v2_op_name(int64_t op)
+{
+    return op == MM_V2_OP_DISPATCH ? "dispatch_v2" : op == MM_V2_OP_COMBINE ? "combine_v2"
+         : op == MM_V2_OP_ADD_RMS_NORM ? "combine_add_rms_norm" : "(none)";
+}
+
+megamoe_status_t mm_v2_call_begin(mm_v2_call_t *call, int kind, megamoe_comm_t *ep,
+                                  megamoe_comm_t *tp)
+{
+    memset(call, 0, sizeof *call);
+    call->kind = kind;
+    if (!mm_shmem_is_running())
+        return mm_error(MEGAMOE_INVALID_STATE, "the communication runtime is not running: create "
+                        "a communicator (megamoe_comm_create) before calling the operators");
+    call->n_world = mm_shmem_n_pes();
+    call->me = mm_shmem_my_pe();
+    call->rec_bytes = mm_align_up(sizeof(mm_v2_record_t) + 8u * (size_t)call->n_world, 8);
+    call->records = calloc((size_t)call->n_world, call->rec_bytes);
+    if (call->records == NULL)
+        return mm_error(MEGAMOE_OUT_OF_MEMORY, "no memory for %d agreement records", call->n_world);
+    call->ep = ep ? mm_comm_team(ep) : NULL;
+    call->tp = tp ? mm_comm_team(tp) : NULL;
+    mm_v2_record_t *r = mm_v2_rec(call, call->me);
+    r->status = MEGAMOE_OK;
+    r->ep_leader = r->tp_leader = -1;
+    r->ep_rank = r->tp_rank = -1;
+    if (call->ep) {
+        r->ep_leader = mm_shmem_team_world_pe(call->ep, 0);
+        r->ep_rank = mm_shmem_team_my_pe(call->ep);
+        r->ep_size = mm_shmem_team_n_pes(call->ep);
+    }
+    if (call->tp && mm_shmem_team_n_pes(call->tp) == 2) {
+        r->tp_leader = mm_shmem_team_world_pe(call->tp, 0);
+        r->tp_rank = mm_shmem_team_my_pe(call->tp);
+        r->tp_size = 2;
+        r->pad = mm_shmem_team_world_pe(call->tp, 1 - r->tp_rank); /* the peer's world PE */
+    }
+    return MEGAMOE_OK;
+}
+
+void mm_v2_call_end(mm_v2_call_t *call)
+{
+    free(call->records);
+    call->records = NULL;
+}
+
+/* Allgather of the records over the world, in chunks that fit the runtime's collective. */
+static megamoe_status_t mm_v2_exchange(mm_v2_call_t *call)
+{
+    mm_shmem_team_t *world = mm_shmem_team_world();
+    size_t n = (size_t)call->n_world, rb = call->rec_bytes;
+    size_t chunk = (64u << 10) / n / 8 * 8;
+    if (chunk == 0) chunk = 8;
+    if (chunk > rb) chunk = rb;
+    uint8_t *mine = malloc(rb), *tmp = malloc(chunk * n);
+    if (mine == NULL || tmp == NULL) {
+        free(mine);
+        free(tmp);
+        return mm_error(MEGAMOE_OUT_OF_MEMORY, "no memory for the agreement exchange");
+    }
+    memcpy(mine, mm_v2_rec(call, call->me), rb);
+    megamoe_status_t st = MEGAMOE_OK;
+    for (size_t off = 0; off < rb && st == MEGAMOE_OK; off += chunk) {
+        size_t len = rb - off < chunk ? rb - off : chunk;
+        st = mm_shmem_team_allgather(world, tmp, mine + off, len);
+        for (size_t p = 0; p < n && st == MEGAMOE_OK; p++)
+            memcpy(call->records + p * rb + off, tmp + p * len, len);
+    }
+    free(mine);
+    free(tmp);
+    return st;
+}
+
+megamoe_status_t mm_v2_call_agree(mm_v2_call_t *call, const char *op_name)
+{
+    mm_v2_record_t *mine = mm_v2_rec(call, call->me);
+    int kind = call->kind;
+    mine->ws_size = mm_v2_pool.size[kind];
+    char own_msg[1024] = "";
+    megamoe_status_t own = (megamoe_status_t)mine->status;
+    if (own != MEGAMOE_OK) snprintf(own_msg, sizeof own_msg, "%s", megamoe_last_error());
+    MM_CHECK(mm_v2_exchange(call));
+    int n = call->n_world;
+    /* 1. a rank failed its local checks: everyone fails with that status, before data moves */
+    int failing = -1;
+    for (int p = 0; p < n && failing < 0; p++)
+        if (mm_v2_rec(call, p)->status != MEGAMOE_OK) failing = p;
+    if (failing >= 0) {
+        megamoe_status_t agreed = mm_shmem_team_agree(mm_shmem_team_world(), own);
+        if (own != MEGAMOE_OK) { /* keep this rank's own message and status */
+            mm_set_last_error(own_msg);
+            return own;
+        }
+        if (agreed == MEGAMOE_OK) agreed = (megamoe_status_t)mm_v2_rec(call, failing)->status;
+        return agreed;
+    }
+    /* 2. every rank runs the same operator and has the same workspace history */
+    int64_t my_op = mine->attrs[MM_V2_ATTR_OP];
+    for (int p = 0; p < n; p++) {
+        mm_v2_record_t *r = mm_v2_rec(call, p);
+        if (r->attrs[MM_V2_ATTR_OP] != my_op)
+            return mm_error(MEGAMOE_CONFIG_MISMATCH, "%s: world rank %d calls %s while world rank "
+                            "%d calls %s: every rank must call the operators in the same order",
+                            op_name, p, mm_v2_op_name(r->attrs[MM_V2_ATTR_OP]), call->me,
+                            mm_v2_op_name(my_op));
+        if (r->ws_size != mine->ws_size)
+            return mm_error(MEGAMOE_CONFIG_MISMATCH, "%s: the operator workspaces differ between "
+                            "world ranks %d and %d: every rank must call the operators in the same "
+                            "order", op_name, p, call->me);
+    }
+    /* 3. attributes equal inside every EP group, TP peers compatible (checked for all groups,
+     *    so every rank reaches the same verdict) */
+    for (int p = 0; p < n; p++) {
+        mm_v2_record_t *r = mm_v2_rec(call, p);
+        if (r->ep_leader < 0 || r->ep_leader >= n)
+            return mm_error(MEGAMOE_INTERNAL, "%s: world rank %d has no EP group", op_name, p);
+        mm_v2_record_t *l = mm_v2_rec(call, r->ep_leader);
+        if (l->ep_leader != r->ep_leader || l->ep_size != r->ep_size)
+            return mm_error(MEGAMOE_CONFIG_MISMATCH, "%s: world ranks %d and %d disagree about "
+                            "their EP group (group_ep must be the same communicator on its ranks)",
+                            op_name, p, r->ep_leader);
+        for (int i = 0; i < MM_V2_NATTR; i++)
+            if (r->attrs[i] != l->attrs[i])
+                return mm_error(MEGAMOE_CONFIG_MISMATCH, "%s: %s differs inside an EP group: "
+                                "world rank %d has %lld, world rank %d has %lld; pass the same "
+                                "value on every rank", op_name, mm_v2_attr_names[i], p,
+                                (long long)r->attrs[i], r->ep_leader, (long long)l->attrs[i]);
+        if (r->tp_size == 2) {
+            int q = r->pad;
+            mm_v2_record_t *o = (q >= 0 && q < n) ? mm_v2_rec(call, q) : NULL;
+            if (o == NULL || o->tp_size != 2 || o->pad != p)
+                return mm_error(MEGAMOE_CONFIG_MISMATCH, "%s: world rank %d and its TP peer %d "
+                                "disagree about group_tp", op_name, p, q);
+            static const char *const tp_names[4] = {"H", "expand_x dtype", "quant_mode", "A"};
+            for (int i = 0; i < 4; i++)
+                if (r->tp_attrs[i] != o->tp_attrs[i])
+                    return mm_error(MEGAMOE_CONFIG_MISMATCH, "%s: %s differs between TP peers "
+                                    "(world ranks %d: %lld, %d: %lld)", op_name, tp_names[i], p,
+                                    (long long)r->tp_attrs[i], q, (long long)o->tp_attrs[i]);
+        }
+    }
+    return MEGAMOE_OK;
+}
+
+void mm_v2_record_attrs(const mm_v2_cfg_t *c, mm_v2_record_t *r)
+{
+    int64_t *a = r->attrs;
+    a[MM_V2_ATTR_OP] = c->op;
+    a[MM_V2_ATTR_EP_WORLD] = c->W;
+    a[MM_V2_ATTR_MOE_EXPERTS] = c->E;
+    a[MM_V2_ATTR_SHARED_EXPERTS] = c->NS;
+    a[MM_V2_ATTR_SHARED_RANKS] = c->S;
+    a[MM_V2_ATTR_SHARD_TYPE] = 0;
+    a[MM_V2_ATTR_K] = c->K;
+    a[MM_V2_ATTR_H] = c->h;
+    a[MM_V2_ATTR_XTYPE] = c->xtype;
+    a[MM_V2_ATTR_YTYPE] = c->ytype;
+    a[MM_V2_ATTR_QUANT] = c->quant;
+    a[MM_V2_ATTR_GLOBAL_BS] = c->gbs_real;
+    a[MM_V2_ATTR_TP_WORLD] = c->tp;
+    a[MM_V2_ATTR_ALG] = c->alg;
+    a[MM_V2_ATTR_ZERO] = c->Z;
+    a[MM_V2_ATTR_COPY] = c->Cp;
+    a[MM_V2_ATTR_CONST] = c->Cn;
+    a[MM_V2_ATTR_COMM_QUANT] = c->comm_quant;
+    a[MM_V2_ATTR_ELASTIC] = (int64_t)(c->elastic_hash >> 1);
+    a[MM_V2_ATTR_HIER_GROUP] = c->hier_group;
+    r->tp_attrs[0] = c->h;
+    r->tp_attrs[1] = c->ytype;
+    r->tp_attrs[2] = c->quant;
+    r->tp_attrs[3] = c->A;
+    r->bs = c->bs;
+}
+
+uint64_t mm_v2_call_segmax(const mm_v2_call_t *call, int s)
+{
+    uint64_t m = 0;
+    for (int p = 0; p < call->n_world; p++)
+        if (mm_v2_rec(call, p)->seg[s] > m) m = mm_v2_rec(call, p)->seg[s];
+    return m;
+}
+
+megamoe_status_t mm_v2_call_layout(mm_v2_call_t *call, int nseg, const uint64_t *seg_bytes)
+{
+    int kind = call->kind;
+    uint64_t off = 0;
+    for (int s = 0; s < nseg; s++) {
+        call->seg_off[s] = off;
+        off += mm_align_up(seg_bytes[s] ? seg_bytes[s] : 64, 4096);
+    }
+    if (off > mm_v2_pool.size[kind]) {
+        /* grow: same decision on every rank (world maxima, same history) */
+        uint64_t want = mm_v2_pool.size[kind] + mm_v2_pool.size[kind] / 2;
+        if (want < off) want = off;
+        want = mm_align_up(want, 2u << 20);
+        if (mm_v2_pool.base[kind]) {
+            MM_CHECK(mm_shmem_free(mm_v2_pool.base[kind]));
+            mm_v2_pool.base[kind] = NULL;
+            mm_v2_pool.size[kind] = 0;
+        }
+        void *p = NULL;
+        megamoe_status_t st = mm_shmem_malloc(want, 4096, &p);
+        if (st != MEGAMOE_OK)
+            return mm_error(st, "%s; the dispatch/combine workspace needs %llu bytes of symmetric "
+                            "heap: raise HYPER_PARALLEL_SHMEM_HEAP_SIZE", megamoe_last_error(),
+                            (unsigned long long)want);
+        mm_v2_pool.base[kind] = p;
+        mm_v2_pool.size[kind] = want;
+        memset(p, 0, call->seg_off[1] ? call->seg_off[1] : 4096); /* signal lines */
+        MM_CHECK(mm_shmem_barrier_all());
+    }
+    call->base = mm_v2_pool.base[kind];
+    call->gen = ++mm_v2_pool.gen[kind];
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t mm_v2_wait(const mm_v2_call_t *call, uint64_t *sig, const char *what, int peer,
+                            int64_t *waited_us)
+{
+    uint64_t t0 = waited_us ? mm_now_ns() : 0;
+    megamoe_status_t st = mm_shmem_signal_wait_until(sig, MM_SHMEM_CMP_GE, call->gen, NULL);
+    if (st != MEGAMOE_OK)
+        return mm_error(st, "waiting for %s from world rank %d: %s", what, peer,
+                        megamoe_last_error());
+    if (waited_us) *waited_us += (int64_t)((mm_now_ns() - t0) / 1000);
+    return MEGAMOE_OK;
+}
+
+int mm_v2_ep_pe(const mm_v2_call_t *call, int64_t ep_rank)
+{
+    return mm_shmem_team_world_pe(call->ep, (int)ep_rank);
+}
+
+int mm_v2_tp_peer_pe(const mm_v2_call_t *call, int64_t tp_rank)
+{
+    return mm_shmem_team_world_pe(call->tp, (int)(1 - tp_rank));
+}
+
+megamoe_status_t megamoe_ops_release(void)
+{
+    megamoe_status_t st = MEGAMOE_OK;
+    for (int k = 0; k < MM_V2_WS_COUNT; k++) {
+        if (mm_v2_pool.base[k] && mm_shmem_is_running()) {
+            megamoe_status_t s = mm_shmem_free(mm_v2_pool.base[k]);
+            if (st == MEGAMOE_OK) st = s;
+        }
+        mm_v2_pool.base[k] = NULL;
+        mm_v2_pool.size[k] = 0;
+    }
+    return st;
+}
