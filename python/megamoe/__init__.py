@@ -11,3 +11,6 @@ __version__ = _lib.lib.megamoe_version().decode()
 library_path = _lib.path
 
 __all__ = ["MegaMoeError", "check", "status_name", "status_str", "__version__", "library_path"]
+
+from .experts import MegaMoeExperts  # noqa: E402  the torch layer (seed 000)
+__all__ += ["MegaMoeExperts"]

@@ -1,0 +1,375 @@
+"""``MegaMoeExperts``: the expert-parallel MoE-FFN layer as a ``torch.nn.Module`` (seed 000).
+
+The layer runs dispatch -> GMM1 -> SwiGLU -> GMM2 -> combine (and the backward) in
+libmegamoe over a private symmetric-memory runtime; this module owns the parameters, converts
+inputs, and wires the C forward/backward into autograd. See docs/moe.md.
+
+Ranks: the EP group must be the whole world (torch.distributed WORLD when initialised, else
+RANK/WORLD_SIZE). Every rank must construct the layer identically and call forward/backward,
+``share_execution_resources`` and ``close`` in the same order. The bootstrap endpoint is
+``HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT`` (same value on every rank; rank 0 listens); when it
+is unset the runtime uses ``tcp://127.0.0.1:8662``, which only works for one job per host at a
+time — set a free port per job (``megamoe launch`` does this for you).
+"""
+import ctypes
+import os
+
+import torch
+
+from . import _lib
+from .errors import MegaMoeError, check
+
+__all__ = ["MegaMoeExperts"]
+
+_c_int64 = ctypes.c_int64
+_vp = ctypes.c_void_p
+
+# megamoe_dtype_t values (include/megamoe/dtype.h)
+_FP32, _BF16, _INT32, _INT64 = 0, 1, 8, 9
+
+
+class _Params(ctypes.Structure):
+    _fields_ = [("local_num_tokens", _c_int64), ("hidden_size", _c_int64),
+                ("intermediate_size", _c_int64), ("num_experts", _c_int64),
+                ("top_k", _c_int64), ("expert_capacity_factor", ctypes.c_double),
+                ("swiglu_limit", ctypes.c_float), ("schedule", ctypes.c_char_p),
+                ("workers", ctypes.c_int)]
+
+
+class _Weights(ctypes.Structure):
+    _fields_ = [("gate_up", _vp), ("down", _vp), ("version", ctypes.c_uint64)]
+
+
+class _Input(ctypes.Structure):
+    _fields_ = [("hidden_states", _vp), ("topk_ids", _vp), ("topk_ids_dtype", ctypes.c_int),
+                ("topk_weights", _vp), ("topk_weights_dtype", ctypes.c_int),
+                ("tokens_per_expert", _vp), ("tokens_per_expert_dtype", ctypes.c_int)]
+
+
+class _Grads(ctypes.Structure):
+    _fields_ = [("hidden_states", _vp), ("topk_weights", _vp), ("gate_up", _vp),
+                ("down", _vp), ("weight_grad_dtype", ctypes.c_int)]
+
+
+class _Info(ctypes.Structure):
+    _fields_ = [("tokens", _c_int64), ("hidden", _c_int64), ("intermediate", _c_int64),
+                ("num_experts", _c_int64), ("top_k", _c_int64), ("ep", ctypes.c_int),
+                ("rank", ctypes.c_int), ("local_experts", _c_int64), ("capacity", _c_int64),
+                ("capacity_factor", ctypes.c_double), ("swiglu_limit", ctypes.c_float),
+                ("schedule", ctypes.c_char * 8), ("workers", ctypes.c_int),
+                ("heap_bytes", ctypes.c_size_t), ("group_layers", ctypes.c_int),
+                ("closed", ctypes.c_int), ("last_recv_rows", _c_int64)]
+
+
+_MAX_PHASES = 20
+
+
+class _Timing(ctypes.Structure):
+    _fields_ = [("count", ctypes.c_int), ("name", ctypes.c_char_p * _MAX_PHASES),
+                ("seconds", ctypes.c_double * _MAX_PHASES), ("forwards", ctypes.c_uint64),
+                ("backwards", ctypes.c_uint64)]
+
+
+_L = _lib.lib
+_P = ctypes.POINTER
+_L.megamoe_experts_params_default.restype = _Params
+_L.megamoe_experts_params_default.argtypes = []
+_L.megamoe_experts_create.restype = ctypes.c_int
+_L.megamoe_experts_create.argtypes = [_vp, _P(_Params), _P(_vp)]
+_L.megamoe_experts_share.restype = ctypes.c_int
+_L.megamoe_experts_share.argtypes = [_P(_vp), ctypes.c_size_t]
+_L.megamoe_experts_forward.restype = ctypes.c_int
+_L.megamoe_experts_forward.argtypes = [_vp, _P(_Weights), _P(_Input), _vp, _P(_vp)]
+_L.megamoe_experts_backward.restype = ctypes.c_int
+_L.megamoe_experts_backward.argtypes = [_vp, _vp, _P(_Weights), _vp, _P(_Grads)]
+_L.megamoe_experts_saved_destroy.restype = None
+_L.megamoe_experts_saved_destroy.argtypes = [_vp]
+_L.megamoe_experts_close.restype = ctypes.c_int
+_L.megamoe_experts_close.argtypes = [_vp]
+_L.megamoe_experts_destroy.restype = None
+_L.megamoe_experts_destroy.argtypes = [_vp]
+_L.megamoe_experts_get_info.restype = ctypes.c_int
+_L.megamoe_experts_get_info.argtypes = [_vp, _P(_Info)]
+_L.megamoe_experts_get_timing.restype = ctypes.c_int
+_L.megamoe_experts_get_timing.argtypes = [_vp, _P(_Timing)]
+_L.megamoe_experts_reset_timing.restype = None
+_L.megamoe_experts_reset_timing.argtypes = [_vp]
+_L.megamoe_experts_heap_bytes.restype = ctypes.c_size_t
+_L.megamoe_experts_heap_bytes.argtypes = [_P(_Params), ctypes.c_int]
+_L.megamoe_experts_capacity_rows.restype = _c_int64
+_L.megamoe_experts_capacity_rows.argtypes = [_c_int64, _c_int64, _c_int64, ctypes.c_double]
+
+
+def _ptr(t):
+    return ctypes.c_void_p(t.data_ptr()) if t is not None else ctypes.c_void_p(None)
+
+
+class _Saved:
+    """Owns one forward's saved state in the library; freed with the autograd graph."""
+
+    def __init__(self):
+        self.handle = ctypes.c_void_p(None)
+
+    def free(self):
+        if self.handle:
+            _L.megamoe_experts_saved_destroy(self.handle)
+            self.handle = ctypes.c_void_p(None)
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+
+def _weights_desc(layer, gate_up, down):
+    # torch bumps a tensor's version counter on every in-place change (optimizer steps), so
+    # (pointer, version) tells the library when to re-pack its private copies.
+    version = (gate_up._version << 32) ^ down._version ^ (layer._weights_epoch << 56)
+    return _Weights(_ptr(gate_up), _ptr(down), version & 0xFFFFFFFFFFFFFFFF)
+
+
+class _MegaMoeFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, layer, hidden, topk_ids, topk_weights, tokens_per_expert, gate_up, down):
+        out = torch.empty_like(hidden)
+        inp = _Input(_ptr(hidden), _ptr(topk_ids),
+                     _INT32 if topk_ids.dtype == torch.int32 else _INT64,
+                     _ptr(topk_weights),
+                     _FP32 if topk_weights.dtype == torch.float32 else _BF16,
+                     _ptr(tokens_per_expert), _INT32)
+        w = _weights_desc(layer, gate_up, down)
+        # (Function.forward runs with grad mode off; needs_input_grad tells what autograd wants)
+        training = any(ctx.needs_input_grad[i] for i in (1, 3, 5, 6))
+        saved = _Saved() if training else None
+        check(_L.megamoe_experts_forward(layer._handle, ctypes.byref(w), ctypes.byref(inp),
+                                         _ptr(out),
+                                         ctypes.byref(saved.handle) if saved else None))
+        ctx.layer = layer
+        ctx.saved = saved
+        ctx.weights_dtype = topk_weights.dtype
+        ctx.save_for_backward(gate_up, down)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        layer, saved = ctx.layer, ctx.saved
+        if saved is None or not saved.handle:
+            raise MegaMoeError(-2, "MegaMoeExperts backward: the saved state is gone "
+                                   "(retain_graph / double backward is not supported)")
+        gate_up, down = ctx.saved_tensors
+        grad_out = grad_out.to(torch.bfloat16).contiguous()
+        g_hidden = torch.empty_like(grad_out)
+        g_topk = torch.empty(layer._tk_shape, dtype=ctx.weights_dtype)
+        g_gate_up = torch.empty_like(gate_up)
+        g_down = torch.empty_like(down)
+        grads = _Grads(_ptr(g_hidden), _ptr(g_topk), _ptr(g_gate_up), _ptr(g_down), _BF16)
+        w = _weights_desc(layer, gate_up, down)
+        try:
+            check(_L.megamoe_experts_backward(layer._handle, saved.handle, ctypes.byref(w),
+                                              _ptr(grad_out), ctypes.byref(grads)))
+        finally:
+            saved.free()  # retain_graph is not supported: the state goes with the backward
+        return None, g_hidden, None, g_topk, None, g_gate_up, g_down
+
+
+class MegaMoeExperts(torch.nn.Module):
+    """Experts of an MoE layer, expert-parallel over ``ep_group`` (seed 000).
+
+    Args mirror HyperParallel's ``MegaMoeExperts``: ``local_num_tokens`` (T, a multiple of
+    128), ``hidden_size`` (H), ``intermediate_size`` (I), ``num_experts`` (E, global, a
+    multiple of ``ep_size``), ``top_k`` (K), ``expert_capacity_factor`` (None = lossless
+    receive capacity align128(EP*T*K); a finite f >= 1 gives align128(ceil(T*K*f))),
+    ``swiglu_limit`` (None = no clamp), ``ep_size`` / ``ep_group`` (the whole world),
+    ``create_parameters`` (False: assign ``gate_up_weight`` [E/EP, H, 2I] and ``down_weight``
+    [E/EP, I, H] yourself), ``schedule`` ("O0"; "O1" is not available yet).
+    """
+
+    def __init__(self, local_num_tokens, hidden_size, intermediate_size, num_experts, top_k,
+                 expert_capacity_factor=None, swiglu_limit=None, ep_size=1, ep_group=None,
+                 create_parameters=True, schedule="O0", workers=0):
+        super().__init__()
+        from . import comm as _comm
+        self._handle = ctypes.c_void_p(None)
+        self._closed = False
+        self._weights_epoch = 0
+        p = _L.megamoe_experts_params_default()
+        p.local_num_tokens = int(local_num_tokens)
+        p.hidden_size = int(hidden_size)
+        p.intermediate_size = int(intermediate_size)
+        p.num_experts = int(num_experts)
+        p.top_k = int(top_k)
+        p.expert_capacity_factor = 0.0 if expert_capacity_factor is None else float(
+            expert_capacity_factor)
+        p.swiglu_limit = 0.0 if swiglu_limit is None else float(swiglu_limit)
+        self._schedule_bytes = str(schedule).encode()
+        p.schedule = self._schedule_bytes
+        p.workers = int(workers)
+        if "HYPER_PARALLEL_SHMEM_HEAP_SIZE" not in os.environ:
+            # Heap sizing when the variable is unset (docs/moe.md): the runtime starts with the
+            # first communicator; give it what this layer's resource group needs, rounded up
+            # with slack, and never less than the 1 GiB default (the heap is sparse: only
+            # touched pages cost memory). Ignored when the runtime is already running.
+            need = _L.megamoe_experts_heap_bytes(ctypes.byref(p), int(ep_size))
+            mib64 = 64 << 20
+            heap = max(1 << 30, (need + (16 << 20) + mib64 - 1) // mib64 * mib64)
+            _comm.world(heap_size=heap)
+        if ep_group is not None:
+            self._comm = _comm.for_group(ep_group)
+        else:
+            self._comm = _comm.world()
+        if int(ep_size) != self._comm.size:
+            raise ValueError(f"ep_size={ep_size} but the EP group has {self._comm.size} ranks; "
+                             "MegaMoeExperts needs EP to cover the whole world")
+        self.local_num_tokens = int(local_num_tokens)
+        self.hidden_size = int(hidden_size)
+        self.intermediate_size = int(intermediate_size)
+        self.num_experts = int(num_experts)
+        self.top_k = int(top_k)
+        self.expert_capacity_factor = expert_capacity_factor
+        self.swiglu_limit = swiglu_limit
+        self.ep_size = int(ep_size)
+        self.schedule = schedule
+        self._tk_shape = (self.local_num_tokens, self.top_k)
+        handle = ctypes.c_void_p(None)
+        check(_L.megamoe_experts_create(self._comm.handle, ctypes.byref(p), ctypes.byref(handle)))
+        self._handle = handle
+
+        local = self.num_experts // self.ep_size
+        if create_parameters:
+            h, i = self.hidden_size, self.intermediate_size
+            self.gate_up_weight = torch.nn.Parameter(torch.empty(local, h, 2 * i))
+            self.down_weight = torch.nn.Parameter(torch.empty(local, i, h))
+            self.reset_parameters()
+        else:
+            self.gate_up_weight = None
+            self.down_weight = None
+
+    def reset_parameters(self):
+        """Xavier-uniform initialisation of every local expert's weights."""
+        with torch.no_grad():
+            for e in range(self.gate_up_weight.shape[0]):
+                torch.nn.init.xavier_uniform_(self.gate_up_weight[e])
+                torch.nn.init.xavier_uniform_(self.down_weight[e])
+        self._weights_epoch += 1
+
+    # ---- checks -----------------------------------------------------------------------
+    def _check_open(self, what):
+        if self._closed or not self._handle:
+            raise MegaMoeError(-2, f"INVALID_STATE: {what}: MegaMoeExperts used after close()")
+
+    def _weights(self):
+        gu, dn = self.gate_up_weight, self.down_weight
+        if gu is None or dn is None:
+            raise ValueError("MegaMoeExperts has no parameters (create_parameters=False): assign "
+                             "gate_up_weight [E/EP, H, 2I] and down_weight [E/EP, I, H]")
+        local, h, i = self.num_experts // self.ep_size, self.hidden_size, self.intermediate_size
+        for name, t, shape in (("gate_up_weight", gu, (local, h, 2 * i)),
+                               ("down_weight", dn, (local, i, h))):
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
+            if t.dtype != torch.bfloat16 or t.device.type != "cpu":
+                raise ValueError(f"{name} is {t.dtype} on {t.device}; MegaMoeExperts runs in "
+                                 "bfloat16 on the CPU: call .to(device='cpu', "
+                                 "dtype=torch.bfloat16)")
+            if not t.is_contiguous():
+                raise ValueError(f"{name} must be contiguous")
+        return gu, dn
+
+    def forward(self, hidden_states, topk_ids, topk_weights, tokens_per_expert=None):
+        self._check_open("forward")
+        gate_up, down = self._weights()
+        t, h, k, e = self.local_num_tokens, self.hidden_size, self.top_k, self.num_experts
+        shape = hidden_states.shape
+        if shape[-1] != h or hidden_states.numel() != t * h:
+            raise ValueError(f"hidden_states has shape {tuple(shape)}; it must flatten to "
+                             f"[T={t}, H={h}]")
+        if hidden_states.dtype != torch.bfloat16:
+            raise ValueError(f"hidden_states is {hidden_states.dtype}; MegaMoeExperts runs in "
+                             "bfloat16")
+        if hidden_states.device.type != "cpu":
+            raise ValueError(f"hidden_states is on {hidden_states.device}; use the CPU")
+        x = hidden_states.reshape(t, h).contiguous()
+        if tuple(topk_ids.shape) != (t, k) or topk_ids.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"topk_ids must be int32/int64 [{t}, {k}], got {topk_ids.dtype} "
+                             f"{tuple(topk_ids.shape)}")
+        if tuple(topk_weights.shape) != (t, k) or topk_weights.dtype not in (torch.float32,
+                                                                            torch.bfloat16):
+            raise ValueError(f"topk_weights must be float32/bfloat16 [{t}, {k}], got "
+                             f"{topk_weights.dtype} {tuple(topk_weights.shape)}")
+        ids = topk_ids.contiguous()
+        probs = topk_weights.contiguous()
+        tpe = None
+        if tokens_per_expert is not None:
+            if tokens_per_expert.numel() != e:
+                raise ValueError(f"tokens_per_expert must have E={e} entries, got "
+                                 f"{tokens_per_expert.numel()}")
+            # contiguous int32 is used as is; int64 or strided input is converted
+            tpe = tokens_per_expert.reshape(e).to(torch.int32).contiguous()
+        out = _MegaMoeFunction.apply(self, x, ids, probs, tpe, gate_up, down)
+        return out.reshape(shape)
+
+    # ---- resources ----------------------------------------------------------------------
+    @staticmethod
+    def share_execution_resources(layers):
+        """Let serial layers of the same configuration share one workspace (call before the
+        first forward, on every rank with the same layers). Parameters, gradients and saved
+        activations stay per layer."""
+        layers = list(layers)
+        if not layers:
+            raise ValueError("share_execution_resources needs at least one layer")
+        for l in layers:
+            if not isinstance(l, MegaMoeExperts):
+                raise TypeError(f"share_execution_resources got {type(l).__name__}")
+            l._check_open("share_execution_resources")
+        arr = (ctypes.c_void_p * len(layers))(*[l._handle.value for l in layers])
+        check(_L.megamoe_experts_share(arr, len(layers)))
+
+    def close(self):
+        """Release this layer's execution resources (idempotent). Call on every rank in the
+        same order, after all backward passes and before destroying the process group."""
+        if self._closed:
+            return
+        if self._handle:
+            check(_L.megamoe_experts_close(self._handle))
+        self._closed = True
+
+    def __del__(self):
+        try:
+            if getattr(self, "_handle", None):
+                _L.megamoe_experts_destroy(self._handle)
+                self._handle = ctypes.c_void_p(None)
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+    # ---- introspection -----------------------------------------------------------------
+    def info(self):
+        """Dict of the resolved configuration (capacity rows, workers, heap bytes, ...)."""
+        if not self._handle:
+            raise MegaMoeError(-2, "INVALID_STATE: layer destroyed")
+        i = _Info()
+        check(_L.megamoe_experts_get_info(self._handle, ctypes.byref(i)))
+        d = {f: getattr(i, f) for f, _ in _Info._fields_}
+        d["schedule"] = i.schedule.decode()
+        return d
+
+    def timing(self, reset=False):
+        """Per-phase seconds accumulated on this rank ({"fwd.gmm1": s, ...})."""
+        t = _Timing()
+        check(_L.megamoe_experts_get_timing(self._handle, ctypes.byref(t)))
+        d = {t.name[i].decode(): t.seconds[i] for i in range(t.count)}
+        d["forwards"], d["backwards"] = t.forwards, t.backwards
+        if reset:
+            _L.megamoe_experts_reset_timing(self._handle)
+        return d
+
+    @staticmethod
+    def capacity_rows(ep, tokens, top_k, expert_capacity_factor=None):
+        f = 0.0 if expert_capacity_factor is None else float(expert_capacity_factor)
+        return int(_L.megamoe_experts_capacity_rows(ep, tokens, top_k, f))
+
+    def extra_repr(self):
+        return (f"T={self.local_num_tokens}, H={self.hidden_size}, I={self.intermediate_size}, "
+                f"E={self.num_experts}, K={self.top_k}, ep_size={self.ep_size}, "
+                f"expert_capacity_factor={self.expert_capacity_factor}, "
+                f"swiglu_limit={self.swiglu_limit}, schedule={self.schedule!r}")
