@@ -17,6 +17,14 @@
 #define MM_SFENCE() ((void)0)
 #endif
 
+#if defined(__SANITIZE_THREAD__)
+/* TSan does not model fences; an atomic read-modify-write gives it the same ordering. */
+static uint64_t mm_fence_word;
+#define MM_FENCE(order) ((void)__atomic_fetch_add(&mm_fence_word, 0, order))
+#else
+#define MM_FENCE(order) __atomic_thread_fence(order)
+#endif
+
 /* Remote address of [sym, sym + n) on pe; NULL (with the error recorded) when invalid, or
  * when the peer is not mapped (then *off_p is set for a transport that handles it). */
 static char *mm_shmem_xlate(const void *sym, size_t n, int pe, const char *op, uint64_t *off_p,
@@ -103,13 +111,13 @@ uint64_t mm_shmem_signal_fetch(const uint64_t *sig)
 void mm_shmem_fence(void)
 {
     MM_SFENCE();
-    __atomic_thread_fence(__ATOMIC_RELEASE);
+    MM_FENCE(__ATOMIC_RELEASE);
 }
 
 void mm_shmem_quiet(void)
 {
     MM_SFENCE();
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    MM_FENCE(__ATOMIC_SEQ_CST);
 }
 
 void *mm_shmem_ptr(const void *sym, int pe)

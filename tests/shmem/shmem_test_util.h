@@ -79,8 +79,8 @@ static inline uint64_t mm_t_rand(uint64_t *s)
 /* 1 when /dev/shm holds a file of that segment name ("/megamoe-..."). */
 static inline int mm_t_shm_exists(const char *name)
 {
-    char path[128];
-    snprintf(path, sizeof path, "/dev/shm%s", name);
+    char path[320];
+    snprintf(path, sizeof path, "/dev/shm%.256s", name);
     struct stat st;
     return stat(path, &st) == 0;
 }
