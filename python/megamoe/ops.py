@@ -1,0 +1,339 @@
+"""torch_npu-compatible MoeDistributeDispatchV2 / CombineV2 / CombineAddRmsNorm on CPUs.
+
+Same names, argument order, keyword defaults and return tuples as ``torch_npu``, so code written
+for Ascend runs by swapping the module (the ``npu_`` prefix is optional)::
+
+    import megamoe.ops as ops
+    group_ep = megamoe.comm.group_name(ep_process_group)      # a torch.distributed gloo group
+    expand_x, dynamic_scales, assist_info, expert_token_nums, ep_recv_counts, tp_recv_counts, \
+        expand_scales = ops.npu_moe_distribute_dispatch_v2(x, expert_ids, group_ep, ep_world_size,
+                                                           ep_rank_id, moe_expert_num)
+    x_out = ops.npu_moe_distribute_combine_v2(expert_out, expert_ids, assist_info, ep_recv_counts,
+                                              expert_scales, group_ep, ep_world_size, ep_rank_id,
+                                              moe_expert_num)
+
+``group_ep`` / ``group_tp`` are communicator names from ``megamoe.comm.group_name(pg)`` (a
+``megamoe.comm.Comm`` works too). Every rank of the world calls the operators in the same order
+(their symmetric workspaces are allocated collectively over the world). ``y_dtype`` picks the
+quantised output type: ``torch.int8`` or ``megamoe.float8_e4m3fn`` / ``megamoe.float8_e5m2``;
+fp8 outputs (and quant_mode 4's e8m0 scales) come back as ``torch.uint8`` tensors of the bytes.
+Unwritten output regions are zero. Semantics: docs/ops.md.
+"""
+import atexit
+import ctypes
+
+import torch
+
+from . import _lib
+from . import comm as _comm
+from ._fp8 import Float8Dtype, float8_e4m3fn, float8_e5m2
+from .errors import MegaMoeError, check
+
+__all__ = ["npu_moe_distribute_dispatch_v2", "npu_moe_distribute_combine_v2",
+           "npu_moe_distribute_combine_add_rms_norm", "moe_distribute_dispatch_v2",
+           "moe_distribute_combine_v2", "moe_distribute_combine_add_rms_norm", "float8_e4m3fn",
+           "float8_e5m2", "release"]
+
+# megamoe_dtype_t codes (include/megamoe/dtype.h)
+_FP32, _BF16, _FP16, _E4M3, _E5M2, _E8M0, _INT8, _UINT8, _INT32, _INT64, _BOOL = range(11)
+_FROM_TORCH = {torch.float32: _FP32, torch.bfloat16: _BF16, torch.float16: _FP16,
+               torch.int8: _INT8, torch.uint8: _UINT8, torch.int32: _INT32, torch.int64: _INT64,
+               torch.bool: _BOOL}
+_TO_TORCH = {_FP32: torch.float32, _BF16: torch.bfloat16, _FP16: torch.float16,
+             _E4M3: torch.uint8, _E5M2: torch.uint8, _E8M0: torch.uint8, _INT8: torch.int8,
+             _UINT8: torch.uint8, _INT32: torch.int32, _INT64: torch.int64, _BOOL: torch.bool}
+
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int),
+                ("shape", ctypes.c_int64 * 4)]
+
+
+_T = _Tensor
+_I = ctypes.c_int64
+_P = ctypes.c_void_p
+
+
+def _tensors(*names):
+    return [(n, _T) for n in names]
+
+
+def _ints(*names):
+    return [(n, _I) for n in names]
+
+
+class _DispatchArgs(ctypes.Structure):
+    _fields_ = (_tensors("x", "expert_ids", "scales", "x_active_mask", "expert_scales",
+                         "elastic_info", "performance_info")
+                + [("group_ep", _P)] + _ints("ep_world_size", "ep_rank_id", "moe_expert_num")
+                + [("group_tp", _P)] + _ints("tp_world_size", "tp_rank_id")
+                + _ints("expert_shard_type", "shared_expert_num", "shared_expert_rank_num",
+                        "quant_mode", "global_bs", "expert_token_nums_type")
+                + [("comm_alg", ctypes.c_char_p)]
+                + _ints("zero_expert_num", "copy_expert_num", "const_expert_num")
+                + _tensors("expand_x", "dynamic_scales", "assist_info_for_combine",
+                           "expert_token_nums", "ep_recv_counts", "tp_recv_counts",
+                           "expand_scales")
+                + [("zero_fill", ctypes.c_int)])
+
+
+class _CombineArgs(ctypes.Structure):
+    _fields_ = (_tensors("expand_x", "expert_ids", "assist_info_for_combine", "ep_send_counts",
+                         "expert_scales", "tp_send_counts", "x_active_mask", "expand_scales",
+                         "shared_expert_x", "elastic_info", "ori_x", "const_expert_alpha_1",
+                         "const_expert_alpha_2", "const_expert_v", "performance_info",
+                         "activation_scale", "weight_scale", "group_list")
+                + [("group_ep", _P)] + _ints("ep_world_size", "ep_rank_id", "moe_expert_num")
+                + [("group_tp", _P)] + _ints("tp_world_size", "tp_rank_id")
+                + _ints("expert_shard_type", "shared_expert_num", "shared_expert_rank_num",
+                        "global_bs", "out_dtype", "comm_quant_mode", "group_list_type")
+                + [("comm_alg", ctypes.c_char_p)]
+                + _ints("zero_expert_num", "copy_expert_num", "const_expert_num")
+                + _tensors("x") + [("zero_fill", ctypes.c_int)])
+
+
+class _AddRmsNormArgs(ctypes.Structure):
+    _fields_ = ([("combine", _CombineArgs)] + _tensors("residual_x", "gamma")
+                + [("norm_eps", ctypes.c_double)] + _tensors("y", "rstd"))
+
+
+_L = _lib.lib
+for _name, _st in (("dispatch_v2", _DispatchArgs), ("combine_v2", _CombineArgs),
+                   ("combine_add_rms_norm", _AddRmsNormArgs)):
+    getattr(_L, f"megamoe_{_name}_args_default").restype = _st
+    getattr(_L, f"megamoe_{_name}_args_default").argtypes = []
+    for _fn in (f"megamoe_{_name}_infer", f"megamoe_{_name}"):
+        getattr(_L, _fn).restype = ctypes.c_int
+        getattr(_L, _fn).argtypes = [ctypes.POINTER(_st)]
+_L.megamoe_ops_struct_size.restype = ctypes.c_int64
+_L.megamoe_ops_struct_size.argtypes = [ctypes.c_int]
+_L.megamoe_ops_release.restype = ctypes.c_int
+_L.megamoe_ops_release.argtypes = []
+for _i, _st in enumerate((_Tensor, _DispatchArgs, _CombineArgs, _AddRmsNormArgs)):
+    if _L.megamoe_ops_struct_size(_i) != ctypes.sizeof(_st):
+        raise ImportError(f"megamoe.ops: {_st.__name__} is {ctypes.sizeof(_st)} bytes but the "
+                          f"library's is {_L.megamoe_ops_struct_size(_i)}; rebuild libmegamoe")
+
+
+def release():
+    """Free the operators' symmetric workspaces (collective over the world). Runs at exit
+    before the communicators are destroyed; call it earlier to give the memory back."""
+    check(_L.megamoe_ops_release())
+
+
+@atexit.register  # registered after megamoe.comm's shutdown, so it runs first
+def _release_at_exit():  # pragma: no cover - exercised by process exit
+    try:
+        release()
+    except MegaMoeError:
+        pass
+
+
+# ---- marshalling ---------------------------------------------------------------------------
+
+class _Call:
+    """Keeps the contiguous tensors alive while the C call runs."""
+
+    def __init__(self):
+        self.keep = []
+
+    def tensor(self, desc, t, name, dtype_code=None):
+        if t is None:
+            return
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cpu":
+            raise ValueError(f"{name} must be a CPU tensor (got device {t.device})")
+        if t.dim() > 4:
+            raise ValueError(f"{name} has {t.dim()} dimensions; at most 4 are supported")
+        t = t.contiguous()
+        if t.dtype not in _FROM_TORCH:
+            raise TypeError(f"{name} has unsupported dtype {t.dtype}")
+        self.keep.append(t)
+        desc.data = t.data_ptr() if t.numel() else ctypes.addressof(_EMPTY)
+        desc.dtype = _FROM_TORCH[t.dtype] if dtype_code is None else dtype_code
+        desc.ndim = t.dim()
+        for i, s in enumerate(t.shape):
+            desc.shape[i] = s
+        return t
+
+
+_EMPTY = ctypes.create_string_buffer(64)  # data pointer of empty (but present) tensors
+
+
+def _alloc(desc):
+    shape = tuple(desc.shape[i] for i in range(desc.ndim))
+    t = torch.empty(shape, dtype=_TO_TORCH[desc.dtype])
+    desc.data = t.data_ptr() if t.numel() else ctypes.addressof(_EMPTY)
+    return t
+
+
+def _comm_handle(group, what):
+    if group is None or group == "":
+        return None
+    if isinstance(group, _comm.Comm):
+        return group.handle
+    if isinstance(group, str):
+        return _comm.by_name(group).handle
+    return _comm.for_group(group).handle  # a torch.distributed ProcessGroup
+
+
+def _y_code(y_dtype, quant_mode, scales):
+    if y_dtype is None:
+        return None
+    if isinstance(y_dtype, Float8Dtype):
+        return y_dtype.code
+    if y_dtype == torch.int8:
+        return _INT8
+    if y_dtype in (torch.bfloat16, torch.float16):
+        return _FROM_TORCH[y_dtype]
+    raise TypeError(f"y_dtype must be torch.int8, megamoe.float8_e4m3fn or megamoe.float8_e5m2, "
+                    f"got {y_dtype!r}")
+
+
+def _perf(call, desc, performance_info):
+    """performance_info accumulates in place; a non-contiguous tensor gets the sum copied back."""
+    if performance_info is None:
+        return None
+    t = call.tensor(desc, performance_info, "performance_info")
+    return t
+
+
+def _perf_back(performance_info, t):
+    if t is not None and t.data_ptr() != performance_info.data_ptr():
+        performance_info.copy_(t)
+
+
+# ---- MoeDistributeDispatchV2 ---------------------------------------------------------------
+
+def npu_moe_distribute_dispatch_v2(x, expert_ids, group_ep, ep_world_size, ep_rank_id,
+                                   moe_expert_num, *, scales=None, x_active_mask=None,
+                                   expert_scales=None, elastic_info=None, performance_info=None,
+                                   group_tp="", tp_world_size=0, tp_rank_id=0,
+                                   expert_shard_type=0, shared_expert_num=1,
+                                   shared_expert_rank_num=0, quant_mode=0, global_bs=0,
+                                   expert_token_nums_type=1, comm_alg="", zero_expert_num=0,
+                                   copy_expert_num=0, const_expert_num=0, y_dtype=None):
+    """Returns (expand_x, dynamic_scales, assist_info_for_combine, expert_token_nums,
+    ep_recv_counts, tp_recv_counts, expand_scales)."""
+    a = _L.megamoe_dispatch_v2_args_default()
+    call = _Call()
+    call.tensor(a.x, x, "x")
+    call.tensor(a.expert_ids, expert_ids, "expert_ids")
+    call.tensor(a.scales, scales, "scales")
+    call.tensor(a.x_active_mask, x_active_mask, "x_active_mask")
+    call.tensor(a.expert_scales, expert_scales, "expert_scales")
+    call.tensor(a.elastic_info, elastic_info, "elastic_info")
+    perf = _perf(call, a.performance_info, performance_info)
+    a.group_ep = _comm_handle(group_ep, "group_ep")
+    a.group_tp = _comm_handle(group_tp, "group_tp")
+    a.ep_world_size, a.ep_rank_id, a.moe_expert_num = ep_world_size, ep_rank_id, moe_expert_num
+    a.tp_world_size, a.tp_rank_id = tp_world_size, tp_rank_id
+    a.expert_shard_type, a.shared_expert_num = expert_shard_type, shared_expert_num
+    a.shared_expert_rank_num, a.quant_mode, a.global_bs = shared_expert_rank_num, quant_mode, global_bs
+    a.expert_token_nums_type = expert_token_nums_type
+    alg = (comm_alg or "").encode()
+    a.comm_alg = alg
+    a.zero_expert_num, a.copy_expert_num = zero_expert_num, copy_expert_num
+    a.const_expert_num = const_expert_num
+    y = _y_code(y_dtype, quant_mode, scales)
+    if y is not None:
+        a.expand_x.dtype = y
+    check(_L.megamoe_dispatch_v2_infer(ctypes.byref(a)))
+    if y is not None and a.expand_x.dtype != y:
+        raise MegaMoeError(-1, f"INVALID_ARGUMENT: y_dtype {y_dtype!r} does not fit quant_mode "
+                               f"{quant_mode} (0: the x dtype; 1: int8; 2: int8 or fp8; 3, 4: fp8)")
+    outs = [_alloc(getattr(a, n)) for n in ("expand_x", "dynamic_scales",
+                                            "assist_info_for_combine", "expert_token_nums",
+                                            "ep_recv_counts", "tp_recv_counts", "expand_scales")]
+    check(_L.megamoe_dispatch_v2(ctypes.byref(a)))
+    _perf_back(performance_info, perf)
+    return tuple(outs)
+
+
+# ---- MoeDistributeCombineV2 ----------------------------------------------------------------
+
+def _combine_args(a, call, expand_x, expert_ids, assist_info_for_combine, ep_send_counts,
+                  expert_scales, group_ep, ep_world_size, ep_rank_id, moe_expert_num, kw):
+    call.tensor(a.expand_x, expand_x, "expand_x")
+    call.tensor(a.expert_ids, expert_ids, "expert_ids")
+    call.tensor(a.assist_info_for_combine, assist_info_for_combine, "assist_info_for_combine")
+    call.tensor(a.ep_send_counts, ep_send_counts, "ep_send_counts")
+    call.tensor(a.expert_scales, expert_scales, "expert_scales")
+    for n in ("tp_send_counts", "x_active_mask", "expand_scales", "shared_expert_x",
+              "elastic_info", "ori_x", "const_expert_alpha_1", "const_expert_alpha_2",
+              "const_expert_v", "activation_scale", "weight_scale", "group_list"):
+        call.tensor(getattr(a, n), kw.get(n), n)
+    a.group_ep = _comm_handle(group_ep, "group_ep")
+    a.group_tp = _comm_handle(kw["group_tp"], "group_tp")
+    a.ep_world_size, a.ep_rank_id, a.moe_expert_num = ep_world_size, ep_rank_id, moe_expert_num
+    for n in ("tp_world_size", "tp_rank_id", "expert_shard_type", "shared_expert_num",
+              "shared_expert_rank_num", "global_bs", "out_dtype", "comm_quant_mode",
+              "group_list_type", "zero_expert_num", "copy_expert_num", "const_expert_num"):
+        setattr(a, n, int(kw.get(n, 0)))
+    alg = (kw.get("comm_alg") or "").encode()
+    call.keep.append(alg)
+    a.comm_alg = alg
+
+
+def npu_moe_distribute_combine_v2(expand_x, expert_ids, assist_info_for_combine, ep_send_counts,
+                                  expert_scales, group_ep, ep_world_size, ep_rank_id,
+                                  moe_expert_num, *, tp_send_counts=None, x_active_mask=None,
+                                  expand_scales=None, shared_expert_x=None, elastic_info=None,
+                                  ori_x=None, const_expert_alpha_1=None,
+                                  const_expert_alpha_2=None, const_expert_v=None,
+                                  performance_info=None, group_tp="", tp_world_size=0,
+                                  tp_rank_id=0, expert_shard_type=0, shared_expert_num=1,
+                                  shared_expert_rank_num=0, global_bs=0, comm_quant_mode=0,
+                                  comm_alg="", zero_expert_num=0, copy_expert_num=0,
+                                  const_expert_num=0):
+    """Returns x [BS, H] (dtype of expand_x)."""
+    kw = dict(locals())
+    a = _L.megamoe_combine_v2_args_default()
+    call = _Call()
+    _combine_args(a, call, expand_x, expert_ids, assist_info_for_combine, ep_send_counts,
+                  expert_scales, group_ep, ep_world_size, ep_rank_id, moe_expert_num, kw)
+    perf = _perf(call, a.performance_info, performance_info)
+    check(_L.megamoe_combine_v2_infer(ctypes.byref(a)))
+    x = _alloc(a.x)
+    check(_L.megamoe_combine_v2(ctypes.byref(a)))
+    _perf_back(performance_info, perf)
+    return x
+
+
+def npu_moe_distribute_combine_add_rms_norm(expand_x, expert_ids, expand_idx, ep_send_counts,
+                                            expert_scales, residual_x, gamma, group_ep,
+                                            ep_world_size, ep_rank_id, moe_expert_num, *,
+                                            tp_send_counts=None, x_active_mask=None,
+                                            activation_scale=None, weight_scale=None,
+                                            group_list=None, expand_scales=None,
+                                            shared_expert_x=None, elastic_info=None, ori_x=None,
+                                            const_expert_alpha_1=None, const_expert_alpha_2=None,
+                                            const_expert_v=None, group_tp="", tp_world_size=0,
+                                            tp_rank_id=0, expert_shard_type=0,
+                                            shared_expert_num=1, shared_expert_rank_num=0,
+                                            global_bs=0, out_dtype=0, comm_quant_mode=0,
+                                            group_list_type=0, norm_eps=1e-06,
+                                            zero_expert_num=0, copy_expert_num=0,
+                                            const_expert_num=0):
+    """Combine, add residual_x, RMSNorm with gamma. Returns (y, rstd_out, x), all [BS, 1, *]."""
+    kw = dict(locals())
+    a = _L.megamoe_combine_add_rms_norm_args_default()
+    call = _Call()
+    _combine_args(a.combine, call, expand_x, expert_ids, expand_idx, ep_send_counts,
+                  expert_scales, group_ep, ep_world_size, ep_rank_id, moe_expert_num, kw)
+    call.tensor(a.residual_x, residual_x, "residual_x")
+    call.tensor(a.gamma, gamma, "gamma")
+    a.norm_eps = float(norm_eps)
+    check(_L.megamoe_combine_add_rms_norm_infer(ctypes.byref(a)))
+    x = _alloc(a.combine.x)
+    y = _alloc(a.y)
+    rstd = _alloc(a.rstd)
+    check(_L.megamoe_combine_add_rms_norm(ctypes.byref(a)))
+    return y, rstd, x
+
+
+# torch_npu names without the npu_ prefix
+moe_distribute_dispatch_v2 = npu_moe_distribute_dispatch_v2
+moe_distribute_combine_v2 = npu_moe_distribute_combine_v2
+moe_distribute_combine_add_rms_norm = npu_moe_distribute_combine_add_rms_norm
