@@ -7,9 +7,11 @@
 
 /* Each bench file defines one of these. */
 extern const mm_bench_def_t mm_bench_convert_def;
+extern const mm_bench_def_t mm_bench_layer_def;
 
 static const mm_bench_def_t *const mm_benches[] = {
     &mm_bench_convert_def,
+    &mm_bench_layer_def,
 };
 
 #define MM_BENCH_COUNT (sizeof mm_benches / sizeof mm_benches[0])

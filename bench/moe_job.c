@@ -1,0 +1,540 @@
+/* A multi-rank MegaMoeExperts job (see moe_job.h). Public headers only. */
+#include "moe_job.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "megamoe/megamoe.h"
+
+#include "bench_util.h"
+
+void mm_moe_job_defaults(mm_moe_job_opts_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->ranks = 2;
+    o->T = 1024;
+    o->H = 512;
+    o->I = 128;
+    o->E = 4;
+    o->K = 2;
+    snprintf(o->schedule, sizeof o->schedule, "O0");
+    o->route = MM_ROUTE_BALANCED;
+    o->seed = 1;
+    o->iters = 5;
+    o->warmup = 1;
+    o->verify = 1;
+    o->progress_fd = -1;
+    o->timeout_s = 600;
+}
+
+void mm_moe_job_to_args(const mm_moe_job_opts_t *o, char **argv, int *argc_p, char *store,
+                        size_t store_len)
+{
+    size_t used = 0;
+    int n = *argc_p;
+#define MM_ARG(name, fmt, value)                                                           \
+    do {                                                                                   \
+        argv[n++] = (char *)(name);                                                        \
+        int w_ = snprintf(store + used, store_len - used, fmt, value);                     \
+        argv[n++] = store + used;                                                          \
+        used += (size_t)w_ + 1;                                                            \
+    } while (0)
+    MM_ARG("--ranks", "%d", o->ranks);
+    MM_ARG("--tokens", "%lld", (long long)o->T);
+    MM_ARG("--hidden", "%lld", (long long)o->H);
+    MM_ARG("--intermediate", "%lld", (long long)o->I);
+    MM_ARG("--experts", "%lld", (long long)o->E);
+    MM_ARG("--top-k", "%lld", (long long)o->K);
+    MM_ARG("--capacity-factor", "%.17g", o->capacity_factor);
+    MM_ARG("--swiglu-limit", "%.9g", (double)o->swiglu_limit);
+    MM_ARG("--schedule", "%s", o->schedule);
+    MM_ARG("--workers", "%d", o->workers);
+    MM_ARG("--routing", "%s", mm_route_name(o->route));
+    MM_ARG("--seed", "%llu", (unsigned long long)o->seed);
+    MM_ARG("--iters", "%d", o->iters);
+    MM_ARG("--warmup", "%d", o->warmup);
+    MM_ARG("--verify", "%s", o->verify ? "yes" : "no");
+    MM_ARG("--progress-fd", "%d", o->progress_fd);
+#undef MM_ARG
+    *argc_p = n;
+}
+
+static int mm_parse_i64(const char *opt, const char *text, int64_t lo, int64_t hi, int64_t *v)
+{
+    char *end;
+    errno = 0;
+    long long x = strtoll(text, &end, 10);
+    if (errno || *end || end == text || x < lo || x > hi) {
+        fprintf(stderr, "megamoe: %s must be an integer in [%lld, %lld], got '%s'\n", opt,
+                (long long)lo, (long long)hi, text);
+        return -1;
+    }
+    *v = x;
+    return 0;
+}
+
+int mm_moe_job_parse_arg(mm_moe_job_opts_t *o, int argc, char **argv, int *i)
+{
+    const char *opt = argv[*i];
+    static const char *const known[] = {
+        "--ranks", "-n", "--tokens", "--hidden", "--intermediate", "--experts", "--top-k",
+        "--capacity-factor", "--swiglu-limit", "--schedule", "--workers", "--routing", "--seed",
+        "--iters", "--warmup", "--verify", "--progress-fd", "--timeout"};
+    int found = 0;
+    for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) found |= strcmp(opt, known[k]) == 0;
+    if (!found) return 0;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "megamoe: %s needs a value\n", opt);
+        return -1;
+    }
+    const char *val = argv[++*i];
+    int64_t v = 0;
+    int rc = 0;
+    if (!strcmp(opt, "--ranks") || !strcmp(opt, "-n")) {
+        rc = mm_parse_i64(opt, val, 1, 64, &v);
+        o->ranks = (int)v;
+    } else if (!strcmp(opt, "--tokens")) {
+        rc = mm_parse_i64(opt, val, 128, 1 << 24, &v);
+        o->T = v;
+    } else if (!strcmp(opt, "--hidden")) {
+        rc = mm_parse_i64(opt, val, 1, 1 << 20, &v);
+        o->H = v;
+    } else if (!strcmp(opt, "--intermediate")) {
+        rc = mm_parse_i64(opt, val, 1, 1 << 20, &v);
+        o->I = v;
+    } else if (!strcmp(opt, "--experts")) {
+        rc = mm_parse_i64(opt, val, 1, 1 << 16, &v);
+        o->E = v;
+    } else if (!strcmp(opt, "--top-k")) {
+        rc = mm_parse_i64(opt, val, 1, 1 << 16, &v);
+        o->K = v;
+    } else if (!strcmp(opt, "--workers")) {
+        rc = mm_parse_i64(opt, val, 0, 1024, &v);
+        o->workers = (int)v;
+    } else if (!strcmp(opt, "--seed")) {
+        rc = mm_parse_i64(opt, val, 0, INT64_MAX, &v);
+        o->seed = (uint64_t)v;
+    } else if (!strcmp(opt, "--iters")) {
+        rc = mm_parse_i64(opt, val, 1, MM_JOB_MAX_ITERS, &v);
+        o->iters = (int)v;
+    } else if (!strcmp(opt, "--warmup")) {
+        rc = mm_parse_i64(opt, val, 0, 1000, &v);
+        o->warmup = (int)v;
+    } else if (!strcmp(opt, "--progress-fd")) {
+        rc = mm_parse_i64(opt, val, -1, 1 << 20, &v);
+        o->progress_fd = (int)v;
+    } else if (!strcmp(opt, "--capacity-factor") || !strcmp(opt, "--swiglu-limit") ||
+               !strcmp(opt, "--timeout")) {
+        char *end;
+        double d = strtod(val, &end);
+        if (*end || end == val || !isfinite(d) || d < 0) {
+            fprintf(stderr, "megamoe: %s must be a finite number >= 0, got '%s'\n", opt, val);
+            return -1;
+        }
+        if (!strcmp(opt, "--capacity-factor")) o->capacity_factor = d;
+        else if (!strcmp(opt, "--swiglu-limit")) o->swiglu_limit = (float)d;
+        else o->timeout_s = d;
+    } else if (!strcmp(opt, "--schedule")) {
+        snprintf(o->schedule, sizeof o->schedule, "%s", val);
+    } else if (!strcmp(opt, "--routing")) {
+        int r = mm_route_parse(val);
+        if (r < 0 || r == MM_ROUTE_FLOOD) {
+            fprintf(stderr, "megamoe: --routing must be balanced, zero, skew or single, got '%s'\n",
+                    val);
+            return -1;
+        }
+        o->route = (mm_route_pattern_t)r;
+    } else if (!strcmp(opt, "--verify")) {
+        if (!strcmp(val, "yes") || !strcmp(val, "1")) o->verify = 1;
+        else if (!strcmp(val, "no") || !strcmp(val, "0")) o->verify = 0;
+        else {
+            fprintf(stderr, "megamoe: --verify must be yes or no, got '%s'\n", val);
+            return -1;
+        }
+    }
+    return rc < 0 ? -1 : 1;
+}
+
+/* ---- child side ---------------------------------------------------------------------------- */
+
+static double mm_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void mm_progress(int fd, int done, int total, const char *what)
+{
+    if (fd < 0) return;
+    char line[160];
+    int width = 30, fill = total ? done * width / total : width;
+    int n;
+    if (isatty(fd)) {
+        n = snprintf(line, sizeof line, "\r  [%-*.*s] %d/%d %s%s", width, fill,
+                     "##############################", done, total, what,
+                     done == total ? "\n" : "");
+    } else {
+        if (done != total && done % (total / 4 > 0 ? total / 4 : 1) != 0) return;
+        n = snprintf(line, sizeof line, "  %d/%d %s\n", done, total, what);
+    }
+    if (n > 0) {
+        ssize_t w = write(fd, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+        (void)w;
+    }
+}
+
+static void mm_check(mm_moe_job_result_t *r, const char *name, const void *got, int got_bf16,
+                     const float *want, size_t n)
+{
+    if (r->n_checks >= 8) return;
+    mm_moe_job_check_t *c = &r->checks[r->n_checks++];
+    snprintf(c->name, sizeof c->name, "%s", name);
+    double se = 0, sr = 0, maxe = 0, maxr = 0;
+    size_t inside = 0;
+    int finite = 1;
+    for (size_t i = 0; i < n; i++) {
+        double g = got_bf16 ? megamoe_bf16_to_fp32(((const uint16_t *)got)[i])
+                            : ((const float *)got)[i];
+        double w = want[i], e = fabs(g - w);
+        finite &= isfinite(g);
+        se += e * e;
+        sr += w * w;
+        if (e > maxe) maxe = e;
+        if (fabs(w) > maxr) maxr = fabs(w);
+        inside += e <= 2e-3 + 2e-2 * fabs(w);
+    }
+    c->rel_l2 = sr > 0 ? sqrt(se / sr) : sqrt(se);
+    c->rel_max = maxr > 0 ? maxe / maxr : maxe;
+    c->elementwise = n ? (double)inside / (double)n : 1.0;
+    c->pass = finite && c->rel_l2 <= MM_JOB_REL_L2 && c->rel_max <= MM_JOB_REL_MAX;
+}
+
+static int mm_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double mm_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, mm_cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+#define MM_JOB_FAIL(...)                                                                   \
+    do {                                                                                   \
+        snprintf(r->error, sizeof r->error, __VA_ARGS__);                                  \
+        goto out;                                                                          \
+    } while (0)
+
+int mm_moe_job_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
+{
+    memset(r, 0, sizeof *r);
+    megamoe_comm_t *comm = NULL;
+    megamoe_experts_t *x = NULL;
+    mm_moe_problem_t P;
+    memset(&P, 0, sizeof P);
+    uint16_t *out = NULL, *gh = NULL, *g1 = NULL, *g2 = NULL;
+    float *gp = NULL;
+    double *it_s = NULL, *fw_s = NULL, *bw_s = NULL;
+    float *ro = NULL, *rgh = NULL, *rgp = NULL, *rg1 = NULL, *rg2 = NULL;
+    megamoe_status_t st;
+
+    megamoe_experts_params_t p = megamoe_experts_params_default();
+    p.local_num_tokens = o->T;
+    p.hidden_size = o->H;
+    p.intermediate_size = o->I;
+    p.num_experts = o->E;
+    p.top_k = o->K;
+    p.expert_capacity_factor = o->capacity_factor;
+    p.swiglu_limit = o->swiglu_limit;
+    p.schedule = o->schedule;
+    p.workers = o->workers;
+
+    /* Heap sizing when the variable is unset: what this job's one resource group needs,
+     * plus slack, rounded to 64 MiB (docs/moe.md). */
+    megamoe_comm_params_t cp = megamoe_comm_params_default();
+    if (getenv("HYPER_PARALLEL_SHMEM_HEAP_SIZE") == NULL) {
+        uint64_t need = megamoe_experts_heap_bytes(&p, o->ranks) + (16ull << 20);
+        cp.heap_size = (need + (64ull << 20) - 1) / (64ull << 20) * (64ull << 20);
+    }
+    if ((st = megamoe_comm_create(&cp, &comm)) != MEGAMOE_OK)
+        MM_JOB_FAIL("creating the communicator: %s", megamoe_last_error());
+    const int ep = megamoe_comm_size(comm), me = megamoe_comm_rank(comm);
+    r->rank = me;
+    r->ranks = ep;
+    if (ep != o->ranks) MM_JOB_FAIL("expected %d ranks, the communicator has %d", o->ranks, ep);
+    if (mm_moe_problem_create(&P, ep, o->T, o->H, o->I, o->E, o->K, o->route, o->seed) != 0)
+        MM_JOB_FAIL("cannot build the problem (out of memory or invalid shapes)");
+    if ((st = megamoe_experts_create(comm, &p, &x)) != MEGAMOE_OK)
+        MM_JOB_FAIL("%s", megamoe_last_error());
+
+    const int64_t T = o->T, H = o->H, I = o->I, K = o->K, L = o->E / ep;
+    const size_t TH = (size_t)(T * H), W1 = (size_t)(L * H * 2 * I), W2 = (size_t)(L * I * H);
+    out = malloc(TH * 2);
+    gh = malloc(TH * 2);
+    gp = malloc((size_t)(T * K) * 4);
+    g1 = malloc(W1 * 2);
+    g2 = malloc(W2 * 2);
+    int total = o->warmup + o->iters;
+    it_s = calloc((size_t)o->iters, sizeof *it_s);
+    fw_s = calloc((size_t)o->iters, sizeof *fw_s);
+    bw_s = calloc((size_t)o->iters, sizeof *bw_s);
+    if (!out || !gh || !gp || !g1 || !g2 || !it_s || !fw_s || !bw_s) MM_JOB_FAIL("out of memory");
+
+    megamoe_experts_input_t in = megamoe_experts_input_default();
+    in.hidden_states = P.hidden + (size_t)me * TH;
+    in.topk_ids = P.ids + (size_t)(me * T * K);
+    in.topk_weights = P.probs + (size_t)(me * T * K);
+    megamoe_experts_weights_t w = {P.gate_up + (size_t)me * W1, P.down + (size_t)me * W2, 1};
+    megamoe_experts_grads_t g = {gh, gp, g1, g2, MEGAMOE_DTYPE_BF16};
+    const uint16_t *dout = P.grad_out + (size_t)me * TH;
+    double t_start = mm_now();
+    for (int it = 0; it < total; it++) {
+        if (it == o->warmup) megamoe_experts_reset_timing(x);
+        megamoe_experts_saved_t *sv = NULL;
+        double t0 = mm_now();
+        if ((st = megamoe_experts_forward(x, &w, &in, out, &sv)) != MEGAMOE_OK)
+            MM_JOB_FAIL("forward: %s", megamoe_last_error());
+        double t1 = mm_now();
+        st = megamoe_experts_backward(x, sv, &w, dout, &g);
+        megamoe_experts_saved_destroy(sv);
+        if (st != MEGAMOE_OK) MM_JOB_FAIL("backward: %s", megamoe_last_error());
+        double t2 = mm_now();
+        if (it >= o->warmup) {
+            it_s[it - o->warmup] = t2 - t0;
+            fw_s[it - o->warmup] = t1 - t0;
+            bw_s[it - o->warmup] = t2 - t1;
+        }
+        if (me == 0 && mm_now() - t_start > 1.0) mm_progress(o->progress_fd, it + 1, total, "iterations");
+        if (it == 0)
+            for (size_t i = 0; i < TH; i++) r->checksum += megamoe_bf16_to_fp32(out[i]);
+        if (it == 0 && o->verify) { /* keep the first results for the check */
+            ro = malloc(TH * 2 + TH * 2 + (size_t)(T * K) * 4 + W1 * 2 + W2 * 2);
+            if (ro == NULL) MM_JOB_FAIL("out of memory");
+            char *q = (char *)ro;
+            memcpy(q, out, TH * 2);
+            memcpy(q + TH * 2, gh, TH * 2);
+            memcpy(q + TH * 4, gp, (size_t)(T * K) * 4);
+            memcpy(q + TH * 4 + (size_t)(T * K) * 4, g1, W1 * 2);
+            memcpy(q + TH * 4 + (size_t)(T * K) * 4 + W1 * 2, g2, W2 * 2);
+        }
+    }
+    megamoe_experts_timing_t tm;
+    megamoe_experts_info_t info;
+    megamoe_experts_get_timing(x, &tm);
+    megamoe_experts_get_info(x, &info);
+    r->workers = info.workers;
+    r->capacity = info.capacity;
+    r->recv_rows = info.last_recv_rows;
+    r->n_phases = tm.count < MM_JOB_MAX_PHASES ? tm.count : MM_JOB_MAX_PHASES;
+    for (int i = 0; i < r->n_phases; i++) {
+        snprintf(r->phase[i], sizeof r->phase[i], "%s", tm.name[i]);
+        r->phase_s[i] = tm.seconds[i] / (double)o->iters;
+    }
+    r->iter_median_s = mm_median(it_s, o->iters);
+    r->iter_min_s = it_s[0];
+    r->fwd_median_s = mm_median(fw_s, o->iters);
+    r->bwd_median_s = mm_median(bw_s, o->iters);
+    if ((st = megamoe_experts_close(x)) != MEGAMOE_OK) MM_JOB_FAIL("close: %s", megamoe_last_error());
+
+    if (o->verify) {
+        if (me == 0 && o->progress_fd >= 0 && isatty(o->progress_fd))
+            mm_progress(o->progress_fd, 0, 1, "verifying against the fp32 reference");
+        const size_t N = (size_t)(ep * T);
+        rgh = malloc(N * (size_t)H * 4);
+        rgp = malloc(N * (size_t)K * 4);
+        rg1 = malloc((size_t)(o->E * H * 2 * I) * 4);
+        rg2 = malloc((size_t)(o->E * I * H) * 4);
+        float *rout = malloc(N * (size_t)H * 4);
+        if (!rgh || !rgp || !rg1 || !rg2 || !rout) {
+            free(rout);
+            MM_JOB_FAIL("out of memory for the reference");
+        }
+        megamoe_reference_shape_t s = {ep, T, H, I, o->E, K};
+        megamoe_reference_params_t rp = megamoe_reference_params_default();
+        rp.swiglu_limit = o->swiglu_limit;
+        rp.hidden_dtype = rp.weight_dtype = rp.grad_dtype = MEGAMOE_DTYPE_BF16;
+        st = megamoe_reference_forward(&s, &rp, P.hidden, P.ids, P.probs, P.gate_up, P.down, rout);
+        if (st == MEGAMOE_OK)
+            st = megamoe_reference_backward(&s, &rp, P.grad_out, P.hidden, P.ids, P.probs,
+                                            P.gate_up, P.down, rgh, rgp, rg1, rg2);
+        if (st != MEGAMOE_OK) {
+            free(rout);
+            MM_JOB_FAIL("reference: %s", megamoe_last_error());
+        }
+        const char *q = (const char *)ro;
+        mm_check(r, "output", q, 1, rout + (size_t)me * TH, TH);
+        mm_check(r, "grad hidden_states", q + TH * 2, 1, rgh + (size_t)me * TH, TH);
+        mm_check(r, "grad topk_weights", q + TH * 4, 0, rgp + (size_t)(me * T * K), (size_t)(T * K));
+        mm_check(r, "grad gate_up_weight", q + TH * 4 + (size_t)(T * K) * 4, 1,
+                 rg1 + (size_t)me * W1, W1);
+        mm_check(r, "grad down_weight", q + TH * 4 + (size_t)(T * K) * 4 + W1 * 2, 1,
+                 rg2 + (size_t)me * W2, W2);
+        free(rout);
+        r->verified = 1;
+        if (me == 0 && o->progress_fd >= 0 && isatty(o->progress_fd))
+            mm_progress(o->progress_fd, 1, 1, "verified");
+    }
+out:
+    if (x) {
+        if (r->error[0]) megamoe_experts_close(x); /* collective; peers fail the same way */
+        megamoe_experts_destroy(x);
+    }
+    if (comm && megamoe_comm_destroy(comm) != MEGAMOE_OK && !r->error[0])
+        snprintf(r->error, sizeof r->error, "destroying the communicator: %s",
+                 megamoe_last_error());
+    mm_moe_problem_free(&P);
+    free(out);
+    free(gh);
+    free(gp);
+    free(g1);
+    free(g2);
+    free(it_s);
+    free(fw_s);
+    free(bw_s);
+    free(ro);
+    free(rgh);
+    free(rgp);
+    free(rg1);
+    free(rg2);
+    return r->error[0] ? 1 : 0;
+}
+
+/* ---- result files -------------------------------------------------------------------------- */
+
+int mm_moe_job_write(const char *path, const mm_moe_job_result_t *r)
+{
+    FILE *f = fopen(path, "w");
+    if (f == NULL) return -1;
+    fprintf(f, "rank %d\nranks %d\nworkers %d\ncapacity %lld\nrecv_rows %lld\n", r->rank,
+            r->ranks, r->workers, (long long)r->capacity, (long long)r->recv_rows);
+    fprintf(f, "iter %.9g %.9g %.9g %.9g\n", r->iter_median_s, r->iter_min_s, r->fwd_median_s,
+            r->bwd_median_s);
+    for (int i = 0; i < r->n_phases; i++) fprintf(f, "phase %s %.9g\n", r->phase[i], r->phase_s[i]);
+    fprintf(f, "checksum %.17g\nverified %d\n", r->checksum, r->verified);
+    for (int i = 0; i < r->n_checks; i++) {
+        const mm_moe_job_check_t *c = &r->checks[i];
+        /* names contain spaces: '|' on disk */
+        char name[32];
+        snprintf(name, sizeof name, "%s", c->name);
+        for (char *s = name; *s; s++)
+            if (*s == ' ') *s = '|';
+        fprintf(f, "check %s %.9g %.9g %.9g %d\n", name, c->rel_l2, c->rel_max, c->elementwise,
+                c->pass);
+    }
+    if (r->error[0]) fprintf(f, "error %s\n", r->error);
+    int rc = fclose(f);
+    return rc == 0 ? 0 : -1;
+}
+
+int mm_moe_job_read(const char *path, mm_moe_job_result_t *r)
+{
+    memset(r, 0, sizeof *r);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) return -1;
+    char line[1024];
+    while (fgets(line, sizeof line, f)) {
+        long long a, b;
+        char name[64];
+        double x, y, z, u;
+        int pass;
+        if (sscanf(line, "rank %lld", &a) == 1) r->rank = (int)a;
+        else if (sscanf(line, "ranks %lld", &a) == 1) r->ranks = (int)a;
+        else if (sscanf(line, "workers %lld", &a) == 1) r->workers = (int)a;
+        else if (sscanf(line, "capacity %lld", &a) == 1) r->capacity = a;
+        else if (sscanf(line, "recv_rows %lld", &b) == 1) r->recv_rows = b;
+        else if (sscanf(line, "iter %lg %lg %lg %lg", &x, &y, &z, &u) == 4) {
+            r->iter_median_s = x;
+            r->iter_min_s = y;
+            r->fwd_median_s = z;
+            r->bwd_median_s = u;
+        } else if (sscanf(line, "phase %23s %lg", name, &x) == 2 && r->n_phases < MM_JOB_MAX_PHASES) {
+            snprintf(r->phase[r->n_phases], sizeof r->phase[0], "%.23s", name);
+            r->phase_s[r->n_phases++] = x;
+        } else if (sscanf(line, "checksum %lg", &x) == 1) r->checksum = x;
+        else if (sscanf(line, "verified %lld", &a) == 1) r->verified = (int)a;
+        else if (sscanf(line, "check %31s %lg %lg %lg %d", name, &x, &y, &z, &pass) == 5 &&
+                 r->n_checks < 8) {
+            mm_moe_job_check_t *c = &r->checks[r->n_checks++];
+            for (char *s = name; *s; s++)
+                if (*s == '|') *s = ' ';
+            snprintf(c->name, sizeof c->name, "%.31s", name);
+            c->rel_l2 = x;
+            c->rel_max = y;
+            c->elementwise = z;
+            c->pass = pass;
+        } else if (strncmp(line, "error ", 6) == 0) {
+            snprintf(r->error, sizeof r->error, "%.511s", line + 6);
+            r->error[strcspn(r->error, "\n")] = '\0';
+        }
+    }
+    fclose(f);
+    return 0;
+}
+
+/* ---- parent side --------------------------------------------------------------------------- */
+
+int mm_moe_job_launch(const mm_moe_job_opts_t *o, const char *const *subcommand,
+                      mm_moe_job_result_t *results)
+{
+    char dir[] = "/tmp/megamoe-job-XXXXXX";
+    if (mkdtemp(dir) == NULL) {
+        fprintf(stderr, "megamoe: cannot create a temporary directory: %s\n", strerror(errno));
+        return 1;
+    }
+    /* rank 0 draws progress on our stderr: a descriptor that survives both exec()s */
+    mm_moe_job_opts_t co = *o;
+    co.progress_fd = dup(STDERR_FILENO);
+    const char *self = mm_bench_self_exe();
+    char *argv[96], store[2048], nbuf[16], tbuf[32];
+    int n = 0;
+    snprintf(nbuf, sizeof nbuf, "%d", o->ranks);
+    snprintf(tbuf, sizeof tbuf, "%.0f", o->timeout_s);
+    argv[n++] = (char *)self;
+    argv[n++] = "launch";
+    argv[n++] = "-n";
+    argv[n++] = nbuf;
+    argv[n++] = "--timeout";
+    argv[n++] = tbuf;
+    argv[n++] = "--";
+    argv[n++] = (char *)self;
+    for (int i = 0; subcommand[i] && n < 40; i++) argv[n++] = (char *)subcommand[i];
+    mm_moe_job_to_args(&co, argv, &n, store, sizeof store);
+    argv[n++] = "--job-dir";
+    argv[n++] = dir;
+    argv[n] = NULL;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execv(self, argv);
+        fprintf(stderr, "megamoe: cannot run %s: %s\n", self, strerror(errno));
+        _exit(127);
+    }
+    int status = 0, rc = 1;
+    if (pid > 0 && waitpid(pid, &status, 0) == pid)
+        rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (co.progress_fd >= 0) close(co.progress_fd);
+    for (int r = 0; r < o->ranks; r++) {
+        char path[256];
+        snprintf(path, sizeof path, "%s/rank%d.txt", dir, r);
+        if (mm_moe_job_read(path, &results[r]) != 0) {
+            memset(&results[r], 0, sizeof results[r]);
+            results[r].rank = r;
+            snprintf(results[r].error, sizeof results[r].error, "no result (the rank failed)");
+            if (rc == 0) rc = 1;
+        }
+        unlink(path);
+    }
+    rmdir(dir);
+    return rc;
+}

@@ -1,0 +1,83 @@
+/* A multi-rank MegaMoeExperts job for `megamoe run` and `megamoe bench layer` (public headers
+ * only). The parent re-executes the megamoe binary through `megamoe launch -n N`; every rank
+ * builds the same global problem (moe_data.h), runs warm-up + timed forward+backward
+ * iterations of its slice, optionally verifies the first iteration against the fp32
+ * reference, and writes its results to <dir>/rank<r>.txt, which the parent reads back. */
+#ifndef MM_BENCH_MOE_JOB_H
+#define MM_BENCH_MOE_JOB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moe_data.h"
+
+#define MM_JOB_MAX_PHASES 20
+#define MM_JOB_MAX_ITERS 100000
+
+typedef struct mm_moe_job_opts {
+    int ranks;
+    int64_t T, H, I, E, K;
+    double capacity_factor; /* 0 = lossless */
+    float swiglu_limit;     /* 0 = off */
+    char schedule[8];
+    int workers;            /* 0 = default */
+    mm_route_pattern_t route;
+    uint64_t seed;
+    int iters, warmup;
+    int verify;             /* 1 = compare the first iteration with the fp32 reference */
+    int progress_fd;        /* rank 0 draws progress here; -1 = none */
+    double timeout_s;       /* for the launcher; 0 = none */
+} mm_moe_job_opts_t;
+
+/* Defaults: 2 ranks, the seed's example shapes (T=1024, H=512, I=128, E=4, K=2), lossless,
+ * O0, balanced routing, seed 1, 5 iterations after 1 warm-up, verification on. */
+void mm_moe_job_defaults(mm_moe_job_opts_t *o);
+
+/* Append "--name value" options describing o (for the child command line) to argv[*argc_p];
+ * argv must have room for 40 more entries; strings live in store (>= 1024 bytes). */
+void mm_moe_job_to_args(const mm_moe_job_opts_t *o, char **argv, int *argc_p, char *store,
+                        size_t store_len);
+/* Parse one "--name value" option at argv[*i] into o; 1 if consumed (and *i advanced past the
+ * value), 0 if the option is not a job option, -1 (message printed) for a bad value. */
+int mm_moe_job_parse_arg(mm_moe_job_opts_t *o, int argc, char **argv, int *i);
+
+typedef struct mm_moe_job_check {
+    char name[32];
+    double rel_l2, rel_max, elementwise; /* elementwise: share within rtol 2e-2, atol 2e-3 */
+    int pass;
+} mm_moe_job_check_t;
+
+typedef struct mm_moe_job_result {
+    int rank, ranks, workers;
+    int64_t capacity, recv_rows;
+    int n_phases;
+    char phase[MM_JOB_MAX_PHASES][24];
+    double phase_s[MM_JOB_MAX_PHASES]; /* mean seconds per iteration */
+    double iter_median_s, iter_min_s, fwd_median_s, bwd_median_s;
+    double checksum; /* sum of this rank's first output (fp64), to compare implementations */
+    int verified; /* 0: skipped */
+    int n_checks;
+    mm_moe_job_check_t checks[8];
+    char error[512]; /* non-empty when the rank failed */
+} mm_moe_job_result_t;
+
+/* Child side: run this rank (RANK/WORLD_SIZE/endpoint from the environment). Returns 0 on
+ * success (verification failures are in the result, not the return value). */
+int mm_moe_job_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r);
+
+int mm_moe_job_write(const char *path, const mm_moe_job_result_t *r);
+int mm_moe_job_read(const char *path, mm_moe_job_result_t *r);
+
+/* Parent side: run `<self> launch -n ranks --timeout s -- <self> <subcommand...> <job args>
+ * --job-dir DIR`, wait, and read every rank's result into results[ranks]. *dir_p gets the
+ * temporary directory (removed by mm_moe_job_cleanup). Returns the launcher's exit status
+ * (0 when every rank succeeded and wrote its result). */
+int mm_moe_job_launch(const mm_moe_job_opts_t *o, const char *const *subcommand,
+                      mm_moe_job_result_t *results);
+
+/* Verification rule (bf16 layer vs fp32 oracle): relative L2 <= 1% and max|err| <= 2% of
+ * max|ref|, all finite. */
+#define MM_JOB_REL_L2 1e-2
+#define MM_JOB_REL_MAX 2e-2
+
+#endif /* MM_BENCH_MOE_JOB_H */
