@@ -36,6 +36,7 @@ __all__ = ["npu_moe_distribute_dispatch_v2", "npu_moe_distribute_combine_v2",
 
 # megamoe_dtype_t codes (include/megamoe/dtype.h)
 _FP32, _BF16, _FP16, _E4M3, _E5M2, _E8M0, _INT8, _UINT8, _INT32, _INT64, _BOOL = range(11)
+_INVALID = 99  # a dtype the library rejects with a message naming the parameter
 _FROM_TORCH = {torch.float32: _FP32, torch.bfloat16: _BF16, torch.float16: _FP16,
                torch.int8: _INT8, torch.uint8: _UINT8, torch.int32: _INT32, torch.int64: _INT64,
                torch.bool: _BOOL}
@@ -138,22 +139,21 @@ class _Call:
         self.keep = []
 
     def tensor(self, desc, t, name, dtype_code=None):
+        """Describe t for C. Problems the C side can name (dtype, rank) are passed through as
+        invalid descriptors rather than raised here: an exception on one rank only would leave
+        the other ranks waiting in the collective."""
         if t is None:
-            return
+            return None
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.device.type != "cpu":
             raise ValueError(f"{name} must be a CPU tensor (got device {t.device})")
-        if t.dim() > 4:
-            raise ValueError(f"{name} has {t.dim()} dimensions; at most 4 are supported")
         t = t.contiguous()
-        if t.dtype not in _FROM_TORCH:
-            raise TypeError(f"{name} has unsupported dtype {t.dtype}")
         self.keep.append(t)
         desc.data = t.data_ptr() if t.numel() else ctypes.addressof(_EMPTY)
-        desc.dtype = _FROM_TORCH[t.dtype] if dtype_code is None else dtype_code
+        desc.dtype = _FROM_TORCH.get(t.dtype, _INVALID) if dtype_code is None else dtype_code
         desc.ndim = t.dim()
-        for i, s in enumerate(t.shape):
+        for i, s in enumerate(t.shape[:4]):
             desc.shape[i] = s
         return t
 
@@ -169,26 +169,28 @@ def _alloc(desc):
 
 
 def _comm_handle(group, what):
+    """Handle of a group (name, Comm or torch ProcessGroup); None when absent or unknown, which
+    the library reports as an invalid argument on every rank."""
     if group is None or group == "":
         return None
     if isinstance(group, _comm.Comm):
-        return group.handle
+        return group.handle if group.alive else None
     if isinstance(group, str):
-        return _comm.by_name(group).handle
+        try:
+            return _comm.by_name(group).handle
+        except MegaMoeError:
+            return None
     return _comm.for_group(group).handle  # a torch.distributed ProcessGroup
 
 
-def _y_code(y_dtype, quant_mode, scales):
+def _y_code(y_dtype):
     if y_dtype is None:
         return None
     if isinstance(y_dtype, Float8Dtype):
         return y_dtype.code
-    if y_dtype == torch.int8:
-        return _INT8
-    if y_dtype in (torch.bfloat16, torch.float16):
+    if y_dtype in (torch.int8, torch.bfloat16, torch.float16):
         return _FROM_TORCH[y_dtype]
-    raise TypeError(f"y_dtype must be torch.int8, megamoe.float8_e4m3fn or megamoe.float8_e5m2, "
-                    f"got {y_dtype!r}")
+    return _FP32  # never a valid expand_x type: the library names the rule
 
 
 def _perf(call, desc, performance_info):
@@ -236,16 +238,24 @@ def npu_moe_distribute_dispatch_v2(x, expert_ids, group_ep, ep_world_size, ep_ra
     a.comm_alg = alg
     a.zero_expert_num, a.copy_expert_num = zero_expert_num, copy_expert_num
     a.const_expert_num = const_expert_num
-    y = _y_code(y_dtype, quant_mode, scales)
+    y = _y_code(y_dtype)
     if y is not None:
         a.expand_x.dtype = y
-    check(_L.megamoe_dispatch_v2_infer(ctypes.byref(a)))
-    if y is not None and a.expand_x.dtype != y:
-        raise MegaMoeError(-1, f"INVALID_ARGUMENT: y_dtype {y_dtype!r} does not fit quant_mode "
-                               f"{quant_mode} (0: the x dtype; 1: int8; 2: int8 or fp8; 3, 4: fp8)")
-    outs = [_alloc(getattr(a, n)) for n in ("expand_x", "dynamic_scales",
-                                            "assist_info_for_combine", "expert_token_nums",
-                                            "ep_recv_counts", "tp_recv_counts", "expand_scales")]
+    # Shapes as torch_npu allocates them. When the arguments are invalid the call below still
+    # runs (with empty outputs), so the error reaches every rank of the group together.
+    infer = _L.megamoe_dispatch_v2_infer(ctypes.byref(a))
+    names = ("expand_x", "dynamic_scales", "assist_info_for_combine", "expert_token_nums",
+             "ep_recv_counts", "tp_recv_counts", "expand_scales")
+    if infer != 0:
+        for n in names:
+            getattr(a, n).ndim = 1
+            getattr(a, n).shape[0] = 0
+    outs = [_alloc(getattr(a, n)) for n in names]
+    if infer != 0:
+        for n in names:
+            getattr(a, n).data = None  # the call reports infer's error, on every rank
+    elif y is not None and a.expand_x.dtype != y:
+        a.expand_x.dtype = y  # an expand_x type that does not fit quant_mode: rejected below
     check(_L.megamoe_dispatch_v2(ctypes.byref(a)))
     _perf_back(performance_info, perf)
     return tuple(outs)
@@ -294,7 +304,8 @@ def npu_moe_distribute_combine_v2(expand_x, expert_ids, assist_info_for_combine,
     _combine_args(a, call, expand_x, expert_ids, assist_info_for_combine, ep_send_counts,
                   expert_scales, group_ep, ep_world_size, ep_rank_id, moe_expert_num, kw)
     perf = _perf(call, a.performance_info, performance_info)
-    check(_L.megamoe_combine_v2_infer(ctypes.byref(a)))
+    if _L.megamoe_combine_v2_infer(ctypes.byref(a)) != 0:
+        a.x.ndim, a.x.shape[0] = 1, 0  # invalid arguments: the call reports them on every rank
     x = _alloc(a.x)
     check(_L.megamoe_combine_v2(ctypes.byref(a)))
     _perf_back(performance_info, perf)
@@ -325,7 +336,9 @@ def npu_moe_distribute_combine_add_rms_norm(expand_x, expert_ids, expand_idx, ep
     call.tensor(a.residual_x, residual_x, "residual_x")
     call.tensor(a.gamma, gamma, "gamma")
     a.norm_eps = float(norm_eps)
-    check(_L.megamoe_combine_add_rms_norm_infer(ctypes.byref(a)))
+    if _L.megamoe_combine_add_rms_norm_infer(ctypes.byref(a)) != 0:
+        for t in (a.combine.x, a.y, a.rstd):
+            t.ndim, t.shape[0] = 1, 0  # invalid arguments: the call reports them on every rank
     x = _alloc(a.combine.x)
     y = _alloc(a.y)
     rstd = _alloc(a.rstd)

@@ -26,7 +26,7 @@ static struct {
 static const char *const mm_v2_attr_names[MM_V2_NATTR] = {
     "operator",        "ep_world_size",    "moe_expert_num",    "shared_expert_num",
     "shared_expert_rank_num", "expert_shard_type", "K (expert_ids dim 1)", "H",
-    "token dtype",     "expand_x dtype",   "quant_mode",        "global_bs (BS * ep_world_size when 0)",
+    "token dtype",     "quant_mode",       "expand_x dtype",    "global_bs (BS * ep_world_size when 0)",
     "tp_world_size",   "comm_alg",         "zero_expert_num",   "copy_expert_num",
     "const_expert_num", "comm_quant_mode", "elastic_info",
     "MEGAMOE_RANKS_PER_NODE"};

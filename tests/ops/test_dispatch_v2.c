@@ -180,6 +180,41 @@ MM_TEST(invalid_argument_on_one_rank_reaches_both)
     example_free(&ex);
 }
 
+/* The output-shape rules (spec §6) can only be broken through the C API. */
+MM_TEST(output_shapes_checked_on_every_rank)
+{
+    ASSERT_TRUE(world() != NULL);
+    example_t ex;
+    memset(&ex, 0, sizeof ex);
+    ASSERT_OK(example_dispatch(&ex, 1));
+    static const char *const keys[] = {"expand_x dim 0", "expand_x dim 1", "expand_x dtype",
+                                       "dynamic_scales", "assist_info_for_combine",
+                                       "expert_token_nums", "ep_recv_counts", "expand_scales"};
+    for (int c = 0; c < 8; c++) {
+        megamoe_dispatch_v2_args_t a = ex.a;
+        float ws[BS * K] = {0};
+        if (mm_test_rank() == 1) {
+            switch (c) {
+            case 0: a.expand_x.shape[0] = 7; break;
+            case 1: a.expand_x.shape[1] = H + 1; break;
+            case 2: a.expand_x.dtype = MEGAMOE_DTYPE_INT8; break;
+            case 3: a.dynamic_scales.shape[0] = 3; break;
+            case 4: a.assist_info_for_combine.shape[0] = 3 * 8 - 1; break;
+            case 5: a.expert_token_nums.shape[0] = 3; break;
+            case 6: a.ep_recv_counts.shape[0] = 3; break;
+            default:
+                a.expert_scales = tens(ws, MEGAMOE_DTYPE_FP32, 2, BS, K);
+                a.expand_scales.shape[0] = 7;
+                break;
+            }
+        }
+        ASSERT_STATUS(megamoe_dispatch_v2(&a), MEGAMOE_INVALID_ARGUMENT);
+        ASSERT_CONTAINS(megamoe_last_error(), keys[c]);
+    }
+    ASSERT_OK(megamoe_dispatch_v2(&ex.a));
+    example_free(&ex);
+}
+
 MM_TEST(zz_release_then_destroy)
 {
     ASSERT_TRUE(world() != NULL);
