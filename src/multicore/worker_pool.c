@@ -80,6 +80,11 @@ megamoe_status_t mm_pool_create(int n_workers, mm_pool_t **pool_p)
     pthread_mutex_init(&pool->lock, NULL);
     pthread_cond_init(&pool->start, NULL);
     pthread_cond_init(&pool->done, NULL);
+    /* The CPU feature probes cache their answer in plain statics on first use; answer them here,
+     * before any worker exists, so workers only ever read them (no race, TSan-clean). */
+    (void)mm_cpu_has_avx512();
+    (void)mm_cpu_has_avx512_bf16();
+    (void)mm_cpu_has_amx_bf16();
     pool->workers = calloc((size_t)n_workers, sizeof *pool->workers);
     if (pool->workers == NULL) {
         mm_pool_destroy(pool);
