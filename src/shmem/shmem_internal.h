@@ -132,7 +132,9 @@ static inline char *mm_shmem_slot_outbox(char *base, int slot, uint64_t parity)
 /* Copy for puts/gets: non-temporal AVX-512 stores from MM_SHMEM_NT_THRESHOLD bytes (followed
  * by sfence, so a later signal store cannot overtake the data), else memcpy. */
 void mm_shmem_copy(void *dst, const void *src, size_t n);
+#ifndef MM_SHMEM_NT_THRESHOLD
 #define MM_SHMEM_NT_THRESHOLD (1u << 20)
+#endif
 
 /* ---- liveness.c ---- */
 megamoe_status_t mm_shmem_liveness_start(void);

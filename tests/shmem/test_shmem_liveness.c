@@ -1,0 +1,44 @@
+/* A loss only rank 0 can see reaches everyone (run under `megamoe launch -n 3`).
+ *
+ * Rank 2 stays alive but shuts its bootstrap connection down. Rank 0 notices the closed
+ * connection and publishes the loss in the job-lost word of its heap; rank 1, whose own
+ * monitor sees nothing wrong (rank 2's process is alive, its own connection is fine), must
+ * still get PEER_LOST within 2 s through that word. Rank 2 sees rank 0's side close.
+ */
+#include <stdio.h>
+#include <sys/socket.h>
+
+#include "shmem/shmem_internal.h"
+#include "shmem_test_util.h"
+
+MM_TEST(loss_seen_by_rank_0_reaches_every_rank)
+{
+    mm_shmem_params_t p = mm_t_params();
+    ASSERT_OK(mm_shmem_acquire(&p));
+    int me = mm_shmem_my_pe();
+    ASSERT_EQ_INT(mm_shmem_n_pes(), 3);
+    uint64_t *sig = NULL, *when = NULL;
+    ASSERT_OK(mm_shmem_calloc(64, 64, (void **)&sig));
+    ASSERT_OK(mm_shmem_calloc(64, 64, (void **)&when));
+    ASSERT_OK(mm_shmem_barrier_all());
+    if (me == 2) {
+        mm_sleep_ns(200000000ull);
+        uint64_t now = mm_now_ns();
+        mm_shmem_put(when, &now, sizeof now, 1);
+        mm_shmem_quiet();
+        ASSERT_EQ_INT(shutdown(mm_boot_fd(mm_shmem_g.boot, 0), SHUT_RDWR), 0);
+    }
+    ASSERT_STATUS(mm_shmem_signal_wait_until(sig, MM_SHMEM_CMP_GE, 1, NULL), MEGAMOE_PEER_LOST);
+    const char *e = megamoe_last_error();
+    if (me == 0) ASSERT_CONTAINS(e, "rank 2 was lost (its bootstrap connection closed)");
+    if (me == 2) ASSERT_CONTAINS(e, "rank 0 was lost (its bootstrap connection closed)");
+    if (me == 1) {
+        ASSERT_CONTAINS(e, "reported by another rank");
+        double latency = (double)(mm_now_ns() - __atomic_load_n(when, __ATOMIC_ACQUIRE)) * 1e-9;
+        fprintf(stderr, "rank 1 learnt of the loss %.3f s after it happened\n", latency);
+        ASSERT_TRUE(latency < 2.0);
+        ASSERT_TRUE(mm_shmem_pe_alive(1));
+    }
+    ASSERT_STATUS(mm_shmem_release(), MEGAMOE_PEER_LOST);
+    ASSERT_FALSE(mm_shmem_is_running());
+}
