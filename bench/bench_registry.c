@@ -7,10 +7,12 @@
 
 /* Each bench file defines one of these. */
 extern const mm_bench_def_t mm_bench_convert_def;
+extern const mm_bench_def_t mm_bench_shmem_def;
 extern const mm_bench_def_t mm_bench_layer_def;
 
 static const mm_bench_def_t *const mm_benches[] = {
     &mm_bench_convert_def,
+    &mm_bench_shmem_def,
     &mm_bench_layer_def,
 };
 
