@@ -266,12 +266,15 @@ static int mm_supervise(mm_child_t *c, int n, char *text, size_t cap, double tim
             alive--;
             if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && !failed) {
                 failed = 1;
+                char who[96];
+                if (n > 1) snprintf(who, sizeof who, "%s %d", what, i);
+                else snprintf(who, sizeof who, "%s", what);
                 if (WIFSIGNALED(st))
-                    fprintf(stderr, "bench shmem: %s %d was killed by signal %d; stopping the run\n",
-                            what, i, WTERMSIG(st));
+                    fprintf(stderr, "bench shmem: %s was killed by signal %d; stopping the run\n",
+                            who, WTERMSIG(st));
                 else
-                    fprintf(stderr, "bench shmem: %s %d exited with status %d; stopping the run\n",
-                            what, i, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+                    fprintf(stderr, "bench shmem: %s exited with status %d (a rank failed or "
+                            "died); stopping the run\n", who, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
                 for (int j = 0; j < n; j++)
                     if (!done[j]) kill(c[j].pid, SIGKILL);
             }
