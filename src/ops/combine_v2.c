@@ -45,24 +45,28 @@ void mm_v2c_accumulate(const mm_v2_combine_t *c, float *acc, const uint8_t *payl
     }
 }
 
-/* Copy and const experts (zero experts add nothing). scratch: 3 * H floats. */
-void mm_v2c_special(const mm_v2_combine_t *c, int64_t t, int64_t e, float w, float *acc,
-                    float *scratch)
+/* One contribution to a token's sum, applied to chunks of H in the fixed order (the sum of
+ * each element is still k ascending: chunking only keeps the accumulator in L1 while all the
+ * token's rows stream in together, which doubles the read bandwidth). */
+enum { MM_V2C_ROW_W, MM_V2C_ROW, MM_V2C_CQ_W, MM_V2C_CQ, MM_V2C_CONST };
+typedef struct {
+    const uint8_t *p; /* XType row, transport record, or ori_x row (const) */
+    const uint8_t *v; /* const expert: its v row */
+    float w, p1, p2;
+    int kind;
+} mm_v2c_term_t;
+#define MM_V2C_CHUNK 1024
+
+/* Softmax gates (p1, p2) of const expert ci for token t (A3 form, spec §5.3). */
+static void mm_v2c_const_gates(const mm_v2_combine_t *c, int64_t t, int64_t ci, float *scratch,
+                               float *p1, float *p2)
 {
     const mm_v2_cfg_t *g = &c->c;
     const megamoe_combine_v2_args_t *a = c->a;
     int64_t h = g->h;
     size_t xrow = (size_t)h * g->xsize;
-    const uint8_t *ori = (const uint8_t *)a->ori_x.data + (size_t)t * xrow;
-    if (e < g->E + g->Z) return; /* zero expert */
-    if (e < g->E + g->Z + g->Cp) {
-        mm_v2_axpy_x(g->xtype, acc, ori, w, h);
-        return;
-    }
-    /* const expert, A3 form: softmax gating of (alpha1 . x, alpha2 . x) between x and v */
-    int64_t ci = e - (g->E + g->Z + g->Cp);
     float *xf = scratch, *tmp = scratch + h;
-    mm_v2_widen(g->xtype, ori, xf, h);
+    mm_v2_widen(g->xtype, (const uint8_t *)a->ori_x.data + (size_t)t * xrow, xf, h);
     float alpha[2];
     const megamoe_tensor_t *al[2] = {&a->const_expert_alpha_1, &a->const_expert_alpha_2};
     for (int j = 0; j < 2; j++) {
@@ -74,13 +78,80 @@ void mm_v2c_special(const mm_v2_combine_t *c, int64_t t, int64_t e, float w, flo
     float d0 = alpha[0] - m, d1 = alpha[1] - m;
     float e0 = (float)exp((double)d0), e1 = (float)exp((double)d1);
     float sum = e0 + e1;
-    float p1 = e0 / sum, p2 = e1 / sum;
-    mm_v2_widen(g->xtype, (const uint8_t *)a->const_expert_v.data + (size_t)ci * xrow, tmp, h);
-    for (int64_t i = 0; i < h; i++) {
-        float u = xf[i] * p1, v = tmp[i] * p2;
-        float s = u + v;
-        float p = s * w;
-        acc[i] = acc[i] + p;
+    *p1 = e0 / sum;
+    *p2 = e1 / sum;
+}
+
+/* Term of a special expert e (zero: kind -1). */
+static mm_v2c_term_t mm_v2c_special_term(const mm_v2_combine_t *c, int64_t t, int64_t e, float w,
+                                         float *scratch)
+{
+    const mm_v2_cfg_t *g = &c->c;
+    const megamoe_combine_v2_args_t *a = c->a;
+    size_t xrow = (size_t)g->h * g->xsize;
+    mm_v2c_term_t tm = {(const uint8_t *)a->ori_x.data + (size_t)t * xrow, NULL, w, 0, 0, -1};
+    if (e < g->E + g->Z) return tm; /* zero expert */
+    if (e < g->E + g->Z + g->Cp) {
+        tm.kind = MM_V2C_ROW_W; /* copy expert */
+        return tm;
+    }
+    int64_t ci = e - (g->E + g->Z + g->Cp);
+    mm_v2c_const_gates(c, t, ci, scratch, &tm.p1, &tm.p2);
+    tm.v = (const uint8_t *)a->const_expert_v.data + (size_t)ci * xrow;
+    tm.kind = MM_V2C_CONST;
+    return tm;
+}
+
+/* acc[0, n) += the term's elements [c0, c0 + n); tmp: 2 * n floats. */
+static void mm_v2c_term_chunk(const mm_v2_combine_t *c, const mm_v2c_term_t *tm, float *acc,
+                              int64_t c0, int64_t n, float *tmp)
+{
+    megamoe_dtype_t xt = c->c.xtype;
+    size_t xs = c->c.xsize;
+    switch (tm->kind) {
+    case MM_V2C_ROW_W: mm_v2_axpy_x(xt, acc, tm->p + (size_t)c0 * xs, tm->w, n); break;
+    case MM_V2C_ROW: mm_v2_add_x(xt, acc, tm->p + (size_t)c0 * xs, n); break;
+    case MM_V2C_CQ_W:
+    case MM_V2C_CQ:
+        mm_v2_cq_dequant_range(xt, c->c.h, tm->p, c0, n, tmp);
+        mm_v2_axpy_f(acc, tmp, tm->kind == MM_V2C_CQ_W ? tm->w : 1.0f, n);
+        break;
+    case MM_V2C_CONST: {
+        float *xf = tmp, *vf = tmp + n;
+        mm_v2_widen(xt, tm->p + (size_t)c0 * xs, xf, n);
+        mm_v2_widen(xt, tm->v + (size_t)c0 * xs, vf, n);
+        for (int64_t i = 0; i < n; i++) {
+            float u = xf[i] * tm->p1, v = vf[i] * tm->p2;
+            float sum = u + v;
+            float p = sum * tm->w;
+            acc[i] = acc[i] + p;
+        }
+        break;
+    }
+    default: break;
+    }
+}
+
+/* acc[0, H) = the terms summed in order, chunk by chunk. */
+static void mm_v2c_sum_terms(const mm_v2_combine_t *c, const mm_v2c_term_t *terms, int nterms,
+                             float *acc, float *tmp)
+{
+    int64_t h = c->c.h;
+    for (int64_t c0 = 0; c0 < h; c0 += MM_V2C_CHUNK) {
+        int64_t n = h - c0 < MM_V2C_CHUNK ? h - c0 : MM_V2C_CHUNK;
+        memset(acc + c0, 0, (size_t)n * 4);
+        for (int i = 0; i < nterms; i++) mm_v2c_term_chunk(c, &terms[i], acc + c0, c0, n, tmp);
+    }
+}
+
+/* Copy and const experts (zero experts add nothing) onto acc. scratch: 3 * H floats. */
+void mm_v2c_special(const mm_v2_combine_t *c, int64_t t, int64_t e, float w, float *acc,
+                    float *scratch)
+{
+    mm_v2c_term_t tm = mm_v2c_special_term(c, t, e, w, scratch);
+    for (int64_t c0 = 0; c0 < c->c.h && tm.kind >= 0; c0 += MM_V2C_CHUNK) {
+        int64_t n = c->c.h - c0 < MM_V2C_CHUNK ? c->c.h - c0 : MM_V2C_CHUNK;
+        mm_v2c_term_chunk(c, &tm, acc + c0, c0, n, scratch);
     }
 }
 
@@ -262,32 +333,36 @@ static megamoe_status_t mm_v2c_reduce(mm_v2_combine_t *c, const uint8_t *process
     if (mm_aligned_alloc((size_t)h * 16, 64, "combine accumulators", (void **)&acc))
         return MEGAMOE_OUT_OF_MEMORY;
     float *scratch = acc + h; /* 3 * H */
+    mm_v2c_term_t terms[16 + 4 + 1];
     const int32_t *ids = a->expert_ids.data;
     const uint8_t *mask = a->x_active_mask.data;
     const float *w = a->expert_scales.data;
     size_t stamp_off = c->cstride - 8;
     size_t xrow = (size_t)h * g->xsize;
+    int cq = g->comm_quant != 0;
     megamoe_status_t st = MEGAMOE_OK;
     for (int64_t t = 0; t < g->bs && st == MEGAMOE_OK; t++) {
         if (!processed[t]) continue;
-        memset(acc, 0, (size_t)h * 4);
-        for (int64_t k = 0; k < c->KS && st == MEGAMOE_OK; k++) {
+        int nt = 0;
+        for (int64_t k = 0; k < c->KS; k++) {
             int64_t slot = t * c->KS + k;
             if (k < K) {
                 if (g->mask_dim == 2 && !mask[t * K + k]) continue;
                 int64_t e = ids[t * K + k];
                 if (e >= g->E) {
-                    mm_v2c_special(c, t, e, w[t * K + k], acc, scratch);
+                    mm_v2c_term_t tm = mm_v2c_special_term(c, t, e, w[t * K + k], scratch);
+                    if (tm.kind >= 0) terms[nt++] = tm;
                     continue;
                 }
             }
-            const uint8_t *p;
+            mm_v2c_term_t tm = {NULL, NULL, k < K ? w[t * K + k] : 1.0f, 0, 0, 0};
             if (c->selfrow && c->selfrow[slot] >= 0) {
-                p = (const uint8_t *)a->expand_x.data + (size_t)c->selfrow[slot] * xrow;
+                tm.p = (const uint8_t *)a->expand_x.data + (size_t)c->selfrow[slot] * xrow;
+                tm.kind = k < K ? MM_V2C_ROW_W : MM_V2C_ROW;
             } else {
-                p = mm_v2c_slot(c, MM_V2C_SLOTS, slot);
+                tm.p = mm_v2c_slot(c, MM_V2C_SLOTS, slot);
                 uint64_t stamp;
-                memcpy(&stamp, p + stamp_off, 8);
+                memcpy(&stamp, tm.p + stamp_off, 8);
                 if (stamp != c->call.gen) {
                     st = mm_error(MEGAMOE_INVALID_ARGUMENT, "combine_v2: no expert row came back "
                                   "for token %lld slot %lld: expert_ids, x_active_mask, "
@@ -295,12 +370,17 @@ static megamoe_status_t mm_v2c_reduce(mm_v2_combine_t *c, const uint8_t *process
                                   "the matching dispatch_v2", (long long)t, (long long)k);
                     break;
                 }
+                tm.kind = cq ? (k < K ? MM_V2C_CQ_W : MM_V2C_CQ) : (k < K ? MM_V2C_ROW_W : MM_V2C_ROW);
             }
-            mm_v2c_accumulate(c, acc, p, k < K ? w[t * K + k] : 1.0f, k < K, scratch);
+            terms[nt++] = tm;
         }
         if (st != MEGAMOE_OK) break;
-        if (a->shared_expert_x.data)
-            mm_v2_add_x(g->xtype, acc, (const uint8_t *)a->shared_expert_x.data + (size_t)t * xrow, h);
+        if (a->shared_expert_x.data) {
+            mm_v2c_term_t tm = {(const uint8_t *)a->shared_expert_x.data + (size_t)t * xrow, NULL,
+                                1.0f, 0, 0, MM_V2C_ROW};
+            terms[nt++] = tm;
+        }
+        mm_v2c_sum_terms(c, terms, nt, acc, scratch);
         mm_v2c_emit(c, t, acc, scratch);
     }
     mm_aligned_free(acc);

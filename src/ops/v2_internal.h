@@ -203,9 +203,15 @@ void mm_v2_cq_quant(megamoe_dtype_t xtype, int64_t h, const void *y, void *rec);
 /* Dequantise a record to XType values and widen to fp32 (y' of the spec); out has room for
  * 2 * h floats (the second half is scratch). */
 void mm_v2_cq_dequant_f32(megamoe_dtype_t xtype, int64_t h, const void *rec, float *out);
+/* The same for elements [c0, c0 + n) of the row (c0 a multiple of 8). */
+void mm_v2_cq_dequant_range(megamoe_dtype_t xtype, int64_t h, const void *rec, int64_t c0,
+                            int64_t n, float *out);
 
 /* ---- small numeric helpers (exact; see docs/ops.md) ------------------------------------ */
 
+/* memcpy, or with non-temporal stores (ending with sfence) when stream is set: for large
+ * write-once destinations (expand_x, a peer's receive region) that would only evict caches. */
+void mm_v2_copy(void *dst, const void *src, size_t n, int stream);
 /* Widen n XType values to fp32. */
 void mm_v2_widen(megamoe_dtype_t t, const void *src, float *dst, int64_t n);
 /* Round n fp32 values to XType (RNE). */

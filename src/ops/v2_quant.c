@@ -38,3 +38,12 @@ void mm_v2_cq_dequant_f32(megamoe_dtype_t xtype, int64_t h, const void *rec, flo
     (void)mm_comm_dequant_int8(rec, (const uint8_t *)rec + mm_v2_cq_scale_off(h), xtype, h, y);
     mm_v2_widen(xtype, y, out, h);
 }
+
+void mm_v2_cq_dequant_range(megamoe_dtype_t xtype, int64_t h, const void *rec, int64_t c0,
+                            int64_t n, float *out)
+{
+    uint16_t *y = (uint16_t *)(out + n);
+    const uint8_t *sc = (const uint8_t *)rec + mm_v2_cq_scale_off(h) + (size_t)(c0 / 8) * 2;
+    (void)mm_comm_dequant_int8((const int8_t *)rec + c0, sc, xtype, n, y);
+    mm_v2_widen(xtype, y, out, n);
+}
