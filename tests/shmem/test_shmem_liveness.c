@@ -17,8 +17,9 @@ MM_TEST(loss_seen_by_rank_0_reaches_every_rank)
     ASSERT_OK(mm_shmem_acquire(&p));
     int me = mm_shmem_my_pe();
     ASSERT_EQ_INT(mm_shmem_n_pes(), 3);
-    uint64_t *sig = NULL, *when = NULL;
+    uint64_t *sig = NULL, *when = NULL, *ack = NULL;
     ASSERT_OK(mm_shmem_calloc(64, 64, (void **)&sig));
+    ASSERT_OK(mm_shmem_calloc(64, 64, (void **)&ack));
     ASSERT_OK(mm_shmem_calloc(64, 64, (void **)&when));
     ASSERT_OK(mm_shmem_barrier_all());
     if (me == 2) {
@@ -38,6 +39,17 @@ MM_TEST(loss_seen_by_rank_0_reaches_every_rank)
         fprintf(stderr, "rank 1 learnt of the loss %.3f s after it happened\n", latency);
         ASSERT_TRUE(latency < 2.0);
         ASSERT_TRUE(mm_shmem_pe_alive(1));
+        /* puts still work (the heaps stay mapped): let the others go */
+        uint64_t one = 1;
+        mm_shmem_put(ack, &one, sizeof one, 0);
+        mm_shmem_put(ack, &one, sizeof one, 2);
+        mm_shmem_quiet();
+    } else {
+        /* stay alive and connected until rank 1 has seen the loss through the job word (our
+         * exit would be a loss it notices by itself) */
+        double end = mm_now_s() + 10;
+        while (!__atomic_load_n(ack, __ATOMIC_ACQUIRE) && mm_now_s() < end) mm_sleep_ns(1000000);
+        ASSERT_EQ_U64(__atomic_load_n(ack, __ATOMIC_ACQUIRE), 1);
     }
     ASSERT_STATUS(mm_shmem_release(), MEGAMOE_PEER_LOST);
     ASSERT_FALSE(mm_shmem_is_running());
