@@ -290,6 +290,7 @@ static megamoe_status_t mm_v2c_send(mm_v2_combine_t *c)
     if (mm_aligned_alloc(c->cstride, 64, "combine row", (void **)&tmp)) return MEGAMOE_OUT_OF_MEMORY;
     size_t stamp_off = c->cstride - 8;
     uint64_t gen = c->call.gen;
+    int stream = (uint64_t)c->n_own * c->pay > (64u << 20);
     for (int64_t i = 0; i < c->n_own; i++) {
         int64_t s = tr[3 * i], slot = (int64_t)tr[3 * i + 1] * c->KS + tr[3 * i + 2];
         if (s == g->erank && plain_self) {
@@ -305,8 +306,14 @@ static megamoe_status_t mm_v2c_send(mm_v2_combine_t *c)
             continue;
         }
         int pe = mm_v2c_pe(c, s);
-        mm_shmem_put(to, p, c->pay, pe);
-        mm_shmem_put(to + stamp_off, &gen, 8, pe);
+        uint8_t *direct = mm_shmem_ptr(to, pe); /* same host: write straight into the peer */
+        if (direct) {
+            mm_v2_copy(direct, p, c->pay, stream);
+            memcpy(direct + stamp_off, &gen, 8);
+        } else {
+            mm_shmem_put(to, p, c->pay, pe);
+            mm_shmem_put(to + stamp_off, &gen, 8, pe);
+        }
     }
     mm_aligned_free(tmp);
     mm_shmem_fence();

@@ -173,8 +173,15 @@ static void mm_v2d_put(const mm_v2_dispatch_t *d, int64_t dst, int pe, int64_t r
                        int64_t pos, const uint8_t *payload, const mm_v2_meta_t *meta)
 {
     uint8_t *to = mm_v2d_rec(d, MM_V2D_RECV, region, pos);
-    mm_shmem_put(to, payload, d->c.quant ? d->meta_off : d->c.row_bytes, pe);
-    mm_shmem_put(to + d->meta_off, meta, sizeof *meta, pe);
+    size_t n = d->c.quant ? d->meta_off : d->c.row_bytes;
+    uint8_t *direct = mm_shmem_ptr(to, pe); /* same host: write straight into the peer */
+    if (direct) {
+        mm_v2_copy(direct, payload, n, d->stream);
+        memcpy(direct + d->meta_off, meta, sizeof *meta);
+    } else {
+        mm_shmem_put(to, payload, n, pe);
+        mm_shmem_put(to + d->meta_off, meta, sizeof *meta, pe);
+    }
     (void)dst;
 }
 
@@ -242,7 +249,7 @@ static void mm_v2d_place(const mm_v2_dispatch_t *d, const mm_v2d_out_t *o, int64
                          const mm_v2_meta_t *meta)
 {
     const mm_v2_cfg_t *c = &d->c;
-    memcpy(o->xo + (size_t)row * c->row_bytes, payload, c->row_bytes);
+    mm_v2_copy(o->xo + (size_t)row * c->row_bytes, payload, c->row_bytes, d->stream);
     if (o->so) memcpy(o->so + (size_t)row * c->scale_bytes, scales, c->scale_bytes);
     o->assist[3 * row] = (int32_t)s;
     o->assist[3 * row + 1] = meta->t;
@@ -473,6 +480,8 @@ static megamoe_status_t mm_v2d_local(mm_v2_dispatch_t *d)
     d->scale_off = mm_align_up(c->row_bytes, 16);
     d->meta_off = d->scale_off + mm_align_up(c->scale_bytes, 16);
     d->stride = mm_align_up(d->meta_off + sizeof(mm_v2_meta_t), 64);
+    /* outputs far beyond the last-level cache are written with streaming stores */
+    d->stream = (uint64_t)c->T * (uint64_t)c->A * c->row_bytes > (64u << 20);
     return mm_v2d_plan(d);
 }
 

@@ -37,6 +37,7 @@ typedef struct mm_v2_dispatch {
     int64_t *rows_to;           /* [eW] rows per destination */
     /* record layout */
     size_t scale_off, meta_off, stride;
+    int stream;                 /* large call: non-temporal copies into expand_x and peers */
     /* receive side */
     int32_t *rcnt;              /* [eW*Lmax] rows per (source, my local expert) */
     int64_t *src_region;        /* [eW] first record of source s's region in my RECV segment */

@@ -180,6 +180,22 @@ MM_TEST(invalid_argument_on_one_rank_reaches_both)
     example_free(&ex);
 }
 
+/* Workspaces are cached: repeated calls with the same sizes allocate nothing. */
+MM_TEST(repeated_calls_do_not_allocate)
+{
+    ASSERT_TRUE(world() != NULL);
+    example_t ex;
+    memset(&ex, 0, sizeof ex);
+    ASSERT_OK(example_dispatch(&ex, 1));
+    mm_shmem_debug_state_t s0, s1;
+    ASSERT_OK(mm_shmem_debug_state(&s0));
+    for (int i = 0; i < 5; i++) ASSERT_OK(megamoe_dispatch_v2(&ex.a));
+    ASSERT_OK(mm_shmem_debug_state(&s1));
+    ASSERT_EQ_INT(s1.live_allocations, s0.live_allocations);
+    ASSERT_EQ_U64(s1.bytes_used, s0.bytes_used);
+    example_free(&ex);
+}
+
 /* The output-shape rules (spec §6) can only be broken through the C API. */
 MM_TEST(output_shapes_checked_on_every_rank)
 {
