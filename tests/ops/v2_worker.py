@@ -212,6 +212,13 @@ def run_case(case):
         got = ops.npu_moe_distribute_combine_v2(expand, ids, outs[2], outs[4], cws, group_ep,
                                                 cfg.W, e, cfg.E, performance_info=perf2, **kw)
         same("combine x", got, cref[RANK]["x"])
+        if cfg.hier:  # hierarchy = fullmesh up to fp32 re-association (then one rounding)
+            flat = dict(case, hier=0)
+            fm = R.combine_world(flat, inputs, ref, eo)[RANK]["x"]
+            g, f = R.widen(tensor_bits(got), cfg.xt), R.widen(fm, cfg.xt)
+            if not np.allclose(g, f, rtol=2.0 ** -6, atol=1e-3):
+                raise AssertionError(f"hierarchy differs from fullmesh beyond re-association: "
+                                     f"max |diff| {np.max(np.abs(g - f))}")
         if case.get("identity") and not any((cfg.NS, cfg.Z, cfg.Cp, cfg.Cn, cfg.cq, cfg.tp)) \
                 and me["mask"] is None and "sxx" not in me:
             # dispatch then identity experts: x = sum_k scale_k * x, in fp32, one rounding
