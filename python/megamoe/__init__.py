@@ -14,3 +14,6 @@ __all__ = ["MegaMoeError", "check", "status_name", "status_str", "__version__", 
 
 from .experts import MegaMoeExperts  # noqa: E402  the torch layer (seed 000)
 __all__ += ["MegaMoeExperts"]
+
+from ._fp8 import float8_e4m3fn, float8_e5m2  # noqa: E402  fp8 y_dtype of megamoe.ops
+__all__ += ["float8_e4m3fn", "float8_e5m2"]
