@@ -9,11 +9,15 @@
 extern const mm_bench_def_t mm_bench_convert_def;
 extern const mm_bench_def_t mm_bench_shmem_def;
 extern const mm_bench_def_t mm_bench_layer_def;
+extern const mm_bench_def_t mm_bench_gemm_def;
+extern const mm_bench_def_t mm_bench_dispatch_def;
 
 static const mm_bench_def_t *const mm_benches[] = {
     &mm_bench_convert_def,
     &mm_bench_shmem_def,
     &mm_bench_layer_def,
+    &mm_bench_gemm_def,
+    &mm_bench_dispatch_def,
 };
 
 #define MM_BENCH_COUNT (sizeof mm_benches / sizeof mm_benches[0])

@@ -18,6 +18,8 @@
  * calling thread's OpenMP thread count to args->threads around oneDNN and restores it, so
  * oneDNN never starts threads nobody asked for.
  */
+#include "gemm_onednn.h"
+
 #ifdef MM_HAVE_ONEDNN
 #include <omp.h>
 #include <pthread.h>
@@ -452,6 +454,31 @@ static megamoe_status_t mm_onednn_gemm(const mm_gemm_args_t *a)
     return st;
 }
 
+/* dst (layout `to`) = src (layout `from`), on the calling thread's stream. */
+static megamoe_status_t mm_dnnl_reorder(const dnnl_memory_desc_t *from, const void *src,
+                                        const dnnl_memory_desc_t *to, void *dst)
+{
+    dnnl_stream_t stream;
+    MM_CHECK(mm_stream(&stream));
+    dnnl_primitive_desc_t rpd = NULL;
+    dnnl_primitive_t reorder = NULL;
+    dnnl_memory_t mfrom = NULL, mto = NULL;
+    dnnl_status_t s = dnnl_reorder_primitive_desc_create(&rpd, from, mm_engine, to, mm_engine, NULL);
+    if (s == dnnl_success) s = dnnl_primitive_create(&reorder, rpd);
+    if (s == dnnl_success) s = dnnl_memory_create(&mfrom, from, mm_engine, (void *)src);
+    if (s == dnnl_success) s = dnnl_memory_create(&mto, to, mm_engine, dst);
+    if (s == dnnl_success) {
+        dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, mfrom}, {DNNL_ARG_TO, mto}};
+        s = dnnl_primitive_execute(reorder, stream, 2, args);
+        if (s == dnnl_success) s = dnnl_stream_wait(stream);
+    }
+    if (mfrom) dnnl_memory_destroy(mfrom);
+    if (mto) dnnl_memory_destroy(mto);
+    if (reorder) dnnl_primitive_destroy(reorder);
+    if (rpd) dnnl_primitive_desc_destroy(rpd);
+    return s == dnnl_success ? MEGAMOE_OK : mm_dnnl_fail(s, "weight reorder");
+}
+
 /* Choose oneDNN's preferred layout for [K,N] (as a brgemm matmul of MM_DNNL_MB rows sees it)
  * and reorder the source into it. */
 static megamoe_status_t mm_onednn_pack_impl(mm_gemm_weight_t *w, mm_dnnl_weight_t *lw)
@@ -487,27 +514,8 @@ static megamoe_status_t mm_onednn_pack_impl(mm_gemm_weight_t *w, mm_dnnl_weight_
     MM_CHECK(mm_aligned_alloc(bytes, MM_CACHE_LINE, "oneDNN packed weight", &data));
     if (w->form == MM_GEMM_NT) s = dnnl_memory_desc_init_by_strides(&from, 2, wd, dnnl_bf16, (dnnl_dims_t){1, w->ld});
     else s = dnnl_memory_desc_init_by_strides(&from, 2, wd, dnnl_bf16, (dnnl_dims_t){w->ld, 1});
-    dnnl_primitive_desc_t rpd = NULL;
-    dnnl_primitive_t reorder = NULL;
-    dnnl_memory_t mfrom = NULL, mto = NULL;
-    dnnl_stream_t stream;
-    megamoe_status_t st = mm_stream(&stream);
-    if (st == MEGAMOE_OK) {
-        if (s == dnnl_success) s = dnnl_reorder_primitive_desc_create(&rpd, &from, mm_engine, &lw->md, mm_engine, NULL);
-        if (s == dnnl_success) s = dnnl_primitive_create(&reorder, rpd);
-        if (s == dnnl_success) s = dnnl_memory_create(&mfrom, &from, mm_engine, (void *)w->src);
-        if (s == dnnl_success) s = dnnl_memory_create(&mto, &lw->md, mm_engine, data);
-        if (s == dnnl_success) {
-            dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, mfrom}, {DNNL_ARG_TO, mto}};
-            s = dnnl_primitive_execute(reorder, stream, 2, args);
-            if (s == dnnl_success) s = dnnl_stream_wait(stream);
-        }
-        if (s != dnnl_success) st = mm_dnnl_fail(s, "weight reorder");
-    }
-    if (mfrom) dnnl_memory_destroy(mfrom);
-    if (mto) dnnl_memory_destroy(mto);
-    if (reorder) dnnl_primitive_destroy(reorder);
-    if (rpd) dnnl_primitive_desc_destroy(rpd);
+    megamoe_status_t st = s == dnnl_success ? mm_dnnl_reorder(&from, w->src, &lw->md, data)
+                                            : mm_dnnl_fail(s, "memory descriptor");
     if (st != MEGAMOE_OK) {
         mm_aligned_free(data);
         return st;
@@ -545,4 +553,123 @@ const mm_gemm_backend_ops_t mm_gemm_onednn_ops = {
     .weight_release = mm_onednn_weight_release,
     .gemm_grouped = NULL,
 };
+
+/* ---- the plain baseline (gemm_onednn.h) -------------------------------------------------- */
+
+struct mm_onednn_plain {
+    int64_t M, K, N;
+    int packed, threads;
+    dnnl_primitive_desc_t pd;
+    dnnl_primitive_t prim;
+    dnnl_memory_desc_t wmd;
+};
+
+megamoe_status_t mm_onednn_plain_create(int64_t M, int64_t K, int64_t N, int packed_weights,
+                                        int threads, mm_onednn_plain_t **plain_p)
+{
+    MM_CHECK(mm_onednn_probe());
+    if (M <= 0 || K <= 0 || N <= 0 || plain_p == NULL)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_onednn_plain_create: bad arguments");
+    if (threads < 1) threads = 1;
+    mm_onednn_plain_t *p = calloc(1, sizeof *p);
+    if (p == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "mm_onednn_plain_create: out of memory");
+    p->M = M, p->K = K, p->N = N, p->packed = packed_weights, p->threads = threads;
+    dnnl_memory_desc_t src, wei, dst;
+    dnnl_dims_t sd = {M, K}, wd = {K, N}, dd = {M, N};
+    int prev = mm_omp_enter(threads);
+    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&src, 2, sd, dnnl_bf16, dnnl_ab);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&wei, 2, wd, dnnl_bf16, packed_weights ? dnnl_format_tag_any : dnnl_ab);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&dst, 2, dd, dnnl_f32, dnnl_ab);
+    dnnl_matmul_desc_t md;
+    if (s == dnnl_success) s = dnnl_matmul_desc_init(&md, &src, &wei, NULL, &dst);
+    if (s == dnnl_success) s = dnnl_primitive_desc_create(&p->pd, &md, NULL, mm_engine, NULL);
+    if (s == dnnl_success) s = dnnl_primitive_create(&p->prim, p->pd);
+    mm_omp_leave(prev, threads);
+    if (s != dnnl_success) {
+        mm_onednn_plain_destroy(p);
+        return mm_dnnl_fail(s, "plain matmul primitive");
+    }
+    p->wmd = *dnnl_primitive_desc_query_md(p->pd, dnnl_query_weights_md, 0);
+    *plain_p = p;
+    return MEGAMOE_OK;
+}
+
+size_t mm_onednn_plain_weight_bytes(const mm_onednn_plain_t *p) { return dnnl_memory_desc_get_size(&p->wmd); }
+
+const char *mm_onednn_plain_impl(const mm_onednn_plain_t *p)
+{
+    const char *impl = "?";
+    dnnl_primitive_desc_query(p->pd, dnnl_query_impl_info_str, 0, &impl);
+    return impl;
+}
+
+megamoe_status_t mm_onednn_plain_pack(const mm_onednn_plain_t *p, const uint16_t *B, void *dst)
+{
+    if (!p->packed) {
+        memcpy(dst, B, (size_t)(p->K * p->N) * sizeof(uint16_t));
+        return MEGAMOE_OK;
+    }
+    dnnl_memory_desc_t from;
+    dnnl_dims_t wd = {p->K, p->N};
+    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&from, 2, wd, dnnl_bf16, dnnl_ab);
+    if (s != dnnl_success) return mm_dnnl_fail(s, "memory descriptor");
+    int prev = mm_omp_enter(1);
+    megamoe_status_t st = mm_dnnl_reorder(&from, B, &p->wmd, dst);
+    mm_omp_leave(prev, 1);
+    return st;
+}
+
+megamoe_status_t mm_onednn_plain_run(const mm_onednn_plain_t *p, const uint16_t *A, const void *W,
+                                     float *C)
+{
+    dnnl_stream_t stream;
+    MM_CHECK(mm_stream(&stream));
+    int prev = mm_omp_enter(p->threads);
+    dnnl_memory_t m[3] = {NULL, NULL, NULL};
+    dnnl_status_t s = dnnl_memory_create(&m[0], dnnl_primitive_desc_query_md(p->pd, dnnl_query_src_md, 0), mm_engine, (void *)A);
+    if (s == dnnl_success) s = dnnl_memory_create(&m[1], &p->wmd, mm_engine, (void *)W);
+    if (s == dnnl_success) s = dnnl_memory_create(&m[2], dnnl_primitive_desc_query_md(p->pd, dnnl_query_dst_md, 0), mm_engine, C);
+    if (s == dnnl_success) {
+        dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, m[0]}, {DNNL_ARG_WEIGHTS, m[1]}, {DNNL_ARG_DST, m[2]}};
+        s = dnnl_primitive_execute(p->prim, stream, 3, args);
+        if (s == dnnl_success) s = dnnl_stream_wait(stream);
+    }
+    for (int i = 0; i < 3; i++)
+        if (m[i]) dnnl_memory_destroy(m[i]);
+    mm_omp_leave(prev, p->threads);
+    return s == dnnl_success ? MEGAMOE_OK : mm_dnnl_fail(s, "plain matmul execution");
+}
+
+void mm_onednn_plain_destroy(mm_onednn_plain_t *p)
+{
+    if (p == NULL) return;
+    if (p->prim) dnnl_primitive_destroy(p->prim);
+    if (p->pd) dnnl_primitive_desc_destroy(p->pd);
+    free(p);
+}
+
+#else /* no oneDNN in this build */
+
+#include "base/error.h"
+
+megamoe_status_t mm_onednn_plain_create(int64_t M, int64_t K, int64_t N, int packed_weights,
+                                        int threads, mm_onednn_plain_t **plain_p)
+{
+    (void)M, (void)K, (void)N, (void)packed_weights, (void)threads, (void)plain_p;
+    return mm_error_quiet(MEGAMOE_UNSUPPORTED, "this build has no oneDNN (MEGAMOE_WITH_ONEDNN=OFF)");
+}
+size_t mm_onednn_plain_weight_bytes(const mm_onednn_plain_t *plain) { (void)plain; return 0; }
+megamoe_status_t mm_onednn_plain_pack(const mm_onednn_plain_t *plain, const uint16_t *B, void *dst)
+{
+    (void)plain, (void)B, (void)dst;
+    return MEGAMOE_UNSUPPORTED;
+}
+megamoe_status_t mm_onednn_plain_run(const mm_onednn_plain_t *plain, const uint16_t *A,
+                                     const void *W, float *C)
+{
+    (void)plain, (void)A, (void)W, (void)C;
+    return MEGAMOE_UNSUPPORTED;
+}
+const char *mm_onednn_plain_impl(const mm_onednn_plain_t *plain) { (void)plain; return "none"; }
+void mm_onednn_plain_destroy(mm_onednn_plain_t *plain) { (void)plain; }
 #endif /* MM_HAVE_ONEDNN */
