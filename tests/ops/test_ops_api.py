@@ -1,0 +1,50 @@
+"""megamoe.ops mirrors torch_npu: names, argument order, keyword defaults, aliases, fp8 tokens."""
+import inspect
+
+import megamoe
+import megamoe.ops as ops
+
+DISPATCH = ("x, expert_ids, group_ep, ep_world_size, ep_rank_id, moe_expert_num, *, scales=None, "
+            "x_active_mask=None, expert_scales=None, elastic_info=None, performance_info=None, "
+            "group_tp='', tp_world_size=0, tp_rank_id=0, expert_shard_type=0, shared_expert_num=1, "
+            "shared_expert_rank_num=0, quant_mode=0, global_bs=0, expert_token_nums_type=1, "
+            "comm_alg='', zero_expert_num=0, copy_expert_num=0, const_expert_num=0, y_dtype=None")
+COMBINE = ("expand_x, expert_ids, assist_info_for_combine, ep_send_counts, expert_scales, group_ep, "
+           "ep_world_size, ep_rank_id, moe_expert_num, *, tp_send_counts=None, x_active_mask=None, "
+           "expand_scales=None, shared_expert_x=None, elastic_info=None, ori_x=None, "
+           "const_expert_alpha_1=None, const_expert_alpha_2=None, const_expert_v=None, "
+           "performance_info=None, group_tp='', tp_world_size=0, tp_rank_id=0, expert_shard_type=0, "
+           "shared_expert_num=1, shared_expert_rank_num=0, global_bs=0, comm_quant_mode=0, "
+           "comm_alg='', zero_expert_num=0, copy_expert_num=0, const_expert_num=0")
+ADD_RMS_NORM = ("expand_x, expert_ids, expand_idx, ep_send_counts, expert_scales, residual_x, gamma, "
+                "group_ep, ep_world_size, ep_rank_id, moe_expert_num, *, tp_send_counts=None, "
+                "x_active_mask=None, activation_scale=None, weight_scale=None, group_list=None, "
+                "expand_scales=None, shared_expert_x=None, elastic_info=None, ori_x=None, "
+                "const_expert_alpha_1=None, const_expert_alpha_2=None, const_expert_v=None, "
+                "group_tp='', tp_world_size=0, tp_rank_id=0, expert_shard_type=0, "
+                "shared_expert_num=1, shared_expert_rank_num=0, global_bs=0, out_dtype=0, "
+                "comm_quant_mode=0, group_list_type=0, norm_eps=1e-06, zero_expert_num=0, "
+                "copy_expert_num=0, const_expert_num=0")
+
+
+def _sig(fn):
+    return str(inspect.signature(fn))[1:-1]
+
+
+def test_signatures_match_torch_npu():
+    assert _sig(ops.npu_moe_distribute_dispatch_v2) == DISPATCH
+    assert _sig(ops.npu_moe_distribute_combine_v2) == COMBINE
+    assert _sig(ops.npu_moe_distribute_combine_add_rms_norm) == ADD_RMS_NORM
+
+
+def test_aliases_without_npu_prefix():
+    assert ops.moe_distribute_dispatch_v2 is ops.npu_moe_distribute_dispatch_v2
+    assert ops.moe_distribute_combine_v2 is ops.npu_moe_distribute_combine_v2
+    assert ops.moe_distribute_combine_add_rms_norm is ops.npu_moe_distribute_combine_add_rms_norm
+
+
+def test_fp8_tokens():
+    assert megamoe.float8_e4m3fn is ops.float8_e4m3fn
+    assert megamoe.float8_e5m2 is ops.float8_e5m2
+    assert repr(ops.float8_e4m3fn) == "megamoe.float8_e4m3fn"
+    assert ops.float8_e4m3fn is not ops.float8_e5m2
