@@ -1,12 +1,13 @@
 /* One-sided operations across ranks (run under `megamoe launch -n 4`): ring put-with-signal,
  * all-to-all puts with per-source signals (every byte verified), gets, signal operations and
- * every comparison of wait-until, large (streaming-store) copies at odd offsets. */
+ * every comparison of wait-until, copies above the streaming-store threshold at odd offsets. */
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "shmem/shmem_internal.h"
 #include "shmem_test_util.h"
 
-#define MM_MAXB (2u << 20) /* largest block per source, above the streaming threshold */
+#define MM_MAXB (2u << 20) /* largest block per source */
 
 MM_TEST(ring_put_with_signal)
 {
@@ -189,5 +190,33 @@ MM_TEST(barrier_generations)
         ASSERT_OK(mm_shmem_barrier_all());
     }
     ASSERT_OK(mm_shmem_free(count));
+    ASSERT_OK(mm_shmem_release());
+}
+
+/* Puts and gets above the streaming-store threshold, at odd offsets, ring-wise. */
+MM_TEST(large_puts_and_gets_use_streaming_stores)
+{
+    mm_shmem_params_t p = mm_t_params();
+    ASSERT_OK(mm_shmem_acquire(&p));
+    int me = mm_shmem_my_pe(), n = mm_shmem_n_pes();
+    size_t t = mm_shmem_nt_threshold();
+    size_t size = (t < (20u << 20) ? t : (20u << 20)) + 4097;
+    uint8_t *buf = NULL, *local = malloc(size + 64);
+    uint64_t *sig = NULL;
+    ASSERT_OK(mm_shmem_calloc(size + 64, 64, (void **)&buf));
+    ASSERT_OK(mm_shmem_calloc(64, 64, (void **)&sig));
+    int next = (me + 1) % n, prev = (me + n - 1) % n;
+    mm_t_fill(local + 5, size, me, 77);
+    mm_shmem_put_signal(buf + 3, local + 5, size, sig, 1, MM_SHMEM_SIGNAL_ADD, next);
+    ASSERT_OK(mm_shmem_signal_wait_until(sig, MM_SHMEM_CMP_EQ, 1, NULL));
+    ASSERT_EQ_INT(mm_t_check(buf + 3, size, prev, 77), -1);
+    ASSERT_OK(mm_shmem_barrier_all());
+    memset(local, 0, size + 64);
+    mm_shmem_get(local + 9, buf + 3, size, next); /* next holds my data */
+    ASSERT_EQ_INT(mm_t_check(local + 9, size, me, 77), -1);
+    ASSERT_OK(mm_shmem_barrier_all());
+    free(local);
+    ASSERT_OK(mm_shmem_free(buf));
+    ASSERT_OK(mm_shmem_free(sig));
     ASSERT_OK(mm_shmem_release());
 }

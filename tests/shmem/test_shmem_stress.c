@@ -27,7 +27,7 @@ static mm_plan_t mm_plan(uint64_t iter, int src)
     uint64_t s = iter * 0x9e3779b97f4a7c15ull + (uint64_t)src * 0x632be59bd9b4e019ull + 1;
     mm_plan_t p;
     uint64_t kind = mm_t_rand(&s) % 1000;
-    if (kind < 5) p.size = (1u << 20) + (size_t)(mm_t_rand(&s) % (1u << 20)); /* streaming */
+    if (kind < 5) p.size = (1u << 20) + (size_t)(mm_t_rand(&s) % (1u << 20));
     else if (kind < 100) p.size = (size_t)(mm_t_rand(&s) % (256u << 10));
     else if (kind < 120) p.size = 0;
     else p.size = (size_t)(mm_t_rand(&s) % 8192);

@@ -8,6 +8,7 @@
 #include "shmem/boot_net.h"
 #include "shmem/heap_alloc.h"
 #include "shmem/sha256.h"
+#include "shmem/shmem_internal.h"
 #include "shmem_test_util.h"
 
 static void mm_hex(const uint8_t *d, size_t n, char *out)
@@ -399,4 +400,32 @@ MM_TEST(log_level_shows_allocation_sites)
     ASSERT_TRUE(mm_t_log_has(&log, "malloc #0: 128 bytes"));
     ASSERT_TRUE(mm_t_log_has(&log, "test_shmem_unit.c:"));
     ASSERT_TRUE(mm_t_log_has(&log, "started: rank 0 of 1"));
+}
+
+/* The streaming copy at every alignment and tail length, and the threshold's bounds. */
+MM_TEST(streaming_copy_is_exact)
+{
+    enum { N = (3u << 20) + 300 };
+    uint8_t *src = malloc(N + 128), *dst = malloc(N + 128);
+    mm_t_fill(src, N + 128, 5, 5);
+    for (size_t so = 0; so < 64; so += 7)
+        for (size_t doff = 0; doff < 64; doff += 5)
+            for (size_t n = 0; n < 600; n += 37) {
+                memset(dst, 0xee, 700);
+                mm_shmem_copy_streaming(dst + doff, src + so, n);
+                if (memcmp(dst + doff, src + so, n) != 0) MM_FAIL_("copy %zu at %zu->%zu wrong", n, so, doff);
+                if (dst[doff + n] != 0xee) MM_FAIL_("copy %zu at %zu->%zu wrote past the end", n, so, doff);
+            }
+    memset(dst, 0, N + 128);
+    mm_shmem_copy_streaming(dst + 3, src + 17, N);
+    ASSERT_EQ_INT(memcmp(dst + 3, src + 17, N), 0);
+    ASSERT_EQ_INT(dst[N + 3], 0);
+    memset(dst, 0, N + 128);
+    mm_shmem_copy(dst + 1, src + 2, N); /* whichever path the threshold picks */
+    ASSERT_EQ_INT(memcmp(dst + 1, src + 2, N), 0);
+    size_t t = mm_shmem_nt_threshold();
+    fprintf(stderr, "streaming-store threshold: %zu bytes\n", t);
+    ASSERT_TRUE(t >= MM_SHMEM_NT_MIN);
+    free(src);
+    free(dst);
 }
