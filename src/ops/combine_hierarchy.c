@@ -36,6 +36,7 @@ uint64_t mm_v2c_hier_seg(const mm_v2_combine_t *c, int seg)
 {
     uint64_t srcs = (uint64_t)c->c.eW, mb = (uint64_t)c->c.max_bs;
     switch (seg) {
+    case -1: return mm_v2h_wbytes(c); /* the weights staging buffer (scratch) */
     case MM_V2C_HSLOTS: return srcs * mb * (uint64_t)c->KS * c->cstride;
     case MM_V2C_HW: return srcs * mm_v2h_wbytes(c);
     case MM_V2C_PARTIAL: return (uint64_t)mm_v2h_ng(c) * mb * mm_v2h_pstride(c);
@@ -60,8 +61,7 @@ static megamoe_status_t mm_v2h_send_weights(mm_v2_combine_t *c, const uint8_t *p
     const mm_v2_cfg_t *g = &c->c;
     const megamoe_combine_v2_args_t *a = c->a;
     size_t wb = mm_v2h_wbytes(c), nk = (size_t)(g->max_bs * g->K);
-    uint8_t *buf = calloc(1, wb);
-    if (!buf) return mm_error(MEGAMOE_OUT_OF_MEMORY, "combine_v2: no memory");
+    uint8_t *buf = mm_v2_scratch_take(&c->scratch, wb);
     size_t n = (size_t)(g->bs * g->K);
     memcpy(buf, a->expert_scales.data, n * 4);
     memcpy(buf + nk * 4, a->expert_ids.data, n * 4);
@@ -79,7 +79,6 @@ static megamoe_status_t mm_v2h_send_weights(mm_v2_combine_t *c, const uint8_t *p
         else mm_shmem_put_signal(to, buf, wb, mm_v2_sig(&c->call, MM_V2C_SIG, 2 * c->n + c->call.me),
                                  c->call.gen, MM_SHMEM_SIGNAL_SET, pe);
     }
-    free(buf);
     return MEGAMOE_OK;
 }
 
@@ -89,8 +88,7 @@ static megamoe_status_t mm_v2h_send_rows(mm_v2_combine_t *c)
     const int32_t *tr = c->a->assist_info_for_combine.data;
     int64_t leader = g->erank / mm_v2h_gs(c) * mm_v2h_gs(c);
     int pe = mm_v2c_pe(c, leader);
-    uint8_t *tmp = NULL;
-    if (mm_aligned_alloc(c->cstride, 64, "combine row", (void **)&tmp)) return MEGAMOE_OUT_OF_MEMORY;
+    uint8_t *tmp = mm_v2_scratch_take(&c->scratch, c->cstride);
     size_t stamp_off = c->cstride - 8;
     uint64_t gen = c->call.gen;
     size_t per_src = (size_t)(g->max_bs * c->KS);
@@ -103,7 +101,6 @@ static megamoe_status_t mm_v2h_send_rows(mm_v2_combine_t *c)
         if (leader == g->erank) memcpy(to, tmp, c->cstride);
         else mm_shmem_put(to, tmp, c->cstride, pe);
     }
-    mm_aligned_free(tmp);
     if (leader != g->erank) {
         mm_shmem_fence();
         mm_shmem_signal_op(mm_v2_sig(&c->call, MM_V2C_SIG, c->n + c->call.me), gen,
@@ -125,9 +122,7 @@ static megamoe_status_t mm_v2h_leader(mm_v2_combine_t *c)
     }
     size_t wb = mm_v2h_wbytes(c), nk = (size_t)(g->max_bs * g->K), ps = mm_v2h_pstride(c);
     size_t per_src = (size_t)(g->max_bs * c->KS), stamp_off = c->cstride - 8;
-    float *acc = NULL;
-    if (mm_aligned_alloc(ps + (size_t)h * 8, 64, "hierarchy partial", (void **)&acc))
-        return MEGAMOE_OUT_OF_MEMORY;
+    float *acc = mm_v2_scratch_take(&c->scratch, ps + (size_t)h * 8);
     float *scratch = (float *)((uint8_t *)acc + ps);
     uint64_t gen = c->call.gen;
     megamoe_status_t st = MEGAMOE_OK;
@@ -168,7 +163,6 @@ static megamoe_status_t mm_v2h_leader(mm_v2_combine_t *c)
             else mm_shmem_put(to, acc, ps, pe);
         }
     }
-    mm_aligned_free(acc);
     if (st != MEGAMOE_OK) return st;
     mm_shmem_fence();
     for (int64_t s = 0; s < g->eW; s++)
@@ -194,16 +188,13 @@ megamoe_status_t mm_v2c_hier_run(mm_v2_combine_t *c, const uint8_t *processed)
         c->perf_us[mm_v2_phys(g, l)] += (int64_t)((mm_now_ns() - t0) / 1000);
     }
     size_t ps = mm_v2h_pstride(c), xrow = (size_t)h * g->xsize;
-    float *acc = NULL;
-    if (mm_aligned_alloc((size_t)h * 16, 64, "combine accumulators", (void **)&acc))
-        return MEGAMOE_OUT_OF_MEMORY;
+    float *acc = mm_v2_scratch_take(&c->scratch, (size_t)h * 16);
     float *scratch = acc + h;
     const int32_t *ids = a->expert_ids.data;
     const uint8_t *mask = a->x_active_mask.data;
     const float *w = a->expert_scales.data;
     megamoe_status_t st = MEGAMOE_OK;
-    uint8_t *need = calloc((size_t)ng, 1);
-    if (!need) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "combine_v2: no memory");
+    uint8_t *need = mm_v2_scratch_take(&c->scratch, (size_t)ng);
     for (int64_t t = 0; t < g->bs && st == MEGAMOE_OK; t++) {
         if (!processed[t]) continue;
         memset(need, 0, (size_t)ng);
@@ -235,7 +226,5 @@ megamoe_status_t mm_v2c_hier_run(mm_v2_combine_t *c, const uint8_t *processed)
             mm_v2_add_x(g->xtype, acc, (const uint8_t *)a->shared_expert_x.data + (size_t)t * xrow, h);
         mm_v2c_emit(c, t, acc, scratch);
     }
-    free(need);
-    mm_aligned_free(acc);
     return st;
 }

@@ -271,8 +271,7 @@ static megamoe_status_t mm_v2c_tp(mm_v2_combine_t *c)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "combine_v2: the TP peer sends %lld partial rows "
                         "but this rank received %lld (tp_send_counts / ep_send_counts do not "
                         "match the dispatch)", (long long)got, (long long)c->n_own);
-    if (mm_aligned_alloc((size_t)c->n_own * xrow, 64, "combine TP rows", (void **)&c->y))
-        return MEGAMOE_OUT_OF_MEMORY;
+    c->y = mm_v2_scratch_take(&c->scratch, (size_t)c->n_own * xrow);
     for (int64_t i = 0; i < c->n_own; i++)
         mm_v2_tp_add(g->xtype, ex + (size_t)i * xrow, buf + 64 + (size_t)i * xrow,
                      c->y + (size_t)i * xrow, g->h);
@@ -286,8 +285,7 @@ static megamoe_status_t mm_v2c_send(mm_v2_combine_t *c)
     const mm_v2_cfg_t *g = &c->c;
     const int32_t *tr = c->a->assist_info_for_combine.data;
     int plain_self = !g->comm_quant && c->y == NULL;
-    uint8_t *tmp = NULL;
-    if (mm_aligned_alloc(c->cstride, 64, "combine row", (void **)&tmp)) return MEGAMOE_OUT_OF_MEMORY;
+    uint8_t *tmp = mm_v2_scratch_take(&c->scratch, c->cstride);
     size_t stamp_off = c->cstride - 8;
     uint64_t gen = c->call.gen;
     int stream = (uint64_t)c->n_own * c->pay > (64u << 20);
@@ -315,7 +313,6 @@ static megamoe_status_t mm_v2c_send(mm_v2_combine_t *c)
             mm_shmem_put(to + stamp_off, &gen, 8, pe);
         }
     }
-    mm_aligned_free(tmp);
     mm_shmem_fence();
     for (int64_t s = 0; s < g->eW; s++)
         if (s != g->erank)
@@ -336,9 +333,7 @@ static megamoe_status_t mm_v2c_reduce(mm_v2_combine_t *c, const uint8_t *process
         c->perf_us[mm_v2_phys(g, d)] += (int64_t)((mm_now_ns() - t0) / 1000);
     }
     int64_t h = g->h, K = g->K;
-    float *acc = NULL;
-    if (mm_aligned_alloc((size_t)h * 16, 64, "combine accumulators", (void **)&acc))
-        return MEGAMOE_OUT_OF_MEMORY;
+    float *acc = mm_v2_scratch_take(&c->scratch, (size_t)h * 16);
     float *scratch = acc + h; /* 3 * H */
     mm_v2c_term_t terms[16 + 4 + 1];
     const int32_t *ids = a->expert_ids.data;
@@ -390,7 +385,6 @@ static megamoe_status_t mm_v2c_reduce(mm_v2_combine_t *c, const uint8_t *process
         mm_v2c_sum_terms(c, terms, nt, acc, scratch);
         mm_v2c_emit(c, t, acc, scratch);
     }
-    mm_aligned_free(acc);
     return st;
 }
 
@@ -421,6 +415,14 @@ static megamoe_status_t mm_v2c_run(mm_v2_combine_t *c, int op)
     if (local == MEGAMOE_OK) {
         c->pay = g->comm_quant ? mm_v2_cq_bytes(g->h, g->xsize) : (size_t)g->h * g->xsize;
         c->cstride = mm_align_up(mm_align_up(c->pay, 8) + 8, 64);
+        size_t h = (size_t)g->h, bs = (size_t)g->bs, xrow = h * g->xsize;
+        size_t need = mm_v2_piece(bs) + mm_v2_piece((size_t)g->W * 8) +
+                      mm_v2_piece(bs * (size_t)c->KS * 4) + 2 * mm_v2_piece(c->cstride) +
+                      2 * mm_v2_piece(h * 16) + mm_v2_piece((size_t)c->n_own * xrow);
+        if (g->alg == MM_V2_ALG_HIERARCHY)
+            need += mm_v2_piece(mm_v2c_hier_seg(c, -1)) + mm_v2_piece(mm_align_up(h * 4 + 8, 64) + h * 8) +
+                    mm_v2_piece((size_t)g->eW);
+        local = mm_v2_scratch_init(&c->scratch, need);
     }
     mm_v2_record_t *r = mm_v2_rec(&c->call, c->call.me);
     r->status = local;
@@ -440,12 +442,8 @@ static megamoe_status_t mm_v2c_run(mm_v2_combine_t *c, int op)
         st = mm_v2_call_layout(&c->call, MM_V2C_NSEG, seg);
     }
     if (st != MEGAMOE_OK) return st;
-    uint8_t *processed = calloc((size_t)(g->bs ? g->bs : 1), 1);
-    c->perf_us = calloc((size_t)g->W, 8);
-    if (!processed || !c->perf_us) {
-        free(processed);
-        return mm_error(MEGAMOE_OUT_OF_MEMORY, "combine_v2: no memory");
-    }
+    uint8_t *processed = mm_v2_scratch_take(&c->scratch, (size_t)g->bs);
+    c->perf_us = mm_v2_scratch_take(&c->scratch, (size_t)g->W * 8);
     if (g->erank >= 0) mm_v2_active_tokens(g, a->x_active_mask.data, processed);
     if (g->erank >= 0 && g->tp == 2) st = mm_v2c_tp(c);
     if (st == MEGAMOE_OK && g->erank >= 0) {
@@ -453,10 +451,9 @@ static megamoe_status_t mm_v2c_run(mm_v2_combine_t *c, int op)
             st = mm_v2c_hier_run(c, processed);
         } else {
             if (!g->comm_quant && c->y == NULL) {
-                int64_t nslot = g->bs * c->KS;
-                c->selfrow = malloc((size_t)(nslot > 0 ? nslot : 1) * 4);
-                if (!c->selfrow) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "combine_v2: no memory");
-                else memset(c->selfrow, 0xff, (size_t)(g->bs * c->KS) * 4);
+                size_t nslot = (size_t)(g->bs * c->KS);
+                c->selfrow = mm_v2_scratch_take(&c->scratch, nslot * 4);
+                memset(c->selfrow, 0xff, nslot * 4);
             }
             if (st == MEGAMOE_OK) st = mm_v2c_send(c);
             if (st == MEGAMOE_OK) st = mm_v2c_reduce(c, processed);
@@ -468,7 +465,6 @@ static megamoe_status_t mm_v2c_run(mm_v2_combine_t *c, int op)
             for (int64_t p = 0; p < g->W; p++)
                 ((int64_t *)a->performance_info.data)[p] += c->perf_us[p];
     }
-    free(processed);
     return st;
 }
 
@@ -480,9 +476,7 @@ static megamoe_status_t mm_v2c_entry(const megamoe_combine_v2_args_t *a,
     c.a = a;
     c.arn = arn;
     megamoe_status_t st = mm_v2c_run(&c, op);
-    free(c.selfrow);
-    free(c.perf_us);
-    mm_aligned_free(c.y);
+    mm_v2_scratch_free(&c.scratch);
     mm_v2_call_end(&c.call);
     return st;
 }

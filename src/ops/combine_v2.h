@@ -29,6 +29,7 @@ typedef struct mm_v2_combine {
     int32_t *selfrow;         /* [bs * KS] own expand_x row for a slot (-1), plain path only */
     uint8_t *y;               /* TP-reduced own rows (n_own x H), NULL without TP */
     int64_t *perf_us;         /* [W] */
+    mm_v2_scratch_t scratch;  /* everything else, reserved before the agreement */
 } mm_v2_combine_t;
 
 static inline uint8_t *mm_v2c_slot(const mm_v2_combine_t *c, int seg, int64_t slot)

@@ -113,13 +113,9 @@ megamoe_status_t mm_v2d_hier_send(mm_v2_dispatch_t *d)
     int64_t gs = mm_v2h_gs(d), ng = mm_v2h_ngroups(d), me = c->erank;
     size_t hs = (size_t)mm_v2d_hier_stride(d);
     int per_token = mm_v2d_payload_per_token(d);
-    int64_t *next = calloc((size_t)ng, 8), *region = calloc((size_t)ng, 8);
-    uint8_t *unit = NULL;
-    if (!next || !region || mm_aligned_alloc(hs, 64, "hierarchy unit", (void **)&unit)) {
-        free(next);
-        free(region);
-        return mm_error(MEGAMOE_OUT_OF_MEMORY, "dispatch_v2: no memory for the hierarchy send");
-    }
+    int64_t *next = mm_v2_scratch_take(&d->scratch, (size_t)ng * 8);
+    int64_t *region = mm_v2_scratch_take(&d->scratch, (size_t)ng * 8);
+    uint8_t *unit = mm_v2_scratch_take(&d->scratch, hs);
     for (int64_t g = 0; g < ng; g++) {
         int lpe = mm_v2d_pe(d, g * gs);
         for (int p = 0; p < d->call.me; p++) region[g] += mm_v2_rec_counts(&d->call, p)[d->n + lpe];
@@ -178,8 +174,5 @@ megamoe_status_t mm_v2d_hier_send(mm_v2_dispatch_t *d)
             mm_v2h_signal_group(d, s);
         }
     }
-    mm_aligned_free(unit);
-    free(next);
-    free(region);
     return st;
 }

@@ -28,6 +28,7 @@ static void mm_v2d_free(mm_v2_dispatch_t *d)
     free(d->rcnt);
     free(d->src_region);
     free(d->perf_us);
+    mm_v2_scratch_free(&d->scratch);
     mm_v2_call_end(&d->call);
 }
 
@@ -189,14 +190,9 @@ static megamoe_status_t mm_v2d_send_rows(mm_v2_dispatch_t *d)
 {
     const mm_v2_cfg_t *c = &d->c;
     int64_t K = c->K, NS = c->NS;
-    int64_t *region = calloc((size_t)c->eW, 8);
-    int *pes = calloc((size_t)c->eW, sizeof(int));
-    uint8_t *rec = NULL;
-    if (!region || !pes || mm_aligned_alloc(d->stride, 64, "dispatch row", (void **)&rec)) {
-        free(region);
-        free(pes);
-        return mm_error(MEGAMOE_OUT_OF_MEMORY, "dispatch_v2: no memory for the send state");
-    }
+    int64_t *region = mm_v2_scratch_take(&d->scratch, (size_t)c->eW * 8);
+    int *pes = mm_v2_scratch_take(&d->scratch, (size_t)c->eW * sizeof(int));
+    uint8_t *rec = mm_v2_scratch_take(&d->scratch, d->stride);
     for (int64_t dst = 0; dst < c->eW; dst++) {
         region[dst] = mm_v2d_region(d, c->erank, dst);
         pes[dst] = mm_v2d_pe(d, dst);
@@ -228,9 +224,6 @@ static megamoe_status_t mm_v2d_send_rows(mm_v2_dispatch_t *d)
     for (int64_t dst = 0; dst < c->eW; dst++)
         if (dst != c->erank)
             mm_shmem_signal_op(mm_v2d_sig(d, d->n + me), d->call.gen, MM_SHMEM_SIGNAL_SET, pes[dst]);
-    mm_aligned_free(rec);
-    free(region);
-    free(pes);
     return MEGAMOE_OK;
 }
 
@@ -339,8 +332,7 @@ static megamoe_status_t mm_v2d_receive(mm_v2_dispatch_t *d, const mm_v2d_out_t *
     mm_v2d_self_rows(d, o, rec);
     /* remote sources in arrival order */
     int64_t pending = 0;
-    uint8_t *done = calloc((size_t)eW, 1);
-    if (!done) return mm_error(MEGAMOE_OUT_OF_MEMORY, "dispatch_v2: no memory");
+    uint8_t *done = mm_v2_scratch_take(&d->scratch, (size_t)eW);
     for (int64_t s = 0; s < eW; s++) {
         if (s == me) done[s] = 1;
         else pending++;
@@ -367,7 +359,6 @@ static megamoe_status_t mm_v2d_receive(mm_v2_dispatch_t *d, const mm_v2d_out_t *
                 }
         }
     }
-    free(done);
     return st;
 }
 
@@ -482,7 +473,13 @@ static megamoe_status_t mm_v2d_local(mm_v2_dispatch_t *d)
     d->stride = mm_align_up(d->meta_off + sizeof(mm_v2_meta_t), 64);
     /* outputs far beyond the last-level cache are written with streaming stores */
     d->stream = (uint64_t)c->T * (uint64_t)c->A * c->row_bytes > (64u << 20);
-    return mm_v2d_plan(d);
+    MM_CHECK(mm_v2d_plan(d));
+    size_t eW = (size_t)c->eW, ng = (size_t)(c->hier_group ? (c->eW + c->hier_group - 1) / c->hier_group : 0);
+    size_t need = 2 * mm_v2_piece(d->stride) + mm_v2_piece((size_t)d->Lmax * eW * 8) +
+                  mm_v2_piece(eW * 8) + mm_v2_piece(eW * sizeof(int)) + mm_v2_piece(eW);
+    if (c->alg == MM_V2_ALG_HIERARCHY)
+        need += 2 * mm_v2_piece(ng * 8) + mm_v2_piece((size_t)mm_v2d_hier_stride(d));
+    return mm_v2_scratch_init(&d->scratch, need);
 }
 
 megamoe_status_t megamoe_dispatch_v2(const megamoe_dispatch_v2_args_t *a)
@@ -538,15 +535,13 @@ megamoe_status_t megamoe_dispatch_v2(const megamoe_dispatch_v2_args_t *a)
     }
     /* data phase */
     const mm_v2_cfg_t *c = &d.c;
-    uint8_t *rec = NULL;
     mm_v2d_out_t o = {a->expand_x.data, c->scale_bytes ? a->dynamic_scales.data : NULL,
                       a->assist_info_for_combine.data,
                       a->expert_scales.data ? a->expand_scales.data : NULL, NULL};
     int64_t n_peer = 0;
-    o.off = calloc((size_t)(d.Lmax * c->eW), 8);
-    st = mm_aligned_alloc(d.stride, 64, "dispatch row", (void **)&rec);
-    if (o.off == NULL && st == MEGAMOE_OK) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "dispatch_v2: no memory");
-    if (st == MEGAMOE_OK && c->erank >= 0) {
+    uint8_t *rec = mm_v2_scratch_take(&d.scratch, d.stride);
+    o.off = mm_v2_scratch_take(&d.scratch, (size_t)(d.Lmax * c->eW) * 8);
+    if (c->erank >= 0) {
         st = mm_v2d_send_counts(&d);
         if (st == MEGAMOE_OK)
             st = c->alg == MM_V2_ALG_HIERARCHY ? mm_v2d_hier_send(&d) : mm_v2d_send_rows(&d);
@@ -554,8 +549,6 @@ megamoe_status_t megamoe_dispatch_v2(const megamoe_dispatch_v2_args_t *a)
     }
     if (st == MEGAMOE_OK && c->tp == 2) st = mm_v2d_tp(&d, &o, &n_peer);
     if (st == MEGAMOE_OK) mm_v2d_finish(&d, n_peer);
-    free(o.off);
-    mm_aligned_free(rec);
     mm_v2d_free(&d);
     return st;
 }

@@ -43,6 +43,7 @@ typedef struct mm_v2_dispatch {
     int64_t *src_region;        /* [eW] first record of source s's region in my RECV segment */
     int64_t n_own;              /* rows received (own block) */
     int64_t *perf_us;           /* [W] wait per physical source, us */
+    mm_v2_scratch_t scratch;    /* the rest, reserved before the agreement */
 } mm_v2_dispatch_t;
 
 /* Record slot i of a region starting at `region` (records) in segment s. */

@@ -3,8 +3,33 @@
 
 #include "megamoe/ops.h"
 
+#include "base/alloc.h"
 #include "base/error.h"
 #include "v2_internal.h"
+
+megamoe_status_t mm_v2_scratch_init(mm_v2_scratch_t *s, size_t bytes)
+{
+    s->used = 0;
+    s->size = bytes ? bytes : 64;
+    s->base = NULL;
+    return mm_aligned_alloc(s->size, 64, "operator scratch", (void **)&s->base);
+}
+
+void *mm_v2_scratch_take(mm_v2_scratch_t *s, size_t n)
+{
+    size_t k = mm_v2_piece(n ? n : 1);
+    if (s->base == NULL || s->used + k > s->size) return NULL; /* a reservation bug */
+    void *p = s->base + s->used;
+    s->used += k;
+    memset(p, 0, n);
+    return p;
+}
+
+void mm_v2_scratch_free(mm_v2_scratch_t *s)
+{
+    mm_aligned_free(s->base);
+    s->base = NULL;
+}
 
 megamoe_tensor_t megamoe_tensor_none(void)
 {

@@ -189,6 +189,21 @@ void mm_v2_record_attrs(const mm_v2_cfg_t *cfg, mm_v2_record_t *rec);
 int mm_v2_ep_pe(const mm_v2_call_t *call, int64_t ep_rank);
 int mm_v2_tp_peer_pe(const mm_v2_call_t *call, int64_t tp_rank);
 
+/* ---- per-call scratch ------------------------------------------------------------------
+ * Everything a call needs after the agreement is reserved before it, so a rank can never fail
+ * (and leave its peers waiting) once data moves. */
+typedef struct mm_v2_scratch {
+    uint8_t *base;
+    size_t size, used;
+} mm_v2_scratch_t;
+
+/* Bytes to reserve for a piece of n bytes (64-byte aligned pieces). */
+static inline size_t mm_v2_piece(size_t n) { return (n + 63) / 64 * 64; }
+megamoe_status_t mm_v2_scratch_init(mm_v2_scratch_t *s, size_t bytes);
+/* A zeroed piece of n bytes (the reservation must cover it). */
+void *mm_v2_scratch_take(mm_v2_scratch_t *s, size_t n);
+void mm_v2_scratch_free(mm_v2_scratch_t *s);
+
 /* ---- row transforms (the one place that calls the kernels' quantisers) ----------------- */
 
 /* Quantise (or copy) one token row for dispatch into out (row_bytes) and scale_out
