@@ -199,10 +199,11 @@ static megamoe_status_t mm_prim_create(const mm_dnnl_key_t *key, mm_dnnl_prim_t 
     p->key = *key;
     const char *impl = "";
     dnnl_primitive_desc_query(p->pd, dnnl_query_impl_info_str, 0, &impl);
-    p->usable = strncmp(impl, "ref", 3) != 0;
-    if (key->kind == MM_DNNL_PACKED &&
-        !dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(p->pd, dnnl_query_weights_md, 0), &wei))
-        p->usable = 0;
+    /* Packed: only worth it (and only then used) in a real kernel on exactly our layout. Plain
+     * primitives are always used: oneDNN's choice, even its reference code, is correct. */
+    p->usable = key->kind == MM_DNNL_PLAIN ||
+                (strncmp(impl, "ref", 3) != 0 &&
+                 dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(p->pd, dnnl_query_weights_md, 0), &wei));
     if (!p->usable) {
         MM_DEBUG("oneDNN picks '%s' for packed %lldx%lldx%lld; computing unpacked instead", impl,
                  (long long)key->rows, (long long)key->K, (long long)key->N);
