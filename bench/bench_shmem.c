@@ -57,17 +57,17 @@ static mm_plan_t mm_bench_plan(int quick)
     mm_plan_t p;
     p.sizes = quick ? mm_sizes_quick : mm_sizes_full;
     p.n_sizes = quick ? 3 : 6;
-    p.trials = quick ? 3 : 9;
+    p.trials = quick ? 5 : 25; /* many short trials: medians resist bursts of other work */
     p.rtt_iters = quick ? 20000 : 200000;
     p.barrier_iters = quick ? 20000 : 200000;
     return p;
 }
 
-/* Repetitions so that one trial moves about 256 MiB (at least 4). */
+/* Repetitions so that one trial moves about 128 MiB (at least 2). */
 static long mm_reps(size_t size)
 {
-    long r = (long)((256u << 20) / size);
-    return r < 4 ? 4 : r;
+    long r = (long)((128u << 20) / size);
+    return r < 2 ? 2 : r;
 }
 
 /* ---- a rank: SHMEM put, memcpy and MPI_Put trials interleaved on the same buffers ---- */

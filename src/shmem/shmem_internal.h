@@ -129,8 +129,9 @@ static inline char *mm_shmem_slot_outbox(char *base, int slot, uint64_t parity)
 }
 
 /* ---- copy.c ---- */
-/* Copy for puts/gets: non-temporal AVX-512 stores (followed by sfence, so a later signal
- * store cannot overtake the data) from mm_shmem_nt_threshold() bytes, else memcpy. */
+/* Copy for puts/gets: memcpy below MM_SHMEM_MOVSB_MIN bytes, `rep movsb` (CPUs with ERMS) up
+ * to mm_shmem_nt_threshold(), non-temporal AVX-512 stores above (followed by sfence, so a
+ * later signal store cannot overtake the data). */
 void mm_shmem_copy(void *dst, const void *src, size_t n);
 /* Half the L3 size the kernel reports (16 MiB on the 2-core EPYC), at least MM_SHMEM_NT_MIN,
  * MM_SHMEM_NT_DEFAULT when unknown, SIZE_MAX without AVX-512. */
@@ -138,6 +139,7 @@ size_t mm_shmem_nt_threshold(void);
 /* The streaming copy itself, any size (memcpy without AVX-512); ends with sfence. */
 void mm_shmem_copy_streaming(void *dst, const void *src, size_t n);
 #define MM_SHMEM_NT_MIN (1u << 20)
+#define MM_SHMEM_MOVSB_MIN (64u << 10)
 #define MM_SHMEM_NT_DEFAULT (16u << 20)
 
 /* ---- liveness.c ---- */
