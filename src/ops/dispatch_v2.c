@@ -25,6 +25,7 @@ static void mm_v2d_free(mm_v2_dispatch_t *d)
     free(d->cnt);
     free(d->blk);
     free(d->rows_to);
+    free(d->units_to);
     free(d->rcnt);
     free(d->src_region);
     free(d->perf_us);
@@ -84,6 +85,7 @@ static megamoe_status_t mm_v2d_plan(mm_v2_dispatch_t *d)
     MM_CHECK(mm_v2d_alloc((void **)&d->cnt, (size_t)(eW * d->Lmax), 4));
     MM_CHECK(mm_v2d_alloc((void **)&d->blk, (size_t)(eW * d->Lmax), 4));
     MM_CHECK(mm_v2d_alloc((void **)&d->rows_to, (size_t)eW, 8));
+    MM_CHECK(mm_v2d_alloc((void **)&d->units_to, (size_t)eW, 8));
     MM_CHECK(mm_v2d_alloc((void **)&d->rcnt, (size_t)(eW * d->Lmax), 4));
     MM_CHECK(mm_v2d_alloc((void **)&d->src_region, (size_t)eW, 8));
     MM_CHECK(mm_v2d_alloc((void **)&d->perf_us, (size_t)c->W, 8));
@@ -137,6 +139,21 @@ static megamoe_status_t mm_v2d_plan(mm_v2_dispatch_t *d)
         }
     }
     memset(d->rcnt, 0, (size_t)(eW * L) * 4);
+    /* fullmesh units: a token once per destination rank, or once per row when the payload
+     * differs per expert (smoothing scales) */
+    int per_token = mm_v2d_payload_per_token(d);
+    for (int64_t t = 0; t < bs; t++) {
+        for (int64_t k = 0; k < K + NS; k++) {
+            int64_t dst = k < K ? d->pdst[t * K + k] : d->sdst[t * NS + (k - K)];
+            if (dst < 0 || dst == c->erank) continue;
+            int seen = 0;
+            for (int64_t j = 0; j < k && per_token; j++) {
+                int64_t o = j < K ? d->pdst[t * K + j] : d->sdst[t * NS + (j - K)];
+                seen |= o == dst;
+            }
+            if (!seen) d->units_to[dst]++;
+        }
+    }
     return MEGAMOE_OK;
 }
 
@@ -169,54 +186,72 @@ static megamoe_status_t mm_v2d_send_counts(mm_v2_dispatch_t *d)
     return MEGAMOE_OK;
 }
 
-/* Put one record (payload from `rec` or, for quant_mode 0, straight from x) to dst. */
-static void mm_v2d_put(const mm_v2_dispatch_t *d, int64_t dst, int pe, int64_t region,
-                       int64_t pos, const uint8_t *payload, const mm_v2_meta_t *meta)
+/* Write one unit (payload, head, targets) into dst's receive region. */
+static void mm_v2d_put_unit(const mm_v2_dispatch_t *d, int pe, int64_t slot,
+                            const uint8_t *payload, const mm_v2_unit_head_t *head,
+                            const mm_v2_unit_target_t *tg)
 {
-    uint8_t *to = mm_v2d_rec(d, MM_V2D_RECV, region, pos);
+    uint8_t *to = mm_v2_seg(&d->call, MM_V2D_RECV) + (size_t)slot * d->ustride;
     size_t n = d->c.quant ? d->meta_off : d->c.row_bytes;
+    size_t tb = (size_t)head->n * sizeof *tg;
     uint8_t *direct = mm_shmem_ptr(to, pe); /* same host: write straight into the peer */
     if (direct) {
         mm_v2_copy(direct, payload, n, d->stream);
-        memcpy(direct + d->meta_off, meta, sizeof *meta);
+        memcpy(direct + d->meta_off, head, sizeof *head);
+        memcpy(direct + d->meta_off + sizeof *head, tg, tb);
     } else {
         mm_shmem_put(to, payload, n, pe);
-        mm_shmem_put(to + d->meta_off, meta, sizeof *meta, pe);
+        mm_shmem_put(to + d->meta_off, head, sizeof *head, pe);
+        mm_shmem_put(to + d->meta_off + sizeof *head, tg, tb, pe);
     }
-    (void)dst;
 }
 
 static megamoe_status_t mm_v2d_send_rows(mm_v2_dispatch_t *d)
 {
     const mm_v2_cfg_t *c = &d->c;
     int64_t K = c->K, NS = c->NS;
-    int64_t *region = mm_v2_scratch_take(&d->scratch, (size_t)c->eW * 8);
+    int64_t *next = mm_v2_scratch_take(&d->scratch, (size_t)c->eW * 8);
     int *pes = mm_v2_scratch_take(&d->scratch, (size_t)c->eW * sizeof(int));
     uint8_t *rec = mm_v2_scratch_take(&d->scratch, d->stride);
     for (int64_t dst = 0; dst < c->eW; dst++) {
-        region[dst] = mm_v2d_region(d, c->erank, dst);
+        next[dst] = mm_v2d_region(d, c->erank, dst);
         pes[dst] = mm_v2d_pe(d, dst);
     }
     const float *ws = d->a->expert_scales.data;
+    const int32_t *ids = d->a->expert_ids.data;
     const uint8_t *x = d->a->x.data;
     size_t xrow = (size_t)c->h * c->xsize;
     int per_token = mm_v2d_payload_per_token(d);
+    int32_t dsts[32];
+    mm_v2_unit_target_t tg[32];
     for (int64_t t = 0; t < c->bs; t++) {
         if (!d->active[t]) continue;
         int cached = 0;
+        uint8_t used[32] = {0};
+        for (int64_t k = 0; k < K + NS; k++)
+            dsts[k] = k < K ? d->pdst[t * K + k] : d->sdst[t * NS + (k - K)];
         for (int64_t k = 0; k < K + NS; k++) {
-            int64_t dst = k < K ? d->pdst[t * K + k] : d->sdst[t * NS + (k - K)];
-            if (dst < 0 || dst == c->erank) continue;
-            int64_t pos = k < K ? d->ppos[t * K + k] : d->spos[t * NS + (k - K)];
+            int64_t dst = dsts[k];
+            if (dst < 0 || dst == c->erank || used[k]) continue;
+            /* the rows of this token at dst (all of them, or only this one per expert) */
+            int n = 0;
+            for (int64_t j = k; j < K + NS; j++) {
+                if (dsts[j] != dst || used[j] || (!per_token && j != k)) continue;
+                used[j] = 1;
+                tg[n].k = (int32_t)j;
+                tg[n].le = j < K ? (int32_t)(ids[t * K + j] % c->eL) : 0;
+                tg[n].pos = j < K ? d->ppos[t * K + j] : d->spos[t * NS + (j - K)];
+                tg[n].w = j < K ? (ws ? ws[t * K + j] : 0.0f) : 1.0f;
+                n++;
+            }
             const uint8_t *payload = x + (size_t)t * xrow;
             if (c->quant) {
                 if (!(per_token && cached)) mm_v2d_make_row(d, t, mm_v2d_scale_row(d, k, t), rec);
                 cached = 1;
                 payload = rec;
             }
-            mm_v2_meta_t meta = {(int32_t)t, (int32_t)k,
-                                 k < K ? (ws ? ws[t * K + k] : 0.0f) : 1.0f, 0};
-            mm_v2d_put(d, dst, pes[dst], region[dst], pos, payload, &meta);
+            mm_v2_unit_head_t head = {(int32_t)t, n, 0, 0};
+            mm_v2d_put_unit(d, pes[dst], next[dst]++, payload, &head, tg);
         }
     }
     mm_shmem_fence();
@@ -282,10 +317,33 @@ static void mm_v2d_self_rows(mm_v2_dispatch_t *d, const mm_v2d_out_t *o, uint8_t
     }
 }
 
-static void mm_v2d_copy_source(mm_v2_dispatch_t *d, const mm_v2d_out_t *o, int64_t s)
+static void mm_v2d_copy_source(mm_v2_dispatch_t *d, const mm_v2d_out_t *o, int64_t s,
+                               int64_t *blk)
 {
     const mm_v2_cfg_t *c = &d->c;
     int64_t L = mm_v2_local_experts(c, c->erank), i = 0;
+    if (c->alg != MM_V2_ALG_HIERARCHY) { /* units: every target row at its final place */
+        int64_t acc = 0;
+        for (int64_t le = 0; le < L; le++) {
+            blk[le] = o->off[le * c->eW + s] - acc;
+            acc += d->rcnt[s * d->Lmax + le];
+        }
+        int64_t n = mm_v2_rec_counts(&d->call, mm_v2d_pe(d, s))[d->call.me];
+        const uint8_t *base = mm_v2_seg(&d->call, MM_V2D_RECV) + (size_t)d->src_region[s] * d->ustride;
+        for (int64_t u = 0; u < n; u++) {
+            const uint8_t *unit = base + (size_t)u * d->ustride;
+            mm_v2_unit_head_t head;
+            memcpy(&head, unit + d->meta_off, sizeof head);
+            const uint8_t *tp = unit + d->meta_off + sizeof head;
+            for (int32_t j = 0; j < head.n; j++) {
+                mm_v2_unit_target_t tg;
+                memcpy(&tg, tp + (size_t)j * sizeof tg, sizeof tg);
+                mm_v2_meta_t meta = {head.t, tg.k, tg.w, 0};
+                mm_v2d_place(d, o, blk[tg.le] + tg.pos, unit, unit + d->scale_off, s, &meta);
+            }
+        }
+        return;
+    }
     for (int64_t le = 0; le < L; le++) {
         int64_t n = d->rcnt[s * d->Lmax + le], row0 = o->off[le * c->eW + s];
         for (int64_t r = 0; r < n; r++, i++) {
@@ -333,6 +391,7 @@ static megamoe_status_t mm_v2d_receive(mm_v2_dispatch_t *d, const mm_v2d_out_t *
     /* remote sources in arrival order */
     int64_t pending = 0;
     uint8_t *done = mm_v2_scratch_take(&d->scratch, (size_t)eW);
+    int64_t *blk = mm_v2_scratch_take(&d->scratch, (size_t)d->Lmax * 8);
     for (int64_t s = 0; s < eW; s++) {
         if (s == me) done[s] = 1;
         else pending++;
@@ -345,7 +404,7 @@ static megamoe_status_t mm_v2d_receive(mm_v2_dispatch_t *d, const mm_v2d_out_t *
             int pe = mm_v2d_pe(d, s);
             if (mm_shmem_signal_fetch(mm_v2d_sig(d, d->n + pe)) < d->call.gen) continue;
             d->perf_us[mm_v2_phys(c, s)] += (int64_t)((mm_now_ns() - t0) / 1000);
-            mm_v2d_copy_source(d, o, s);
+            mm_v2d_copy_source(d, o, s, blk);
             done[s] = 1;
             pending--;
             progressed = 1;
@@ -471,11 +530,13 @@ static megamoe_status_t mm_v2d_local(mm_v2_dispatch_t *d)
     d->scale_off = mm_align_up(c->row_bytes, 16);
     d->meta_off = d->scale_off + mm_align_up(c->scale_bytes, 16);
     d->stride = mm_align_up(d->meta_off + sizeof(mm_v2_meta_t), 64);
+    d->ustride = mm_align_up(d->meta_off + sizeof(mm_v2_unit_head_t) +
+                             (size_t)(c->K + c->NS) * sizeof(mm_v2_unit_target_t), 64);
     /* outputs far beyond the last-level cache are written with streaming stores */
     d->stream = (uint64_t)c->T * (uint64_t)c->A * c->row_bytes > (64u << 20);
     MM_CHECK(mm_v2d_plan(d));
     size_t eW = (size_t)c->eW, ng = (size_t)(c->hier_group ? (c->eW + c->hier_group - 1) / c->hier_group : 0);
-    size_t need = 2 * mm_v2_piece(d->stride) + mm_v2_piece((size_t)d->Lmax * eW * 8) +
+    size_t need = 2 * mm_v2_piece(d->stride) + 2 * mm_v2_piece((size_t)d->Lmax * eW * 8) +
                   mm_v2_piece(eW * 8) + mm_v2_piece(eW * sizeof(int)) + mm_v2_piece(eW);
     if (c->alg == MM_V2_ALG_HIERARCHY)
         need += 2 * mm_v2_piece(ng * 8) + mm_v2_piece((size_t)mm_v2d_hier_stride(d));
@@ -502,10 +563,12 @@ megamoe_status_t megamoe_dispatch_v2(const megamoe_dispatch_v2_args_t *a)
     if (local == MEGAMOE_OK) {
         mm_v2_record_attrs(&d.c, r);
         int32_t *rows = mm_v2_rec_counts(&d.call, d.call.me);
+        int hier = d.c.alg == MM_V2_ALG_HIERARCHY;
         for (int64_t dst = 0; dst < d.c.eW && d.c.erank >= 0; dst++)
-            if (dst != d.c.erank) rows[mm_v2d_pe(&d, dst)] = (int32_t)d.rows_to[dst];
+            if (dst != d.c.erank)
+                rows[mm_v2d_pe(&d, dst)] = (int32_t)(hier ? d.rows_to[dst] : d.units_to[dst]);
         if (d.c.alg == MM_V2_ALG_HIERARCHY) mm_v2d_hier_units(&d, rows + d.n);
-        r->aux[0] = (int64_t)d.stride;
+        r->aux[0] = (int64_t)(d.c.alg == MM_V2_ALG_HIERARCHY ? d.stride : d.ustride);
         r->seg[MM_V2D_SIG] = (uint64_t)d.n * 4 * 64;
         r->seg[MM_V2D_MAILBOX] = (uint64_t)d.n * (uint64_t)d.Lmax * 4;
         r->seg[MM_V2D_TPDATA] = d.c.tp == 2 ? (uint64_t)d.c.A * d.stride : 0;

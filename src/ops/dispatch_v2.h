@@ -16,6 +16,16 @@ enum {
     MM_V2D_NSEG
 };
 
+/* A fullmesh unit: one payload (a token row, quantised once) for every row it becomes at one
+ * destination; the head (t, n) and n targets follow the payload at meta_off. */
+typedef struct mm_v2_unit_head {
+    int32_t t, n, pad0, pad1;
+} mm_v2_unit_head_t;
+typedef struct mm_v2_unit_target {
+    int32_t k, le, pos; /* slot, local expert at the destination, row in the source's region */
+    float w;
+} mm_v2_unit_target_t;
+
 /* Per-row metadata stored after the row and its scales. */
 typedef struct mm_v2_meta {
     int32_t t, k;  /* source token, slot (k < K: MoE pair; K + j: shared expert j) */
@@ -35,8 +45,10 @@ typedef struct mm_v2_dispatch {
     int32_t *sdst, *spos;       /* [bs*NS] the same for shared-expert rows */
     int32_t *cnt, *blk;         /* [eW*Lmax] rows per (destination, local expert), block starts */
     int64_t *rows_to;           /* [eW] rows per destination */
+    int64_t *units_to;          /* [eW] fullmesh units per destination (a token once per rank) */
     /* record layout */
     size_t scale_off, meta_off, stride;
+    size_t ustride;             /* fullmesh unit: payload, head, K + NS targets */
     int stream;                 /* large call: non-temporal copies into expand_x and peers */
     /* receive side */
     int32_t *rcnt;              /* [eW*Lmax] rows per (source, my local expert) */
