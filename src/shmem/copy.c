@@ -20,9 +20,18 @@
 #include "base/cpu.h"
 #include "shmem_internal.h"
 
+#if MM_X86 && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define MM_USE_MOVSB 1
+#else
+#define MM_USE_MOVSB 0
+#endif
+
 #if MM_X86
-#include <cpuid.h>
 #include <immintrin.h>
+#endif
+
+#if MM_USE_MOVSB
+#include <cpuid.h>
 
 /* Enhanced REP MOVSB (cpuid leaf 7, EBX bit 9). */
 static int mm_cpu_has_erms(void)
@@ -41,7 +50,9 @@ static void mm_copy_movsb(void *dst, const void *src, size_t n)
 {
     __asm__ __volatile__("rep movsb" : "+D"(dst), "+S"(src), "+c"(n) : : "memory");
 }
+#endif
 
+#if MM_X86
 MM_TARGET_AVX512 static void mm_copy_nt_avx512(void *dst, const void *src, size_t n)
 {
     char *d = dst;
@@ -143,7 +154,7 @@ void mm_shmem_copy(void *dst, const void *src, size_t n)
         mm_shmem_copy_streaming(dst, src, n);
         return;
     }
-#if MM_X86 && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#if MM_USE_MOVSB
     if (mm_cpu_has_erms()) {
         mm_copy_movsb(dst, src, n);
         return;

@@ -85,6 +85,10 @@ megamoe_status_t mm_shmem_check_peers(const char *what)
     int pe = mm_shmem_lost_pe();
     if (pe < 0) return MEGAMOE_OK;
     mm_shmem_global_t *g = &mm_shmem_g;
+    if (pe == g->my_pe) /* another PE lost sight of this one (e.g. our connection broke) */
+        return mm_error(MEGAMOE_PEER_LOST, "rank %d (this process) was declared lost by another "
+                        "rank during %s; the job cannot continue: release SHMEM and restart "
+                        "every rank", pe, what);
     const char *why = atomic_load_explicit(&g->lost_pe, memory_order_acquire) == pe
                           ? g->lost_why
                           : "reported by another rank";
