@@ -165,6 +165,57 @@ int64_t mm_v2d_region(const mm_v2_dispatch_t *d, int64_t s, int64_t dst)
     return off;
 }
 
+/* ---- outputs of one row ---------------------------------------------------------------- */
+
+typedef struct {
+    uint8_t *xo;      /* expand_x */
+    uint8_t *so;      /* dynamic_scales (NULL when no per-row scales) */
+    int32_t *assist;
+    float *escales;   /* expand_scales (NULL without expert_scales) */
+    int64_t *off;     /* [L * eW] final first row of block (le, s) */
+} mm_v2d_out_t;
+
+static void mm_v2d_place(const mm_v2_dispatch_t *d, const mm_v2d_out_t *o, int64_t row,
+                         const uint8_t *payload, const uint8_t *scales, int64_t s,
+                         const mm_v2_meta_t *meta)
+{
+    const mm_v2_cfg_t *c = &d->c;
+    mm_v2_copy(o->xo + (size_t)row * c->row_bytes, payload, c->row_bytes, d->stream);
+    if (o->so) memcpy(o->so + (size_t)row * c->scale_bytes, scales, c->scale_bytes);
+    o->assist[3 * row] = (int32_t)s;
+    o->assist[3 * row + 1] = meta->t;
+    o->assist[3 * row + 2] = meta->k;
+    if (o->escales) o->escales[row] = meta->w;
+}
+
+/* Rows of token t for this rank itself, straight into their final rows. The payload is made
+ * once per token (per row with smoothing scales) and cached in rec for the token's units. */
+static void mm_v2d_self_token(mm_v2_dispatch_t *d, const mm_v2d_out_t *o, int64_t t, uint8_t *rec,
+                              int *cached)
+{
+    const mm_v2_cfg_t *c = &d->c;
+    int64_t K = c->K, NS = c->NS, L = mm_v2_local_experts(c, c->erank), me = c->erank;
+    const int32_t *ids = d->a->expert_ids.data;
+    const float *ws = d->a->expert_scales.data;
+    size_t xrow = (size_t)c->h * c->xsize;
+    int per_token = mm_v2d_payload_per_token(d);
+    for (int64_t k = 0; k < K + NS; k++) {
+        int64_t dst = k < K ? d->pdst[t * K + k] : d->sdst[t * NS + (k - K)];
+        if (dst != me) continue;
+        int64_t pos = k < K ? d->ppos[t * K + k] : d->spos[t * NS + (k - K)];
+        int64_t le = (k < K && L > 1) ? ids[t * K + k] % c->eL : 0;
+        int64_t row = o->off[le * c->eW + me] + (pos - d->blk[me * d->Lmax + le]);
+        const uint8_t *payload = (const uint8_t *)d->a->x.data + (size_t)t * xrow;
+        if (c->quant) {
+            if (!(per_token && *cached)) mm_v2d_make_row(d, t, mm_v2d_scale_row(d, k, t), rec);
+            *cached = per_token;
+            payload = rec;
+        }
+        mm_v2_meta_t meta = {(int32_t)t, (int32_t)k, k < K ? (ws ? ws[t * K + k] : 0.0f) : 1.0f, 0};
+        mm_v2d_place(d, o, row, payload, rec + d->scale_off, me, &meta);
+    }
+}
+
 /* ---- send ------------------------------------------------------------------------------ */
 
 static uint64_t *mm_v2d_sig(const mm_v2_dispatch_t *d, int line)
@@ -206,13 +257,12 @@ static void mm_v2d_put_unit(const mm_v2_dispatch_t *d, int pe, int64_t slot,
     }
 }
 
-static megamoe_status_t mm_v2d_send_rows(mm_v2_dispatch_t *d)
+static megamoe_status_t mm_v2d_send_rows(mm_v2_dispatch_t *d, const mm_v2d_out_t *o, uint8_t *rec)
 {
     const mm_v2_cfg_t *c = &d->c;
     int64_t K = c->K, NS = c->NS;
     int64_t *next = mm_v2_scratch_take(&d->scratch, (size_t)c->eW * 8);
     int *pes = mm_v2_scratch_take(&d->scratch, (size_t)c->eW * sizeof(int));
-    uint8_t *rec = mm_v2_scratch_take(&d->scratch, d->stride);
     for (int64_t dst = 0; dst < c->eW; dst++) {
         next[dst] = mm_v2d_region(d, c->erank, dst);
         pes[dst] = mm_v2d_pe(d, dst);
@@ -227,6 +277,7 @@ static megamoe_status_t mm_v2d_send_rows(mm_v2_dispatch_t *d)
     for (int64_t t = 0; t < c->bs; t++) {
         if (!d->active[t]) continue;
         int cached = 0;
+        mm_v2d_self_token(d, o, t, rec, &cached); /* x[t] is hot: own rows first */
         uint8_t used[32] = {0};
         for (int64_t k = 0; k < K + NS; k++)
             dsts[k] = k < K ? d->pdst[t * K + k] : d->sdst[t * NS + (k - K)];
@@ -264,58 +315,6 @@ static megamoe_status_t mm_v2d_send_rows(mm_v2_dispatch_t *d)
 
 /* ---- receive --------------------------------------------------------------------------- */
 
-typedef struct {
-    uint8_t *xo;      /* expand_x */
-    uint8_t *so;      /* dynamic_scales (NULL when no per-row scales) */
-    int32_t *assist;
-    float *escales;   /* expand_scales (NULL without expert_scales) */
-    int64_t *off;     /* [L * eW] final first row of block (le, s) */
-} mm_v2d_out_t;
-
-static void mm_v2d_place(const mm_v2_dispatch_t *d, const mm_v2d_out_t *o, int64_t row,
-                         const uint8_t *payload, const uint8_t *scales, int64_t s,
-                         const mm_v2_meta_t *meta)
-{
-    const mm_v2_cfg_t *c = &d->c;
-    mm_v2_copy(o->xo + (size_t)row * c->row_bytes, payload, c->row_bytes, d->stream);
-    if (o->so) memcpy(o->so + (size_t)row * c->scale_bytes, scales, c->scale_bytes);
-    o->assist[3 * row] = (int32_t)s;
-    o->assist[3 * row + 1] = meta->t;
-    o->assist[3 * row + 2] = meta->k;
-    if (o->escales) o->escales[row] = meta->w;
-}
-
-/* Rows of this rank for itself: quantised from x straight into their final rows. */
-static void mm_v2d_self_rows(mm_v2_dispatch_t *d, const mm_v2d_out_t *o, uint8_t *rec)
-{
-    const mm_v2_cfg_t *c = &d->c;
-    int64_t K = c->K, NS = c->NS, L = mm_v2_local_experts(c, c->erank), me = c->erank;
-    const int32_t *ids = d->a->expert_ids.data;
-    const float *ws = d->a->expert_scales.data;
-    size_t xrow = (size_t)c->h * c->xsize;
-    int per_token = mm_v2d_payload_per_token(d);
-    for (int64_t t = 0; t < c->bs; t++) {
-        if (!d->active[t]) continue;
-        int cached = 0;
-        for (int64_t k = 0; k < K + NS; k++) {
-            int64_t dst = k < K ? d->pdst[t * K + k] : d->sdst[t * NS + (k - K)];
-            if (dst != me) continue;
-            int64_t pos = k < K ? d->ppos[t * K + k] : d->spos[t * NS + (k - K)];
-            int64_t le = k < K ? ids[t * K + k] % c->eL : 0;
-            if (L == 1) le = 0;
-            int64_t row = o->off[le * c->eW + me] + (pos - d->blk[me * d->Lmax + le]);
-            const uint8_t *payload = (const uint8_t *)d->a->x.data + (size_t)t * xrow;
-            if (c->quant) {
-                if (!(per_token && cached)) mm_v2d_make_row(d, t, mm_v2d_scale_row(d, k, t), rec);
-                cached = 1;
-                payload = rec;
-            }
-            mm_v2_meta_t meta = {(int32_t)t, (int32_t)k,
-                                 k < K ? (ws ? ws[t * K + k] : 0.0f) : 1.0f, 0};
-            mm_v2d_place(d, o, row, payload, rec + d->scale_off, me, &meta);
-        }
-    }
-}
 
 static void mm_v2d_copy_source(mm_v2_dispatch_t *d, const mm_v2d_out_t *o, int64_t s,
                                int64_t *blk)
@@ -355,14 +354,13 @@ static void mm_v2d_copy_source(mm_v2_dispatch_t *d, const mm_v2d_out_t *o, int64
     }
 }
 
-static megamoe_status_t mm_v2d_receive(mm_v2_dispatch_t *d, const mm_v2d_out_t *o, uint8_t *rec)
+/* Counts from every source, then the final block layout (spec §3.4, §3.6). */
+static megamoe_status_t mm_v2d_layout(mm_v2_dispatch_t *d, const mm_v2d_out_t *o)
 {
     const mm_v2_cfg_t *c = &d->c;
     const megamoe_dispatch_v2_args_t *a = d->a;
     int64_t eW = c->eW, me = c->erank, L = mm_v2_local_experts(c, me);
     int32_t *box = (int32_t *)mm_v2_seg(&d->call, MM_V2D_MAILBOX);
-    uint64_t t0 = mm_now_ns();
-    /* counts from every source, then the final block layout (spec §3.4, §3.6) */
     for (int64_t s = 0; s < eW; s++) {
         if (s == me) {
             for (int64_t le = 0; le < L; le++) d->rcnt[s * d->Lmax + le] = d->cnt[me * d->Lmax + le];
@@ -386,10 +384,14 @@ static megamoe_status_t mm_v2d_receive(mm_v2_dispatch_t *d, const mm_v2d_out_t *
     if (acc > a->expand_x.shape[0])
         return mm_error(MEGAMOE_INTERNAL, "dispatch_v2: %lld rows received exceed expand_x's %lld",
                         (long long)acc, (long long)a->expand_x.shape[0]);
-    /* own rows while the others' data is in flight */
-    mm_v2d_self_rows(d, o, rec);
-    /* remote sources in arrival order */
-    int64_t pending = 0;
+    return MEGAMOE_OK;
+}
+
+/* The remote sources' rows, in arrival order. */
+static megamoe_status_t mm_v2d_collect(mm_v2_dispatch_t *d, const mm_v2d_out_t *o, uint64_t t0)
+{
+    const mm_v2_cfg_t *c = &d->c;
+    int64_t eW = c->eW, me = c->erank, pending = 0;
     uint8_t *done = mm_v2_scratch_take(&d->scratch, (size_t)eW);
     int64_t *blk = mm_v2_scratch_take(&d->scratch, (size_t)d->Lmax * 8);
     for (int64_t s = 0; s < eW; s++) {
@@ -605,10 +607,22 @@ megamoe_status_t megamoe_dispatch_v2(const megamoe_dispatch_v2_args_t *a)
     uint8_t *rec = mm_v2_scratch_take(&d.scratch, d.stride);
     o.off = mm_v2_scratch_take(&d.scratch, (size_t)(d.Lmax * c->eW) * 8);
     if (c->erank >= 0) {
+        uint64_t t0 = mm_now_ns();
         st = mm_v2d_send_counts(&d);
-        if (st == MEGAMOE_OK)
-            st = c->alg == MM_V2_ALG_HIERARCHY ? mm_v2d_hier_send(&d) : mm_v2d_send_rows(&d);
-        if (st == MEGAMOE_OK) st = mm_v2d_receive(&d, &o, rec);
+        if (c->alg == MM_V2_ALG_HIERARCHY) {
+            if (st == MEGAMOE_OK) st = mm_v2d_hier_send(&d);
+            if (st == MEGAMOE_OK) st = mm_v2d_layout(&d, &o);
+            for (int64_t t = 0; t < c->bs && st == MEGAMOE_OK; t++) {
+                int cached = 0;
+                if (d.active[t]) mm_v2d_self_token(&d, &o, t, rec, &cached);
+            }
+        } else {
+            /* counts first (everyone sends them before waiting), then one pass over the
+             * tokens writes the own rows and the units for the others */
+            if (st == MEGAMOE_OK) st = mm_v2d_layout(&d, &o);
+            if (st == MEGAMOE_OK) st = mm_v2d_send_rows(&d, &o, rec);
+        }
+        if (st == MEGAMOE_OK) st = mm_v2d_collect(&d, &o, t0);
     }
     if (st == MEGAMOE_OK && c->tp == 2) st = mm_v2d_tp(&d, &o, &n_peer);
     if (st == MEGAMOE_OK) mm_v2d_finish(&d, n_peer);
