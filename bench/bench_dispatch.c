@@ -324,8 +324,12 @@ static void mm_bd_mpi_combine(mm_bd_mpi_t *m, const uint16_t *eo)
     float acc[MM_BD_H];
     for (int t = 0; t < m->bs; t++) {
         memset(acc, 0, sizeof acc);
-        for (int k = 0; k < K; k++) /* the operator's own (AVX-512) accumulate kernel */
-            mm_v2_axpy_x(MEGAMOE_DTYPE_BF16, acc, slot[t * K + k], m->w[t * K + k], MM_BD_H);
+        /* the operator's own accumulate kernel and chunking (accumulator chunk in L1) */
+        for (int c0 = 0; c0 < MM_BD_H; c0 += 1024) {
+            int n = MM_BD_H - c0 < 1024 ? MM_BD_H - c0 : 1024;
+            for (int k = 0; k < K; k++)
+                mm_v2_axpy_x(MEGAMOE_DTYPE_BF16, acc + c0, slot[t * K + k] + c0, m->w[t * K + k], n);
+        }
         megamoe_convert(m->xo + (size_t)t * MM_BD_H, MEGAMOE_DTYPE_BF16, acc, MEGAMOE_DTYPE_FP32, MM_BD_H);
     }
     free(slot);
