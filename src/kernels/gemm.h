@@ -25,11 +25,12 @@
  *
  * Backends: MEGAMOE_GEMM = auto | amx | avx512 | onednn | ref (src/base/env_table.h).
  *   ref     plain C, fp32 accumulate, k ascending; every form and option (tests, no oneDNN).
- *   onednn  oneDNN 2.6 matmul: packed weights run fixed-M brgemm primitives on row chunks,
- *           plain operands run one runtime-shape primitive per (form, C type, accumulate);
- *           both cached process-wide. See docs/kernels.md for the numbers behind this choice.
- *   avx512  own AVX512-BF16 (vdpbf16ps) kernel on weights packed in 32-column VNNI panels;
- *           best for small M (weight-bandwidth bound); needs AVX512-BF16.
+ *   onednn  oneDNN 2.6 matmul: packed (and small dense plain) weights run fixed-M brgemm
+ *           primitives on row chunks; other plain operands run one runtime-shape primitive
+ *           per (form, C type, accumulate); all cached process-wide. See docs/kernels.md for
+ *           the numbers behind this choice.
+ *   avx512  own AVX512-BF16 (vdpbf16ps) 6x64 kernel on weights packed in 64-column VNNI
+ *           panels; single-threaded; as fast as oneDNN at small M; needs AVX512-BF16.
  *   amx     own AMX kernels: not built yet (issue 8); selecting it is UNSUPPORTED.
  *   auto    onednn when built, else avx512 when the CPU has it, else ref.
  * A backend is a struct mm_gemm_backend_ops (BLIS/ggml style vtable, optional members marked);
