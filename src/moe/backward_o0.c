@@ -43,6 +43,7 @@ typedef struct mm_bwd {
     void *dw1, *dw2;
     megamoe_dtype_t wg_type;
     float *acc;
+    int direct; /* dY written in place into the owners' receive buffers */
 } mm_bwd_t;
 
 static megamoe_status_t mm_bwd_gemm(mm_bwd_t *b, int worker, int nw)
@@ -118,15 +119,22 @@ static megamoe_status_t mm_bwd_work(void *arg, int worker, int nw)
     const size_t rb = (size_t)H * 2;
     int64_t lo, hi;
     switch (b->phase) {
-    case BW_PREP:
+    case BW_PREP: {
+        /* dY rows go straight into their owners' receive rows when those are mapped here
+         * (same host), else into the staging buffer that BW_DISPATCH then puts */
         mm_pool_split(b->T * K, worker, nw, 1, &lo, &hi);
+        int64_t e = lo < hi ? mm_ep_expert_of_pos(b->plan, lo) : 0;
         for (int64_t p = lo; p < hi; p++) {
+            while (b->plan->src_off[e + 1] <= p) e++;
             int64_t slot = b->plan->perm_slot[p];
             const uint16_t *d = b->dout + (slot / K) * H;
-            mm_rows_scale(b->dy + p * H, d, b->sv->w[slot], (size_t)H);
+            uint16_t *dst = b->direct ? mm_ep_dispatch_dst(b->g->xbuf, b->plan, p, e)
+                                      : b->dy + p * H;
+            mm_rows_scale(dst, d, b->sv->w[slot], (size_t)H);
             if (b->gw) b->gw[slot] = mm_rows_dot(d, b->sv->y + p * H, (size_t)H);
         }
         return MEGAMOE_OK;
+    }
     case BW_DISPATCH:
         mm_pool_split(b->T * K, worker, nw, 1, &lo, &hi);
         mm_ep_dispatch_rows(b->g->xbuf, b->plan, b->dy, rb, 0, lo, hi);
@@ -232,7 +240,8 @@ megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, megamoe_experts_saved_
                 group_rows[j] = sv->plan->group_off[j + 1] - sv->plan->group_off[j];
         b.group_rows = group_rows;
         void *p = NULL;
-        if (st == MEGAMOE_OK) st = mm_moe_scratch(g, MM_SCR_DY, TK * (size_t)H * 2, &p);
+        b.direct = mm_ep_dispatch_direct(g->xbuf);
+        if (st == MEGAMOE_OK && !b.direct) st = mm_moe_scratch(g, MM_SCR_DY, TK * (size_t)H * 2, &p);
         b.dy = p;
         if (st == MEGAMOE_OK) st = mm_moe_scratch(g, MM_SCR_DA, (size_t)Rb * (size_t)I * 2, &p);
         b.da = p;
@@ -257,11 +266,11 @@ megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, megamoe_experts_saved_
     megamoe_status_t local = MEGAMOE_OK;
 
     /* ---- source: weighted grad rows and router-weight grads; dispatch to the owners ---- */
+    mm_ep_begin(g->xbuf, MM_EP_DISPATCH);
     st = mm_bwd_phase(&b, BW_PREP, MM_PH_BWD_PREP);
     if (st != MEGAMOE_OK) local = st;
     uint64_t tw = mm_now_ns();
-    mm_ep_begin(g->xbuf, MM_EP_DISPATCH);
-    st = mm_bwd_phase(&b, BW_DISPATCH, -1);
+    st = b.direct ? MEGAMOE_OK : mm_bwd_phase(&b, BW_DISPATCH, -1);
     mm_ep_done(g->xbuf, MM_EP_DISPATCH);
     if (st == MEGAMOE_OK) st = mm_ep_wait(g->xbuf, MM_EP_DISPATCH);
     x->phase_s[MM_PH_BWD_DISPATCH] += (double)(mm_now_ns() - tw) * 1e-9;

@@ -102,13 +102,13 @@ static megamoe_status_t mm_fwd_work(void *arg, int worker, int nw)
             memset(acc, 0, (size_t)H * sizeof *acc);
             for (int64_t k = 0; k < K; k++) {
                 int64_t pos = f->plan->slot_pos[t * K + k];
-                mm_rows_axpy(acc, f->ret + pos * H, f->w[t * K + k], (size_t)H);
+                const uint16_t *y = f->ret + pos * H;
+                mm_rows_axpy(acc, y, f->w[t * K + k], (size_t)H);
+                /* keep the expert output for grad topk_weights = <dOut, y>, copied while the
+                 * row is in cache (one pass over the return buffer) */
+                if (f->ysave) memcpy(f->ysave + pos * H, y, rb);
             }
             megamoe_convert(f->out + t * H, MEGAMOE_DTYPE_BF16, acc, MEGAMOE_DTYPE_FP32, (size_t)H);
-        }
-        if (f->ysave) { /* the expert outputs, for grad topk_weights = <dOut, y> */
-            mm_pool_split(f->T * K, worker, nw, 1, &b, &e);
-            if (e > b) memcpy(f->ysave + b * H, f->ret + b * H, (size_t)(e - b) * rb);
         }
         return MEGAMOE_OK;
     }

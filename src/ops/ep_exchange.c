@@ -9,6 +9,14 @@
 
 #define MM_EP_SIG_STRIDE (64 / sizeof(uint64_t)) /* one signal per 64-byte line */
 
+int mm_ep_force_puts;
+
+/* The peer's mapping of a symmetric address, or NULL to go through mm_shmem_put. */
+static inline void *mm_ep_direct(void *sym, int pe)
+{
+    return mm_ep_force_puts ? NULL : mm_shmem_ptr(sym, pe);
+}
+
 static inline uint64_t *mm_ep_sig(const mm_ep_xbuf_t *x, int dir, int src)
 {
     return x->sig + ((size_t)dir * (size_t)x->ep + (size_t)src) * MM_EP_SIG_STRIDE;
@@ -80,7 +88,7 @@ static inline void mm_ep_put_rows(void *sym, int64_t dst_row, const void *src, s
 {
     if (n <= 0) return;
     char *dst_local = (char *)sym + (size_t)dst_row * row_bytes;
-    char *direct = mm_shmem_ptr(dst_local, pe);
+    char *direct = mm_ep_direct(dst_local, pe);
     if (ld == row_bytes) {
         if (direct) memcpy(direct, src, (size_t)n * row_bytes);
         else mm_shmem_put(dst_local, src, (size_t)n * row_bytes, pe);
@@ -110,7 +118,7 @@ void mm_ep_dispatch_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, const voi
                            pe);
         } else {
             char *dst_local = (char *)x->recv + (size_t)row * rb;
-            char *direct = mm_shmem_ptr(dst_local, pe);
+            char *direct = mm_ep_direct(dst_local, pe);
             for (int64_t q = pos; q < end; q++) {
                 const char *s = (const char *)src + (size_t)(p->perm_slot[q] / p->K) * ld;
                 size_t off = (size_t)(q - pos) * rb;
@@ -120,6 +128,20 @@ void mm_ep_dispatch_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, const voi
         }
         pos = end;
     }
+}
+
+int mm_ep_dispatch_direct(const mm_ep_xbuf_t *x)
+{
+    for (int i = 0; i < x->ep; i++)
+        if (mm_ep_direct(x->recv, x->pes[i]) == NULL) return 0;
+    return 1;
+}
+
+void *mm_ep_dispatch_dst(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, int64_t pos,
+                         int64_t e)
+{
+    int64_t row = p->dst_off[e] + (pos - p->src_off[e]);
+    return mm_shmem_ptr((char *)x->recv + (size_t)row * x->row_bytes, x->pes[e / p->L]);
 }
 
 void mm_ep_combine_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, const void *rows,

@@ -46,6 +46,11 @@ typedef struct mm_ep_xbuf {
     uint64_t gen[2];    /* exchanges begun per direction */
 } mm_ep_xbuf_t;
 
+/* Tests: when set, rows always travel through mm_shmem_put (the path for peers that are not
+ * load/store reachable), even when the peer's buffer is mapped here. Set it on every rank
+ * between calls, never during one. */
+extern int mm_ep_force_puts;
+
 /* Symmetric heap bytes mm_ep_xbuf_create allocates (for heap sizing). */
 size_t mm_ep_xbuf_heap_bytes(int ep, int64_t capacity, int64_t ret_rows, size_t row_bytes);
 
@@ -65,6 +70,16 @@ static inline void mm_ep_begin(mm_ep_xbuf_t *x, int dir) { x->gen[dir]++; }
  * disjoint ranges. */
 void mm_ep_dispatch_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *plan, const void *src,
                          size_t ld, int gather, int64_t p0, int64_t p1);
+/* 1 when every peer's receive buffer is load/store reachable from this rank (same host), so
+ * a producer can write dispatch rows in place with mm_ep_dispatch_dst() instead of staging
+ * them and calling mm_ep_dispatch_rows(). */
+int mm_ep_dispatch_direct(const mm_ep_xbuf_t *x);
+/* Address of the destination row of this rank's permuted position p in its owner's receive
+ * buffer (valid when mm_ep_dispatch_direct()). Rows written there count as sent once
+ * mm_ep_done(MM_EP_DISPATCH) runs after the writers finished. */
+void *mm_ep_dispatch_dst(const mm_ep_xbuf_t *x, const mm_ep_plan_t *plan, int64_t p,
+                         int64_t expert);
+
 /* Put received-order rows [r0, r1) of rows (ld bytes apart, row r = result of receive row r)
  * back into their sources' return buffers. Thread-safe for disjoint ranges. */
 void mm_ep_combine_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *plan, const void *rows,

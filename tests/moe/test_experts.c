@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "moe_check.h"
+#include "ops/ep_exchange.h"
 
 #define T_ 128
 #define H_ 64
@@ -197,6 +198,15 @@ static float mm_pick_limit(const mm_moe_problem_t *P)
     float limit = ratio > 1.02 ? (float)sqrt(v[best] * v[best + 1]) : 0.0f;
     free(v);
     return limit;
+}
+
+/* Peers that are not load/store reachable (another host): every row through mm_shmem_put and
+ * the backward's staging buffer; same results. */
+MM_TEST(rows_through_shmem_put)
+{
+    mm_ep_force_puts = 1;
+    mm_pattern_case(MM_ROUTE_SKEW);
+    mm_ep_force_puts = 0;
 }
 
 MM_TEST(input_variants_and_swiglu_limit)
