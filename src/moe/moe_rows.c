@@ -16,13 +16,9 @@ static inline float mm_bf(uint16_t b)
 }
 
 #if MM_X86
-#include <immintrin.h>
+#include "kernels/simd.h"
 
-MM_TARGET_AVX512 static inline __m512 mm_load_bf16x16(const uint16_t *p)
-{
-    __m256i h = _mm256_loadu_si256((const __m256i *)p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
+#define MM_ALL16 ((__mmask16)0xffff)
 
 MM_TARGET_AVX512 static void mm_rows_axpy_avx512(float *acc, const uint16_t *x, float w,
                                                  size_t n)
@@ -30,7 +26,7 @@ MM_TARGET_AVX512 static void mm_rows_axpy_avx512(float *acc, const uint16_t *x, 
     size_t i = 0;
     if (w == 1.0f) {
         for (; i + 16 <= n; i += 16)
-            _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_loadu_ps(acc + i), mm_load_bf16x16(x + i)));
+            _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_loadu_ps(acc + i), mm_load_bf16x16(x + i, MM_ALL16)));
         for (; i < n; i++) acc[i] += mm_bf(x[i]);
         return;
     }
@@ -38,8 +34,18 @@ MM_TARGET_AVX512 static void mm_rows_axpy_avx512(float *acc, const uint16_t *x, 
     /* mul then add (not fma) so the scalar tail and fallback give the same bits */
     for (; i + 16 <= n; i += 16)
         _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_loadu_ps(acc + i),
-                                                _mm512_mul_ps(vw, mm_load_bf16x16(x + i))));
+                                                _mm512_mul_ps(vw, mm_load_bf16x16(x + i, MM_ALL16))));
     for (; i < n; i++) acc[i] += w * mm_bf(x[i]);
+}
+
+MM_TARGET_AVX512 static void mm_rows_scale_avx512(uint16_t *dst, const uint16_t *x, float w,
+                                                  size_t n)
+{
+    const __m512 vw = _mm512_set1_ps(w);
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = mm_tail_mask16((int64_t)(n - i));
+        mm_store_bf16x16(dst + i, m, _mm512_mul_ps(vw, mm_load_bf16x16(x + i, m)));
+    }
 }
 
 MM_TARGET_AVX512 static float mm_rows_dot_avx512(const uint16_t *a, const uint16_t *b, size_t n)
@@ -47,7 +53,7 @@ MM_TARGET_AVX512 static float mm_rows_dot_avx512(const uint16_t *a, const uint16
     __m512 s = _mm512_setzero_ps();
     size_t i = 0;
     for (; i + 16 <= n; i += 16)
-        s = _mm512_add_ps(s, _mm512_mul_ps(mm_load_bf16x16(a + i), mm_load_bf16x16(b + i)));
+        s = _mm512_add_ps(s, _mm512_mul_ps(mm_load_bf16x16(a + i, MM_ALL16), mm_load_bf16x16(b + i, MM_ALL16)));
     float lanes[16];
     _mm512_storeu_ps(lanes, s);
     for (; i < n; i++) lanes[i % 16] += mm_bf(a[i]) * mm_bf(b[i]);
@@ -73,6 +79,12 @@ void mm_rows_axpy(float *acc, const uint16_t *x, float w, size_t n)
 
 void mm_rows_scale(uint16_t *dst, const uint16_t *x, float w, size_t n)
 {
+#if MM_X86
+    if (mm_cpu_has_avx512()) {
+        mm_rows_scale_avx512(dst, x, w, n);
+        return;
+    }
+#endif
     float tmp[256];
     for (size_t i = 0; i < n; i += 256) {
         size_t m = n - i < 256 ? n - i : 256;
