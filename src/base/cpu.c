@@ -1,4 +1,6 @@
 /* CPU feature detection. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -23,8 +25,9 @@ static unsigned long long mm_xgetbv0(void)
 int mm_cpu_has_avx512(void)
 {
 #if MM_X86
-    static int cached = -1;
-    if (cached >= 0) return cached;
+    static atomic_int cached = -1; /* racing first calls compute the same value */
+    int c = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (c >= 0) return c;
     unsigned r[4];
     mm_cpuid(1, 0, r);
     int osxsave = (r[2] >> 27) & 1;
@@ -35,7 +38,7 @@ int mm_cpu_has_avx512(void)
             vl = (r[1] >> 31) & 1;
         ok = f && dq && bw && vl;
     }
-    cached = ok;
+    atomic_store_explicit(&cached, ok, memory_order_relaxed);
     return ok;
 #else
     return 0;
@@ -45,12 +48,14 @@ int mm_cpu_has_avx512(void)
 int mm_cpu_has_avx512_bf16(void)
 {
 #if MM_X86
-    static int cached = -1;
-    if (cached >= 0) return cached;
+    static atomic_int cached = -1; /* racing first calls compute the same value */
+    int c = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (c >= 0) return c;
     unsigned r[4];
     mm_cpuid(7, 1, r);
-    cached = mm_cpu_has_avx512() && ((r[0] >> 5) & 1);
-    return cached;
+    int v = mm_cpu_has_avx512() && ((r[0] >> 5) & 1);
+    atomic_store_explicit(&cached, v, memory_order_relaxed);
+    return v;
 #else
     return 0;
 #endif
@@ -59,22 +64,26 @@ int mm_cpu_has_avx512_bf16(void)
 int mm_cpu_has_amx_bf16(void)
 {
 #if MM_X86
-    static int cached = -1;
-    if (cached >= 0) return cached;
+    static atomic_int cached = -1; /* racing first calls compute the same value */
+    int c = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (c >= 0) return c;
     unsigned r[4];
     mm_cpuid(7, 0, r);
-    cached = ((r[3] >> 24) & 1) && ((r[3] >> 22) & 1); /* AMX-TILE, AMX-BF16 */
-    return cached;
+    int v = ((r[3] >> 24) & 1) && ((r[3] >> 22) & 1); /* AMX-TILE, AMX-BF16 */
+    atomic_store_explicit(&cached, v, memory_order_relaxed);
+    return v;
 #else
     return 0;
 #endif
 }
 
-const char *mm_cpu_brand(void)
+static char mm_brand[49];
+
+static void mm_cpu_brand_init(void)
 {
-    static char brand[49];
+    char *brand = mm_brand;
 #if MM_X86
-    if (brand[0] == '\0') {
+    {
         unsigned r[4];
         mm_cpuid(0x80000000u, 0, r);
         if (r[0] >= 0x80000004u) {
@@ -90,9 +99,15 @@ const char *mm_cpu_brand(void)
         for (int i = (int)strlen(brand) - 1; i >= 0 && brand[i] == ' '; i--) brand[i] = '\0';
     }
 #else
-    if (brand[0] == '\0') strcpy(brand, "unknown");
+    strcpy(brand, "unknown");
 #endif
-    return brand;
+}
+
+const char *mm_cpu_brand(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, mm_cpu_brand_init);
+    return mm_brand;
 }
 
 int mm_cpu_count(void)
