@@ -9,13 +9,14 @@
  * weights "packed": pre-packed once (ours: mm_gemm_weight; oneDNN: format `any` + reorder);
  *        "kn": plain [K,N] row-major.
  * threads 1: one call on the calling thread. 2: grouped = two workers (the calling thread and
- *        a helper) each computing half of the columns (split at a multiple of the packed
- *        weight's column alignment), the way the multicore executor splits a product;
- *        onednn = one call with 2 OpenMP threads.
+ *        a helper) each computing half of the product as mm_gemm_split() divides it: half of
+ *        the columns (at the packed weight's alignment) for big weights, half of the rows for
+ *        small ones (the seed shapes); onednn = one call with 2 OpenMP threads.
  * Every case of one (shape, threads) runs interleaved round by round, so drift from other load
  * hits all four alike; the medians are reported. pct_peak is against the best BF16 unit the
  * probe measured (peak_unit) times the threads; pct_amx_peak is null without AMX.
- * Options: --quick (fewer, shorter rounds), --seconds S (time per case), --no-probe.
+ * Options: --quick (fewer, shorter rounds), --seconds S (time per case), --shape NAME (one
+ * shape: moe_gmm1, moe_gmm2, seed_gmm1, seed_gmm2, m16, m128, m512, m2048), --no-probe.
  */
 #include <math.h>
 #include <pthread.h>
@@ -124,7 +125,7 @@ typedef struct gemm_case {
     mm_onednn_plain_t *plain[2]; /* oneDNN baseline: packed, kn */
     void *pw;               /* oneDNN packed weights, G of them */
     size_t pw_bytes;
-    int64_t n_split;        /* column split for 2 workers */
+    int64_t n_align;        /* packed weights' column alignment, for the 2-worker split */
     int impl;               /* the one being run */
     helper_t *helper;
     megamoe_status_t st;
@@ -143,10 +144,9 @@ static void grouped_job(void *p, int worker)
     if (c->impl == GROUPED_PACKED) a.weights = (const mm_gemm_weight_t *const *)c->w;
     else a.B = c->B, a.ldb = c->s->N, a.b_group_stride = c->s->K * c->s->N;
     a.C = c->C, a.ldc = c->s->N;
-    if (c->threads == 2) {
-        a.n0 = worker ? c->n_split : 0;
-        a.n1 = worker ? c->s->N : c->n_split;
-    }
+    if (c->threads == 2)
+        mm_gemm_split(c->s->M * c->s->groups, c->s->N, c->s->K, c->n_align, worker, 2, &a.m0, &a.m1,
+                      &a.n0, &a.n1);
     megamoe_status_t st = mm_gemm_grouped(&a);
     if (st != MEGAMOE_OK) c->st = st;
 }
@@ -195,9 +195,7 @@ static int case_setup(gemm_case_t *c, const gemm_shape_t *s, int threads)
         if (mm_gemm_weight_create(NULL, MM_GEMM_NN, s->K, s->N, c->B + g * s->K * s->N, s->N, 1, &c->w[g]) != MEGAMOE_OK)
             return 0;
     }
-    int64_t align = mm_gemm_weight_n_align(c->w[0]);
-    c->n_split = (s->N / 2 + align - 1) / align * align;
-    if (c->n_split > s->N) c->n_split = s->N;
+    c->n_align = mm_gemm_weight_n_align(c->w[0]);
     for (int k = 0; k < 2; k++)
         if (mm_onednn_plain_create(s->M, s->K, s->N, k == 0, threads, &c->plain[k]) != MEGAMOE_OK) return -1;
     c->pw_bytes = mm_onednn_plain_weight_bytes(c->plain[0]);
@@ -223,6 +221,7 @@ static int mm_bench_gemm_main(int argc, char **argv)
     int quick = mm_bench_flag(argc, argv, "--quick");
     double seconds = atof(mm_bench_opt(argc, argv, "--seconds", quick ? "0.05" : "0.4"));
     int min_rounds = quick ? 2 : 5;
+    const char *only = mm_bench_opt(argc, argv, "--shape", NULL);
     double block = quick ? 0.03 : 0.1; /* seconds of one phase block */
     megamoe_log_set_level(MEGAMOE_LOG_WARN);
 
@@ -242,8 +241,8 @@ static int mm_bench_gemm_main(int argc, char **argv)
     }
 
     mm_bench_begin("gemm");
-    double gf[MM_NSHAPES][2][NIMPL];
-    int have_onednn = 1, step = 0, total = MM_NSHAPES * 2;
+    double gf[MM_NSHAPES][2][NIMPL], gfb[MM_NSHAPES][2][NIMPL]; /* median, best call */
+    int have_onednn = 1, step = 0, total = (only ? 1 : MM_NSHAPES) * 2;
     helper_t helper;
     for (int t = 1; t <= 2; t++) {
         memset(&helper, 0, sizeof helper);
@@ -252,6 +251,10 @@ static int mm_bench_gemm_main(int argc, char **argv)
         if (t == 2 && pthread_create(&helper.thread, NULL, helper_main, &helper) != 0) return 1;
         for (int si = 0; si < MM_NSHAPES; si++) {
             const gemm_shape_t *s = &mm_shapes[si];
+            if (only && strcmp(only, s->name) != 0) {
+                for (int i = 0; i < NIMPL; i++) gf[si][t - 1][i] = gfb[si][t - 1][i] = NAN;
+                continue;
+            }
             char label[96];
             snprintf(label, sizeof label, "%s %lldx%lldx%lld x%d, %d thread(s)", s->name, (long long)s->M,
                      (long long)s->K, (long long)s->N, s->groups, t);
@@ -308,11 +311,14 @@ static int mm_bench_gemm_main(int argc, char **argv)
             }
             double flop = 2.0 * (double)s->groups * (double)s->M * (double)s->K * (double)s->N;
             for (int i = 0; i < NIMPL; i++) {
-                gf[si][t - 1][i] = 0;
+                gf[si][t - 1][i] = gfb[si][t - 1][i] = 0;
                 if (i >= nimpl) continue;
+                double best = times[i][0];
+                for (int k = 1; k < n[i]; k++) best = times[i][k] < best ? times[i][k] : best;
                 double med = mm_bench_median_of(times[i], n[i]);
                 double g = flop / med * 1e-9;
                 gf[si][t - 1][i] = g;
+                gfb[si][t - 1][i] = flop / best * 1e-9;
                 mm_bench_row();
                 mm_bench_str("impl", mm_impl_name[i]);
                 mm_bench_str("weights", mm_weights_name[i]);
@@ -325,6 +331,7 @@ static int mm_bench_gemm_main(int argc, char **argv)
                 mm_bench_num("pct_amx_peak", peak.amx_gflops > 0 ? 100.0 * g / (peak.amx_gflops * t) : NAN);
                 mm_bench_num("pct_peak", peak.gflops > 0 ? 100.0 * g / (peak.gflops * t) : NAN);
                 mm_bench_str("peak_unit", peak.unit);
+                mm_bench_num("gflops_best", flop / best * 1e-9);
                 mm_bench_num("ms", med * 1e3);
                 mm_bench_int("calls", n[i]);
             }
@@ -344,14 +351,26 @@ static int mm_bench_gemm_main(int argc, char **argv)
     /* The targets, from the same run: grouped >= 0.95 x oneDNN (same weights kind), and
      * packed >= 1.2 x plain [K,N] weights (our packed path vs oneDNN with [K,N] weights). */
     if (have_onednn) {
-        fprintf(stderr, "\n== gemm targets (backend %s) ==\n%-10s %-7s %-22s %-22s %-18s\n", be->name,
-                "shape", "threads", "grouped/onednn packed", "grouped/onednn kn", "packed/kn (>=1.2)");
+        double load[3] = {0, 0, 0};
+        FILE *f = fopen("/proc/loadavg", "r");
+        if (f) {
+            if (fscanf(f, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3) load[0] = -1;
+            fclose(f);
+        }
+        fprintf(stderr, "\n== gemm targets (backend %s; load average now %.2f: other load makes the "
+                        "2-thread medians unreliable, the best-call ratios less so) ==\n"
+                        "%-10s %-7s %-14s %-14s %-14s | best call: %-8s %-8s %-8s\n",
+                be->name, load[0], "shape", "threads", "grp/dnn packed", "grp/dnn kn", "packed/kn",
+                "packed", "kn", "pk/kn");
         for (int si = 0; si < MM_NSHAPES; si++)
             for (int t = 0; t < 2; t++) {
-                double *g = gf[si][t];
-                fprintf(stderr, "%-10s %-7d %-22.3f %-22.3f %-18.3f\n", mm_shapes[si].name, t + 1,
-                        g[GROUPED_PACKED] / g[ONEDNN_PACKED], g[GROUPED_KN] / g[ONEDNN_KN],
-                        g[GROUPED_PACKED] / g[ONEDNN_KN]);
+                double *g = gf[si][t], *b = gfb[si][t];
+                if (isnan(g[0])) continue;
+                fprintf(stderr, "%-10s %-7d %-14.3f %-14.3f %-14.3f |            %-8.3f %-8.3f %-8.3f\n",
+                        mm_shapes[si].name, t + 1, g[GROUPED_PACKED] / g[ONEDNN_PACKED],
+                        g[GROUPED_KN] / g[ONEDNN_KN], g[GROUPED_PACKED] / g[ONEDNN_KN],
+                        b[GROUPED_PACKED] / b[ONEDNN_PACKED], b[GROUPED_KN] / b[ONEDNN_KN],
+                        b[GROUPED_PACKED] / b[ONEDNN_KN]);
             }
     }
     return 0;

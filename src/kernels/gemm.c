@@ -372,6 +372,28 @@ megamoe_status_t mm_gemm_grouped(const mm_gemm_grouped_args_t *in)
     return MEGAMOE_OK;
 }
 
+/* ---- splitting a product between workers ------------------------------------------------ */
+
+static void mm_split_range(int64_t n, int64_t align, int w, int workers, int64_t *lo, int64_t *hi)
+{
+    int64_t units = (n + align - 1) / align; /* whole aligned units, the last may be short */
+    int64_t a = units * w / workers, b = units * (w + 1) / workers;
+    *lo = a * align < n ? a * align : n;
+    *hi = b * align < n ? b * align : n;
+}
+
+void mm_gemm_split(int64_t rows, int64_t N, int64_t K, int64_t n_align, int worker, int workers,
+                   int64_t *m0, int64_t *m1, int64_t *n0, int64_t *n1)
+{
+    if (workers < 1) workers = 1;
+    if (n_align < 1) n_align = 1;
+    *m0 = 0, *m1 = rows, *n0 = 0, *n1 = N;
+    if (K * N <= (int64_t)512 * 1024 && rows >= 64 * (int64_t)workers)
+        mm_split_range(rows, 16, worker, workers, m0, m1);
+    else
+        mm_split_range(N, n_align, worker, workers, n0, n1);
+}
+
 /* ---- packed weights ---------------------------------------------------------------------- */
 
 static megamoe_status_t mm_weight_pack(mm_gemm_weight_t *w)

@@ -117,6 +117,15 @@ void mm_gemm_grouped_args_init(mm_gemm_grouped_args_t *args);
 megamoe_status_t mm_gemm(const mm_gemm_args_t *args);
 megamoe_status_t mm_gemm_grouped(const mm_gemm_grouped_args_t *args);
 
+/* How worker `worker` of `workers` should share a product of `rows` x N (reduction K) whose
+ * packed weight has column alignment n_align (1 for plain weights): its sub-block
+ * [*m0,*m1) x [*n0,*n1) (possibly empty). Rows (in multiples of 16) when every worker can
+ * afford to read all the weights (K*N <= 512 Ki elements) and gets >= 64 rows: the blocks stay
+ * dense, which the fast oneDNN path needs; columns (at multiples of n_align) otherwise, so each
+ * worker reads only its share of big weights. */
+void mm_gemm_split(int64_t rows, int64_t N, int64_t K, int64_t n_align, int worker, int workers,
+                   int64_t *m0, int64_t *m1, int64_t *n0, int64_t *n1);
+
 /* ---- packed weights ---------------------------------------------------------------------- */
 
 /* Pack B for form NN ([K,N] at src, row stride ld) or NT ([N,K] at src) with `backend` (NULL:

@@ -223,15 +223,28 @@ static megamoe_status_t mm_prim_create(const mm_dnnl_key_t *key, mm_dnnl_prim_t 
     return MEGAMOE_OK;
 }
 
+/* Each thread remembers the primitives it used last, so the chunks of one product (and the
+ * workers of a split product) do not meet on the cache lock; cached primitives live as long
+ * as the process, so the pointers stay valid. */
+#define MM_DNNL_TLS_WAYS 8
+static _Thread_local mm_dnnl_prim_t *mm_tls_prims[MM_DNNL_TLS_WAYS];
+static _Thread_local unsigned mm_tls_next;
+
 /* Cached primitive for key; *owned_p = 1 when the cache is full and the caller must destroy. */
 static megamoe_status_t mm_prim_get(const mm_dnnl_key_t *key, mm_dnnl_prim_t **prim_p, int *owned_p)
 {
-    unsigned h = mm_key_hash(key);
     *owned_p = 0;
+    for (int i = 0; i < MM_DNNL_TLS_WAYS; i++)
+        if (mm_tls_prims[i] && mm_key_equal(&mm_tls_prims[i]->key, key)) {
+            *prim_p = mm_tls_prims[i];
+            return MEGAMOE_OK;
+        }
+    unsigned h = mm_key_hash(key);
     pthread_mutex_lock(&mm_cache_lock);
     for (mm_dnnl_prim_t *p = mm_cache[h]; p; p = p->next)
         if (mm_key_equal(&p->key, key)) {
             pthread_mutex_unlock(&mm_cache_lock);
+            mm_tls_prims[mm_tls_next++ % MM_DNNL_TLS_WAYS] = p;
             *prim_p = p;
             return MEGAMOE_OK;
         }
@@ -242,6 +255,7 @@ static megamoe_status_t mm_prim_get(const mm_dnnl_key_t *key, mm_dnnl_prim_t **p
             p->next = mm_cache[h];
             mm_cache[h] = p;
             mm_cache_count++;
+            mm_tls_prims[mm_tls_next++ % MM_DNNL_TLS_WAYS] = p;
         } else {
             *owned_p = 1;
             if (!mm_cache_full_warned) {

@@ -547,3 +547,33 @@ MM_TEST(bad_arguments_are_rejected)
     ASSERT_STATUS(mm_gemm_grouped(&g), MEGAMOE_INVALID_ARGUMENT);
     megamoe_log_set_level(MEGAMOE_LOG_WARN);
 }
+
+MM_TEST(split_tiles_the_product_exactly)
+{
+    static const int64_t cases[][4] = {/* rows, N, K, n_align */
+                                       {1024, 256, 512, 64}, {256, 2816, 4096, 64}, {16, 2816, 4096, 64},
+                                       {100, 70, 33, 1},     {0, 64, 64, 64},       {5000, 512, 128, 64}};
+    for (int c = 0; c < 6; c++)
+        for (int workers = 1; workers <= 5; workers++) {
+            int64_t rows = cases[c][0], N = cases[c][1], K = cases[c][2], al = cases[c][3];
+            unsigned char *cover = calloc((size_t)(rows * N) + 1, 1);
+            int by_rows = -1;
+            for (int w = 0; w < workers; w++) {
+                int64_t m0, m1, n0, n1;
+                mm_gemm_split(rows, N, K, al, w, workers, &m0, &m1, &n0, &n1);
+                ASSERT_TRUE(0 <= m0 && m0 <= m1 && m1 <= rows && 0 <= n0 && n0 <= n1 && n1 <= N);
+                int rowwise = !(m0 == 0 && m1 == rows) || (n0 == 0 && n1 == N && workers == 1);
+                if (m1 > m0 && n1 > n0) {
+                    if (rowwise) ASSERT_EQ_INT(m0 % 16, 0);
+                    else ASSERT_EQ_INT(n0 % al, 0);
+                }
+                if (by_rows < 0 && m1 > m0 && n1 > n0 && workers > 1) by_rows = rowwise;
+                for (int64_t m = m0; m < m1; m++)
+                    for (int64_t n = n0; n < n1; n++) cover[m * N + n]++;
+            }
+            for (int64_t i = 0; i < rows * N; i++) ASSERT_EQ_INT(cover[i], 1);
+            /* small weights with enough rows split by rows, big weights by columns */
+            if (workers == 2 && rows > 0) ASSERT_EQ_INT(by_rows, K * N <= 512 * 1024 && rows >= 128);
+            free(cover);
+        }
+}
