@@ -59,7 +59,7 @@ void mm_shmem_mark_lost(int pe, const char *why)
     if (atomic_compare_exchange_strong(&mm_lost_claim, &expected, pe)) {
         snprintf(g->lost_why, sizeof g->lost_why, "%s", why);
         atomic_store_explicit(&g->lost_pe, pe, memory_order_release);
-        mm_log_emit(MEGAMOE_LOG_ERROR, "shmem: rank %d lost: %s", pe, why);
+        MM_LOG(MEGAMOE_LOG_ERROR, "shmem: rank %d lost: %s", pe, why);
     }
     if (g->bases && g->bases[0]) {
         uint64_t zero = 0;
