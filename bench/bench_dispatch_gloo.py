@@ -42,8 +42,13 @@ def routing(rank, bs):
 
 
 def fill(n, seed):
-    i = torch.arange(n, dtype=torch.int64)
-    return (((i * 31 + seed * 7) % 97).float() / 97 - 0.5).to(torch.bfloat16)
+    """The bench's bf16 pattern, built in chunks (an int64 index of n elements would not fit)."""
+    out = torch.empty(n, dtype=torch.bfloat16)
+    step = 1 << 24
+    for a in range(0, n, step):
+        i = torch.arange(a, min(n, a + step), dtype=torch.int64)
+        out[a:a + step] = (((i * 31 + seed * 7) % 97).float() / 97 - 0.5).to(torch.bfloat16)
+    return out
 
 
 def a2a_bytes(send, send_rows, recv_rows, row_bytes):
@@ -118,8 +123,10 @@ class Case:
         back = expert_out[idx].view(torch.uint8)  # rows grouped by source again
         got = a2a_bytes(back, recv_rows, send_rows, H * 2).view(torch.bfloat16)
         wpair = self.w.reshape(-1)[order]
+        tok = order // K
         out = torch.zeros(self.bs, H)
-        out.index_add_(0, order // K, got.float() * wpair[:, None])
+        for a in range(0, got.shape[0], 4096):  # fp32 copies in pieces, not of every row at once
+            out.index_add_(0, tok[a:a + 4096], got[a:a + 4096].float() * wpair[a:a + 4096, None])
         return out.to(torch.bfloat16)
 
 
