@@ -17,18 +17,6 @@
 
 static void mm_v2d_free(mm_v2_dispatch_t *d)
 {
-    free(d->active);
-    free(d->pdst);
-    free(d->ppos);
-    free(d->sdst);
-    free(d->spos);
-    free(d->cnt);
-    free(d->blk);
-    free(d->rows_to);
-    free(d->units_to);
-    free(d->rcnt);
-    free(d->src_region);
-    free(d->perf_us);
     mm_v2_scratch_free(&d->scratch);
     mm_v2_call_end(&d->call);
 }
@@ -66,10 +54,13 @@ void mm_v2d_make_row(const mm_v2_dispatch_t *d, int64_t t, int64_t srow, uint8_t
 
 /* ---- plan ------------------------------------------------------------------------------ */
 
-static megamoe_status_t mm_v2d_alloc(void **p, size_t n, size_t size)
+/* Bytes of the plan arrays (taken from the scratch buffer). */
+static size_t mm_v2d_plan_bytes(const mm_v2_cfg_t *c)
 {
-    *p = calloc(n ? n : 1, size);
-    return *p ? MEGAMOE_OK : mm_error(MEGAMOE_OUT_OF_MEMORY, "dispatch_v2: no memory for the plan");
+    size_t bs = (size_t)c->bs, K = (size_t)c->K, NS = (size_t)c->NS, eW = (size_t)c->eW;
+    size_t L = (size_t)c->eL;
+    return mm_v2_piece(bs) + 2 * mm_v2_piece(bs * K * 4) + 2 * mm_v2_piece(bs * NS * 4) +
+           3 * mm_v2_piece(eW * L * 4) + 3 * mm_v2_piece(eW * 8) + mm_v2_piece((size_t)c->W * 8);
 }
 
 static megamoe_status_t mm_v2d_plan(mm_v2_dispatch_t *d)
@@ -77,18 +68,19 @@ static megamoe_status_t mm_v2d_plan(mm_v2_dispatch_t *d)
     mm_v2_cfg_t *c = &d->c;
     int64_t bs = c->bs, K = c->K, NS = c->NS, eW = c->eW;
     d->Lmax = c->eL;
-    MM_CHECK(mm_v2d_alloc((void **)&d->active, (size_t)bs, 1));
-    MM_CHECK(mm_v2d_alloc((void **)&d->pdst, (size_t)(bs * K), 4));
-    MM_CHECK(mm_v2d_alloc((void **)&d->ppos, (size_t)(bs * K), 4));
-    MM_CHECK(mm_v2d_alloc((void **)&d->sdst, (size_t)(bs * NS), 4));
-    MM_CHECK(mm_v2d_alloc((void **)&d->spos, (size_t)(bs * NS), 4));
-    MM_CHECK(mm_v2d_alloc((void **)&d->cnt, (size_t)(eW * d->Lmax), 4));
-    MM_CHECK(mm_v2d_alloc((void **)&d->blk, (size_t)(eW * d->Lmax), 4));
-    MM_CHECK(mm_v2d_alloc((void **)&d->rows_to, (size_t)eW, 8));
-    MM_CHECK(mm_v2d_alloc((void **)&d->units_to, (size_t)eW, 8));
-    MM_CHECK(mm_v2d_alloc((void **)&d->rcnt, (size_t)(eW * d->Lmax), 4));
-    MM_CHECK(mm_v2d_alloc((void **)&d->src_region, (size_t)eW, 8));
-    MM_CHECK(mm_v2d_alloc((void **)&d->perf_us, (size_t)c->W, 8));
+    mm_v2_scratch_t *sc = &d->scratch;
+    d->active = mm_v2_scratch_take(sc, (size_t)bs);
+    d->pdst = mm_v2_scratch_take(sc, (size_t)(bs * K) * 4);
+    d->ppos = mm_v2_scratch_take(sc, (size_t)(bs * K) * 4);
+    d->sdst = mm_v2_scratch_take(sc, (size_t)(bs * NS) * 4);
+    d->spos = mm_v2_scratch_take(sc, (size_t)(bs * NS) * 4);
+    d->cnt = mm_v2_scratch_take(sc, (size_t)(eW * d->Lmax) * 4);
+    d->blk = mm_v2_scratch_take(sc, (size_t)(eW * d->Lmax) * 4);
+    d->rcnt = mm_v2_scratch_take(sc, (size_t)(eW * d->Lmax) * 4);
+    d->rows_to = mm_v2_scratch_take(sc, (size_t)eW * 8);
+    d->units_to = mm_v2_scratch_take(sc, (size_t)eW * 8);
+    d->src_region = mm_v2_scratch_take(sc, (size_t)eW * 8);
+    d->perf_us = mm_v2_scratch_take(sc, (size_t)c->W * 8);
     for (int64_t i = 0; i < bs * K; i++) d->pdst[i] = -1;
     for (int64_t i = 0; i < bs * NS; i++) d->sdst[i] = -1;
     if (c->erank < 0) return MEGAMOE_OK; /* removed by elastic_info: sends nothing */
@@ -536,13 +528,14 @@ static megamoe_status_t mm_v2d_local(mm_v2_dispatch_t *d)
                              (size_t)(c->K + c->NS) * sizeof(mm_v2_unit_target_t), 64);
     /* outputs far beyond the last-level cache are written with streaming stores */
     d->stream = (uint64_t)c->T * (uint64_t)c->A * c->row_bytes > (64u << 20);
-    MM_CHECK(mm_v2d_plan(d));
     size_t eW = (size_t)c->eW, ng = (size_t)(c->hier_group ? (c->eW + c->hier_group - 1) / c->hier_group : 0);
-    size_t need = 2 * mm_v2_piece(d->stride) + 2 * mm_v2_piece((size_t)d->Lmax * eW * 8) +
-                  mm_v2_piece(eW * 8) + mm_v2_piece(eW * sizeof(int)) + mm_v2_piece(eW);
+    size_t need = mm_v2d_plan_bytes(c) + 2 * mm_v2_piece(d->stride) +
+                  2 * mm_v2_piece((size_t)c->eL * eW * 8) + mm_v2_piece(eW * 8) +
+                  mm_v2_piece(eW * sizeof(int)) + mm_v2_piece(eW);
     if (c->alg == MM_V2_ALG_HIERARCHY)
         need += 2 * mm_v2_piece(ng * 8) + mm_v2_piece((size_t)mm_v2d_hier_stride(d));
-    return mm_v2_scratch_init(&d->scratch, need);
+    MM_CHECK(mm_v2_scratch_init(&d->scratch, MM_V2_WS_DISPATCH, need));
+    return mm_v2d_plan(d);
 }
 
 megamoe_status_t megamoe_dispatch_v2(const megamoe_dispatch_v2_args_t *a)

@@ -7,12 +7,31 @@
 #include "base/error.h"
 #include "v2_internal.h"
 
-megamoe_status_t mm_v2_scratch_init(mm_v2_scratch_t *s, size_t bytes)
+/* One grow-only buffer per operator kind, kept between calls (calls do not overlap): the
+ * per-call state then costs no allocation, page faults or kernel zeroing. */
+static struct {
+    uint8_t *base;
+    size_t size;
+} mm_v2_scratch_cache[MM_V2_WS_COUNT];
+
+megamoe_status_t mm_v2_scratch_init(mm_v2_scratch_t *s, int kind, size_t bytes)
 {
     s->used = 0;
-    s->size = bytes ? bytes : 64;
+    s->size = 0;
     s->base = NULL;
-    return mm_aligned_alloc(s->size, 64, "operator scratch", (void **)&s->base);
+    bytes = bytes ? bytes : 64;
+    if (mm_v2_scratch_cache[kind].size < bytes) {
+        mm_aligned_free(mm_v2_scratch_cache[kind].base);
+        mm_v2_scratch_cache[kind].base = NULL;
+        mm_v2_scratch_cache[kind].size = 0;
+        void *p = NULL;
+        MM_CHECK(mm_aligned_alloc(bytes, 64, "operator scratch", &p));
+        mm_v2_scratch_cache[kind].base = p;
+        mm_v2_scratch_cache[kind].size = bytes;
+    }
+    s->base = mm_v2_scratch_cache[kind].base;
+    s->size = bytes;
+    return MEGAMOE_OK;
 }
 
 void *mm_v2_scratch_take(mm_v2_scratch_t *s, size_t n)
@@ -27,8 +46,16 @@ void *mm_v2_scratch_take(mm_v2_scratch_t *s, size_t n)
 
 void mm_v2_scratch_free(mm_v2_scratch_t *s)
 {
-    mm_aligned_free(s->base);
-    s->base = NULL;
+    s->base = NULL; /* the buffer stays cached */
+}
+
+void mm_v2_scratch_release(void)
+{
+    for (int k = 0; k < MM_V2_WS_COUNT; k++) {
+        mm_aligned_free(mm_v2_scratch_cache[k].base);
+        mm_v2_scratch_cache[k].base = NULL;
+        mm_v2_scratch_cache[k].size = 0;
+    }
 }
 
 megamoe_tensor_t megamoe_tensor_none(void)

@@ -199,10 +199,12 @@ typedef struct mm_v2_scratch {
 
 /* Bytes to reserve for a piece of n bytes (64-byte aligned pieces). */
 static inline size_t mm_v2_piece(size_t n) { return (n + 63) / 64 * 64; }
-megamoe_status_t mm_v2_scratch_init(mm_v2_scratch_t *s, size_t bytes);
+megamoe_status_t mm_v2_scratch_init(mm_v2_scratch_t *s, int kind, size_t bytes);
 /* A zeroed piece of n bytes (the reservation must cover it). */
 void *mm_v2_scratch_take(mm_v2_scratch_t *s, size_t n);
 void mm_v2_scratch_free(mm_v2_scratch_t *s);
+/* Free the cached scratch buffers (megamoe_ops_release). */
+void mm_v2_scratch_release(void);
 
 /* ---- row transforms (the one place that calls the kernels' quantisers) ----------------- */
 

@@ -272,6 +272,7 @@ int mm_v2_tp_peer_pe(const mm_v2_call_t *call, int64_t tp_rank)
 megamoe_status_t megamoe_ops_release(void)
 {
     megamoe_status_t st = MEGAMOE_OK;
+    mm_v2_scratch_release();
     for (int k = 0; k < MM_V2_WS_COUNT; k++) {
         if (mm_v2_pool.base[k] && mm_shmem_is_running()) {
             megamoe_status_t s = mm_shmem_free(mm_v2_pool.base[k]);
