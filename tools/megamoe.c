@@ -15,7 +15,7 @@ static const struct {
     {"bench", mm_cmd_bench, "run a benchmark (JSON on stdout, table on stderr); 'bench list'"},
     {"launch", mm_cmd_launch, "start N local ranks: launch -n N [--timeout S] -- CMD ARGS..."},
     {"info", mm_cmd_info, "version, host and configuration (--config [--markdown])"},
-    {"trace", mm_cmd_trace, "summarise a MegaKernel Chrome trace"},
+    {"trace", mm_cmd_trace, "merge, summarise or draw MegaKernel traces (trace --help)"},
 };
 
 static void mm_usage(FILE *out)
