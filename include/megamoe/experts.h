@@ -55,12 +55,20 @@ typedef struct megamoe_experts_params {
     int64_t top_k;                 /* K in [1, E] */
     double expert_capacity_factor; /* 0 = lossless (default); else finite and >= 1 */
     float swiglu_limit;            /* 0 = no clamp (default); else finite and > 0 */
-    const char *schedule;          /* "O0" (default when NULL); "O1" is not available yet */
+    const char *schedule;          /* "O1" (default; also when NULL): one persistent launch
+                                      per direction on the multicore executor; "O0": one
+                                      host-scheduled phase after another (docs/multicore.md) */
     int workers;                   /* threads per rank; 0 = MEGAMOE_THREADS, else
                                       online cores / LOCAL_WORLD_SIZE (default) */
+    int cube_workers;              /* O1: GEMM workers; 0 = MEGAMOE_CUBE_WORKERS, else derived */
+    int vector_workers;            /* O1: communication / elementwise workers; 0 =
+                                      MEGAMOE_VECTOR_WORKERS, else derived. With both 0 a
+                                      rank with one worker runs both queues on it; n >= 2
+                                      workers give max(1, n/4) vector workers. When set, their
+                                      sum is the rank's thread count. */
 } megamoe_experts_params_t;
 
-/* All fields zero except schedule = "O0": the caller must set the five shapes. */
+/* All fields zero except schedule = "O1": the caller must set the five shapes. */
 megamoe_experts_params_t megamoe_experts_params_default(void);
 
 /* The layer's weights, owned by the caller (e.g. torch parameters), bf16 and contiguous:
@@ -95,9 +103,9 @@ typedef struct megamoe_experts_grads {
     megamoe_dtype_t weight_grad_dtype; /* BF16 (default) or FP32 */
 } megamoe_experts_grads_t;
 
-/* Collective: validate params (INVALID_ARGUMENT naming the rule; UNSUPPORTED for schedule
- * "O1"), compare them across the ranks of ep (CONFIG_MISMATCH on every rank when they differ)
- * and create the layer. ep must outlive the layer. params NULL is invalid (shapes required). */
+/* Collective: validate params (INVALID_ARGUMENT naming the rule), compare them across the
+ * ranks of ep (CONFIG_MISMATCH on every rank when they differ) and create the layer. ep must
+ * outlive the layer. params NULL is invalid (shapes required). */
 megamoe_status_t megamoe_experts_create(megamoe_comm_t *ep, const megamoe_experts_params_t *params,
                                         megamoe_experts_t **experts_p);
 
@@ -147,11 +155,12 @@ typedef struct megamoe_experts_info {
     double capacity_factor;
     float swiglu_limit;
     char schedule[8];
-    int workers;
+    int workers;             /* threads per rank (O1: cube + vector workers) */
     size_t heap_bytes;       /* symmetric heap bytes of this layer's resource group */
     int group_layers;        /* layers sharing the resource group */
     int closed;
     int64_t last_recv_rows;  /* rows this rank received in the last forward (-1: none yet) */
+    int cube_workers, vector_workers; /* O1 roles (O0: workers, 0) */
 } megamoe_experts_info_t;
 
 megamoe_status_t megamoe_experts_get_info(const megamoe_experts_t *experts,

@@ -33,7 +33,8 @@ class _Params(ctypes.Structure):
                 ("intermediate_size", _c_int64), ("num_experts", _c_int64),
                 ("top_k", _c_int64), ("expert_capacity_factor", ctypes.c_double),
                 ("swiglu_limit", ctypes.c_float), ("schedule", ctypes.c_char_p),
-                ("workers", ctypes.c_int)]
+                ("workers", ctypes.c_int), ("cube_workers", ctypes.c_int),
+                ("vector_workers", ctypes.c_int)]
 
 
 class _Weights(ctypes.Structure):
@@ -58,7 +59,8 @@ class _Info(ctypes.Structure):
                 ("capacity_factor", ctypes.c_double), ("swiglu_limit", ctypes.c_float),
                 ("schedule", ctypes.c_char * 8), ("workers", ctypes.c_int),
                 ("heap_bytes", ctypes.c_size_t), ("group_layers", ctypes.c_int),
-                ("closed", ctypes.c_int), ("last_recv_rows", _c_int64)]
+                ("closed", ctypes.c_int), ("last_recv_rows", _c_int64),
+                ("cube_workers", ctypes.c_int), ("vector_workers", ctypes.c_int)]
 
 
 _MAX_PHASES = 20
@@ -182,12 +184,16 @@ class MegaMoeExperts(torch.nn.Module):
     receive capacity align128(EP*T*K); a finite f >= 1 gives align128(ceil(T*K*f))),
     ``swiglu_limit`` (None = no clamp), ``ep_size`` / ``ep_group`` (the whole world),
     ``create_parameters`` (False: assign ``gate_up_weight`` [E/EP, H, 2I] and ``down_weight``
-    [E/EP, I, H] yourself), ``schedule`` ("O0"; "O1" is not available yet).
+    [E/EP, I, H] yourself), ``schedule`` ("O1", the default: one fused launch per direction
+    on the multicore executor; "O0": host-scheduled phases), ``workers`` (threads per rank,
+    0 = the rank's share of the cores), ``cube_workers`` / ``vector_workers`` (O1 roles,
+    0 = derived; docs/multicore.md).
     """
 
     def __init__(self, local_num_tokens, hidden_size, intermediate_size, num_experts, top_k,
                  expert_capacity_factor=None, swiglu_limit=None, ep_size=1, ep_group=None,
-                 create_parameters=True, schedule="O0", workers=0):
+                 create_parameters=True, schedule="O1", workers=0, cube_workers=0,
+                 vector_workers=0):
         super().__init__()
         from . import comm as _comm
         self._handle = ctypes.c_void_p(None)
@@ -205,6 +211,8 @@ class MegaMoeExperts(torch.nn.Module):
         self._schedule_bytes = str(schedule).encode()
         p.schedule = self._schedule_bytes
         p.workers = int(workers)
+        p.cube_workers = int(cube_workers)
+        p.vector_workers = int(vector_workers)
         if "HYPER_PARALLEL_SHMEM_HEAP_SIZE" not in os.environ:
             # Heap sizing when the variable is unset (docs/moe.md): the runtime starts with the
             # first communicator; give it what this layer's resource group needs, rounded up

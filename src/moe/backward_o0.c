@@ -181,9 +181,9 @@ static megamoe_status_t mm_bwd_phase(mm_bwd_t *b, int phase, int timer)
     return st;
 }
 
-static megamoe_status_t mm_bwd_check(const megamoe_experts_t *x,
-                                     const megamoe_experts_saved_t *sv, const void *dout,
-                                     const megamoe_experts_grads_t *gr)
+megamoe_status_t mm_moe_check_backward(const megamoe_experts_t *x,
+                                       const megamoe_experts_saved_t *sv, const void *dout,
+                                       const megamoe_experts_grads_t *gr)
 {
     if (sv == NULL)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "backward needs the saved state of a forward");
@@ -208,7 +208,7 @@ megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, megamoe_experts_saved_
     mm_moe_group_t *g = x->group;
     const int64_t T = x->cfg.T, H = x->cfg.H, I = x->cfg.I, K = x->cfg.K, L = x->L;
     const size_t TK = (size_t)(T * K);
-    megamoe_status_t st = mm_bwd_check(x, sv, dout, gr);
+    megamoe_status_t st = mm_moe_check_backward(x, sv, dout, gr);
     if (st == MEGAMOE_OK && !g->ready)
         st = mm_error(MEGAMOE_INVALID_STATE, "backward before any forward of this layer");
     if (st == MEGAMOE_OK) st = mm_moe_pack_weights(x, wts, 1);

@@ -14,8 +14,18 @@
 static const char *const mm_moe_phase_names[MM_PH_COUNT] = {
     "fwd.route",    "fwd.dispatch", "fwd.gmm1",   "fwd.swiglu",  "fwd.gmm2",    "fwd.combine",
     "fwd.reduce",   "bwd.prep",     "bwd.dispatch", "bwd.gmm_da", "bwd.gmm_dw2", "bwd.swiglu",
-    "bwd.gmm_dx",   "bwd.gmm_dw1",  "bwd.combine", "bwd.reduce",
+    "bwd.gmm_dx",   "bwd.gmm_dw1",  "bwd.combine", "bwd.reduce",  "fwd.prepare", "fwd.launch",
+    "bwd.prepare",  "bwd.launch",   "bwd.finish",
 };
+/* The phases each schedule times (O1: everything between route and return is one launch). */
+static const int mm_moe_o0_phases[] = {
+    MM_PH_FWD_ROUTE,   MM_PH_FWD_DISPATCH, MM_PH_FWD_GMM1,    MM_PH_FWD_SWIGLU,
+    MM_PH_FWD_GMM2,    MM_PH_FWD_COMBINE,  MM_PH_FWD_REDUCE,  MM_PH_BWD_PREP,
+    MM_PH_BWD_DISPATCH, MM_PH_BWD_GMM_DA,  MM_PH_BWD_GMM_DW2, MM_PH_BWD_SWIGLU,
+    MM_PH_BWD_GMM_DX,  MM_PH_BWD_GMM_DW1,  MM_PH_BWD_COMBINE, MM_PH_BWD_REDUCE,
+};
+static const int mm_moe_o1_phases[] = {MM_PH_FWD_PREPARE, MM_PH_FWD_ROUTE, MM_PH_FWD_LAUNCH,
+                                       MM_PH_BWD_PREPARE, MM_PH_BWD_LAUNCH, MM_PH_BWD_FINISH};
 
 static atomic_uint_fast64_t mm_moe_serial = 1;
 
@@ -23,7 +33,7 @@ megamoe_experts_params_t megamoe_experts_params_default(void)
 {
     megamoe_experts_params_t p;
     memset(&p, 0, sizeof p);
-    p.schedule = "O0";
+    p.schedule = "O1";
     return p;
 }
 
@@ -97,16 +107,21 @@ static megamoe_status_t mm_moe_validate(const megamoe_experts_params_t *p, int e
         return mm_error(MEGAMOE_INVALID_ARGUMENT,
                         "swiglu_limit = %g must be unset/0 (no clamp) or a finite number > 0",
                         (double)p->swiglu_limit);
-    const char *s = p->schedule ? p->schedule : "O0";
-    if (strcmp(s, "O1") == 0)
-        return mm_error(MEGAMOE_UNSUPPORTED,
-                        "schedule \"O1\" (the multicore executor) is not available in this build "
-                        "yet; use schedule \"O0\"");
-    if (strcmp(s, "O0") != 0)
-        return mm_error(MEGAMOE_INVALID_ARGUMENT, "schedule \"%.16s\" is unknown; use \"O0\"", s);
+    const char *s = p->schedule ? p->schedule : "O1";
+    if (strcmp(s, "O0") != 0 && strcmp(s, "O1") != 0)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "schedule \"%.16s\" is unknown; use \"O1\" (the multicore executor, "
+                        "default) or \"O0\" (host-scheduled phases)",
+                        s);
     if (p->workers < 0 || p->workers > MM_POOL_MAX_WORKERS)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "workers = %d must be in [0, %d] (0 = default)",
                         p->workers, MM_POOL_MAX_WORKERS);
+    if (p->cube_workers < 0 || p->vector_workers < 0 ||
+        p->cube_workers + p->vector_workers > MM_MC_MAX_WORKERS)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "cube_workers = %d and vector_workers = %d must be >= 0 with a sum of at "
+                        "most %d (0 = derived)",
+                        p->cube_workers, p->vector_workers, MM_MC_MAX_WORKERS);
     return MEGAMOE_OK;
 }
 
@@ -186,10 +201,16 @@ megamoe_status_t megamoe_experts_create(megamoe_comm_t *comm, const megamoe_expe
                           "is world rank %d)",
                           i, mm_shmem_team_world_pe(team, i));
     if (st == MEGAMOE_OK) st = mm_moe_validate(p, ep);
-    int workers = 0;
+    int workers = 0, cube = 0, vector = 0;
+    const int o1 = st == MEGAMOE_OK && (p->schedule == NULL || strcmp(p->schedule, "O1") == 0);
     if (st == MEGAMOE_OK) {
         workers = p->workers;
         if (workers == 0) st = mm_pool_default_workers(&workers);
+    }
+    if (st == MEGAMOE_OK && o1) {
+        st = mm_mc_workers(workers, p->workers > 0, p->cube_workers, p->vector_workers, &cube,
+                           &vector);
+        workers = cube + vector;
     }
     megamoe_experts_t *x = NULL;
     if (st == MEGAMOE_OK) {
@@ -213,9 +234,10 @@ megamoe_status_t megamoe_experts_create(megamoe_comm_t *comm, const megamoe_expe
     c.factor = p->expert_capacity_factor;
     c.limit = p->swiglu_limit;
     c.capacity = megamoe_experts_capacity_rows(ep, c.T, c.K, c.factor);
-    snprintf(c.schedule, sizeof c.schedule, "%s", p->schedule ? p->schedule : "O0");
+    snprintf(c.schedule, sizeof c.schedule, "%s", p->schedule ? p->schedule : "O1");
     st = mm_moe_agree_config(team, &c);
-    if (st == MEGAMOE_OK) st = mm_moe_group_create(&c, team, workers, &x->group);
+    if (st == MEGAMOE_OK) st = mm_moe_group_create(&c, team, workers, o1 ? cube : workers, o1 ? vector : 0,
+                                                   &x->group);
     st = mm_shmem_team_agree(team, st);
     if (st != MEGAMOE_OK) {
         if (x->group) {
@@ -233,6 +255,8 @@ megamoe_status_t megamoe_experts_create(megamoe_comm_t *comm, const megamoe_expe
     x->me = me;
     x->L = c.E / ep;
     x->workers = workers;
+    x->cube = o1 ? cube : workers;
+    x->vector = o1 ? vector : 0;
     x->last_recv_rows = -1;
     *experts_p = x;
     return MEGAMOE_OK;
@@ -438,7 +462,8 @@ megamoe_status_t megamoe_experts_forward(megamoe_experts_t *x,
     megamoe_status_t st = mm_moe_group_prepare(x->group);
     if (st == MEGAMOE_OK) {
         x->group->used = 1;
-        st = mm_moe_forward_o0(x, weights, input, output, saved_p);
+        st = mm_moe_is_o1(&x->cfg) ? mm_moe_forward_o1(x, weights, input, output, saved_p)
+                                   : mm_moe_forward_o0(x, weights, input, output, saved_p);
     }
     mm_moe_leave(x);
     return st;
@@ -450,7 +475,9 @@ megamoe_status_t megamoe_experts_backward(megamoe_experts_t *x, megamoe_experts_
                                           const megamoe_experts_grads_t *grads)
 {
     MM_CHECK(mm_moe_enter(x, "backward"));
-    megamoe_status_t st = mm_moe_backward_o0(x, saved, weights, grad_output, grads);
+    megamoe_status_t st = mm_moe_is_o1(&x->cfg)
+                              ? mm_moe_backward_o1(x, saved, weights, grad_output, grads)
+                              : mm_moe_backward_o0(x, saved, weights, grad_output, grads);
     mm_moe_leave(x);
     return st;
 }
@@ -474,7 +501,9 @@ megamoe_status_t megamoe_experts_get_info(const megamoe_experts_t *x,
     in.capacity_factor = x->cfg.factor;
     in.swiglu_limit = x->cfg.limit;
     snprintf(in.schedule, sizeof in.schedule, "%s", x->cfg.schedule);
-    in.workers = x->workers;
+    in.workers = x->group->workers;
+    in.cube_workers = x->group->cube;
+    in.vector_workers = x->group->vector;
     in.heap_bytes = x->group->heap_bytes;
     in.group_layers = x->group->layers;
     in.closed = x->closed;
@@ -490,10 +519,13 @@ megamoe_status_t megamoe_experts_get_timing(const megamoe_experts_t *x,
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "get_timing: NULL argument");
     megamoe_experts_timing_t t;
     memset(&t, 0, sizeof t);
-    t.count = MM_PH_COUNT;
-    for (int i = 0; i < MM_PH_COUNT; i++) {
-        t.name[i] = mm_moe_phase_names[i];
-        t.seconds[i] = x->phase_s[i];
+    const int o1 = mm_moe_is_o1(&x->cfg);
+    const int *ph = o1 ? mm_moe_o1_phases : mm_moe_o0_phases;
+    t.count = o1 ? (int)(sizeof mm_moe_o1_phases / sizeof *ph)
+                 : (int)(sizeof mm_moe_o0_phases / sizeof *ph);
+    for (int i = 0; i < t.count; i++) {
+        t.name[i] = mm_moe_phase_names[ph[i]];
+        t.seconds[i] = x->phase_s[ph[i]];
     }
     t.forwards = x->forwards;
     t.backwards = x->backwards;

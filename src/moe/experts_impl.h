@@ -1,5 +1,5 @@
-/* MegaMoeExperts internals shared by the files of src/moe/ (layer, resource group, O0
- * forward, O0 backward). */
+/* MegaMoeExperts internals shared by the files of src/moe/ (layer, resource group, O0 and
+ * O1 forward and backward). */
 #ifndef MM_MOE_EXPERTS_IMPL_H
 #define MM_MOE_EXPERTS_IMPL_H
 
@@ -11,6 +11,8 @@
 
 #include "kernels/gemm.h"
 #include "kernels/swiglu.h"
+#include "multicore/mc_exec.h"
+#include "multicore/mc_plan.h"
 #include "multicore/worker_pool.h"
 #include "ops/ep_exchange.h"
 #include "ops/ep_route.h"
@@ -25,6 +27,8 @@ typedef struct mm_moe_config {
     int64_t capacity;
     char schedule[8];
 } mm_moe_config_t;
+
+static inline int mm_moe_is_o1(const mm_moe_config_t *c) { return c->schedule[1] == '1'; }
 
 /* Phases timed per layer (names in experts.c). */
 enum {
@@ -44,6 +48,11 @@ enum {
     MM_PH_BWD_GMM_DW1,
     MM_PH_BWD_COMBINE,
     MM_PH_BWD_REDUCE,
+    MM_PH_FWD_PREPARE, /* O1: checks, weight packing, buffers */
+    MM_PH_FWD_LAUNCH,  /* O1: the fused forward launch */
+    MM_PH_BWD_PREPARE,
+    MM_PH_BWD_LAUNCH,
+    MM_PH_BWD_FINISH,  /* O1: router-weight gradients out */
     MM_PH_COUNT
 };
 
@@ -70,6 +79,7 @@ typedef struct mm_moe_group {
     mm_moe_config_t cfg;
     mm_shmem_team_t *team;
     int workers;
+    int cube, vector; /* O1 roles (cube + vector == workers) */
     int layers;      /* layers attached */
     int open_layers; /* attached and not closed */
     int used;        /* a forward ran (sharing is no longer allowed) */
@@ -78,6 +88,8 @@ typedef struct mm_moe_group {
     size_t heap_bytes;
     mm_ep_xbuf_t *xbuf;
     mm_pool_t *pool;
+    mm_mc_plan_t *plan; /* O1 static plan and executor */
+    mm_mc_exec_t *exec;
     mm_moe_scratch_t scratch;
     atomic_int busy; /* serial use: a second thread is rejected */
 } mm_moe_group_t;
@@ -97,7 +109,7 @@ struct megamoe_experts {
     mm_shmem_team_t *team;
     int ep, me;
     int64_t L;
-    int workers;
+    int workers, cube, vector;
     int closed;
     mm_moe_group_t *group;
     mm_moe_packed_t packed;
@@ -116,11 +128,13 @@ struct megamoe_experts_saved {
     uint16_t *y;    /* [T*K, H]        expert outputs returned to this rank, permuted order */
     float *w;       /* [T*K]           router weights (fp32), slot order */
     megamoe_dtype_t w_dtype;
+    uint64_t gen;   /* O1: launch generation of the forward (every rank's must match) */
 };
 
 /* ---- group.c ---- */
 megamoe_status_t mm_moe_group_create(const mm_moe_config_t *cfg, mm_shmem_team_t *team,
-                                     int workers, mm_moe_group_t **group_p);
+                                     int workers, int cube, int vector,
+                                     mm_moe_group_t **group_p);
 /* Collective at a group's first forward: SHMEM acquire, heap check, buffers, pool. */
 megamoe_status_t mm_moe_group_prepare(mm_moe_group_t *g);
 /* Detach one layer; the last one frees the group (collective when it was prepared). */
@@ -148,6 +162,33 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, const megamoe_experts_w
 megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, megamoe_experts_saved_t *saved,
                                     const megamoe_experts_weights_t *w, const void *grad_output,
                                     const megamoe_experts_grads_t *grads);
+
+/* ---- forward_o1.c / backward_o1.c ---- */
+megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, const megamoe_experts_weights_t *w,
+                                   const megamoe_experts_input_t *in, void *output,
+                                   megamoe_experts_saved_t **saved_p);
+megamoe_status_t mm_moe_backward_o1(megamoe_experts_t *x, megamoe_experts_saved_t *saved,
+                                    const megamoe_experts_weights_t *w, const void *grad_output,
+                                    const megamoe_experts_grads_t *grads);
+/* Per-worker scratch an O1 group needs (tiles of 128 rows), and its parts. */
+size_t mm_moe_o1_scratch_bytes(const mm_moe_config_t *cfg);
+typedef struct mm_o1_scratch {
+    uint16_t *gu;   /* [128, 2I] GMM1 output (inference) */
+    uint16_t *a;    /* [128, I]  SwiGLU output (inference) / dA (backward) */
+    uint16_t *rows; /* [128, H]  rows for peers that are not load/store reachable */
+    float *acc;     /* [H]       reduce accumulator */
+} mm_o1_scratch_t;
+mm_o1_scratch_t mm_moe_o1_scratch(const mm_moe_config_t *cfg, const mm_mc_worker_t *w);
+/* Where a product writes rows [row, row + n) of source src's return buffer: the peer's
+ * mapping when reachable, else tile; then mm_moe_o1_ret_put() sends the tile if needed. */
+void *mm_moe_o1_ret_dst(const mm_moe_group_t *g, int src, int64_t row, uint16_t *tile);
+void mm_moe_o1_ret_put(const mm_moe_group_t *g, int src, int64_t row, const void *dst,
+                       const uint16_t *tile, int64_t n);
+/* The forward's input checks, shared by both schedules. */
+megamoe_status_t mm_moe_check_input(const megamoe_experts_input_t *in, const void *output);
+megamoe_status_t mm_moe_check_backward(const megamoe_experts_t *x,
+                                       const megamoe_experts_saved_t *sv, const void *dout,
+                                       const megamoe_experts_grads_t *gr);
 
 /* Column split of a grouped GEMM across pool workers (n_align: packed-weight alignment). */
 megamoe_status_t mm_moe_gemm_split(mm_gemm_grouped_args_t *g, int worker, int n_workers,

@@ -127,7 +127,7 @@ static megamoe_status_t mm_fwd_phase(mm_fwd_t *f, int phase, int timer)
     return st;
 }
 
-static megamoe_status_t mm_fwd_check_input(const megamoe_experts_input_t *in, const void *output)
+megamoe_status_t mm_moe_check_input(const megamoe_experts_input_t *in, const void *output)
 {
     if (in == NULL || in->hidden_states == NULL || in->topk_ids == NULL ||
         in->topk_weights == NULL || output == NULL)
@@ -152,7 +152,7 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, const megamoe_experts_w
     uint64_t t0 = mm_now_ns();
 
     /* ---- local checks and packing, then the collective routing plan ---- */
-    megamoe_status_t st = mm_fwd_check_input(in, output);
+    megamoe_status_t st = mm_moe_check_input(in, output);
     if (st == MEGAMOE_OK) st = mm_moe_pack_weights(x, wts, 0);
     int check = 0;
     if (st == MEGAMOE_OK) {

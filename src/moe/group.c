@@ -29,7 +29,9 @@ static mm_moe_group_t *mm_moe_registry;
 
 size_t mm_moe_heap_need(const mm_moe_config_t *c)
 {
-    return mm_ep_xbuf_heap_bytes((int)c->ep, c->capacity, c->T * c->K, (size_t)c->H * 2);
+    size_t need = mm_ep_xbuf_heap_bytes((int)c->ep, c->capacity, c->T * c->K, (size_t)c->H * 2);
+    if (mm_moe_is_o1(c)) need += mm_mc_heap_bytes((int)c->ep, c->E / c->ep);
+    return need;
 }
 
 /* What to ask for when this process starts SHMEM with the heap size unset. */
@@ -44,13 +46,16 @@ static uint64_t mm_moe_heap_request(void)
 }
 
 megamoe_status_t mm_moe_group_create(const mm_moe_config_t *cfg, mm_shmem_team_t *team,
-                                     int workers, mm_moe_group_t **group_p)
+                                     int workers, int cube, int vector,
+                                     mm_moe_group_t **group_p)
 {
     mm_moe_group_t *g = calloc(1, sizeof *g);
     if (g == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "cannot allocate a resource group");
     g->cfg = *cfg;
     g->team = team;
     g->workers = workers;
+    g->cube = cube;
+    g->vector = vector;
     g->layers = 1;
     g->open_layers = 1;
     g->heap_bytes = mm_moe_heap_need(cfg);
@@ -133,6 +138,26 @@ megamoe_status_t mm_moe_group_prepare(mm_moe_group_t *g)
     if (st == MEGAMOE_OK)
         st = mm_ep_xbuf_create(g->team, g->cfg.capacity, g->cfg.T * g->cfg.K,
                                (size_t)g->cfg.H * 2, &g->xbuf);
+    if (st == MEGAMOE_OK && mm_moe_is_o1(&g->cfg)) {
+        /* O1: the static plan and the executor's signal area (collective) */
+        mm_mc_shape_t sh = {mm_shmem_team_n_pes(g->team), mm_shmem_team_my_pe(g->team),
+                            g->cfg.T, g->cfg.H, g->cfg.I, g->cfg.E, g->cfg.K, g->cube, g->vector};
+        megamoe_status_t ps = mm_mc_plan_create(&sh, &g->plan);
+        ps = mm_shmem_team_agree(g->team, ps);
+        if (ps == MEGAMOE_OK)
+            ps = mm_mc_exec_create(g->plan, g->team, g->pool, mm_moe_o1_scratch_bytes(&g->cfg),
+                                   &g->exec);
+        if (ps != MEGAMOE_OK) {
+            char text[1024];
+            snprintf(text, sizeof text, "%s", megamoe_last_error());
+            mm_mc_plan_destroy(g->plan);
+            g->plan = NULL;
+            mm_ep_xbuf_destroy(g->xbuf); /* collective, like its creation */
+            g->xbuf = NULL;
+            mm_set_last_error(text);
+            st = ps;
+        }
+    }
     if (st != MEGAMOE_OK) {
         mm_pool_destroy(g->pool);
         g->pool = NULL;
@@ -151,8 +176,14 @@ megamoe_status_t mm_moe_group_detach(mm_moe_group_t *g)
     if (--g->open_layers > 0) return MEGAMOE_OK;
     megamoe_status_t st = MEGAMOE_OK;
     if (g->ready) {
-        /* Symmetric memory first (collective), then the reference that kept the heap alive. */
-        st = mm_ep_xbuf_destroy(g->xbuf);
+        /* Symmetric memory first (collective, reverse order of allocation), then the
+         * reference that kept the heap alive. */
+        st = mm_mc_exec_destroy(g->exec);
+        g->exec = NULL;
+        mm_mc_plan_destroy(g->plan);
+        g->plan = NULL;
+        megamoe_status_t xs = mm_ep_xbuf_destroy(g->xbuf);
+        if (st == MEGAMOE_OK) st = xs;
         g->xbuf = NULL;
         mm_pool_destroy(g->pool);
         g->pool = NULL;

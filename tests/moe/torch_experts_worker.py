@@ -294,7 +294,7 @@ def case_close_and_errors(rank, ep):
     except MegaMoeError as exc:
         ok &= exc.name == "CONFIG_MISMATCH" and "hidden_size" in str(exc)
     for kwargs, status in ((dict(local_num_tokens=100), "INVALID_ARGUMENT"),
-                           (dict(schedule="O1"), "UNSUPPORTED"),
+                           (dict(schedule="O7"), "INVALID_ARGUMENT"),
                            (dict(expert_capacity_factor=0.5), "INVALID_ARGUMENT")):
         args = dict(local_num_tokens=T, hidden_size=H, intermediate_size=I, num_experts=E,
                     top_k=K, ep_size=ep, ep_group=dist.group.WORLD)

@@ -1,0 +1,234 @@
+/* O1 backward (reference design §1.5) as one launch of the multicore executor; task bodies:
+ *   dispatch  source: dY = w · dOut rows of one tile straight into the owner's receive rows,
+ *             and grad w[t,k] = <dOut[t], y[t,k]>
+ *   expert    owner, one received tile: dA = dY·W2ᵀ, dGU = SwiGLU'(dA, GU), dX = dGU·W1ᵀ
+ *             straight into the source's return rows
+ *   wgrad     owner, one expert (a chunk of output rows): dW2_j = A_jᵀ·dY_j once all of
+ *             expert j's rows arrived, dW1_j = X_jᵀ·dGU_j once all its tiles are done; they
+ *             run after every data-gradient tile, overlapping the peers' combine and reduce
+ *   reduce    source: grad hidden[t] = sum_k dX[t,k] (fp32, k ascending)
+ * The same kernels, row sets and orders as O0 (backward_o0.c): bit-identical results.
+ * Every local check (saved state, weights, buffers) fails inside the launch on every rank
+ * (no collective before it); the weight gradients may be partly written when a call fails.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "moe/experts_impl.h"
+#include "moe/moe_rows.h"
+
+typedef struct mm_o1_bwd {
+    megamoe_experts_t *x;
+    mm_moe_group_t *g;
+    const megamoe_experts_saved_t *sv;
+    const mm_ep_plan_t *plan;
+    int64_t T, H, I, K;
+    int direct;            /* dY rows written in place into the owners' receive buffers */
+    const uint16_t *dout;  /* [T, H] */
+    float *gw;             /* [T*K] grad router weights (fp32), slot order, or NULL */
+    const uint16_t *recv;  /* [R, H] received dY */
+    uint16_t *dgu;         /* [R, 2I] */
+    const uint16_t *ret;   /* [T*K, H] returned dX, permuted order */
+    uint16_t *dhidden;     /* [T, H] */
+    void *dw1, *dw2;
+    megamoe_dtype_t wg_type;
+} mm_o1_bwd_t;
+
+static megamoe_status_t mm_o1_bwd_dispatch(void *ctx, mm_mc_worker_t *w, const mm_mc_tile_t *t)
+{
+    mm_o1_bwd_t *b = ctx;
+    const int64_t H = b->H, K = b->K;
+    const mm_ep_plan_t *p = b->plan;
+    uint16_t *stage = mm_moe_o1_scratch(&b->x->cfg, w).rows;
+    for (int64_t i = 0; i < t->rows; i++) {
+        int64_t pos = t->row0 + i, slot = p->perm_slot[pos];
+        const uint16_t *d = b->dout + (slot / K) * H;
+        uint16_t *dst = b->direct ? mm_ep_dispatch_dst(b->g->xbuf, p, pos, t->e) : stage + i * H;
+        mm_rows_scale(dst, d, b->sv->w[slot], (size_t)H);
+        if (b->gw) b->gw[slot] = mm_rows_dot(d, b->sv->y + pos * H, (size_t)H);
+    }
+    if (!b->direct) { /* the tile's rows are contiguous on the owner */
+        int64_t row = p->dst_off[t->e] + (t->row0 - p->src_off[t->e]);
+        mm_shmem_put((char *)b->g->xbuf->recv + (size_t)row * b->g->xbuf->row_bytes, stage,
+                     (size_t)t->rows * b->g->xbuf->row_bytes, b->g->xbuf->pes[t->peer]);
+    }
+    return MEGAMOE_OK;
+}
+
+static megamoe_status_t mm_o1_bwd_expert(void *ctx, mm_mc_worker_t *w, const mm_mc_tile_t *t)
+{
+    mm_o1_bwd_t *b = ctx;
+    megamoe_experts_t *x = b->x;
+    const int64_t H = b->H, I = b->I, r0 = t->row0, n = t->rows, e = t->e;
+    mm_o1_scratch_t s = mm_moe_o1_scratch(&x->cfg, w);
+    uint64_t t0 = w->ring ? mm_now_ns() : 0, t1;
+    /* dA[n, I] = dY · down[j]ᵀ (the tile's dA lives only in the worker's scratch) */
+    mm_gemm_args_t g;
+    mm_gemm_args_init(&g);
+    g.form = MM_GEMM_NT;
+    g.M = n;
+    g.K = H;
+    g.N = I;
+    g.A = b->recv + r0 * H;
+    g.lda = H;
+    g.weight = x->packed.w2t[t->j];
+    g.C = s.a;
+    g.ldc = I;
+    g.c_type = MEGAMOE_DTYPE_BF16;
+    MM_CHECK(mm_gemm(&g));
+    if (w->ring) {
+        t1 = mm_now_ns();
+        mm_mc_trace(w, MM_MC_ST_GMM_DA, e, t->peer, t0, t1);
+        t0 = t1;
+    }
+    uint16_t *dgu = b->dgu + r0 * 2 * I;
+    MM_CHECK(mm_swiglu_bwd(n, I, b->sv->gu + r0 * 2 * I, 2 * I, s.a, I, dgu, 2 * I, x->cfg.limit));
+    if (w->ring) {
+        t1 = mm_now_ns();
+        mm_mc_trace(w, MM_MC_ST_SWIGLU_GRAD, e, t->peer, t0, t1);
+        t0 = t1;
+    }
+    /* dX[n, H] = dGU · gate_up[j]ᵀ straight into the source's return rows */
+    void *dst = mm_moe_o1_ret_dst(b->g, t->peer, t->ret_row, s.rows);
+    mm_gemm_args_init(&g);
+    g.form = MM_GEMM_NT;
+    g.M = n;
+    g.K = 2 * I;
+    g.N = H;
+    g.A = dgu;
+    g.lda = 2 * I;
+    g.weight = x->packed.w1t[t->j];
+    g.C = dst;
+    g.ldc = H;
+    g.c_type = MEGAMOE_DTYPE_BF16;
+    MM_CHECK(mm_gemm(&g));
+    mm_moe_o1_ret_put(b->g, t->peer, t->ret_row, dst, s.rows, n);
+    if (w->ring) mm_mc_trace(w, MM_MC_ST_GMM_DX, e, t->peer, t0, mm_now_ns());
+    return MEGAMOE_OK;
+}
+
+static megamoe_status_t mm_o1_bwd_wgrad(void *ctx, mm_mc_worker_t *w, int which, int64_t j,
+                                        int64_t m0, int64_t m1)
+{
+    (void)w;
+    mm_o1_bwd_t *b = ctx;
+    const int64_t H = b->H, I = b->I;
+    const int64_t go = b->plan->group_off[j], rows = b->plan->group_off[j + 1] - go;
+    mm_gemm_args_t g;
+    mm_gemm_args_init(&g);
+    g.form = MM_GEMM_TN;
+    g.K = rows; /* an expert without rows gets exact zeros */
+    g.c_type = b->wg_type;
+    g.m0 = m0;
+    g.m1 = m1;
+    const size_t es = megamoe_dtype_size(b->wg_type);
+    if (which == 2) { /* dW2_j[I, H] = A_jᵀ · dY_j */
+        g.M = I;
+        g.N = H;
+        g.A = b->sv->a + go * I;
+        g.lda = I;
+        g.B = b->recv + go * H;
+        g.ldb = H;
+        g.C = (char *)b->dw2 + (size_t)(j * I * H) * es;
+        g.ldc = H;
+    } else { /* dW1_j[H, 2I] = X_jᵀ · dGU_j */
+        g.M = H;
+        g.N = 2 * I;
+        g.A = b->sv->x + go * H;
+        g.lda = H;
+        g.B = b->dgu + go * 2 * I;
+        g.ldb = 2 * I;
+        g.C = (char *)b->dw1 + (size_t)(j * H * 2 * I) * es;
+        g.ldc = 2 * I;
+    }
+    return mm_gemm(&g);
+}
+
+static megamoe_status_t mm_o1_bwd_reduce(void *ctx, mm_mc_worker_t *w, int64_t t0, int64_t t1)
+{
+    mm_o1_bwd_t *b = ctx;
+    const int64_t H = b->H, K = b->K;
+    float *acc = mm_moe_o1_scratch(&b->x->cfg, w).acc;
+    for (int64_t t = t0; t < t1; t++) { /* the O0 order: k ascending, fp32 */
+        memset(acc, 0, (size_t)H * sizeof *acc);
+        for (int64_t k = 0; k < K; k++)
+            mm_rows_axpy(acc, b->ret + (int64_t)b->plan->slot_pos[t * K + k] * H, 1.0f, (size_t)H);
+        megamoe_convert(b->dhidden + t * H, MEGAMOE_DTYPE_BF16, acc, MEGAMOE_DTYPE_FP32, (size_t)H);
+    }
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t mm_moe_backward_o1(megamoe_experts_t *x, megamoe_experts_saved_t *sv,
+                                    const megamoe_experts_weights_t *wts, const void *dout,
+                                    const megamoe_experts_grads_t *gr)
+{
+    mm_moe_group_t *g = x->group;
+    const int64_t T = x->cfg.T, H = x->cfg.H, I = x->cfg.I, K = x->cfg.K;
+    const size_t TK = (size_t)(T * K);
+    uint64_t t0 = mm_now_ns();
+    if (!g->ready) /* no forward ran: no executor; the same answer on every rank */
+        return mm_shmem_team_agree(x->team, mm_error(MEGAMOE_INVALID_STATE,
+                                                     "backward before any forward of this layer"));
+    megamoe_status_t st = mm_moe_check_backward(x, sv, dout, gr);
+    if (st == MEGAMOE_OK && sv->gen == 0)
+        st = mm_error(MEGAMOE_INVALID_ARGUMENT,
+                      "the saved state does not come from an O1 forward of this layer");
+    if (st == MEGAMOE_OK) st = mm_moe_pack_weights(x, wts, 1);
+    mm_o1_bwd_t b;
+    memset(&b, 0, sizeof b);
+    if (st == MEGAMOE_OK) {
+        const int64_t Rb = sv->rows > 0 ? sv->rows : 1;
+        b.x = x;
+        b.g = g;
+        b.sv = sv;
+        b.plan = sv->plan;
+        b.T = T;
+        b.H = H;
+        b.I = I;
+        b.K = K;
+        b.direct = mm_ep_dispatch_direct(g->xbuf) && !mm_ep_force_puts;
+        b.dout = dout;
+        b.recv = g->xbuf->recv;
+        b.ret = g->xbuf->ret;
+        b.dhidden = gr->hidden_states;
+        b.dw1 = gr->gate_up;
+        b.dw2 = gr->down;
+        b.wg_type = gr->weight_grad_dtype;
+        void *p = NULL;
+        st = mm_moe_scratch(g, MM_SCR_DGU, (size_t)Rb * (size_t)(2 * I) * 2, &p);
+        b.dgu = p;
+        if (st == MEGAMOE_OK && gr->topk_weights != NULL) {
+            st = mm_moe_scratch(g, MM_SCR_F32, TK * sizeof(float), &p);
+            b.gw = p;
+        }
+    }
+    uint64_t t1 = mm_now_ns();
+    x->phase_s[MM_PH_BWD_PREPARE] += (double)(t1 - t0) * 1e-9;
+
+    mm_mc_launch_t l;
+    memset(&l, 0, sizeof l);
+    l.dir = MM_MC_BWD;
+    l.route = st == MEGAMOE_OK ? sv->plan : NULL;
+    l.local = st;
+    l.tag = st == MEGAMOE_OK ? sv->gen : 0;
+    l.tag_what = "backward needs the saved state of the same forward call on every rank "
+                 "(forward launch numbers differ)";
+    l.body.ctx = &b;
+    l.body.dispatch = mm_o1_bwd_dispatch;
+    l.body.expert = mm_o1_bwd_expert;
+    l.body.wgrad = mm_o1_bwd_wgrad;
+    l.body.reduce = mm_o1_bwd_reduce;
+    st = mm_mc_run(g->exec, &l);
+    t0 = mm_now_ns();
+    x->phase_s[MM_PH_BWD_LAUNCH] += (double)(t0 - t1) * 1e-9;
+    if (mm_mc_broken(g->exec)) g->broken = 1;
+    if (st != MEGAMOE_OK) return st;
+    if (gr->topk_weights != NULL)
+        st = megamoe_convert(gr->topk_weights, sv->w_dtype, b.gw, MEGAMOE_DTYPE_FP32, TK);
+    x->phase_s[MM_PH_BWD_FINISH] += (double)(mm_now_ns() - t0) * 1e-9;
+    if (st == MEGAMOE_OK) x->backwards++;
+    return st;
+}

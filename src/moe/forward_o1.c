@@ -1,0 +1,287 @@
+/* O1 forward: route (collective count exchange), then one launch of the multicore executor
+ * (src/multicore/mc_exec.h) whose task bodies are here:
+ *   dispatch  token rows of one tile straight into their owner's receive rows (RATR order)
+ *   expert    one received tile: keep X, GMM1, SwiGLU, GMM2 while the tile is in cache; GMM2
+ *             writes the result rows straight into the source's return buffer
+ *   reduce    the source sums the K returned rows of 128 tokens with the router weights
+ * Same kernels, row sets and reduction orders as O0 (forward_o0.c), so the outputs are
+ * bit-identical (docs/multicore.md "Determinism").
+ *
+ * Failures: checks and packing fail before the route (agreed there); an allocation failure
+ * after it makes this rank take part in the launch without touching data, and every rank
+ * returns it; the output is written only when every rank succeeded.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/env.h"
+#include "base/error.h"
+#include "moe/experts_impl.h"
+#include "moe/moe_rows.h"
+
+static size_t mm_o1_layout(const mm_moe_config_t *c, size_t off[4])
+{
+    const size_t tile = MM_MC_TILE;
+    size_t sizes[4] = {tile * (size_t)(2 * c->I) * 2, tile * (size_t)c->I * 2,
+                       tile * (size_t)c->H * 2, (size_t)c->H * 4};
+    size_t total = 0;
+    for (int i = 0; i < 4; i++) {
+        off[i] = total;
+        total += mm_align_up(sizes[i], 64);
+    }
+    return total;
+}
+
+size_t mm_moe_o1_scratch_bytes(const mm_moe_config_t *c)
+{
+    size_t off[4];
+    return mm_o1_layout(c, off);
+}
+
+mm_o1_scratch_t mm_moe_o1_scratch(const mm_moe_config_t *c, const mm_mc_worker_t *w)
+{
+    size_t off[4];
+    mm_o1_layout(c, off);
+    char *b = w->scratch;
+    mm_o1_scratch_t s = {(uint16_t *)(void *)(b + off[0]), (uint16_t *)(void *)(b + off[1]),
+                         (uint16_t *)(void *)(b + off[2]), (float *)(void *)(b + off[3])};
+    return s;
+}
+
+typedef struct mm_o1_fwd {
+    megamoe_experts_t *x;
+    mm_moe_group_t *g;
+    const mm_ep_plan_t *plan;
+    int64_t T, H, I, K;
+    const uint16_t *hidden; /* [T, H] */
+    const uint16_t *recv;   /* [R, H] received rows (symmetric) */
+    uint16_t *ret;          /* [T*K, H] returned rows (symmetric), permuted order */
+    uint16_t *xsave, *gu, *a; /* saved [R, H], [R, 2I], [R, I]; NULL for inference */
+    uint16_t *ysave;        /* [T*K, H] or NULL */
+    const float *w;         /* [T*K] router weights, slot order */
+    uint16_t *out;          /* [T, H] */
+} mm_o1_fwd_t;
+
+static megamoe_status_t mm_o1_fwd_dispatch(void *ctx, mm_mc_worker_t *w, const mm_mc_tile_t *t)
+{
+    (void)w;
+    mm_o1_fwd_t *f = ctx;
+    mm_ep_dispatch_rows(f->g->xbuf, f->plan, f->hidden, (size_t)f->H * 2, 1, t->row0,
+                        t->row0 + t->rows);
+    return MEGAMOE_OK;
+}
+
+/* C of a product whose rows go to rows [row, row + n) of the source's return buffer: the
+ * peer's mapping when it is load/store reachable, else the worker's tile (then put). */
+void *mm_moe_o1_ret_dst(const mm_moe_group_t *g, int src, int64_t row, uint16_t *tile)
+{
+    void *d = mm_ep_force_puts ? NULL
+                               : mm_shmem_ptr((char *)g->xbuf->ret + (size_t)row * g->xbuf->row_bytes,
+                                              g->xbuf->pes[src]);
+    return d ? d : tile;
+}
+
+void mm_moe_o1_ret_put(const mm_moe_group_t *g, int src, int64_t row, const void *dst,
+                       const uint16_t *tile, int64_t n)
+{
+    if (dst != tile) return;
+    mm_shmem_put((char *)g->xbuf->ret + (size_t)row * g->xbuf->row_bytes, tile,
+                 (size_t)n * g->xbuf->row_bytes, g->xbuf->pes[src]);
+}
+
+static megamoe_status_t mm_o1_fwd_expert(void *ctx, mm_mc_worker_t *w, const mm_mc_tile_t *t)
+{
+    mm_o1_fwd_t *f = ctx;
+    const int64_t H = f->H, I = f->I, r0 = t->row0, n = t->rows;
+    const int64_t e = t->e;
+    mm_o1_scratch_t s = mm_moe_o1_scratch(&f->x->cfg, w);
+    uint64_t t0 = w->ring ? mm_now_ns() : 0, t1;
+    const uint16_t *xin = f->recv + r0 * H;
+    if (f->xsave) { /* kept for dW1 = Xᵀ·dGU; GMM1 then reads the copy, hot in cache */
+        memcpy(f->xsave + r0 * H, xin, (size_t)(n * H) * 2);
+        xin = f->xsave + r0 * H;
+    }
+    uint16_t *gu = f->gu ? f->gu + r0 * 2 * I : s.gu;
+    uint16_t *a = f->a ? f->a + r0 * I : s.a;
+    mm_gemm_args_t g;
+    mm_gemm_args_init(&g);
+    g.form = MM_GEMM_NN;
+    g.M = n;
+    g.K = H;
+    g.N = 2 * I;
+    g.A = xin;
+    g.lda = H;
+    g.weight = f->x->packed.w1[t->j];
+    g.C = gu;
+    g.ldc = 2 * I;
+    g.c_type = MEGAMOE_DTYPE_BF16;
+    MM_CHECK(mm_gemm(&g));
+    if (w->ring) {
+        t1 = mm_now_ns();
+        mm_mc_trace(w, MM_MC_ST_GMM1, e, t->peer, t0, t1);
+        t0 = t1;
+    }
+    MM_CHECK(mm_swiglu_fwd(n, I, gu, 2 * I, a, I, f->x->cfg.limit));
+    if (w->ring) {
+        t1 = mm_now_ns();
+        mm_mc_trace(w, MM_MC_ST_SWIGLU, e, t->peer, t0, t1);
+        t0 = t1;
+    }
+    /* GMM2 straight into the source's return rows: the combine needs no copy */
+    void *dst = mm_moe_o1_ret_dst(f->g, t->peer, t->ret_row, s.rows);
+    mm_gemm_args_init(&g);
+    g.form = MM_GEMM_NN;
+    g.M = n;
+    g.K = I;
+    g.N = H;
+    g.A = a;
+    g.lda = I;
+    g.weight = f->x->packed.w2[t->j];
+    g.C = dst;
+    g.ldc = H;
+    g.c_type = MEGAMOE_DTYPE_BF16;
+    MM_CHECK(mm_gemm(&g));
+    mm_moe_o1_ret_put(f->g, t->peer, t->ret_row, dst, s.rows, n);
+    if (w->ring) mm_mc_trace(w, MM_MC_ST_GMM2, e, t->peer, t0, mm_now_ns());
+    return MEGAMOE_OK;
+}
+
+static megamoe_status_t mm_o1_fwd_reduce(void *ctx, mm_mc_worker_t *w, int64_t t0, int64_t t1)
+{
+    mm_o1_fwd_t *f = ctx;
+    const int64_t K = f->K, H = f->H;
+    const size_t rb = (size_t)H * 2;
+    float *acc = mm_moe_o1_scratch(&f->x->cfg, w).acc;
+    for (int64_t t = t0; t < t1; t++) { /* the O0 order: k ascending, fp32 */
+        memset(acc, 0, (size_t)H * sizeof *acc);
+        for (int64_t k = 0; k < K; k++) {
+            int64_t pos = f->plan->slot_pos[t * K + k];
+            const uint16_t *y = f->ret + pos * H;
+            mm_rows_axpy(acc, y, f->w[t * K + k], (size_t)H);
+            if (f->ysave) memcpy(f->ysave + pos * H, y, rb);
+        }
+        megamoe_convert(f->out + t * H, MEGAMOE_DTYPE_BF16, acc, MEGAMOE_DTYPE_FP32, (size_t)H);
+    }
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, const megamoe_experts_weights_t *wts,
+                                   const megamoe_experts_input_t *in, void *output,
+                                   megamoe_experts_saved_t **saved_p)
+{
+    mm_moe_group_t *g = x->group;
+    const int64_t T = x->cfg.T, H = x->cfg.H, I = x->cfg.I, K = x->cfg.K;
+    const size_t TK = (size_t)(T * K);
+    uint64_t t0 = mm_now_ns();
+
+    /* ---- local checks and packing, agreed in the collective routing plan ---- */
+    megamoe_status_t st = mm_moe_check_input(in, output);
+    if (st == MEGAMOE_OK) st = mm_moe_pack_weights(x, wts, 0);
+    int check = 0;
+    if (st == MEGAMOE_OK) {
+        megamoe_status_t cs = mm_env_bool(MM_ENV_CHECK, &check);
+        if (cs != MEGAMOE_OK && cs != MEGAMOE_NOT_FOUND) st = cs;
+    }
+    mm_ep_plan_t *plan = NULL;
+    mm_ep_shape_t shape = {x->ep, x->me, T, K, x->cfg.E, x->cfg.capacity, x->cfg.factor};
+    if (st == MEGAMOE_OK) st = mm_ep_plan_create(&shape, &plan);
+    uint64_t t1 = mm_now_ns();
+    x->phase_s[MM_PH_FWD_PREPARE] += (double)(t1 - t0) * 1e-9;
+    if (plan != NULL)
+        st = mm_ep_route(plan, x->team, in->topk_ids, in->topk_ids_dtype, in->tokens_per_expert,
+                         in->tokens_per_expert_dtype, check, st);
+    else
+        st = mm_shmem_team_agree(x->team, st);
+    if (st != MEGAMOE_OK) {
+        mm_ep_plan_destroy(plan);
+        return st;
+    }
+    const int64_t R = plan->recv_rows, Rb = R > 0 ? R : 1;
+    t0 = mm_now_ns();
+    x->phase_s[MM_PH_FWD_ROUTE] += (double)(t0 - t1) * 1e-9;
+
+    /* ---- buffers (saved ones sized to the rows actually received) ---- */
+    mm_o1_fwd_t f;
+    memset(&f, 0, sizeof f);
+    f.x = x;
+    f.g = g;
+    f.plan = plan;
+    f.T = T;
+    f.H = H;
+    f.I = I;
+    f.K = K;
+    f.hidden = in->hidden_states;
+    f.recv = g->xbuf->recv;
+    f.ret = g->xbuf->ret;
+    f.out = output;
+    megamoe_experts_saved_t *sv = NULL;
+    if (saved_p != NULL) {
+        sv = calloc(1, sizeof *sv);
+        if (sv == NULL) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "saved state");
+        if (st == MEGAMOE_OK) {
+            sv->layer_serial = x->serial;
+            sv->plan = plan;
+            sv->rows = R;
+            sv->w_dtype = in->topk_weights_dtype;
+            st = mm_aligned_alloc((size_t)Rb * (size_t)H * 2, 64, "saved tokens", (void **)&sv->x);
+        }
+        if (st == MEGAMOE_OK)
+            st = mm_aligned_alloc((size_t)Rb * (size_t)(2 * I) * 2, 64, "saved GMM1 output",
+                                  (void **)&sv->gu);
+        if (st == MEGAMOE_OK)
+            st = mm_aligned_alloc((size_t)Rb * (size_t)I * 2, 64, "saved activation", (void **)&sv->a);
+        if (st == MEGAMOE_OK)
+            st = mm_aligned_alloc(TK * (size_t)H * 2, 64, "saved expert outputs", (void **)&sv->y);
+        if (st == MEGAMOE_OK)
+            st = mm_aligned_alloc(TK * sizeof(float), 64, "saved router weights", (void **)&sv->w);
+        if (st == MEGAMOE_OK) {
+            f.xsave = sv->x;
+            f.gu = sv->gu;
+            f.a = sv->a;
+            f.ysave = sv->y;
+            f.w = sv->w;
+        }
+    } else if (in->topk_weights_dtype == MEGAMOE_DTYPE_FP32) {
+        f.w = in->topk_weights; /* inference: GMM1/SwiGLU outputs stay in the workers' tiles */
+    } else {
+        void *p = NULL;
+        st = mm_moe_scratch(g, MM_SCR_F32, TK * sizeof(float), &p);
+        f.w = p;
+    }
+    if (st == MEGAMOE_OK && f.w != in->topk_weights) /* fp32 router weights in slot order */
+        st = megamoe_convert((float *)f.w, MEGAMOE_DTYPE_FP32, in->topk_weights,
+                             in->topk_weights_dtype, TK);
+    x->phase_s[MM_PH_FWD_PREPARE] += (double)(mm_now_ns() - t0) * 1e-9;
+
+    /* ---- the launch (a local failure above: this rank only signals, all ranks fail) ---- */
+    t0 = mm_now_ns();
+    mm_mc_launch_t l;
+    memset(&l, 0, sizeof l);
+    l.dir = MM_MC_FWD;
+    l.route = plan;
+    l.local = st;
+    l.body.ctx = &f;
+    l.body.dispatch = mm_o1_fwd_dispatch;
+    l.body.expert = mm_o1_fwd_expert;
+    l.body.reduce = mm_o1_fwd_reduce;
+    st = mm_mc_run(g->exec, &l);
+    x->phase_s[MM_PH_FWD_LAUNCH] += (double)(mm_now_ns() - t0) * 1e-9;
+    if (mm_mc_broken(g->exec)) g->broken = 1;
+    if (st != MEGAMOE_OK) {
+        if (sv) sv->plan = NULL;
+        megamoe_experts_saved_destroy(sv);
+        mm_ep_plan_destroy(plan);
+        return st;
+    }
+    x->last_recv_rows = R;
+    x->forwards++;
+    if (saved_p) {
+        sv->gen = mm_mc_generation(g->exec);
+        *saved_p = sv;
+    } else {
+        mm_ep_plan_destroy(plan);
+    }
+    return MEGAMOE_OK;
+}

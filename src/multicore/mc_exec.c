@@ -1,0 +1,632 @@
+/* The O1 executor (see mc_exec.h): launch, worker loop, dependency checks, signals, the DONE
+ * status protocol, waits with timeout and liveness, profiling records. */
+#include "multicore/mc_exec.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/error.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define MM_MC_PAUSE() _mm_pause()
+#else
+#define MM_MC_PAUSE() __asm__ __volatile__("" ::: "memory")
+#endif
+
+/* Waiting (from the first miss): spin, then yield (lets a thread sharing the core run), then
+ * sleep up to MM_MC_SLEEP_MAX_NS, so an idle worker costs little and wakes within ~0.2 ms. */
+#define MM_MC_SPIN_NS 50000ull
+#define MM_MC_YIELD_NS 2000000ull
+#define MM_MC_SLEEP_MAX_NS 200000ull
+
+#define MM_MC_U64_PER_LINE 8
+#define MM_MC_TEXT 512
+
+const char *const mm_mc_stage_names[MM_MC_STAGES] = {
+    "dispatch", "gmm1",   "swiglu",      "gmm2",    "combine", "done",      "reduce",
+    "dispatch_grad", "gmm_da", "swiglu_grad", "gmm_dx",  "combine_grad", "dw2", "dw1",
+    "done_grad", "reduce_grad",
+};
+
+void (*mm_mc_test_task_hook)(int64_t tasks_run);
+
+/* A rank's status for one launch, in every rank's slot table (written before done[me]). */
+typedef struct mm_mc_slot {
+    uint64_t gen;
+    uint64_t tag;
+    int32_t status;
+    int32_t rank;
+    char text[MM_MC_SLOT_BYTES - 24];
+} mm_mc_slot_t;
+_Static_assert(sizeof(mm_mc_slot_t) == MM_MC_SLOT_BYTES, "status slot size");
+
+/* Private counter lines. */
+enum { MM_PV_CURSOR = 0, MM_PV_WORK = 2, MM_PV_ABORT, MM_PV_RUN, MM_PV_LOCAL, MM_PV_EXPERT };
+
+struct mm_mc_exec {
+    const mm_mc_plan_t *plan;
+    mm_shmem_team_t *team;
+    mm_pool_t *pool;
+    int ep, me, n_workers;
+    int *pes;
+    void *sym;           /* symmetric signal area */
+    uint64_t *arrival;   /* [L * EP] lines */
+    uint64_t *done;      /* [EP] lines */
+    mm_mc_slot_t *slots; /* [2][EP] */
+    uint64_t *priv;      /* private lines (MM_PV_*) */
+    /* the current launch (written while the workers are parked) */
+    uint64_t gen, arrival_target, done_target, expert_target, work_target;
+    const mm_mc_graph_t *graph;
+    mm_mc_launch_t launch;
+    int null_mode;
+    int vector_first; /* no vector workers: cube workers take the vector queue first */
+    /* failures of the current launch */
+    pthread_mutex_t lock;
+    megamoe_status_t local, fatal;
+    char local_text[MM_MC_TEXT], fatal_text[MM_MC_TEXT];
+    int broken;
+    uint64_t timeout_ns;
+    mm_mc_worker_t *workers;
+    void *scratch;
+    mm_prof_session_t *prof;
+};
+
+static inline uint64_t *mm_mc_line(uint64_t *base, int64_t i)
+{
+    return base + (size_t)i * MM_MC_U64_PER_LINE;
+}
+static inline uint64_t mm_mc_load(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline uint64_t *mm_mc_arrival(mm_mc_exec_t *x, int64_t j, int s)
+{
+    return mm_mc_line(x->arrival, j * x->ep + s);
+}
+
+/* ---- creation -------------------------------------------------------------------------------- */
+
+megamoe_status_t mm_mc_exec_create(const mm_mc_plan_t *plan, mm_shmem_team_t *team,
+                                   mm_pool_t *pool, size_t worker_scratch, mm_mc_exec_t **exec_p)
+{
+    const int ep = plan->s.ep, nw = plan->s.cube + plan->s.vector;
+    megamoe_status_t st = MEGAMOE_OK;
+    mm_mc_exec_t *x = calloc(1, sizeof *x);
+    if (x == NULL) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "O1 executor");
+    else pthread_mutex_init(&x->lock, NULL);
+    if (st == MEGAMOE_OK && mm_pool_size(pool) != nw)
+        st = mm_error(MEGAMOE_INTERNAL, "O1 executor: pool has %d workers, plan %d",
+                      mm_pool_size(pool), nw);
+    if (st == MEGAMOE_OK) {
+        x->plan = plan;
+        x->team = team;
+        x->pool = pool;
+        x->ep = ep;
+        x->me = plan->s.me;
+        x->n_workers = nw;
+        x->vector_first = plan->s.vector == 0;
+        x->timeout_ns = mm_shmem_timeout_ns();
+        x->pes = calloc((size_t)ep, sizeof *x->pes);
+        x->workers = calloc((size_t)nw, sizeof *x->workers);
+        size_t stride = mm_align_up(worker_scratch > 0 ? worker_scratch : 64, 4096);
+        if (x->pes == NULL || x->workers == NULL)
+            st = mm_error(MEGAMOE_OUT_OF_MEMORY, "O1 executor tables");
+        if (st == MEGAMOE_OK)
+            st = mm_aligned_calloc((size_t)(MM_PV_EXPERT + plan->L) * 64, 64, "O1 counters",
+                                   (void **)&x->priv);
+        if (st == MEGAMOE_OK)
+            st = mm_aligned_alloc(stride * (size_t)nw, 4096, "O1 worker scratch", &x->scratch);
+        for (int w = 0; st == MEGAMOE_OK && w < nw; w++) {
+            mm_mc_worker_t *k = &x->workers[w];
+            k->index = w;
+            k->role = w < plan->s.cube ? MM_MC_CUBE : MM_MC_VECTOR;
+            k->role_index = w < plan->s.cube ? w : w - plan->s.cube;
+            k->scratch = (char *)x->scratch + stride * (size_t)w;
+        }
+        for (int i = 0; st == MEGAMOE_OK && i < ep; i++) x->pes[i] = mm_shmem_team_world_pe(team, i);
+    }
+    /* The symmetric allocation is collective: agree first so every rank takes part or none. */
+    st = mm_shmem_team_agree(team, st);
+    if (st == MEGAMOE_OK) {
+        st = mm_shmem_malloc(mm_mc_heap_bytes(ep, plan->L), 4096, &x->sym);
+        if (st == MEGAMOE_OK) {
+            memset(x->sym, 0, mm_mc_heap_bytes(ep, plan->L));
+            x->arrival = x->sym;
+            x->done = mm_mc_line(x->arrival, plan->L * ep);
+            x->slots = (mm_mc_slot_t *)(void *)mm_mc_line(x->done, ep);
+            /* nobody signals before every rank zeroed its counters */
+            st = mm_shmem_team_barrier(team);
+        }
+    }
+    if (st != MEGAMOE_OK) {
+        if (x) {
+            if (x->sym) mm_shmem_free(x->sym); /* every rank got here the same way */
+            x->sym = NULL;
+            mm_mc_exec_destroy(x);
+        }
+        return st;
+    }
+    *exec_p = x;
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t mm_mc_exec_destroy(mm_mc_exec_t *x)
+{
+    if (x == NULL) return MEGAMOE_OK;
+    megamoe_status_t st = MEGAMOE_OK;
+    if (x->sym) st = mm_shmem_free(x->sym);
+    if (x->prof) {
+        mm_prof_retire(x->prof); /* exports to MEGAMOE_PROFILE when set */
+        x->prof = NULL;
+    }
+    pthread_mutex_destroy(&x->lock);
+    mm_aligned_free(x->priv);
+    mm_aligned_free(x->scratch);
+    free(x->workers);
+    free(x->pes);
+    free(x);
+    return st;
+}
+
+uint64_t mm_mc_generation(const mm_mc_exec_t *x) { return x->gen; }
+int mm_mc_broken(const mm_mc_exec_t *x) { return x->broken; }
+
+void mm_mc_set_profile(mm_mc_exec_t *x, mm_prof_session_t *session)
+{
+    if (x->prof && x->prof != session) mm_prof_retire(x->prof);
+    x->prof = session;
+}
+
+/* ---- failures -------------------------------------------------------------------------------- */
+
+static void mm_mc_local_fail(mm_mc_exec_t *x, megamoe_status_t st, const char *text)
+{
+    pthread_mutex_lock(&x->lock);
+    if (x->local == MEGAMOE_OK) {
+        x->local = st;
+        snprintf(x->local_text, sizeof x->local_text, "%s", text);
+        __atomic_store_n(mm_mc_line(x->priv, MM_PV_LOCAL), 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&x->lock);
+}
+
+static void mm_mc_fatal(mm_mc_exec_t *x, megamoe_status_t st)
+{
+    pthread_mutex_lock(&x->lock);
+    if (x->fatal == MEGAMOE_OK) {
+        x->fatal = st;
+        snprintf(x->fatal_text, sizeof x->fatal_text, "%s", megamoe_last_error());
+    }
+    pthread_mutex_unlock(&x->lock);
+    __atomic_store_n(mm_mc_line(x->priv, MM_PV_ABORT), 1, __ATOMIC_RELEASE);
+}
+
+/* The launch's verdict from every rank's status slot (identical on every rank). OK when all
+ * are OK and the tags agree; else the lowest failing rank's status with "rank R: text". */
+static megamoe_status_t mm_mc_decide(mm_mc_exec_t *x, char *text, size_t len, int *rank_p)
+{
+    *rank_p = -1;
+    const mm_mc_slot_t *s = x->slots + (size_t)(x->gen & 1) * (size_t)x->ep;
+    for (int r = 0; r < x->ep; r++) {
+        if (s[r].gen != x->gen) {
+            snprintf(text, len, "O1: rank %d's status slot holds launch %llu, expected %llu "
+                     "(internal error)", r, (unsigned long long)s[r].gen,
+                     (unsigned long long)x->gen);
+            return MEGAMOE_INTERNAL;
+        }
+        if (s[r].status != MEGAMOE_OK) {
+            char t[sizeof s[r].text];
+            memcpy(t, s[r].text, sizeof t);
+            t[sizeof t - 1] = '\0';
+            snprintf(text, len, "rank %d: %s", r, t);
+            *rank_p = r;
+            return (megamoe_status_t)s[r].status;
+        }
+    }
+    if (x->launch.tag_what)
+        for (int r = 1; r < x->ep; r++)
+            if (s[r].tag != s[0].tag) {
+                snprintf(text, len, "%s: rank 0 passed #%llu but rank %d passed #%llu; pass "
+                         "every rank the same one", x->launch.tag_what,
+                         (unsigned long long)s[0].tag, r, (unsigned long long)s[r].tag);
+                return MEGAMOE_INVALID_ARGUMENT;
+            }
+    return MEGAMOE_OK;
+}
+
+/* ---- profiling ------------------------------------------------------------------------------- */
+
+void mm_mc_trace(mm_mc_worker_t *w, int stage, int64_t owner, int peer, uint64_t t0, uint64_t t1)
+{
+    if (w->ring)
+        mm_prof_push(w->ring, MM_PROF_COMPUTE, (uint8_t)stage, w->task, (int32_t)owner, peer,
+                     w->invocation, t0, t1);
+}
+
+static int mm_mc_stage_of(const mm_mc_exec_t *x, const mm_mc_task_t *t)
+{
+    const int bwd = x->launch.dir == MM_MC_BWD;
+    switch (t->type) {
+    case MM_MC_DISPATCH: return bwd ? MM_MC_ST_DISPATCH_GRAD : MM_MC_ST_DISPATCH;
+    case MM_MC_EXPERT: return bwd ? MM_MC_ST_GMM_DA : MM_MC_ST_GMM1;
+    case MM_MC_WGRAD2: return MM_MC_ST_DW2;
+    case MM_MC_WGRAD1: return MM_MC_ST_DW1;
+    case MM_MC_DONE: return bwd ? MM_MC_ST_DONE_GRAD : MM_MC_ST_DONE;
+    default: return bwd ? MM_MC_ST_REDUCE_GRAD : MM_MC_ST_REDUCE;
+    }
+}
+
+static int64_t mm_mc_owner_of(const mm_mc_exec_t *x, const mm_mc_task_t *t)
+{
+    const int64_t L = x->plan->L;
+    switch (t->type) {
+    case MM_MC_DISPATCH: return (int64_t)t->peer * L + t->j;
+    case MM_MC_EXPERT:
+    case MM_MC_WGRAD2:
+    case MM_MC_WGRAD1: return (int64_t)x->me * L + t->j;
+    default: return -1;
+    }
+}
+
+/* ---- dependencies ---------------------------------------------------------------------------- */
+
+/* Runtime geometry of a tile slot: rows (0 = empty) and how much it signals (1 for a tile,
+ * the remaining slots of its block for the first empty slot, else 0). */
+static void mm_mc_slot_geometry(int64_t count, int64_t k, int64_t NT, int64_t *rows_p,
+                                uint64_t *amount_p)
+{
+    int64_t nt = (count + MM_MC_TILE - 1) / MM_MC_TILE;
+    if (k < nt) {
+        int64_t left = count - k * MM_MC_TILE;
+        *rows_p = left < MM_MC_TILE ? left : MM_MC_TILE;
+        *amount_p = 1;
+    } else {
+        *rows_p = 0;
+        *amount_p = k == nt ? (uint64_t)(NT - nt) : 0;
+    }
+}
+
+/* 1 when task t may run now; fills its tile and signal amount. */
+static int mm_mc_ready(mm_mc_exec_t *x, const mm_mc_task_t *t, mm_mc_tile_t *tl,
+                       uint64_t *amount)
+{
+    const mm_mc_plan_t *p = x->plan;
+    const mm_ep_plan_t *r = x->launch.route;
+    *amount = 0;
+    tl->rows = 0;
+    switch (t->type) {
+    case MM_MC_DISPATCH:
+        if (x->null_mode) {
+            *amount = t->k == 0 ? (uint64_t)p->NT : 0;
+            return 1;
+        }
+        tl->j = t->j;
+        tl->peer = t->peer;
+        tl->e = (int64_t)t->peer * p->L + t->j;
+        mm_mc_slot_geometry(r->src_off[tl->e + 1] - r->src_off[tl->e], t->k, p->NT, &tl->rows,
+                            amount);
+        tl->row0 = r->src_off[tl->e] + (int64_t)t->k * MM_MC_TILE;
+        return 1;
+    case MM_MC_EXPERT: {
+        if (x->null_mode) {
+            *amount = t->k == 0 ? (uint64_t)p->NT : 0;
+            return 1;
+        }
+        int64_t b = (int64_t)t->j * x->ep + t->peer;
+        tl->j = t->j;
+        tl->peer = t->peer;
+        tl->e = (int64_t)x->me * p->L + t->j;
+        mm_mc_slot_geometry(r->blk_rows[b], t->k, p->NT, &tl->rows, amount);
+        tl->row0 = r->blk_off[b] + (int64_t)t->k * MM_MC_TILE;
+        tl->ret_row = r->ret_off[b] + (int64_t)t->k * MM_MC_TILE;
+        return tl->rows == 0 || mm_mc_load(mm_mc_arrival(x, t->j, t->peer)) >= x->arrival_target;
+    }
+    case MM_MC_WGRAD2:
+        if (x->null_mode) return 1;
+        for (int s = 0; s < x->ep; s++)
+            if (mm_mc_load(mm_mc_arrival(x, t->j, s)) < x->arrival_target) return 0;
+        return 1;
+    case MM_MC_WGRAD1:
+        return mm_mc_load(mm_mc_line(x->priv, MM_PV_EXPERT + t->j)) >= x->expert_target;
+    case MM_MC_DONE:
+        return mm_mc_load(mm_mc_line(x->priv, MM_PV_WORK)) >= x->work_target;
+    default: /* REDUCE */
+        for (int s = 0; s < x->ep; s++)
+            if (mm_mc_load(mm_mc_line(x->done, s)) < x->done_target) return 0;
+        return 1;
+    }
+}
+
+/* What the head task t waits for, for a timeout message. */
+static void mm_mc_describe_wait(mm_mc_exec_t *x, const mm_mc_task_t *t, char *buf, size_t len)
+{
+    switch (t->type) {
+    case MM_MC_EXPERT:
+    case MM_MC_WGRAD2: {
+        int s = t->type == MM_MC_EXPERT ? t->peer : 0;
+        for (int q = 0; t->type == MM_MC_WGRAD2 && q < x->ep; q++)
+            if (mm_mc_load(mm_mc_arrival(x, t->j, q)) < x->arrival_target) {
+                s = q;
+                break;
+            }
+        snprintf(buf, len, "the rows of rank %d for local expert %d (arrival counter %llu, "
+                 "needs %llu)", s, t->j,
+                 (unsigned long long)mm_mc_load(mm_mc_arrival(x, t->j, s)),
+                 (unsigned long long)x->arrival_target);
+        return;
+    }
+    case MM_MC_REDUCE:
+        for (int s = 0; s < x->ep; s++)
+            if (mm_mc_load(mm_mc_line(x->done, s)) < x->done_target) {
+                snprintf(buf, len, "rank %d to finish its part (done counter %llu, needs %llu)", s,
+                         (unsigned long long)mm_mc_load(mm_mc_line(x->done, s)),
+                         (unsigned long long)x->done_target);
+                return;
+            }
+        break;
+    case MM_MC_WGRAD1:
+        snprintf(buf, len, "the data-gradient tiles of local expert %d", t->j);
+        return;
+    default:
+        break;
+    }
+    snprintf(buf, len, "this rank's own tasks (%llu of %llu done)",
+             (unsigned long long)mm_mc_load(mm_mc_line(x->priv, MM_PV_WORK)),
+             (unsigned long long)x->work_target);
+}
+
+/* ---- running a task -------------------------------------------------------------------------- */
+
+static void mm_mc_signal(mm_mc_exec_t *x, mm_mc_worker_t *w, uint64_t *sig, uint64_t amount,
+                         int peer, int stage, int64_t owner)
+{
+    uint64_t t0 = w->ring ? mm_now_ns() : 0;
+    if (peer < 0) __atomic_fetch_add(sig, amount, __ATOMIC_RELEASE);
+    else mm_shmem_signal_op(sig, amount, MM_SHMEM_SIGNAL_ADD, x->pes[peer]);
+    if (w->ring)
+        mm_prof_push(w->ring, MM_PROF_SIGNAL, (uint8_t)stage, w->task, (int32_t)owner, peer,
+                     w->invocation, t0, mm_now_ns());
+}
+
+static void mm_mc_publish(mm_mc_exec_t *x, mm_mc_worker_t *w)
+{
+    mm_mc_slot_t s;
+    memset(&s, 0, sizeof s);
+    s.gen = x->gen;
+    s.tag = x->launch.tag;
+    s.rank = x->me;
+    pthread_mutex_lock(&x->lock);
+    s.status = x->local;
+    size_t n = strnlen(x->local_text, sizeof s.text - 1);
+    memcpy(s.text, x->local_text, n); /* truncated to the slot */
+    pthread_mutex_unlock(&x->lock);
+    mm_mc_slot_t *mine = x->slots + (size_t)(x->gen & 1) * (size_t)x->ep + x->me;
+    const int stage = x->launch.dir == MM_MC_BWD ? MM_MC_ST_DONE_GRAD : MM_MC_ST_DONE;
+    for (int i = 0; i < x->ep; i++) {
+        int d = (x->me + i) % x->ep;
+        void *remote = mm_shmem_ptr(mine, x->pes[d]);
+        if (remote) memcpy(remote, &s, sizeof s);
+        else mm_shmem_put(mine, &s, sizeof s, x->pes[d]);
+        /* the slot is visible before the count (same thread, release) */
+        mm_mc_signal(x, w, mm_mc_line(x->done, x->me), 1, d, stage, -1);
+    }
+}
+
+static void mm_mc_execute(mm_mc_exec_t *x, mm_mc_worker_t *w, int32_t id, const mm_mc_task_t *t,
+                          const mm_mc_tile_t *tl, uint64_t amount)
+{
+    const mm_mc_plan_t *p = x->plan;
+    const mm_mc_body_t *b = &x->launch.body;
+    const int stage = mm_mc_stage_of(x, t);
+    const int64_t owner = mm_mc_owner_of(x, t);
+    /* after a local failure only the signals go on (the peers must not wait for nothing) */
+    const int skip = x->null_mode || __atomic_load_n(mm_mc_line(x->priv, MM_PV_LOCAL),
+                                                     __ATOMIC_ACQUIRE) != 0;
+    megamoe_status_t st = MEGAMOE_OK;
+    w->task = id;
+    uint64_t t0 = w->ring ? mm_now_ns() : 0;
+    switch (t->type) {
+    case MM_MC_DISPATCH:
+        if (tl->rows > 0 && !skip) {
+            st = b->dispatch(b->ctx, w, tl);
+            if (w->ring) mm_mc_trace(w, stage, owner, t->peer, t0, mm_now_ns());
+        }
+        if (amount > 0)
+            mm_mc_signal(x, w, mm_mc_arrival(x, t->j, x->me), amount, t->peer, stage, owner);
+        break;
+    case MM_MC_EXPERT:
+        if (tl->rows > 0 && !skip) st = b->expert(b->ctx, w, tl); /* records its sub-stages */
+        if (amount > 0)
+            __atomic_fetch_add(mm_mc_line(x->priv, MM_PV_EXPERT + t->j), amount, __ATOMIC_RELEASE);
+        break;
+    case MM_MC_WGRAD2:
+    case MM_MC_WGRAD1: {
+        int which = t->type == MM_MC_WGRAD1 ? 1 : 2;
+        int64_t m0, m1;
+        mm_pool_split(which == 1 ? p->s.H : p->s.I, t->k, (int)p->wchunks, 16, &m0, &m1);
+        if (m1 > m0 && !skip) {
+            st = b->wgrad(b->ctx, w, which, t->j, m0, m1);
+            if (w->ring) mm_mc_trace(w, stage, owner, -1, t0, mm_now_ns());
+        }
+        break;
+    }
+    case MM_MC_DONE:
+        mm_mc_publish(x, w);
+        break;
+    default: { /* REDUCE */
+        char text[MM_MC_TEXT];
+        int64_t a = (int64_t)t->k * MM_MC_TILE, e = a + MM_MC_TILE;
+        int failed_rank;
+        if (!x->null_mode && mm_mc_decide(x, text, sizeof text, &failed_rank) == MEGAMOE_OK) {
+            st = b->reduce(b->ctx, w, a, e < p->s.T ? e : p->s.T);
+            if (w->ring) mm_mc_trace(w, stage, owner, -1, t0, mm_now_ns());
+        }
+        break;
+    }
+    }
+    if (st != MEGAMOE_OK) mm_mc_local_fail(x, st, megamoe_last_error());
+    if (t->type != MM_MC_DONE && t->type != MM_MC_REDUCE)
+        __atomic_fetch_add(mm_mc_line(x->priv, MM_PV_WORK), 1, __ATOMIC_RELEASE);
+    uint64_t n = __atomic_add_fetch(mm_mc_line(x->priv, MM_PV_RUN), 1, __ATOMIC_RELAXED);
+    if (MM_UNLIKELY(mm_mc_test_task_hook != NULL)) mm_mc_test_task_hook((int64_t)n);
+}
+
+/* ---- the worker loop ------------------------------------------------------------------------- */
+
+static megamoe_status_t mm_mc_worker_main(void *arg, int index, int n_workers)
+{
+    (void)n_workers;
+    mm_mc_exec_t *x = arg;
+    mm_mc_worker_t *w = &x->workers[index];
+    const mm_mc_graph_t *g = x->graph;
+    int order[2] = {w->role, 1 - w->role};
+    if (x->vector_first) {
+        order[0] = MM_MC_VECTOR;
+        order[1] = MM_MC_CUBE;
+    }
+    uint64_t wait_t0 = 0, sleep_ns = 20000;
+    unsigned spins = 0;
+    int32_t waited_for = -1;
+    for (;;) {
+        if (__atomic_load_n(mm_mc_line(x->priv, MM_PV_ABORT), __ATOMIC_ACQUIRE)) return MEGAMOE_OK;
+        int open = 0, retry = 0;
+        waited_for = -1;
+        for (int qi = 0; qi < 2; qi++) {
+            const int q = order[qi];
+            uint64_t *cursor = mm_mc_line(x->priv, MM_PV_CURSOR + q);
+            uint64_t c = mm_mc_load(cursor);
+            if (c >= (uint64_t)g->n_queue[q]) continue;
+            open = 1;
+            const int32_t id = g->queue[q][c];
+            const mm_mc_task_t *t = &g->tasks[id];
+            mm_mc_tile_t tile;
+            uint64_t amount;
+            if (!mm_mc_ready(x, t, &tile, &amount)) {
+                if (waited_for < 0) waited_for = id;
+                continue;
+            }
+            if (!__atomic_compare_exchange_n(cursor, &c, c + 1, 0, __ATOMIC_ACQ_REL,
+                                             __ATOMIC_ACQUIRE)) {
+                retry = 1; /* another worker took it: look again at once */
+                break;
+            }
+            if (wait_t0 != 0) {
+                if (w->ring)
+                    mm_prof_push(w->ring, MM_PROF_WAIT, (uint8_t)mm_mc_stage_of(x, t), id,
+                                 (int32_t)mm_mc_owner_of(x, t), t->peer, w->invocation, wait_t0,
+                                 mm_now_ns());
+                wait_t0 = 0;
+                sleep_ns = 20000;
+                spins = 0;
+            }
+            mm_mc_execute(x, w, id, t, &tile, amount);
+            retry = 1;
+            break;
+        }
+        if (!open) return MEGAMOE_OK;
+        if (retry) continue;
+        /* nothing ready: back off, watching the clock, the peers and the timeout */
+        if (wait_t0 == 0) wait_t0 = mm_now_ns();
+        if (++spins < 32) {
+            MM_MC_PAUSE();
+            continue;
+        }
+        spins = 0;
+        uint64_t elapsed = mm_now_ns() - wait_t0;
+        megamoe_status_t st = mm_shmem_check_liveness();
+        if (st == MEGAMOE_OK && elapsed >= x->timeout_ns) {
+            char what[256];
+            const mm_mc_task_t *t = &g->tasks[waited_for];
+            mm_mc_describe_wait(x, t, what, sizeof what);
+            st = mm_error(MEGAMOE_TIMEOUT,
+                          "O1 %s: worker %d waited %.1f s for %s; a peer is stuck or never "
+                          "signals; raise HYPER_PARALLEL_SHMEM_TIMEOUT_SEC if the work "
+                          "legitimately takes longer",
+                          x->launch.dir == MM_MC_BWD ? "backward" : "forward", index,
+                          (double)elapsed * 1e-9, what);
+        }
+        if (st != MEGAMOE_OK) {
+            mm_mc_fatal(x, st);
+            return st;
+        }
+        if (elapsed < MM_MC_SPIN_NS) continue;
+        if (elapsed < MM_MC_YIELD_NS) {
+            sched_yield();
+        } else {
+            mm_sleep_ns(sleep_ns);
+            if (sleep_ns < MM_MC_SLEEP_MAX_NS) sleep_ns *= 2;
+        }
+        spins = 31; /* slow phases: check the clock after every miss */
+    }
+}
+
+/* ---- launch ---------------------------------------------------------------------------------- */
+
+megamoe_status_t mm_mc_run(mm_mc_exec_t *x, const mm_mc_launch_t *l)
+{
+    if (x->broken)
+        return mm_error(MEGAMOE_INVALID_STATE,
+                        "this MegaMoeExperts resource group failed in an earlier call (a peer was "
+                        "lost or timed out) and can only be closed");
+    const mm_mc_plan_t *p = x->plan;
+    x->launch = *l;
+    x->graph = &p->graph[l->dir == MM_MC_BWD];
+    x->gen++;
+    x->arrival_target = x->gen * (uint64_t)p->NT;
+    x->done_target = x->gen;
+    x->expert_target += (uint64_t)(x->ep * p->NT);
+    x->work_target += (uint64_t)x->graph->n_counted;
+    x->null_mode = l->local != MEGAMOE_OK || l->route == NULL;
+    x->local = l->local;
+    x->fatal = MEGAMOE_OK;
+    x->local_text[0] = x->fatal_text[0] = '\0';
+    if (l->local != MEGAMOE_OK) snprintf(x->local_text, sizeof x->local_text, "%s", megamoe_last_error());
+    else if (l->route == NULL) {
+        x->local = MEGAMOE_INTERNAL;
+        snprintf(x->local_text, sizeof x->local_text, "O1 launch without a routing plan");
+    }
+    __atomic_store_n(mm_mc_line(x->priv, MM_PV_LOCAL), x->local != MEGAMOE_OK, __ATOMIC_RELAXED);
+    __atomic_store_n(mm_mc_line(x->priv, MM_PV_CURSOR + 0), 0, __ATOMIC_RELAXED);
+    __atomic_store_n(mm_mc_line(x->priv, MM_PV_CURSOR + 1), 0, __ATOMIC_RELAXED);
+    __atomic_store_n(mm_mc_line(x->priv, MM_PV_RUN), 0, __ATOMIC_RELAXED);
+
+    /* profiling: a session per executor, created when profiling is first requested */
+    if (MM_UNLIKELY(mm_prof_requested()) && x->prof == NULL) {
+        mm_prof_session_t *s = NULL;
+        if (mm_prof_session_create(mm_shmem_my_pe(), p->s.cube, p->s.vector, 1u << 16,
+                                   mm_mc_stage_names, MM_MC_STAGES, &s) == MEGAMOE_OK) {
+            if (mm_prof_register(s) == MEGAMOE_OK) x->prof = s;
+            else mm_prof_session_destroy(s);
+        }
+    }
+    const int on = mm_prof_on(x->prof);
+    uint32_t inv = on ? mm_prof_begin(x->prof, l->dir == MM_MC_BWD ? "backward" : "forward") : 0;
+    for (int i = 0; i < x->n_workers; i++) {
+        mm_mc_worker_t *w = &x->workers[i];
+        w->ring = on ? mm_prof_ring(x->prof, (mm_prof_role_t)w->role, w->role_index) : NULL;
+        w->invocation = inv;
+        w->task = -1;
+    }
+
+    megamoe_status_t st = mm_pool_run(x->pool, mm_mc_worker_main, x);
+    if (on) mm_prof_end(x->prof);
+    if (x->fatal != MEGAMOE_OK || st != MEGAMOE_OK) {
+        x->broken = 1;
+        if (x->fatal != MEGAMOE_OK) {
+            mm_set_last_error(x->fatal_text);
+            return x->fatal;
+        }
+        return st;
+    }
+    char text[MM_MC_TEXT + 32];
+    int failed_rank;
+    st = mm_mc_decide(x, text, sizeof text, &failed_rank);
+    if (st != MEGAMOE_OK) {
+        if (failed_rank != x->me) MM_LOG(MEGAMOE_LOG_ERROR, "%s", text); /* ours was logged */
+        mm_set_last_error(text);
+    }
+    return st;
+}

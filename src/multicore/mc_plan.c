@@ -1,0 +1,162 @@
+/* The O1 static plan (see mc_plan.h): task tables and queues of both directions. */
+#include "multicore/mc_plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/env.h"
+#include "base/error.h"
+#include "multicore/mc_exec.h"
+
+static void mm_mc_graph_free(mm_mc_graph_t *g)
+{
+    free(g->tasks);
+    free(g->queue[0]);
+    free(g->queue[1]);
+    memset(g, 0, sizeof *g);
+}
+
+static megamoe_status_t mm_mc_graph_alloc(mm_mc_graph_t *g, int64_t n_cube, int64_t n_vector)
+{
+    int64_t n = n_cube + n_vector;
+    if (n >= INT32_MAX)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "the O1 plan would need %lld tasks (more than 2^31); use fewer experts or "
+                        "tokens per rank, or schedule \"O0\"",
+                        (long long)n);
+    g->tasks = calloc((size_t)n, sizeof *g->tasks);
+    g->queue[MM_MC_CUBE] = calloc((size_t)(n_cube > 0 ? n_cube : 1), sizeof(int32_t));
+    g->queue[MM_MC_VECTOR] = calloc((size_t)(n_vector > 0 ? n_vector : 1), sizeof(int32_t));
+    if (!g->tasks || !g->queue[0] || !g->queue[1]) {
+        mm_mc_graph_free(g);
+        return mm_error(MEGAMOE_OUT_OF_MEMORY, "cannot allocate an O1 plan of %lld tasks",
+                        (long long)n);
+    }
+    return MEGAMOE_OK;
+}
+
+static void mm_mc_push(mm_mc_graph_t *g, int type, int role, int peer, int64_t j, int64_t k)
+{
+    int32_t id = g->n_tasks++;
+    mm_mc_task_t *t = &g->tasks[id];
+    t->type = (uint8_t)type;
+    t->role = (uint8_t)role;
+    t->peer = (int16_t)peer;
+    t->j = (int32_t)j;
+    t->k = (int32_t)k;
+    g->queue[role][g->n_queue[role]++] = id;
+    if (type != MM_MC_DONE && type != MM_MC_REDUCE) g->n_counted++;
+}
+
+static megamoe_status_t mm_mc_build(mm_mc_plan_t *p, int dir)
+{
+    const int ep = p->s.ep, me = p->s.me;
+    const int64_t L = p->L, NT = p->NT, E = p->s.E, tt = p->s.T / MM_MC_TILE;
+    int64_t n_vec = E * NT + 1 + tt;
+    int64_t n_cube = L * ep * NT + (dir == MM_MC_BWD ? 2 * L * p->wchunks : 0);
+    mm_mc_graph_t *g = &p->graph[dir];
+    MM_CHECK(mm_mc_graph_alloc(g, n_cube, n_vec));
+
+    /* vector: RATR dispatch, then DONE, then the source-side reduce */
+    for (int64_t j = 0; j < L; j++)
+        for (int64_t k = 0; k < NT; k++)
+            for (int i = 0; i < ep; i++) mm_mc_push(g, MM_MC_DISPATCH, MM_MC_VECTOR, (me + i) % ep, j, k);
+    mm_mc_push(g, MM_MC_DONE, MM_MC_VECTOR, -1, -1, 0);
+    for (int64_t k = 0; k < tt; k++) mm_mc_push(g, MM_MC_REDUCE, MM_MC_VECTOR, -1, -1, k);
+
+    /* cube: expert tiles in the order RATR makes them arrive (own block first) */
+    for (int64_t j = 0; j < L; j++)
+        for (int i = 0; i < ep; i++)
+            for (int64_t k = 0; k < NT; k++)
+                mm_mc_push(g, MM_MC_EXPERT, MM_MC_CUBE, (me - i + ep) % ep, j, k);
+    if (dir == MM_MC_BWD)
+        for (int64_t j = 0; j < L; j++) {
+            for (int64_t c = 0; c < p->wchunks; c++) mm_mc_push(g, MM_MC_WGRAD2, MM_MC_CUBE, -1, j, c);
+            for (int64_t c = 0; c < p->wchunks; c++) mm_mc_push(g, MM_MC_WGRAD1, MM_MC_CUBE, -1, j, c);
+        }
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t mm_mc_plan_create(const mm_mc_shape_t *s, mm_mc_plan_t **plan_p)
+{
+    if (s->ep < 1 || s->ep > INT16_MAX || s->me < 0 || s->me >= s->ep || s->T < MM_MC_TILE ||
+        s->T % MM_MC_TILE != 0 || s->H < 1 || s->I < 1 || s->K < 1 || s->E < 1 ||
+        s->E % s->ep != 0 || s->cube < 0 || s->vector < 0 || s->cube + s->vector < 1)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "O1 plan: invalid shape (EP %d, rank %d, T %lld, H %lld, I %lld, E %lld, K "
+                        "%lld, %d cube + %d vector workers)",
+                        s->ep, s->me, (long long)s->T, (long long)s->H, (long long)s->I,
+                        (long long)s->E, (long long)s->K, s->cube, s->vector);
+    mm_mc_plan_t *p = calloc(1, sizeof *p);
+    if (p == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "cannot allocate an O1 plan");
+    p->s = *s;
+    p->L = s->E / s->ep;
+    p->NT = s->T * s->K / MM_MC_TILE;
+    /* Enough weight-gradient chunks that every worker can take part; results do not depend
+     * on the chunking (each element is one product over all the expert's rows). */
+    p->wchunks = s->cube + s->vector;
+    megamoe_status_t st = mm_mc_build(p, MM_MC_FWD);
+    if (st == MEGAMOE_OK) st = mm_mc_build(p, MM_MC_BWD);
+    if (st != MEGAMOE_OK) {
+        mm_mc_plan_destroy(p);
+        return st;
+    }
+    *plan_p = p;
+    return MEGAMOE_OK;
+}
+
+void mm_mc_plan_destroy(mm_mc_plan_t *p)
+{
+    if (p == NULL) return;
+    mm_mc_graph_free(&p->graph[0]);
+    mm_mc_graph_free(&p->graph[1]);
+    free(p);
+}
+
+static megamoe_status_t mm_mc_env_count(mm_env_id_t id, int *n_p)
+{
+    int64_t v = 0;
+    megamoe_status_t st = mm_env_int(id, &v);
+    if (st == MEGAMOE_NOT_FOUND) v = 0;
+    else if (st != MEGAMOE_OK) return st;
+    *n_p = (int)v;
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t mm_mc_workers(int total, int explicit_total, int cube, int vector, int *cube_p,
+                               int *vector_p)
+{
+    if (cube < 0 || vector < 0)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "cube_workers = %d and vector_workers = %d must be >= 0 (0 = derived)",
+                        cube, vector);
+    if (cube == 0 && vector == 0) {
+        MM_CHECK(mm_mc_env_count(MM_ENV_CUBE_WORKERS, &cube));
+        MM_CHECK(mm_mc_env_count(MM_ENV_VECTOR_WORKERS, &vector));
+        if (explicit_total) cube = vector = 0; /* an explicit total beats the environment */
+    } else if (explicit_total && cube + vector != total) {
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "workers = %d but cube_workers + vector_workers = %d + %d; set workers "
+                        "to 0 or to their sum",
+                        total, cube, vector);
+    }
+    if (cube == 0 && vector == 0) {
+        if (total < 1) total = 1;
+        vector = total >= 2 ? (total / 4 > 1 ? total / 4 : 1) : 0;
+        cube = total - vector;
+    }
+    if (cube + vector > MM_MC_MAX_WORKERS)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "%d cube + %d vector workers exceed the limit of %d per rank", cube, vector,
+                        MM_MC_MAX_WORKERS);
+    *cube_p = cube;
+    *vector_p = vector;
+    return MEGAMOE_OK;
+}
+
+size_t mm_mc_heap_bytes(int ep, int64_t L)
+{
+    size_t lines = (size_t)(L * ep + ep) * 64;
+    return mm_align_up(lines + (size_t)2 * (size_t)ep * MM_MC_SLOT_BYTES, 4096);
+}

@@ -1,0 +1,96 @@
+/* The O1 static plan: the MegaMoE forward and backward graphs as task tables and ordered
+ * queues, built once per resource group from the fixed shapes (T, H, I, E, K, EP) and the
+ * worker counts (docs/multicore.md).
+ *
+ * Tiles. Rows travel and are computed in tiles of MM_MC_TILE (128) rows. A block is what one
+ * source rank s sends to one local expert j of an owner: the contiguous rows of (j, s) in the
+ * owner's receive buffer (docs/architecture.md "Data layout"). A block can hold up to T*K
+ * rows (a token may choose an expert more than once), so every block has NT = T*K/128 tile
+ * slots; which of them hold rows is runtime metadata (the routing plan of the call). Empty
+ * slots cost a metadata check, and the first empty slot of a block signals on behalf of all
+ * of them, so every counter moves by the same static amount in every launch.
+ *
+ * Task types (role = the queue a task sits in):
+ *   DISPATCH (vector)  tile k of this rank's rows for local expert j of destination peer:
+ *                      fwd token rows, bwd weighted grad rows (+ router-weight grads)
+ *   EXPERT   (cube)    tile k of block (j, peer = source): fwd GMM1 + SwiGLU + GMM2, bwd
+ *                      dA + SwiGLU' + dX; results go straight into the source's return rows
+ *   WGRAD2   (cube)    bwd dW2_j = A_jᵀ·dY_j, chunk k of the I rows of dW2_j
+ *   WGRAD1   (cube)    bwd dW1_j = X_jᵀ·dGU_j, chunk k of the H rows of dW1_j
+ *   DONE     (vector)  publish this rank's status and tell every rank it will write no more
+ *   REDUCE   (vector)  source side: sum the K returned rows of tokens [128k, 128k + 128)
+ *
+ * Queues. Vector: DISPATCH tiles in RATR order (rank r: for local expert j, for tile k, for
+ * i in 0..EP-1, destination (r + i) mod EP; reference design §3), then DONE, then REDUCE.
+ * Cube: EXPERT tiles in arrival order (for j, for i, source (r - i) mod EP, for k), then in
+ * the backward WGRAD2/WGRAD1 of each expert (after every data-gradient tile, so the combine
+ * rows the peers wait for leave first).
+ */
+#ifndef MM_MULTICORE_MC_PLAN_H
+#define MM_MULTICORE_MC_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "megamoe/status.h"
+
+#define MM_MC_TILE 128
+
+enum { MM_MC_FWD = 0, MM_MC_BWD = 1 };
+enum { MM_MC_CUBE = 0, MM_MC_VECTOR = 1 };
+
+typedef enum mm_mc_type {
+    MM_MC_DISPATCH = 0,
+    MM_MC_EXPERT,
+    MM_MC_WGRAD2,
+    MM_MC_WGRAD1,
+    MM_MC_DONE,
+    MM_MC_REDUCE,
+    MM_MC_TYPES
+} mm_mc_type_t;
+
+typedef struct mm_mc_task {
+    uint8_t type;  /* mm_mc_type_t */
+    uint8_t role;  /* queue it sits in */
+    int16_t peer;  /* DISPATCH: destination; EXPERT: source; else -1 */
+    int32_t j;     /* local expert (of the destination for DISPATCH); -1 when none */
+    int32_t k;     /* tile slot, weight-gradient chunk or token tile */
+} mm_mc_task_t;
+
+typedef struct mm_mc_graph {
+    mm_mc_task_t *tasks;
+    int32_t n_tasks;
+    int32_t *queue[2]; /* task indices, MM_MC_CUBE / MM_MC_VECTOR */
+    int32_t n_queue[2];
+    int64_t n_counted; /* tasks DONE waits for (everything but DONE and REDUCE) */
+} mm_mc_graph_t;
+
+typedef struct mm_mc_shape {
+    int ep, me;
+    int64_t T, H, I, E, K;
+    int cube, vector; /* workers of each role (one may be 0: the others serve its queue) */
+} mm_mc_shape_t;
+
+typedef struct mm_mc_plan {
+    mm_mc_shape_t s;
+    int64_t L;       /* local experts */
+    int64_t NT;      /* tile slots per block: T*K / 128 */
+    int64_t wchunks; /* weight-gradient chunks per expert and product */
+    mm_mc_graph_t graph[2];
+} mm_mc_plan_t;
+
+megamoe_status_t mm_mc_plan_create(const mm_mc_shape_t *shape, mm_mc_plan_t **plan_p);
+void mm_mc_plan_destroy(mm_mc_plan_t *plan);
+
+/* Worker counts of a rank. Explicit cube/vector (> 0, from the API) win, then
+ * MEGAMOE_CUBE_WORKERS / MEGAMOE_VECTOR_WORKERS, else `total` workers (the rank's cores)
+ * split as: 1 -> one cube worker that also runs the vector queue; n >= 2 -> max(1, n/4)
+ * vector workers and the rest cube. At least one worker in total; INVALID_ARGUMENT for a bad
+ * environment value or explicit counts whose sum differs from an explicit total. */
+megamoe_status_t mm_mc_workers(int total, int explicit_total, int cube, int vector, int *cube_p,
+                               int *vector_p);
+
+/* Symmetric heap bytes of the executor's signal area (counters and status slots). */
+size_t mm_mc_heap_bytes(int ep, int64_t local_experts);
+
+#endif /* MM_MULTICORE_MC_PLAN_H */
