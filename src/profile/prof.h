@@ -164,7 +164,8 @@ void mm_prof_reset(mm_prof_session_t *session);
 /* ---- process-wide control (prof_control.c) ------------------------------------------------
  * The Python profiler (megamoe.profiler), MEGAMOE_PROFILE and the public megamoe_profiler_*
  * functions act on every session registered here. Producer checklist (one resource group):
- *   at group creation     mm_prof_control_init() (reads MEGAMOE_PROFILE once per process)
+ *   (MEGAMOE_PROFILE is read when the library loads; mm_prof_control_init() reads it again
+ *    for a value set later, e.g. by a test)
  *   before each launch    if (MM_UNLIKELY(mm_prof_requested()) && !group->prof) {
  *                             mm_prof_session_create(rank, n_cube, n_vector, cap, names, n,
  *                                                    &group->prof);

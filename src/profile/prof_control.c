@@ -51,6 +51,13 @@ megamoe_status_t mm_prof_control_init(void)
     return MEGAMOE_OK;
 }
 
+/* MEGAMOE_PROFILE set in the environment of the process: recording is requested from the
+ * start, so the first launch of every resource group creates its session. */
+__attribute__((constructor)) static void mm_prof_control_at_load(void)
+{
+    if (mm_prof_control_init() != MEGAMOE_OK) megamoe_clear_last_error();
+}
+
 megamoe_status_t mm_prof_register(mm_prof_session_t *s)
 {
     if (s == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_prof_register: session is NULL");

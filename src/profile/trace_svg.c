@@ -54,6 +54,10 @@ static void mm_svg_text_escaped(FILE *out, const char *s)
 /* "250 us", "1.5 ms", "2 s" for a tick offset. */
 static void mm_svg_time_label(char *buf, size_t size, int64_t ns)
 {
+    if (ns == 0) {
+        snprintf(buf, size, "0");
+        return;
+    }
     const char *unit = "ns";
     double v = (double)ns;
     if (ns >= 1000000000) {
