@@ -38,6 +38,7 @@
 
 #include "megamoe/comm.h"
 #include "megamoe/dtype.h"
+#include "megamoe/prof.h"
 #include "megamoe/status.h"
 
 #ifdef __cplusplus
@@ -178,6 +179,14 @@ typedef struct megamoe_experts_timing {
 megamoe_status_t megamoe_experts_get_timing(const megamoe_experts_t *experts,
                                             megamoe_experts_timing_t *timing_p);
 void megamoe_experts_reset_timing(megamoe_experts_t *experts);
+
+/* O1 profiling session of the layer's resource group on this rank (docs/profiling.md): it
+ * exists once a launch ran while profiling was requested (MEGAMOE_PROFILE=<dir>, or
+ * megamoe_profiler_start()), and records while the profiler is started; NULL before that and
+ * for O0. Use megamoe_profile_get_worker_summary() & co. on it between calls; it belongs to
+ * the group (do not destroy it); it is exported to MEGAMOE_PROFILE and freed when the group
+ * closes. */
+megamoe_profile_t *megamoe_experts_get_profile(const megamoe_experts_t *experts);
 
 /* Symmetric heap bytes one resource group of this configuration needs on every rank:
  * (capacity + T*K) rows of H bf16 plus signal lines, each buffer rounded to 4 KiB. The heap

@@ -539,3 +539,10 @@ void megamoe_experts_reset_timing(megamoe_experts_t *x)
     memset(x->phase_s, 0, sizeof x->phase_s);
     x->forwards = x->backwards = 0;
 }
+
+megamoe_profile_t *megamoe_experts_get_profile(const megamoe_experts_t *x)
+{
+    if (x == NULL || x->group == NULL || x->group->exec == NULL) return NULL;
+    /* a megamoe_profile_t is an mm_prof_session_t (src/profile/prof_api.c) */
+    return (megamoe_profile_t *)(void *)mm_mc_profile(x->group->exec);
+}

@@ -109,6 +109,7 @@ megamoe_status_t mm_mc_exec_create(const mm_mc_plan_t *plan, mm_shmem_team_t *te
         x->n_workers = nw;
         x->vector_first = plan->s.vector == 0;
         x->timeout_ns = mm_shmem_timeout_ns();
+        st = mm_prof_control_init(); /* MEGAMOE_PROFILE */
         x->pes = calloc((size_t)ep, sizeof *x->pes);
         x->workers = calloc((size_t)nw, sizeof *x->workers);
         size_t stride = mm_align_up(worker_scratch > 0 ? worker_scratch : 64, 4096);
@@ -173,6 +174,8 @@ megamoe_status_t mm_mc_exec_destroy(mm_mc_exec_t *x)
 
 uint64_t mm_mc_generation(const mm_mc_exec_t *x) { return x->gen; }
 int mm_mc_broken(const mm_mc_exec_t *x) { return x->broken; }
+
+mm_prof_session_t *mm_mc_profile(const mm_mc_exec_t *x) { return x->prof; }
 
 void mm_mc_set_profile(mm_mc_exec_t *x, mm_prof_session_t *session)
 {
