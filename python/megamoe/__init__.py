@@ -17,3 +17,6 @@ __all__ += ["MegaMoeExperts"]
 
 from ._fp8 import float8_e4m3fn, float8_e5m2  # noqa: E402  fp8 y_dtype of megamoe.ops
 __all__ += ["float8_e4m3fn", "float8_e5m2"]
+
+from . import profiler  # noqa: E402  megamoe.profiler.mega_kernel_profile (docs/profiling.md)
+__all__ += ["profiler"]

@@ -183,3 +183,9 @@ def test_megamoe_profile_env_starts_recording(tmp_path):
         assert r.returncode == 0, r.stderr
         outs.append(r.stdout.split())
     assert outs == [["1", "1"], ["0", "0"]]
+
+
+def test_reachable_as_megamoe_profiler():
+    assert megamoe.profiler.mega_kernel_profile is profiler.mega_kernel_profile
+    s = megamoe.profiler.schedule(wait=0, warmup=0, active=1, repeat=1, skip_first=0)
+    assert s(0) == A.RECORD_AND_SAVE and s(1) == A.NONE
