@@ -89,6 +89,14 @@ megamoe_status_t mm_prof_session_create(int rank, int n_cube, int n_vector,
                                         mm_prof_session_t **session_p);
 void mm_prof_session_destroy(mm_prof_session_t *session);
 
+/* The public handle of a session (megamoe_profile_t of include/megamoe/prof.h) is the
+ * session itself: hand it out with this cast. */
+struct megamoe_profile;
+static inline struct megamoe_profile *mm_prof_public(mm_prof_session_t *session)
+{
+    return (struct megamoe_profile *)(void *)session;
+}
+
 /* Ring of worker `index` of a role; NULL when out of range. */
 mm_prof_ring_t *mm_prof_ring(mm_prof_session_t *session, mm_prof_role_t role, int index);
 

@@ -233,23 +233,30 @@ static void mm_put_us(FILE *out, int width, int64_t ns)
     fprintf(out, "%*s", width, b);
 }
 
-static void mm_summary_text_rank(const mm_trace_t *t, const mm_trace_rank_t *rk,
-                                 const mm_rank_stats_t *rs, FILE *out)
+static int mm_inv_shown(const mm_trace_invocation_t *inv, int pid, int64_t invocation)
 {
-    fprintf(out, "\nrank %d (host %s): %" PRIu64 " invocations", rs->pid,
-            mm_trace_str(t, rk->host), rs->invocations);
+    return inv->pid == pid && (invocation < 0 || (int64_t)inv->index == invocation);
+}
+
+static void mm_summary_text_rank(const mm_trace_t *t, const mm_trace_rank_t *rk,
+                                 const mm_rank_stats_t *rs, int64_t invocation, FILE *out)
+{
+    fprintf(out, "\nrank %d (host %s): %" PRIu64 " invocation%s", rs->pid,
+            mm_trace_str(t, rk->host), rs->invocations, rs->invocations == 1 ? "" : "s");
     /* Invocations by direction. */
     const char *sep = " (";
     for (size_t i = 0; i < t->n_invs; i++) {
         const mm_trace_invocation_t *inv = &t->invs[i];
-        if (inv->pid != rs->pid) continue;
+        if (!mm_inv_shown(inv, rs->pid, invocation)) continue;
         int seen = 0;
         for (size_t j = 0; j < i && !seen; j++)
-            seen = t->invs[j].pid == rs->pid && t->invs[j].direction == inv->direction;
+            seen = mm_inv_shown(&t->invs[j], rs->pid, invocation) &&
+                   t->invs[j].direction == inv->direction;
         if (seen) continue;
         uint64_t c = 0;
         for (size_t j = i; j < t->n_invs; j++)
-            c += t->invs[j].pid == rs->pid && t->invs[j].direction == inv->direction;
+            c += mm_inv_shown(&t->invs[j], rs->pid, invocation) &&
+                 t->invs[j].direction == inv->direction;
         fprintf(out, "%s%s %" PRIu64, sep, mm_trace_str(t, inv->direction), c);
         sep = ", ";
     }
@@ -374,7 +381,7 @@ megamoe_status_t mm_trace_print_summary(const mm_trace_t *t, int json, int64_t i
                 fputs(r ? ",\n" : "\n", out);
                 mm_summary_json_rank(t, &t->ranks[r], &rs, out);
             } else {
-                mm_summary_text_rank(t, &t->ranks[r], &rs, out);
+                mm_summary_text_rank(t, &t->ranks[r], &rs, invocation, out);
             }
         }
         mm_rank_stats_free(&rs);

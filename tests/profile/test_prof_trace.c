@@ -478,6 +478,13 @@ MM_TEST(summary_numbers_of_a_known_trace)
     ASSERT_CONTAINS(table, "   18.8%"); /* cube 0 wait share 18.75% */
     ASSERT_CONTAINS(table, "4 records dropped");
     free(table);
+    /* The table of one invocation counts only its launches. */
+    mem = open_memstream(&table, &len);
+    megamoe_trace_summary_options_t one = {0, 1};
+    ASSERT_OK(megamoe_trace_summary(in, 1, &one, mem));
+    fclose(mem);
+    ASSERT_CONTAINS(table, "rank 0 (host h): 1 invocation (backward 1), launch time 0.003 ms");
+    free(table);
 }
 
 MM_TEST(malformed_traces_are_clear_errors)
