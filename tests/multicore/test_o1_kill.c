@@ -144,6 +144,11 @@ MM_TEST(peer_killed_mid_launch)
     ASSERT_TRUE(mm_now_s() - t1 < 2.0);
     mm_input_free(&j.ib);
     mm_moe_problem_free(&j.P);
+    free(j.out);
+    free(j.gh);
+    free(j.gp);
+    free(j.g1);
+    free(j.g2);
     if (child > 0) {
         int status = 0;
         ASSERT_EQ_INT(waitpid(child, &status, 0), child);
