@@ -299,3 +299,96 @@ MM_TEST(retire_writes_to_megamoe_profile_dir)
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     ASSERT_EQ_INT(system(cmd), 0);
 }
+
+/* ---- threads (this file also runs under ThreadSanitizer: label tsan) ---- */
+#include <pthread.h>
+
+typedef struct {
+    mm_prof_session_t *s;
+    int worker;
+} push_arg_t;
+
+static void *push_worker(void *p)
+{
+    push_arg_t *a = p;
+    mm_prof_ring_t *r = mm_prof_ring(a->s, a->worker % 2 ? MM_PROF_VECTOR : MM_PROF_CUBE, a->worker / 2);
+    for (int i = 0; i < 3000; i++)
+        if (mm_prof_on(a->s))
+            mm_prof_push(r, MM_PROF_COMPUTE, 0, i, a->worker, -1, 0, (uint64_t)i * 10,
+                         (uint64_t)i * 10 + 5);
+    return NULL;
+}
+
+MM_TEST(workers_push_into_their_own_rings_concurrently)
+{
+    mm_prof_session_t *s = make(0, 2, 2, 2048);
+    ASSERT_TRUE(s != NULL);
+    pthread_t th[4];
+    push_arg_t args[4];
+    uint32_t inv = mm_prof_begin(s, "forward"); /* before the workers start, as the contract says */
+    for (int w = 0; w < 4; w++) {
+        args[w] = (push_arg_t){s, w};
+        ASSERT_EQ_INT(pthread_create(&th[w], NULL, push_worker, &args[w]), 0);
+    }
+    for (int w = 0; w < 4; w++) pthread_join(th[w], NULL);
+    mm_prof_end(s);
+    ASSERT_EQ_INT(inv, 0);
+    mm_prof_summary_t sum;
+    mm_prof_summarize(s, &sum);
+    ASSERT_EQ_INT(sum.records, 4 * 2048);
+    ASSERT_EQ_INT(sum.dropped, 4 * (3000 - 2048));
+    for (int w = 0; w < 4; w++) {
+        mm_prof_ring_t *r = mm_prof_ring(s, w % 2 ? MM_PROF_VECTOR : MM_PROF_CUBE, w / 2);
+        for (uint32_t i = 0; i < r->count; i++) ASSERT_EQ_INT(r->records[i].owner, w);
+    }
+    mm_prof_session_destroy(s);
+}
+
+static void *registry_churn(void *p)
+{
+    (void)p;
+    for (int i = 0; i < 200; i++) {
+        mm_prof_session_t *s = make(1, 1, 0, 16);
+        if (s == NULL) return (void *)1;
+        if (mm_prof_register(s) != MEGAMOE_OK) return (void *)1;
+        if (mm_prof_on(s)) mm_prof_push(mm_prof_ring(s, MM_PROF_CUBE, 0), MM_PROF_WAIT, 0, 0, 0, -1, 0, 1, 2);
+        mm_prof_session_destroy(s);
+    }
+    return NULL;
+}
+
+static void *profiler_toggle(void *p)
+{
+    const char *path = p;
+    for (int i = 0; i < 50; i++) {
+        megamoe_profiler_start();
+        megamoe_profile_summary_t sum;
+        megamoe_profiler_get_summary(&sum);
+        if (i % 10 == 0 && megamoe_profiler_export(path) != MEGAMOE_OK) return (void *)1;
+        megamoe_profiler_reset();
+        megamoe_profiler_stop();
+    }
+    return NULL;
+}
+
+MM_TEST(process_wide_calls_are_thread_safe)
+{
+    char dir[] = "/tmp/mm_prof_threads_XXXXXX";
+    ASSERT_TRUE(mkdtemp(dir) != NULL);
+    char path[128];
+    snprintf(path, sizeof path, "%s/t.json", dir);
+    pthread_t a, b, c;
+    ASSERT_EQ_INT(pthread_create(&a, NULL, registry_churn, NULL), 0);
+    ASSERT_EQ_INT(pthread_create(&b, NULL, registry_churn, NULL), 0);
+    ASSERT_EQ_INT(pthread_create(&c, NULL, profiler_toggle, path), 0);
+    void *ra, *rb, *rc;
+    pthread_join(a, &ra);
+    pthread_join(b, &rb);
+    pthread_join(c, &rc);
+    ASSERT_TRUE(ra == NULL && rb == NULL && rc == NULL);
+    ASSERT_EQ_INT(megamoe_profiler_session_count(), 0);
+    ASSERT_FALSE(mm_prof_requested());
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ASSERT_EQ_INT(system(cmd), 0);
+}
