@@ -16,6 +16,7 @@ from megamoe import profiler  # noqa: E402
 A = profiler.ProfilerAction
 
 
+@pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")
 @pytest.mark.parametrize("params", [
     dict(wait=0, warmup=0, active=1, repeat=1, skip_first=0),
     dict(wait=1, warmup=1, active=2, repeat=2, skip_first=0),
