@@ -218,6 +218,15 @@ static void case_free(gemm_case_t *c)
 
 static int mm_bench_gemm_main(int argc, char **argv)
 {
+    if (mm_bench_flag(argc, argv, "--help")) {
+        printf("megamoe bench gemm [--quick] [--seconds S] [--shape NAME] [--no-probe]\n"
+               "  --quick       short rounds (~8 s in all)\n"
+               "  --seconds S   timed seconds per implementation and case (default 0.4)\n"
+               "  --shape NAME  one of moe_gmm1 moe_gmm2 seed_gmm1 seed_gmm2 m16 m128 m512 m2048\n"
+               "  --no-probe    skip the peak probe (pct_peak becomes null)\n"
+               "MEGAMOE_GEMM picks the backend of the 'grouped' rows (default auto).\n");
+        return 0;
+    }
     int quick = mm_bench_flag(argc, argv, "--quick");
     double seconds = atof(mm_bench_opt(argc, argv, "--seconds", quick ? "0.05" : "0.4"));
     int min_rounds = quick ? 2 : 5;
