@@ -1,9 +1,11 @@
-/* bench layer: MegaMoeExperts forward+backward (this library, O0) beside a pure-PyTorch
- * expert-parallel MoE layer (torch 1.13 bf16 matmuls + gloo all_to_all_single, autograd) on the
- * same data in the same run, for the seed shape (T=1024, H=512, I=128, E=4, K=2) and a large one
- * (T=4096, H=2048, I=1024, E=8, K=2), 2 ranks. Each side runs in its own `megamoe launch -n 2`
- * job; times are the slowest rank's median. TFLOP/s counts 18*H*I flops per (token, choice)
- * over the whole job (forward 6HI, backward 12HI). Public headers only. */
+/* bench layer: MegaMoeExperts forward+backward, O0 and O1 on the same data in the same job
+ * (iterations interleaved, moe_compare.c), for the seed shape (T=1024, H=512, I=128, E=4, K=2)
+ * and a large one (T=4096, H=2048, I=1024, E=8, K=2), 2 ranks, 1 and 2 workers per rank, the
+ * four routing patterns; the O1/O0 speed ratio, each O1 worker's wait share (from the trace)
+ * and the profiling overhead; beside a pure-PyTorch expert-parallel MoE layer (torch 1.13 bf16
+ * matmuls + gloo all_to_all_single, autograd) per shape. Times are the slowest rank's median.
+ * TFLOP/s counts 18*H*I flops per (token, choice) over the whole job (forward 6HI, backward
+ * 12HI). Public headers only. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,23 +94,59 @@ static int mm_run_torch(const mm_moe_job_opts_t *o, int threads, const char *scr
     return rc;
 }
 
+/* Split a comma list into at most n items (in place); returns the count. */
+static int mm_split_list(char *text, char **items, int n)
+{
+    int k = 0;
+    for (char *tok = strtok(text, ","); tok && k < n; tok = strtok(NULL, ",")) items[k++] = tok;
+    return k;
+}
+
+/* The job's time: its slowest rank. */
+static double mm_job_time(const mm_moe_job_result_t *res, int ranks, int v, int which)
+{
+    double t = 0;
+    for (int r = 0; r < ranks; r++) {
+        const mm_moe_job_variant_t *x = &res[r].variant[v];
+        double s = which == 0 ? x->iter_median_s : which == 1 ? x->fwd_median_s : x->bwd_median_s;
+        if (s > t) t = s;
+    }
+    return t;
+}
+
+typedef struct mm_target_row {
+    char label[96];
+    double ratio, target;
+} mm_target_row_t;
+
 static int mm_bench_layer_main(int argc, char **argv)
 {
     mm_moe_job_opts_t o;
     mm_moe_job_defaults(&o);
     o.iters = 3;
     o.verify = 0;
+    o.profile_variant = 1;
+    snprintf(o.schedule, sizeof o.schedule, "O0,O1");
     const char *job_dir = NULL, *shapes = "seed,large", *torch = "yes";
+    char workers_list[64] = "1,2", routing_list[96] = "balanced,zero,skew,single";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help")) {
-            printf("usage: megamoe bench layer [--shapes seed,large] [--torch yes|no] "
-                   "[--iters N] [--warmup N] [--workers W] [--routing balanced] [--schedule O0]\n"
-                   "MegaMoE forward+backward vs a pure-PyTorch EP layer, 2 ranks, same data.\n");
+            printf("usage: megamoe bench layer [--shapes seed,large] [--schedule O0,O1]\n"
+                   "       [--workers 1,2] [--routing balanced,zero,skew,single] [--torch yes|no]\n"
+                   "       [--iters N] [--warmup N] [--profile-variant yes|no]\n"
+                   "MegaMoE forward+backward on 2 ranks, same data: each listed schedule in one\n"
+                   "job per (shape, workers, routing) with interleaved iterations, the O1/O0\n"
+                   "speed ratio, each O1 worker's wait share (from the trace), the profiling\n"
+                   "overhead (O1+prof), and a pure-PyTorch EP layer per shape (balanced).\n");
             return 0;
         }
         if (!strcmp(argv[i], "--job-dir") && i + 1 < argc) job_dir = argv[++i];
         else if (!strcmp(argv[i], "--shapes") && i + 1 < argc) shapes = argv[++i];
         else if (!strcmp(argv[i], "--torch") && i + 1 < argc) torch = argv[++i];
+        else if (!job_dir && !strcmp(argv[i], "--workers") && i + 1 < argc)
+            snprintf(workers_list, sizeof workers_list, "%s", argv[++i]);
+        else if (!job_dir && !strcmp(argv[i], "--routing") && i + 1 < argc)
+            snprintf(routing_list, sizeof routing_list, "%s", argv[++i]);
         else {
             int rc = mm_moe_job_parse_arg(&o, argc, argv, &i);
             if (rc <= 0) {
@@ -119,12 +157,24 @@ static int mm_bench_layer_main(int argc, char **argv)
     }
     if (job_dir) { /* one rank of the megamoe side */
         mm_moe_job_result_t r;
-        int rc = mm_moe_job_rank(&o, &r);
+        int rc = strchr(o.schedule, ',') ? mm_moe_job_compare_rank(&o, &r) : mm_moe_job_rank(&o, &r);
         char path[512];
         snprintf(path, sizeof path, "%s/rank%d.txt", job_dir, r.rank);
         if (mm_moe_job_write(path, &r) != 0) return 1;
         return rc;
     }
+    char *workers[8], *routes[8], sched_copy[16];
+    int n_workers = mm_split_list(workers_list, workers, 8);
+    int n_routes = mm_split_list(routing_list, routes, 8);
+    snprintf(sched_copy, sizeof sched_copy, "%s", o.schedule);
+    if (strchr(o.schedule, ',') == NULL) { /* a single schedule: still a comparison job */
+        snprintf(o.schedule, sizeof o.schedule, "%.14s,", sched_copy);
+    }
+    for (int i = 0; i < n_routes; i++)
+        if (mm_route_parse(routes[i]) < 0) {
+            fprintf(stderr, "megamoe bench layer: unknown routing '%s'\n", routes[i]);
+            return 2;
+        }
     char script[4096];
     int with_torch = strcmp(torch, "no") != 0;
     if (with_torch && mm_torch_script(script, sizeof script) != 0) {
@@ -133,71 +183,149 @@ static int mm_bench_layer_main(int argc, char **argv)
         return 2;
     }
     mm_bench_begin("layer");
-    int n_shapes = (int)(sizeof mm_layer_shapes / sizeof mm_layer_shapes[0]), step = 0, rc = 0;
-    int total = 0;
-    for (int s = 0; s < n_shapes; s++) total += strstr(shapes, mm_layer_shapes[s].name) ? 1 + with_torch : 0;
+    const int n_shapes = (int)(sizeof mm_layer_shapes / sizeof mm_layer_shapes[0]);
+    int total = 0, step = 0, rc = 0;
+    for (int s = 0; s < n_shapes; s++)
+        if (strstr(shapes, mm_layer_shapes[s].name)) total += n_workers * n_routes + with_torch;
+    mm_target_row_t targets[64];
+    int n_targets = 0;
     for (int s = 0; s < n_shapes; s++) {
         const mm_layer_shape_t *sh = &mm_layer_shapes[s];
         if (!strstr(shapes, sh->name)) continue;
-        mm_moe_job_opts_t jo = o;
-        jo.T = sh->T;
-        jo.H = sh->H;
-        jo.I = sh->I;
-        jo.E = sh->E;
-        jo.K = sh->K;
-        double flops = mm_moe_flops(jo.ranks, jo.T, jo.H, jo.I, jo.K);
-        char label[96];
-        snprintf(label, sizeof label, "megamoe %s shape", sh->name);
-        mm_bench_progress(++step, total, label);
-        mm_moe_job_result_t res[64];
-        const char *sub[] = {"bench", "layer", NULL};
-        if (jo.ranks > 64 || mm_moe_job_launch(&jo, sub, res) != 0) {
-            fprintf(stderr, "megamoe bench layer: the megamoe job failed for shape %s\n", sh->name);
-            rc = 1;
-            continue;
-        }
-        double t = 0;
-        for (int r = 0; r < jo.ranks; r++)
-            if (res[r].iter_median_s > t) t = res[r].iter_median_s;
-        double t_torch = 0, checksum = 0;
-        int have_torch = 0;
+        for (int wi = 0; wi < n_workers; wi++)
+            for (int ri = 0; ri < n_routes; ri++) {
+                mm_moe_job_opts_t jo = o;
+                jo.T = sh->T;
+                jo.H = sh->H;
+                jo.I = sh->I;
+                jo.E = sh->E;
+                jo.K = sh->K;
+                jo.workers = atoi(workers[wi]);
+                jo.route = (mm_route_pattern_t)mm_route_parse(routes[ri]);
+                double flops = mm_moe_flops(jo.ranks, jo.T, jo.H, jo.I, jo.K);
+                char label[128];
+                snprintf(label, sizeof label, "megamoe %s shape, %s workers, %s", sh->name,
+                         workers[wi], routes[ri]);
+                mm_bench_progress(++step, total, label);
+                mm_moe_job_result_t res[64];
+                const char *sub[] = {"bench", "layer", NULL};
+                if (jo.ranks > 64 || mm_moe_job_launch(&jo, sub, res) != 0) {
+                    fprintf(stderr, "megamoe bench layer: the job failed for %s:", label);
+                    for (int r = 0; r < jo.ranks && r < 64; r++)
+                        if (res[r].error[0]) fprintf(stderr, " rank %d: %s;", r, res[r].error);
+                    fprintf(stderr, "\n");
+                    rc = 1;
+                    continue;
+                }
+                int v0 = -1, v1 = -1, vp = -1;
+                for (int v = 0; v < res[0].n_variants; v++) {
+                    if (!strcmp(res[0].variant[v].name, "O0")) v0 = v;
+                    if (!strcmp(res[0].variant[v].name, "O1")) v1 = v;
+                    if (!strcmp(res[0].variant[v].name, "O1+prof")) vp = v;
+                }
+                for (int v = 0; v < res[0].n_variants; v++) {
+                    double t = mm_job_time(res, jo.ranks, v, 0);
+                    mm_bench_row();
+                    mm_bench_str("impl", "megamoe");
+                    mm_bench_str("schedule", res[0].variant[v].name);
+                    mm_bench_str("shape", sh->name);
+                    mm_bench_str("routing", routes[ri]);
+                    mm_bench_int("ep", jo.ranks);
+                    mm_bench_int("workers", res[0].workers);
+                    mm_bench_num("fwd_bwd_ms", t * 1e3);
+                    mm_bench_num("fwd_ms", mm_job_time(res, jo.ranks, v, 1) * 1e3);
+                    mm_bench_num("bwd_ms", mm_job_time(res, jo.ranks, v, 2) * 1e3);
+                    mm_bench_num("tflops", flops / t * 1e-12);
+                    if (v == v1 && v0 >= 0) {
+                        double ratio = mm_job_time(res, jo.ranks, v0, 0) / t;
+                        mm_bench_num("o1_over_o0_speed", ratio);
+                        /* bit-identical outputs give identical sums on every rank */
+                        int same = 1;
+                        for (int r = 0; r < jo.ranks; r++)
+                            same &= res[r].variant[v1].checksum == res[r].variant[v0].checksum;
+                        mm_bench_bool("same_output_as_o0", same);
+                        if (n_targets < 64) {
+                            mm_target_row_t *tr = &targets[n_targets++];
+                            snprintf(tr->label, sizeof tr->label, "%s %s, %d worker%s/rank",
+                                     sh->name, routes[ri], res[0].workers,
+                                     res[0].workers == 1 ? "" : "s");
+                            tr->ratio = ratio;
+                            tr->target = res[0].workers != 1 ? 0
+                                         : jo.route == MM_ROUTE_BALANCED ? 1.15
+                                         : jo.route == MM_ROUTE_SKEW     ? 1.30
+                                                                         : 0;
+                        }
+                    }
+                    if (v == v1) {
+                        /* share of launch time each O1 worker waited (all ranks' workers) */
+                        char detail[96] = "";
+                        double sum = 0, mx = 0;
+                        int n = 0;
+                        for (int r = 0; r < jo.ranks; r++)
+                            for (int k = 0; k < res[r].n_wait; k++) {
+                                double ws = res[r].wait_share[k];
+                                sum += ws;
+                                if (ws > mx) mx = ws;
+                                n++;
+                                size_t len = strlen(detail);
+                                snprintf(detail + len, sizeof detail - len, "%sr%d.%s=%.2f",
+                                         len ? " " : "", r, res[r].wait_name[k], ws);
+                            }
+                        if (n) {
+                            mm_bench_num("wait_share", sum / n);
+                            mm_bench_num("wait_share_max", mx);
+                            mm_bench_str("wait_share_workers", detail);
+                        }
+                    }
+                    if (v == vp && v1 >= 0)
+                        mm_bench_num("profiling_overhead", t / mm_job_time(res, jo.ranks, v1, 0) - 1);
+                }
+            }
         if (with_torch) {
+            mm_moe_job_opts_t jo = o;
+            jo.T = sh->T;
+            jo.H = sh->H;
+            jo.I = sh->I;
+            jo.E = sh->E;
+            jo.K = sh->K;
+            jo.route = MM_ROUTE_BALANCED;
+            int threads = atoi(workers[0]) > 0 ? atoi(workers[0]) : 1;
+            char label[96];
             snprintf(label, sizeof label, "torch %s shape", sh->name);
             mm_bench_progress(++step, total, label);
-            have_torch = mm_run_torch(&jo, res[0].workers, script, &t_torch, &checksum) == 0;
-            if (!have_torch) {
+            double t_torch = 0, checksum = 0;
+            if (mm_run_torch(&jo, threads, script, &t_torch, &checksum) != 0) {
                 fprintf(stderr, "megamoe bench layer: the PyTorch baseline failed for shape %s\n",
                         sh->name);
                 rc = 1;
+                continue;
             }
-        }
-        mm_bench_row();
-        mm_bench_str("impl", "megamoe");
-        mm_bench_str("schedule", jo.schedule);
-        mm_bench_str("shape", sh->name);
-        mm_bench_str("routing", mm_route_name(jo.route));
-        mm_bench_int("ep", jo.ranks);
-        mm_bench_int("workers", res[0].workers);
-        mm_bench_num("fwd_bwd_ms", t * 1e3);
-        mm_bench_num("tflops", flops / t * 1e-12);
-        if (have_torch) mm_bench_num("speedup_vs_torch", t_torch * 1e-3 / t);
-        if (have_torch) {
             mm_bench_row();
             mm_bench_str("impl", "torch");
             mm_bench_str("schedule", "-");
             mm_bench_str("shape", sh->name);
-            mm_bench_str("routing", mm_route_name(jo.route));
+            mm_bench_str("routing", "balanced");
             mm_bench_int("ep", jo.ranks);
-            mm_bench_int("workers", res[0].workers);
+            mm_bench_int("workers", threads);
             mm_bench_num("fwd_bwd_ms", t_torch);
-            mm_bench_num("tflops", flops / (t_torch * 1e-3) * 1e-12);
-            /* same data: the rank-0 output sums of the two implementations agree to bf16
-             * rounding noise */
+            mm_bench_num("tflops", mm_moe_flops(jo.ranks, jo.T, jo.H, jo.I, jo.K) /
+                                       (t_torch * 1e-3) * 1e-12);
             mm_bench_num("out_sum_torch", checksum);
-            mm_bench_num("out_sum_megamoe", res[0].checksum);
         }
     }
     mm_bench_end();
+    if (n_targets) {
+        fprintf(stderr, "\nO1/O0 speed (fwd+bwd, slowest rank, medians of interleaved "
+                        "iterations; targets at 1 worker per rank):\n");
+        for (int i = 0; i < n_targets; i++) {
+            const mm_target_row_t *t = &targets[i];
+            if (t->target > 0)
+                fprintf(stderr, "  %-40s %5.2fx  target >= %.2fx  %s\n", t->label, t->ratio,
+                        t->target, t->ratio >= t->target ? "met" : "NOT met");
+            else
+                fprintf(stderr, "  %-40s %5.2fx\n", t->label, t->ratio);
+        }
+    }
     return rc;
 }
 

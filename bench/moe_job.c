@@ -24,7 +24,7 @@ void mm_moe_job_defaults(mm_moe_job_opts_t *o)
     o->I = 128;
     o->E = 4;
     o->K = 2;
-    snprintf(o->schedule, sizeof o->schedule, "O0");
+    snprintf(o->schedule, sizeof o->schedule, "O1");
     o->route = MM_ROUTE_BALANCED;
     o->seed = 1;
     o->iters = 5;
@@ -62,6 +62,7 @@ void mm_moe_job_to_args(const mm_moe_job_opts_t *o, char **argv, int *argc_p, ch
     MM_ARG("--warmup", "%d", o->warmup);
     MM_ARG("--verify", "%s", o->verify ? "yes" : "no");
     MM_ARG("--progress-fd", "%d", o->progress_fd);
+    MM_ARG("--profile-variant", "%s", o->profile_variant ? "yes" : "no");
 #undef MM_ARG
     *argc_p = n;
 }
@@ -86,7 +87,7 @@ int mm_moe_job_parse_arg(mm_moe_job_opts_t *o, int argc, char **argv, int *i)
     static const char *const known[] = {
         "--ranks", "-n", "--tokens", "--hidden", "--intermediate", "--experts", "--top-k",
         "--capacity-factor", "--swiglu-limit", "--schedule", "--workers", "--routing", "--seed",
-        "--iters", "--warmup", "--verify", "--progress-fd", "--timeout"};
+        "--iters", "--warmup", "--verify", "--progress-fd", "--timeout", "--profile-variant"};
     int found = 0;
     for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) found |= strcmp(opt, known[k]) == 0;
     if (!found) return 0;
@@ -151,11 +152,12 @@ int mm_moe_job_parse_arg(mm_moe_job_opts_t *o, int argc, char **argv, int *i)
             return -1;
         }
         o->route = (mm_route_pattern_t)r;
-    } else if (!strcmp(opt, "--verify")) {
-        if (!strcmp(val, "yes") || !strcmp(val, "1")) o->verify = 1;
-        else if (!strcmp(val, "no") || !strcmp(val, "0")) o->verify = 0;
+    } else if (!strcmp(opt, "--verify") || !strcmp(opt, "--profile-variant")) {
+        int *flag = !strcmp(opt, "--verify") ? &o->verify : &o->profile_variant;
+        if (!strcmp(val, "yes") || !strcmp(val, "1")) *flag = 1;
+        else if (!strcmp(val, "no") || !strcmp(val, "0")) *flag = 0;
         else {
-            fprintf(stderr, "megamoe: --verify must be yes or no, got '%s'\n", val);
+            fprintf(stderr, "megamoe: %s must be yes or no, got '%s'\n", opt, val);
             return -1;
         }
     }
@@ -431,6 +433,14 @@ int mm_moe_job_write(const char *path, const mm_moe_job_result_t *r)
         fprintf(f, "check %s %.9g %.9g %.9g %d\n", name, c->rel_l2, c->rel_max, c->elementwise,
                 c->pass);
     }
+    for (int i = 0; i < r->n_variants; i++)
+        fprintf(f, "variant %s %.9g %.9g %.9g %.17g\n", r->variant[i].name,
+                r->variant[i].iter_median_s, r->variant[i].fwd_median_s,
+                r->variant[i].bwd_median_s, r->variant[i].checksum);
+    for (int i = 0; i < r->n_wait; i++)
+        fprintf(f, "wait %s %.9g\n", r->wait_name[i], r->wait_share[i]);
+    fprintf(f, "trace %llu %llu\n", (unsigned long long)r->trace_records,
+            (unsigned long long)r->trace_dropped);
     if (r->error[0]) fprintf(f, "error %s\n", r->error);
     int rc = fclose(f);
     return rc == 0 ? 0 : -1;
@@ -472,6 +482,20 @@ int mm_moe_job_read(const char *path, mm_moe_job_result_t *r)
             c->rel_max = y;
             c->elementwise = z;
             c->pass = pass;
+        } else if (sscanf(line, "variant %15s %lg %lg %lg %lg", name, &x, &y, &z, &u) == 5 &&
+                   r->n_variants < MM_JOB_MAX_VARIANTS) {
+            mm_moe_job_variant_t *v = &r->variant[r->n_variants++];
+            snprintf(v->name, sizeof v->name, "%.15s", name);
+            v->iter_median_s = x;
+            v->fwd_median_s = y;
+            v->bwd_median_s = z;
+            v->checksum = u;
+        } else if (sscanf(line, "wait %15s %lg", name, &x) == 2 && r->n_wait < MM_JOB_MAX_WAIT) {
+            snprintf(r->wait_name[r->n_wait], sizeof r->wait_name[0], "%.15s", name);
+            r->wait_share[r->n_wait++] = x;
+        } else if (sscanf(line, "trace %lld %lld", &a, &b) == 2) {
+            r->trace_records = (uint64_t)a;
+            r->trace_dropped = (uint64_t)b;
         } else if (strncmp(line, "error ", 6) == 0) {
             snprintf(r->error, sizeof r->error, "%.511s", line + 6);
             r->error[strcspn(r->error, "\n")] = '\0';

@@ -19,7 +19,7 @@ typedef struct mm_moe_job_opts {
     int64_t T, H, I, E, K;
     double capacity_factor; /* 0 = lossless */
     float swiglu_limit;     /* 0 = off */
-    char schedule[8];
+    char schedule[16];      /* "O1", "O0", or a comparison list "O0,O1" (bench layer) */
     int workers;            /* 0 = default */
     mm_route_pattern_t route;
     uint64_t seed;
@@ -27,10 +27,11 @@ typedef struct mm_moe_job_opts {
     int verify;             /* 1 = compare the first iteration with the fp32 reference */
     int progress_fd;        /* rank 0 draws progress here; -1 = none */
     double timeout_s;       /* for the launcher; 0 = none */
+    int profile_variant;    /* comparison: also time O1 with the profiler recording */
 } mm_moe_job_opts_t;
 
 /* Defaults: 2 ranks, the seed's example shapes (T=1024, H=512, I=128, E=4, K=2), lossless,
- * O0, balanced routing, seed 1, 5 iterations after 1 warm-up, verification on. */
+ * O1, balanced routing, seed 1, 5 iterations after 1 warm-up, verification on. */
 void mm_moe_job_defaults(mm_moe_job_opts_t *o);
 
 /* Append "--name value" options describing o (for the child command line) to argv[*argc_p];
@@ -47,6 +48,16 @@ typedef struct mm_moe_job_check {
     int pass;
 } mm_moe_job_check_t;
 
+#define MM_JOB_MAX_VARIANTS 4
+#define MM_JOB_MAX_WAIT 16
+
+/* One schedule of a comparison job ("O0", "O1", "O1+prof" = O1 while the profiler records). */
+typedef struct mm_moe_job_variant {
+    char name[16];
+    double iter_median_s, fwd_median_s, bwd_median_s;
+    double checksum; /* sum of the first output: equal bits give equal sums */
+} mm_moe_job_variant_t;
+
 typedef struct mm_moe_job_result {
     int rank, ranks, workers;
     int64_t capacity, recv_rows;
@@ -59,11 +70,24 @@ typedef struct mm_moe_job_result {
     int n_checks;
     mm_moe_job_check_t checks[8];
     char error[512]; /* non-empty when the rank failed */
+    /* comparison jobs (moe_compare.c) */
+    int n_variants;
+    mm_moe_job_variant_t variant[MM_JOB_MAX_VARIANTS];
+    int n_wait; /* O1 workers: share of launch time spent waiting (profiled iterations) */
+    char wait_name[MM_JOB_MAX_WAIT][16];
+    double wait_share[MM_JOB_MAX_WAIT];
+    uint64_t trace_records, trace_dropped;
 } mm_moe_job_result_t;
 
 /* Child side: run this rank (RANK/WORLD_SIZE/endpoint from the environment). Returns 0 on
  * success (verification failures are in the result, not the return value). */
 int mm_moe_job_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r);
+
+/* Child side of a comparison job (o->schedule a list such as "O0,O1"): one layer per schedule
+ * on the same data, iterations interleaved (rotating order) so load drifts hit every
+ * schedule alike; then, for O1, profiled iterations give each worker's wait share. With
+ * o->profile_variant, "O1+prof" (O1 while the profiler records) is timed as well. */
+int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r);
 
 int mm_moe_job_write(const char *path, const mm_moe_job_result_t *r);
 int mm_moe_job_read(const char *path, mm_moe_job_result_t *r);
