@@ -474,7 +474,8 @@ MM_TEST(concurrent_calls_share_weights_and_spawn_no_threads)
         pthread_t t[4];
         /* a first thread can start sanitizer helpers; count after one has come and gone */
         pthread_t dummy;
-        ASSERT_EQ_INT(pthread_create(&dummy, NULL, worker_main, &(worker_t){.iters = 0}), 0);
+        worker_t idle = {.iters = 0};
+        ASSERT_EQ_INT(pthread_create(&dummy, NULL, worker_main, &idle), 0);
         pthread_join(dummy, NULL);
         int before = count_threads();
         for (int i = 0; i < 4; i++) {
