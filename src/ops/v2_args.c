@@ -36,7 +36,7 @@ megamoe_status_t mm_v2_scratch_init(mm_v2_scratch_t *s, int kind, size_t bytes)
 
 void *mm_v2_scratch_take(mm_v2_scratch_t *s, size_t n)
 {
-    size_t k = mm_v2_piece(n ? n : 1);
+    size_t k = mm_v2_piece(n);
     if (s->base == NULL || s->used + k > s->size) return NULL; /* a reservation bug */
     void *p = s->base + s->used;
     s->used += k;

@@ -198,7 +198,7 @@ typedef struct mm_v2_scratch {
 } mm_v2_scratch_t;
 
 /* Bytes to reserve for a piece of n bytes (64-byte aligned pieces). */
-static inline size_t mm_v2_piece(size_t n) { return (n + 63) / 64 * 64; }
+static inline size_t mm_v2_piece(size_t n) { return ((n ? n : 1) + 63) / 64 * 64; }
 megamoe_status_t mm_v2_scratch_init(mm_v2_scratch_t *s, int kind, size_t bytes);
 /* A zeroed piece of n bytes (the reservation must cover it). */
 void *mm_v2_scratch_take(mm_v2_scratch_t *s, size_t n);
