@@ -42,9 +42,9 @@
     MM_ENV(THREADS, "MEGAMOE_THREADS", INT, "0", 0, 4096, "", \
            "Cores given to each rank (0 = online cores / local ranks).") \
     MM_ENV(CUBE_WORKERS, "MEGAMOE_CUBE_WORKERS", INT, "0", 0, 4096, "", \
-           "GEMM ('cube') worker threads per rank (0 = derived from MEGAMOE_THREADS).") \
+           "O1 GEMM ('cube') worker threads per rank (0 = derived: 1 core -> one worker running both queues, n -> n - max(1, n/4)).") \
     MM_ENV(VECTOR_WORKERS, "MEGAMOE_VECTOR_WORKERS", INT, "0", 0, 4096, "", \
-           "Communication/elementwise ('vector') worker threads per rank (0 = derived).") \
+           "O1 communication/elementwise ('vector') worker threads per rank (0 = derived: max(1, n/4) of n >= 2 cores).") \
     MM_ENV(CHECK, "MEGAMOE_CHECK", BOOL, "0", 0, 0, "", \
            "Verify trusted inputs (tokens_per_expert, symmetric allocation order) at extra cost.") \
     MM_ENV(PROFILE, "MEGAMOE_PROFILE", STRING, "", 0, 0, "", \

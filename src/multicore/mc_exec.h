@@ -48,7 +48,7 @@
 #include "profile/prof.h"
 #include "shmem/shmem.h"
 
-#define MM_MC_MAX_WORKERS 256
+#define MM_MC_MAX_WORKERS 1024 /* the worker pool's limit */
 #define MM_MC_SLOT_BYTES 256
 
 typedef struct mm_mc_exec mm_mc_exec_t;
