@@ -129,6 +129,8 @@ static int mm_bench_layer_main(int argc, char **argv)
     snprintf(o.schedule, sizeof o.schedule, "O0,O1");
     const char *job_dir = NULL, *shapes = "seed,large", *torch = "yes";
     char workers_list[64] = "1,2", routing_list[96] = "balanced,zero,skew,single";
+    for (int i = 1; i + 1 < argc; i++) /* a job's rank: every option is the job's own */
+        if (!strcmp(argv[i], "--job-dir")) job_dir = argv[i + 1];
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help")) {
             printf("usage: megamoe bench layer [--shapes seed,large] [--schedule O0,O1]\n"
@@ -236,6 +238,10 @@ static int mm_bench_layer_main(int argc, char **argv)
                     mm_bench_num("fwd_ms", mm_job_time(res, jo.ranks, v, 1) * 1e3);
                     mm_bench_num("bwd_ms", mm_job_time(res, jo.ranks, v, 2) * 1e3);
                     mm_bench_num("tflops", flops / t * 1e-12);
+                    double cpu = 0; /* the busiest rank's CPU time per iteration */
+                    for (int r = 0; r < jo.ranks; r++)
+                        if (res[r].variant[v].cpu_median_s > cpu) cpu = res[r].variant[v].cpu_median_s;
+                    mm_bench_num("cpu_ms", cpu * 1e3);
                     if (v == v1 && v0 >= 0) {
                         double ratio = mm_job_time(res, jo.ranks, v0, 0) / t;
                         mm_bench_num("o1_over_o0_speed", ratio);

@@ -17,6 +17,13 @@ static double mm_cmp_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+static double mm_cmp_cpu(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static int mm_cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -38,6 +45,7 @@ static double mm_cmp_median(double *v, int n)
 int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
 {
     memset(r, 0, sizeof *r);
+    mm_moe_job_malloc_settings();
     megamoe_comm_t *comm = NULL;
     megamoe_experts_t *layer[MM_JOB_MAX_VARIANTS] = {NULL};
     int layer_of[MM_JOB_MAX_VARIANTS], profiled[MM_JOB_MAX_VARIANTS] = {0};
@@ -46,7 +54,7 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
     memset(&P, 0, sizeof P);
     uint16_t *out = NULL, *gh = NULL, *g1 = NULL, *g2 = NULL;
     float *gp = NULL;
-    double *t_it = NULL, *t_fw = NULL, *t_bw = NULL;
+    double *t_it = NULL, *t_fw = NULL, *t_bw = NULL, *t_cpu = NULL;
     megamoe_status_t st;
 
     /* one layer per listed schedule, all on the same communicator */
@@ -104,7 +112,9 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
     t_it = calloc((size_t)(nv * o->iters), sizeof *t_it);
     t_fw = calloc((size_t)(nv * o->iters), sizeof *t_fw);
     t_bw = calloc((size_t)(nv * o->iters), sizeof *t_bw);
-    if (!out || !gh || !gp || !g1 || !g2 || !t_it || !t_fw || !t_bw) MM_CMP_FAIL("out of memory");
+    t_cpu = calloc((size_t)(nv * o->iters), sizeof *t_cpu);
+    if (!out || !gh || !gp || !g1 || !g2 || !t_it || !t_fw || !t_bw || !t_cpu)
+        MM_CMP_FAIL("out of memory");
     megamoe_experts_input_t in = megamoe_experts_input_default();
     in.hidden_states = P.hidden + (size_t)me * TH;
     in.topk_ids = P.ids + (size_t)(me * T * K);
@@ -122,11 +132,11 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
             megamoe_experts_t *x = layer[layer_of[v]];
             if (profiled[v]) megamoe_profiler_start();
             megamoe_experts_saved_t *sv = NULL;
-            double t0 = mm_cmp_now();
+            double c0 = mm_cmp_cpu(), t0 = mm_cmp_now();
             st = megamoe_experts_forward(x, &w, &in, out, &sv);
             double t1 = mm_cmp_now();
             if (st == MEGAMOE_OK) st = megamoe_experts_backward(x, sv, &w, dout, &g);
-            double t2 = mm_cmp_now();
+            double t2 = mm_cmp_now(), c2 = mm_cmp_cpu();
             megamoe_experts_saved_destroy(sv);
             if (profiled[v]) megamoe_profiler_stop();
             if (st != MEGAMOE_OK)
@@ -138,6 +148,7 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
                 t_it[k] = t2 - t0;
                 t_fw[k] = t1 - t0;
                 t_bw[k] = t2 - t1;
+                t_cpu[k] = c2 - c0;
             }
         }
     }
@@ -145,6 +156,7 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
         r->variant[v].iter_median_s = mm_cmp_median(t_it + (size_t)(v * o->iters), o->iters);
         r->variant[v].fwd_median_s = mm_cmp_median(t_fw + (size_t)(v * o->iters), o->iters);
         r->variant[v].bwd_median_s = mm_cmp_median(t_bw + (size_t)(v * o->iters), o->iters);
+        r->variant[v].cpu_median_s = mm_cmp_median(t_cpu + (size_t)(v * o->iters), o->iters);
     }
     megamoe_experts_info_t info;
     if (megamoe_experts_get_info(layer[0], &info) == MEGAMOE_OK) r->workers = info.workers;
@@ -203,5 +215,6 @@ out:
     free(t_it);
     free(t_fw);
     free(t_bw);
+    free(t_cpu);
     return r->error[0] ? 1 : 0;
 }

@@ -2,6 +2,7 @@
 #include "moe_job.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -237,9 +238,16 @@ static double mm_median(double *v, int n)
         goto out;                                                                          \
     } while (0)
 
+void mm_moe_job_malloc_settings(void)
+{
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+}
+
 int mm_moe_job_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
 {
     memset(r, 0, sizeof *r);
+    mm_moe_job_malloc_settings();
     megamoe_comm_t *comm = NULL;
     megamoe_experts_t *x = NULL;
     mm_moe_problem_t P;
@@ -434,9 +442,9 @@ int mm_moe_job_write(const char *path, const mm_moe_job_result_t *r)
                 c->pass);
     }
     for (int i = 0; i < r->n_variants; i++)
-        fprintf(f, "variant %s %.9g %.9g %.9g %.17g\n", r->variant[i].name,
+        fprintf(f, "variant %s %.9g %.9g %.9g %.17g %.9g\n", r->variant[i].name,
                 r->variant[i].iter_median_s, r->variant[i].fwd_median_s,
-                r->variant[i].bwd_median_s, r->variant[i].checksum);
+                r->variant[i].bwd_median_s, r->variant[i].checksum, r->variant[i].cpu_median_s);
     for (int i = 0; i < r->n_wait; i++)
         fprintf(f, "wait %s %.9g\n", r->wait_name[i], r->wait_share[i]);
     fprintf(f, "trace %llu %llu\n", (unsigned long long)r->trace_records,
@@ -455,7 +463,7 @@ int mm_moe_job_read(const char *path, mm_moe_job_result_t *r)
     while (fgets(line, sizeof line, f)) {
         long long a, b;
         char name[64];
-        double x, y, z, u;
+        double x, y, z, u, cpu;
         int pass;
         if (sscanf(line, "rank %lld", &a) == 1) r->rank = (int)a;
         else if (sscanf(line, "ranks %lld", &a) == 1) r->ranks = (int)a;
@@ -482,9 +490,11 @@ int mm_moe_job_read(const char *path, mm_moe_job_result_t *r)
             c->rel_max = y;
             c->elementwise = z;
             c->pass = pass;
-        } else if (sscanf(line, "variant %15s %lg %lg %lg %lg", name, &x, &y, &z, &u) == 5 &&
+        } else if (sscanf(line, "variant %15s %lg %lg %lg %lg %lg", name, &x, &y, &z, &u, &cpu) ==
+                       6 &&
                    r->n_variants < MM_JOB_MAX_VARIANTS) {
             mm_moe_job_variant_t *v = &r->variant[r->n_variants++];
+            v->cpu_median_s = cpu;
             snprintf(v->name, sizeof v->name, "%.15s", name);
             v->iter_median_s = x;
             v->fwd_median_s = y;

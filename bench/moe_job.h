@@ -55,6 +55,7 @@ typedef struct mm_moe_job_check {
 typedef struct mm_moe_job_variant {
     char name[16];
     double iter_median_s, fwd_median_s, bwd_median_s;
+    double cpu_median_s; /* process CPU time per iteration (all threads): robust to preemption */
     double checksum; /* sum of the first output: equal bits give equal sums */
 } mm_moe_job_variant_t;
 
@@ -88,6 +89,14 @@ int mm_moe_job_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r);
  * schedule alike; then, for O1, profiled iterations give each worker's wait share. With
  * o->profile_variant, "O1+prof" (O1 while the profiler records) is timed as well. */
 int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r);
+
+/* Rank processes of these jobs keep freed heap memory mapped (glibc trim threshold 1 GiB,
+ * mmap threshold 32 MiB), as a training process with a caching allocator does. Without it,
+ * glibc returns the ~1.5 MiB that oneDNN's runtime-shape GEMM (the weight gradients)
+ * allocates inside every call to the kernel and faults it in again on the next call, a cost
+ * (~1,500 page faults per step at the seed shape) that lands on O0 or O1 depending only on
+ * the heap layout (docs/multicore.md "Measuring"). */
+void mm_moe_job_malloc_settings(void);
 
 int mm_moe_job_write(const char *path, const mm_moe_job_result_t *r);
 int mm_moe_job_read(const char *path, mm_moe_job_result_t *r);

@@ -9,6 +9,7 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "moe/experts_impl.h"
+#include "moe/moe_buffers.h"
 #include "shmem/comm_impl.h"
 
 static const char *const mm_moe_phase_names[MM_PH_COUNT] = {
@@ -368,11 +369,11 @@ void megamoe_experts_saved_destroy(megamoe_experts_saved_t *s)
 {
     if (s == NULL) return;
     mm_ep_plan_destroy(s->plan);
-    mm_aligned_free(s->x);
-    mm_aligned_free(s->gu);
-    mm_aligned_free(s->a);
-    mm_aligned_free(s->y);
-    mm_aligned_free(s->w);
+    mm_moe_buf_free(s->x);
+    mm_moe_buf_free(s->gu);
+    mm_moe_buf_free(s->a);
+    mm_moe_buf_free(s->y);
+    mm_moe_buf_free(s->w);
     free(s);
 }
 

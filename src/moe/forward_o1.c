@@ -19,6 +19,7 @@
 #include "base/env.h"
 #include "base/error.h"
 #include "moe/experts_impl.h"
+#include "moe/moe_buffers.h"
 #include "moe/moe_rows.h"
 
 static size_t mm_o1_layout(const mm_moe_config_t *c, size_t off[4])
@@ -225,17 +226,17 @@ megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, const megamoe_experts_w
             sv->plan = plan;
             sv->rows = R;
             sv->w_dtype = in->topk_weights_dtype;
-            st = mm_aligned_alloc((size_t)Rb * (size_t)H * 2, 64, "saved tokens", (void **)&sv->x);
+            st = mm_moe_buf_alloc((size_t)Rb * (size_t)H * 2, "saved tokens", (void **)&sv->x);
         }
         if (st == MEGAMOE_OK)
-            st = mm_aligned_alloc((size_t)Rb * (size_t)(2 * I) * 2, 64, "saved GMM1 output",
+            st = mm_moe_buf_alloc((size_t)Rb * (size_t)(2 * I) * 2, "saved GMM1 output",
                                   (void **)&sv->gu);
         if (st == MEGAMOE_OK)
-            st = mm_aligned_alloc((size_t)Rb * (size_t)I * 2, 64, "saved activation", (void **)&sv->a);
+            st = mm_moe_buf_alloc((size_t)Rb * (size_t)I * 2, "saved activation", (void **)&sv->a);
         if (st == MEGAMOE_OK)
-            st = mm_aligned_alloc(TK * (size_t)H * 2, 64, "saved expert outputs", (void **)&sv->y);
+            st = mm_moe_buf_alloc(TK * (size_t)H * 2, "saved expert outputs", (void **)&sv->y);
         if (st == MEGAMOE_OK)
-            st = mm_aligned_alloc(TK * sizeof(float), 64, "saved router weights", (void **)&sv->w);
+            st = mm_moe_buf_alloc(TK * sizeof(float), "saved router weights", (void **)&sv->w);
         if (st == MEGAMOE_OK) {
             f.xsave = sv->x;
             f.gu = sv->gu;

@@ -20,6 +20,7 @@
 #include "base/env.h"
 #include "base/error.h"
 #include "moe/experts_impl.h"
+#include "moe/moe_buffers.h"
 
 #define MM_MOE_HEAP_SLACK ((size_t)16 << 20)
 #define MM_MOE_HEAP_ROUND ((size_t)64 << 20)
@@ -76,7 +77,9 @@ static void mm_moe_unregister(mm_moe_group_t *g)
             *p = g->next;
             break;
         }
+    int last = mm_moe_registry == NULL;
     pthread_mutex_unlock(&mm_moe_registry_lock);
+    if (last) mm_moe_buf_trim(); /* no layer left: give cached saved-state buffers back */
 }
 
 /* Free a group that was never prepared (merged away by share) or is fully torn down. */

@@ -65,16 +65,20 @@ static megamoe_status_t mm_mc_build(mm_mc_plan_t *p, int dir)
     mm_mc_push(g, MM_MC_DONE, MM_MC_VECTOR, -1, -1, 0);
     for (int64_t k = 0; k < tt; k++) mm_mc_push(g, MM_MC_REDUCE, MM_MC_VECTOR, -1, -1, k);
 
-    /* cube: expert tiles in the order RATR makes them arrive (own block first) */
-    for (int64_t j = 0; j < L; j++)
-        for (int i = 0; i < ep; i++)
+    /* cube: expert tiles in the order RATR makes them arrive (own block first); backward: the
+     * weight gradients of expert j follow the tiles of expert j + 1, so they find j's tiles
+     * done (no worker stalls on them) while X_j, dY_j and dGU_j are still in the caches */
+    for (int64_t j = 0; j <= L; j++) {
+        for (int i = 0; j < L && i < ep; i++)
             for (int64_t k = 0; k < NT; k++)
                 mm_mc_push(g, MM_MC_EXPERT, MM_MC_CUBE, (me - i + ep) % ep, j, k);
-    if (dir == MM_MC_BWD)
-        for (int64_t j = 0; j < L; j++) {
-            for (int64_t c = 0; c < p->wchunks; c++) mm_mc_push(g, MM_MC_WGRAD2, MM_MC_CUBE, -1, j, c);
-            for (int64_t c = 0; c < p->wchunks; c++) mm_mc_push(g, MM_MC_WGRAD1, MM_MC_CUBE, -1, j, c);
+        if (dir == MM_MC_BWD && j >= 1) {
+            for (int64_t c = 0; c < p->wchunks; c++)
+                mm_mc_push(g, MM_MC_WGRAD2, MM_MC_CUBE, -1, j - 1, c);
+            for (int64_t c = 0; c < p->wchunks; c++)
+                mm_mc_push(g, MM_MC_WGRAD1, MM_MC_CUBE, -1, j - 1, c);
         }
+    }
     return MEGAMOE_OK;
 }
 

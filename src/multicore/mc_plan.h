@@ -22,9 +22,10 @@
  *
  * Queues. Vector: DISPATCH tiles in RATR order (rank r: for local expert j, for tile k, for
  * i in 0..EP-1, destination (r + i) mod EP; reference design §3), then DONE, then REDUCE.
- * Cube: EXPERT tiles in arrival order (for j, for i, source (r - i) mod EP, for k), then in
- * the backward WGRAD2/WGRAD1 of each expert (after every data-gradient tile, so the combine
- * rows the peers wait for leave first).
+ * Cube: EXPERT tiles in arrival order (for j, for i, source (r - i) mod EP, for k); in the
+ * backward WGRAD2/WGRAD1 of expert j follow the tiles of expert j + 1 (one expert of lag: their
+ * inputs are done and still in cache, and they overlap the next expert's data gradients and
+ * the peers' combine).
  */
 #ifndef MM_MULTICORE_MC_PLAN_H
 #define MM_MULTICORE_MC_PLAN_H

@@ -69,21 +69,31 @@ MM_TEST(ratr_order_is_a_rotated_latin_square)
         }
         ASSERT_EQ_INT(seen, (1 << ep) - 1); /* no two ranks hit the same destination */
     }
-    /* expert tiles: for j, the own block first, then source r-1, r-2, ... (arrival order) */
+    /* expert tiles: for j, the own block first, then source r-1, r-2, ... (arrival order);
+     * backward: expert j's weight gradients (dW2 chunks, then dW1) after expert j+1's tiles */
     for (int r = 0; r < ep; r++) {
-        const mm_mc_graph_t *g = &p[r]->graph[MM_MC_BWD];
-        const int nt = (int)p[r]->NT;
-        for (int pos = 0; pos < (int)(p[r]->L * ep * nt); pos++) {
-            const mm_mc_task_t *t = &g->tasks[g->queue[MM_MC_CUBE][pos]];
-            ASSERT_EQ_INT(t->type, MM_MC_EXPERT);
-            ASSERT_EQ_INT(t->j, pos / (ep * nt));
-            ASSERT_EQ_INT(t->peer, (r - (pos / nt) % ep + ep) % ep);
-            ASSERT_EQ_INT(t->k, pos % nt);
+        for (int dir = 0; dir < 2; dir++) {
+            const mm_mc_graph_t *g = &p[r]->graph[dir];
+            const int nt = (int)p[r]->NT, wc = (int)p[r]->wchunks, per = ep * nt;
+            int pos = 0, tiles = 0;
+            for (int j = 0; j <= (int)p[r]->L; j++) {
+                for (int q = 0; j < (int)p[r]->L && q < per; q++, pos++, tiles++) {
+                    const mm_mc_task_t *t = &g->tasks[g->queue[MM_MC_CUBE][pos]];
+                    ASSERT_EQ_INT(t->type, MM_MC_EXPERT);
+                    ASSERT_EQ_INT(t->j, j);
+                    ASSERT_EQ_INT(t->peer, (r - q / nt + ep) % ep);
+                    ASSERT_EQ_INT(t->k, q % nt);
+                }
+                for (int c = 0; dir == MM_MC_BWD && j >= 1 && c < 2 * wc; c++, pos++) {
+                    const mm_mc_task_t *t = &g->tasks[g->queue[MM_MC_CUBE][pos]];
+                    ASSERT_EQ_INT(t->type, c < wc ? MM_MC_WGRAD2 : MM_MC_WGRAD1);
+                    ASSERT_EQ_INT(t->j, j - 1);
+                    ASSERT_EQ_INT(t->k, c % wc);
+                }
+            }
+            ASSERT_EQ_INT(pos, g->n_queue[MM_MC_CUBE]);
+            ASSERT_EQ_INT(tiles, (int)p[r]->L * per);
         }
-        /* then each expert's weight gradients, dW2 chunks before dW1 chunks */
-        const mm_mc_task_t *last = &g->tasks[g->queue[MM_MC_CUBE][g->n_queue[MM_MC_CUBE] - 1]];
-        ASSERT_EQ_INT(last->type, MM_MC_WGRAD1);
-        ASSERT_EQ_INT(last->j, p[r]->L - 1);
     }
     (void)g0;
     for (int r = 0; r < ep; r++) mm_mc_plan_destroy(p[r]);
