@@ -141,9 +141,8 @@ megamoe_combine_add_rms_norm_args_t megamoe_combine_add_rms_norm_args_default(vo
 megamoe_status_t megamoe_combine_add_rms_norm_infer(megamoe_combine_add_rms_norm_args_t *args);
 megamoe_status_t megamoe_combine_add_rms_norm(const megamoe_combine_add_rms_norm_args_t *args);
 
-/* Free the operators' symmetric workspaces (collective over the world, like every operator
- * call). Call it before destroying the last communicator: the runtime refuses to stop while
- * symmetric memory is allocated. The Python binding does it at exit. */
+/* Free the operators' symmetric workspaces now (collective over the world, like every
+ * operator call). Optional: destroying the last communicator frees them itself. */
 megamoe_status_t megamoe_ops_release(void);
 
 /* sizeof() of the argument structs, for bindings that mirror them (ctypes). */

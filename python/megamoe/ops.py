@@ -19,7 +19,6 @@ quantised output type: ``torch.int8`` or ``megamoe.float8_e4m3fn`` / ``megamoe.f
 fp8 outputs (and quant_mode 4's e8m0 scales) come back as ``torch.uint8`` tensors of the bytes.
 Unwritten output regions are zero. Semantics: docs/ops.md.
 """
-import atexit
 import ctypes
 
 import torch
@@ -117,17 +116,9 @@ for _i, _st in enumerate((_Tensor, _DispatchArgs, _CombineArgs, _AddRmsNormArgs)
 
 
 def release():
-    """Free the operators' symmetric workspaces (collective over the world). Runs at exit
-    before the communicators are destroyed; call it earlier to give the memory back."""
+    """Free the operators' symmetric workspaces now (collective over the world). Optional:
+    destroying the last communicator (megamoe.comm.shutdown, also run at exit) frees them."""
     check(_L.megamoe_ops_release())
-
-
-@atexit.register  # registered after megamoe.comm's shutdown, so it runs first
-def _release_at_exit():  # pragma: no cover - exercised by process exit
-    try:
-        release()
-    except MegaMoeError:
-        pass
 
 
 # ---- marshalling ---------------------------------------------------------------------------

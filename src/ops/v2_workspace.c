@@ -17,6 +17,8 @@
 #include "base/error.h"
 #include "v2_internal.h"
 
+static megamoe_status_t mm_v2_release_hook(void *arg);
+
 static struct {
     void *base[MM_V2_WS_COUNT];
     uint64_t size[MM_V2_WS_COUNT];
@@ -239,6 +241,8 @@ megamoe_status_t mm_v2_call_layout(mm_v2_call_t *call, int nseg, const uint64_t 
                             (unsigned long long)want);
         mm_v2_pool.base[kind] = p;
         mm_v2_pool.size[kind] = want;
+        /* The last SHMEM release frees the workspaces itself (no explicit call needed). */
+        MM_CHECK(mm_shmem_add_release_hook(mm_v2_release_hook, NULL));
         memset(p, 0, call->seg_off[1] ? call->seg_off[1] : 4096); /* signal lines */
         MM_CHECK(mm_shmem_barrier_all());
     }
@@ -267,6 +271,12 @@ int mm_v2_ep_pe(const mm_v2_call_t *call, int64_t ep_rank)
 int mm_v2_tp_peer_pe(const mm_v2_call_t *call, int64_t tp_rank)
 {
     return mm_shmem_team_world_pe(call->tp, (int)(1 - tp_rank));
+}
+
+static megamoe_status_t mm_v2_release_hook(void *arg)
+{
+    (void)arg;
+    return megamoe_ops_release();
 }
 
 megamoe_status_t megamoe_ops_release(void)

@@ -288,10 +288,66 @@ megamoe_status_t mm_shmem_acquire(const mm_shmem_params_t *params)
     return st;
 }
 
+#define MM_SHMEM_MAX_HOOKS 8
+
+static struct {
+    mm_shmem_release_hook_t fn;
+    void *arg;
+} mm_shmem_hooks[MM_SHMEM_MAX_HOOKS];
+static int mm_shmem_hook_count;
+
+megamoe_status_t mm_shmem_add_release_hook(mm_shmem_release_hook_t fn, void *arg)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    megamoe_status_t st = MEGAMOE_OK;
+    pthread_mutex_lock(&g->lock);
+    int found = 0;
+    for (int i = 0; i < mm_shmem_hook_count; i++)
+        if (mm_shmem_hooks[i].fn == fn && mm_shmem_hooks[i].arg == arg) found = 1;
+    if (!found) {
+        if (mm_shmem_hook_count == MM_SHMEM_MAX_HOOKS) {
+            st = mm_error(MEGAMOE_INVALID_STATE, "mm_shmem_add_release_hook: all %d hook slots "
+                          "are used", MM_SHMEM_MAX_HOOKS);
+        } else {
+            mm_shmem_hooks[mm_shmem_hook_count].fn = fn;
+            mm_shmem_hooks[mm_shmem_hook_count].arg = arg;
+            mm_shmem_hook_count++;
+        }
+    }
+    pthread_mutex_unlock(&g->lock);
+    return st;
+}
+
+/* Run the hooks without the lock (they free symmetric memory, which takes it). */
+static megamoe_status_t mm_shmem_run_release_hooks(void)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    pthread_mutex_lock(&g->lock);
+    int n = mm_shmem_hook_count;
+    struct {
+        mm_shmem_release_hook_t fn;
+        void *arg;
+    } hooks[MM_SHMEM_MAX_HOOKS];
+    memcpy(hooks, mm_shmem_hooks, sizeof hooks);
+    pthread_mutex_unlock(&g->lock);
+    megamoe_status_t st = MEGAMOE_OK;
+    for (int i = 0; i < n; i++) {
+        megamoe_status_t s = hooks[i].fn(hooks[i].arg);
+        if (st == MEGAMOE_OK) st = s;
+    }
+    return st;
+}
+
 megamoe_status_t mm_shmem_release(void)
 {
     mm_shmem_global_t *g = &mm_shmem_g;
     pthread_mutex_lock(&g->lock);
+    if (g->refcount == 1 && mm_shmem_lost_pe() < 0 && mm_shmem_hook_count > 0) {
+        pthread_mutex_unlock(&g->lock);
+        megamoe_status_t hs = mm_shmem_run_release_hooks();
+        if (hs != MEGAMOE_OK) return hs; /* logged by the hook; the reference is kept */
+        pthread_mutex_lock(&g->lock);
+    }
     if (g->refcount == 0) {
         pthread_mutex_unlock(&g->lock);
         return mm_error(MEGAMOE_INVALID_STATE, "mm_shmem_release without a matching "

@@ -52,6 +52,14 @@ megamoe_status_t mm_shmem_acquire(const mm_shmem_params_t *params);
  * Release without a reference is INVALID_STATE. */
 megamoe_status_t mm_shmem_release(void);
 int mm_shmem_refcount(void);
+
+/* Hooks run by the last mm_shmem_release, before its leak check, on every PE (the last release
+ * is collective): layers above free the symmetric caches they own (e.g. operator workspaces)
+ * so users need not. A hook must be idempotent and may call collective SHMEM functions.
+ * Registering the same (fn, arg) twice is a no-op; hooks stay registered for later
+ * lifecycles. INVALID_STATE when the table (8 hooks) is full. */
+typedef megamoe_status_t (*mm_shmem_release_hook_t)(void *arg);
+megamoe_status_t mm_shmem_add_release_hook(mm_shmem_release_hook_t fn, void *arg);
 /* 1 between the first acquire and the last release. */
 int mm_shmem_is_running(void);
 

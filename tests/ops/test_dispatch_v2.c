@@ -234,7 +234,18 @@ MM_TEST(output_shapes_checked_on_every_rank)
 MM_TEST(zz_release_then_destroy)
 {
     ASSERT_TRUE(world() != NULL);
-    ASSERT_OK(megamoe_ops_release());
+    mm_shmem_debug_state_t s0, s1;
+    ASSERT_OK(mm_shmem_debug_state(&s0));
+    ASSERT_TRUE(s0.live_allocations > 0);
+    ASSERT_OK(megamoe_ops_release()); /* explicit early release frees the workspaces */
+    ASSERT_OK(mm_shmem_debug_state(&s1));
+    ASSERT_TRUE(s1.live_allocations < s0.live_allocations);
+    /* A later call allocates them again; destroying the last communicator then frees them
+     * itself (release hook), no explicit megamoe_ops_release needed. */
+    example_t ex;
+    memset(&ex, 0, sizeof ex);
+    ASSERT_OK(example_dispatch(&ex, 1));
+    example_free(&ex);
     ASSERT_OK(megamoe_comm_destroy(g_world));
     g_world = NULL;
     ASSERT_EQ_INT(mm_shmem_is_running(), 0);
