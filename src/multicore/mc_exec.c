@@ -10,6 +10,7 @@
 
 #include "base/alloc.h"
 #include "base/clock.h"
+#include "base/cpu.h"
 #include "base/error.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -20,9 +21,13 @@
 #endif
 
 /* Waiting (from the first miss): spin, then yield (lets a thread sharing the core run), then
- * sleep up to MM_MC_SLEEP_MAX_NS, so an idle worker costs little and wakes within ~0.2 ms. */
+ * sleep up to MM_MC_SLEEP_MAX_NS, so an idle worker costs little and wakes within ~0.2 ms.
+ * When the job's workers outnumber the cores (every rank is on this host), a spinning or
+ * yielding worker only steals time from the one computing on its core: it then spins
+ * briefly and sleeps at once. */
 #define MM_MC_SPIN_NS 50000ull
 #define MM_MC_YIELD_NS 2000000ull
+#define MM_MC_OVERSUB_SPIN_NS 5000ull
 #define MM_MC_SLEEP_MAX_NS 200000ull
 
 #define MM_MC_U64_PER_LINE 8
@@ -72,6 +77,7 @@ struct mm_mc_exec {
     char local_text[MM_MC_TEXT], fatal_text[MM_MC_TEXT];
     int broken;
     uint64_t timeout_ns;
+    uint64_t spin_ns, yield_ns; /* back-off phases (shorter when oversubscribed) */
     mm_mc_worker_t *workers;
     void *scratch;
     mm_prof_session_t *prof;
@@ -109,6 +115,9 @@ megamoe_status_t mm_mc_exec_create(const mm_mc_plan_t *plan, mm_shmem_team_t *te
         x->n_workers = nw;
         x->vector_first = plan->s.vector == 0;
         x->timeout_ns = mm_shmem_timeout_ns();
+        const int oversubscribed = (int64_t)ep * nw > mm_cpu_count();
+        x->spin_ns = oversubscribed ? MM_MC_OVERSUB_SPIN_NS : MM_MC_SPIN_NS;
+        x->yield_ns = oversubscribed ? MM_MC_OVERSUB_SPIN_NS : MM_MC_YIELD_NS;
         st = mm_prof_control_init(); /* MEGAMOE_PROFILE */
         x->pes = calloc((size_t)ep, sizeof *x->pes);
         x->workers = calloc((size_t)nw, sizeof *x->workers);
@@ -555,8 +564,8 @@ static megamoe_status_t mm_mc_worker_main(void *arg, int index, int n_workers)
             mm_mc_fatal(x, st);
             return st;
         }
-        if (elapsed < MM_MC_SPIN_NS) continue;
-        if (elapsed < MM_MC_YIELD_NS) {
+        if (elapsed < x->spin_ns) continue;
+        if (elapsed < x->yield_ns) {
             sched_yield();
         } else {
             mm_sleep_ns(sleep_ns);
