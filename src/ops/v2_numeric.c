@@ -8,48 +8,17 @@
 #include <string.h>
 
 #include "base/cpu.h"
+#include "shmem/shmem.h"
 #include "v2_internal.h"
 
 #if MM_X86
 #include <immintrin.h>
 #endif
 
-#if MM_X86
-MM_TARGET_AVX512 static void mm_copy_stream(void *dst, const void *src, size_t n)
-{
-    char *d = dst;
-    const char *s = src;
-    size_t head = (size_t)(-(uintptr_t)d & 63);
-    if (head > n) head = n;
-    memcpy(d, s, head);
-    d += head;
-    s += head;
-    n -= head;
-    for (; n >= 256; d += 256, s += 256, n -= 256) {
-        __m512i a = _mm512_loadu_si512((const void *)s);
-        __m512i b = _mm512_loadu_si512((const void *)(s + 64));
-        __m512i c = _mm512_loadu_si512((const void *)(s + 128));
-        __m512i e = _mm512_loadu_si512((const void *)(s + 192));
-        _mm512_stream_si512((void *)d, a);
-        _mm512_stream_si512((void *)(d + 64), b);
-        _mm512_stream_si512((void *)(d + 128), c);
-        _mm512_stream_si512((void *)(d + 192), e);
-    }
-    for (; n >= 64; d += 64, s += 64, n -= 64) _mm512_stream_si512((void *)d, _mm512_loadu_si512((const void *)s));
-    memcpy(d, s, n);
-    _mm_sfence();
-}
-#endif
-
 void mm_v2_copy(void *dst, const void *src, size_t n, int stream)
 {
-#if MM_X86
-    if (stream && n >= 1024 && mm_cpu_has_avx512()) {
-        mm_copy_stream(dst, src, n);
-        return;
-    }
-#endif
-    memcpy(dst, src, n);
+    if (stream && n >= 1024) mm_shmem_copy_streaming(dst, src, n);
+    else memcpy(dst, src, n);
 }
 
 void mm_v2_widen(megamoe_dtype_t t, const void *src, float *dst, int64_t n)

@@ -115,6 +115,10 @@ uint64_t mm_shmem_signal_fetch(const uint64_t *sig);
  * yield/sleep. value_p (may be NULL) gets the satisfying value. TIMEOUT / PEER_LOST. */
 megamoe_status_t mm_shmem_signal_wait_until(uint64_t *sig, int cmp, uint64_t value,
                                             uint64_t *value_p);
+/* Local copy with non-temporal (streaming) stores, for large copies whose destination is not
+ * read again soon; memcpy without AVX-512. Ends with sfence, so a later signal store cannot
+ * overtake the data. */
+void mm_shmem_copy_streaming(void *dst, const void *src, size_t n);
 void mm_shmem_fence(void);
 void mm_shmem_quiet(void);
 

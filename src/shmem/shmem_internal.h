@@ -136,8 +136,7 @@ void mm_shmem_copy(void *dst, const void *src, size_t n);
 /* Half the L3 size the kernel reports (16 MiB on the 2-core EPYC), at least MM_SHMEM_NT_MIN,
  * MM_SHMEM_NT_DEFAULT when unknown, SIZE_MAX without AVX-512. */
 size_t mm_shmem_nt_threshold(void);
-/* The streaming copy itself, any size (memcpy without AVX-512); ends with sfence. */
-void mm_shmem_copy_streaming(void *dst, const void *src, size_t n);
+/* mm_shmem_copy_streaming (shmem.h) is the streaming copy itself, any size. */
 #define MM_SHMEM_NT_MIN (1u << 20)
 #define MM_SHMEM_MOVSB_MIN (64u << 10)
 #define MM_SHMEM_NT_DEFAULT (16u << 20)
