@@ -186,12 +186,6 @@ int mm_mc_broken(const mm_mc_exec_t *x) { return x->broken; }
 
 mm_prof_session_t *mm_mc_profile(const mm_mc_exec_t *x) { return x->prof; }
 
-void mm_mc_set_profile(mm_mc_exec_t *x, mm_prof_session_t *session)
-{
-    if (x->prof && x->prof != session) mm_prof_retire(x->prof);
-    x->prof = session;
-}
-
 /* ---- failures -------------------------------------------------------------------------------- */
 
 static void mm_mc_local_fail(mm_mc_exec_t *x, megamoe_status_t st, const char *text)

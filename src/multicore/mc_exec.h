@@ -113,10 +113,7 @@ uint64_t mm_mc_generation(const mm_mc_exec_t *exec);
 /* Non-zero once a launch failed with PEER_LOST / TIMEOUT. */
 int mm_mc_broken(const mm_mc_exec_t *exec);
 
-/* Profiling: the session whose rings the workers fill (NULL: none). Between launches only.
- * Recording happens while mm_prof_on(session). */
-void mm_mc_set_profile(mm_mc_exec_t *exec, mm_prof_session_t *session);
-/* The executor's session: created at the first launch while profiling is requested
+/* Profiling: the executor's session: created at the first launch while profiling is requested
  * (MEGAMOE_PROFILE, megamoe_profiler_start), registered with the process-wide profiler,
  * retired (exported to MEGAMOE_PROFILE) when the executor is destroyed. NULL until then. */
 mm_prof_session_t *mm_mc_profile(const mm_mc_exec_t *exec);
