@@ -365,6 +365,37 @@ void megamoe_experts_destroy(megamoe_experts_t *x)
     free(x);
 }
 
+megamoe_status_t mm_moe_saved_create(const megamoe_experts_t *x, mm_ep_plan_t *plan,
+                                     megamoe_dtype_t w_dtype, megamoe_experts_saved_t **saved_p)
+{
+    const int64_t H = x->cfg.H, I = x->cfg.I, R = plan->recv_rows, Rb = R > 0 ? R : 1;
+    const size_t TK = (size_t)x->cfg.T * (size_t)x->cfg.K;
+    megamoe_experts_saved_t *sv = calloc(1, sizeof *sv);
+    if (sv == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "saved state");
+    sv->layer_serial = x->serial;
+    sv->rows = R;
+    sv->w_dtype = w_dtype;
+    /* Sized to the rows actually received (one placeholder row when none). */
+    megamoe_status_t st =
+        mm_moe_buf_alloc((size_t)Rb * (size_t)H * 2, "saved tokens", (void **)&sv->x);
+    if (st == MEGAMOE_OK)
+        st = mm_moe_buf_alloc((size_t)Rb * (size_t)(2 * I) * 2, "saved GMM1 output",
+                              (void **)&sv->gu);
+    if (st == MEGAMOE_OK)
+        st = mm_moe_buf_alloc((size_t)Rb * (size_t)I * 2, "saved activation", (void **)&sv->a);
+    if (st == MEGAMOE_OK)
+        st = mm_moe_buf_alloc(TK * (size_t)H * 2, "saved expert outputs", (void **)&sv->y);
+    if (st == MEGAMOE_OK)
+        st = mm_moe_buf_alloc(TK * sizeof(float), "saved router weights", (void **)&sv->w);
+    if (st != MEGAMOE_OK) {
+        megamoe_experts_saved_destroy(sv); /* plan is still the caller's */
+        return st;
+    }
+    sv->plan = plan; /* owned by the saved state from here on */
+    *saved_p = sv;
+    return MEGAMOE_OK;
+}
+
 void megamoe_experts_saved_destroy(megamoe_experts_saved_t *s)
 {
     if (s == NULL) return;

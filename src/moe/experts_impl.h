@@ -155,6 +155,11 @@ void mm_moe_leave(megamoe_experts_t *x);
 megamoe_status_t mm_moe_pack_weights(megamoe_experts_t *x, const megamoe_experts_weights_t *w,
                                      int backward);
 
+/* A forward's saved state for the rows plan says this rank receives; it takes ownership of
+ * plan only on success. */
+megamoe_status_t mm_moe_saved_create(const megamoe_experts_t *x, mm_ep_plan_t *plan,
+                                     megamoe_dtype_t w_dtype, megamoe_experts_saved_t **saved_p);
+
 /* ---- forward_o0.c / backward_o0.c ---- */
 megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, const megamoe_experts_weights_t *w,
                                    const megamoe_experts_input_t *in, void *output,

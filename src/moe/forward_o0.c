@@ -197,24 +197,7 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, const megamoe_experts_w
         for (int64_t j = 0; j < L; j++) group_rows[j] = plan->group_off[j + 1] - plan->group_off[j];
     f.group_rows = group_rows;
     if (st == MEGAMOE_OK && saved_p != NULL) {
-        sv = calloc(1, sizeof *sv);
-        if (sv == NULL) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "saved state");
-        if (st == MEGAMOE_OK) {
-            sv->layer_serial = x->serial;
-            sv->plan = plan;
-            sv->rows = R;
-            sv->w_dtype = in->topk_weights_dtype;
-            st = mm_moe_buf_alloc((size_t)Rb * (size_t)H * 2, "saved tokens", (void **)&sv->x);
-        }
-        if (st == MEGAMOE_OK)
-            st = mm_moe_buf_alloc((size_t)Rb * (size_t)(2 * I) * 2, "saved GMM1 output",
-                                  (void **)&sv->gu);
-        if (st == MEGAMOE_OK)
-            st = mm_moe_buf_alloc((size_t)Rb * (size_t)I * 2, "saved activation", (void **)&sv->a);
-        if (st == MEGAMOE_OK)
-            st = mm_moe_buf_alloc(TK * (size_t)H * 2, "saved expert outputs", (void **)&sv->y);
-        if (st == MEGAMOE_OK)
-            st = mm_moe_buf_alloc(TK * sizeof(float), "saved router weights", (void **)&sv->w);
+        st = mm_moe_saved_create(x, plan, in->topk_weights_dtype, &sv);
         if (st == MEGAMOE_OK) {
             f.xsave = sv->x;
             f.gu = sv->gu;

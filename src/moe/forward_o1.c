@@ -199,7 +199,7 @@ megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, const megamoe_experts_w
         mm_ep_plan_destroy(plan);
         return st;
     }
-    const int64_t R = plan->recv_rows, Rb = R > 0 ? R : 1;
+    const int64_t R = plan->recv_rows;
     t0 = mm_now_ns();
     x->phase_s[MM_PH_FWD_ROUTE] += (double)(t0 - t1) * 1e-9;
 
@@ -219,24 +219,7 @@ megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, const megamoe_experts_w
     f.out = output;
     megamoe_experts_saved_t *sv = NULL;
     if (saved_p != NULL) {
-        sv = calloc(1, sizeof *sv);
-        if (sv == NULL) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "saved state");
-        if (st == MEGAMOE_OK) {
-            sv->layer_serial = x->serial;
-            sv->plan = plan;
-            sv->rows = R;
-            sv->w_dtype = in->topk_weights_dtype;
-            st = mm_moe_buf_alloc((size_t)Rb * (size_t)H * 2, "saved tokens", (void **)&sv->x);
-        }
-        if (st == MEGAMOE_OK)
-            st = mm_moe_buf_alloc((size_t)Rb * (size_t)(2 * I) * 2, "saved GMM1 output",
-                                  (void **)&sv->gu);
-        if (st == MEGAMOE_OK)
-            st = mm_moe_buf_alloc((size_t)Rb * (size_t)I * 2, "saved activation", (void **)&sv->a);
-        if (st == MEGAMOE_OK)
-            st = mm_moe_buf_alloc(TK * (size_t)H * 2, "saved expert outputs", (void **)&sv->y);
-        if (st == MEGAMOE_OK)
-            st = mm_moe_buf_alloc(TK * sizeof(float), "saved router weights", (void **)&sv->w);
+        st = mm_moe_saved_create(x, plan, in->topk_weights_dtype, &sv);
         if (st == MEGAMOE_OK) {
             f.xsave = sv->x;
             f.gu = sv->gu;
