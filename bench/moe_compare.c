@@ -8,6 +8,7 @@
 
 #include "megamoe/megamoe.h"
 
+#include "bench_util.h"
 #include "moe_job.h"
 
 static double mm_cmp_now(void)
@@ -22,18 +23,6 @@ static double mm_cmp_cpu(void)
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int mm_cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double mm_cmp_median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, mm_cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 #define MM_CMP_FAIL(...)                                                                   \
@@ -153,10 +142,10 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
         }
     }
     for (int v = 0; v < nv; v++) {
-        r->variant[v].iter_median_s = mm_cmp_median(t_it + (size_t)(v * o->iters), o->iters);
-        r->variant[v].fwd_median_s = mm_cmp_median(t_fw + (size_t)(v * o->iters), o->iters);
-        r->variant[v].bwd_median_s = mm_cmp_median(t_bw + (size_t)(v * o->iters), o->iters);
-        r->variant[v].cpu_median_s = mm_cmp_median(t_cpu + (size_t)(v * o->iters), o->iters);
+        r->variant[v].iter_median_s = mm_bench_median_of(t_it + (size_t)(v * o->iters), o->iters);
+        r->variant[v].fwd_median_s = mm_bench_median_of(t_fw + (size_t)(v * o->iters), o->iters);
+        r->variant[v].bwd_median_s = mm_bench_median_of(t_bw + (size_t)(v * o->iters), o->iters);
+        r->variant[v].cpu_median_s = mm_bench_median_of(t_cpu + (size_t)(v * o->iters), o->iters);
     }
     megamoe_experts_info_t info;
     if (megamoe_experts_get_info(layer[0], &info) == MEGAMOE_OK) r->workers = info.workers;

@@ -220,18 +220,6 @@ static void mm_check(mm_moe_job_result_t *r, const char *name, const void *got, 
     c->pass = finite && c->rel_l2 <= MM_JOB_REL_L2 && c->rel_max <= MM_JOB_REL_MAX;
 }
 
-static int mm_cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double mm_median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, mm_cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 #define MM_JOB_FAIL(...)                                                                   \
     do {                                                                                   \
         snprintf(r->error, sizeof r->error, __VA_ARGS__);                                  \
@@ -350,10 +338,10 @@ int mm_moe_job_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
         snprintf(r->phase[i], sizeof r->phase[i], "%s", tm.name[i]);
         r->phase_s[i] = tm.seconds[i] / (double)o->iters;
     }
-    r->iter_median_s = mm_median(it_s, o->iters);
+    r->iter_median_s = mm_bench_median_of(it_s, o->iters);
     r->iter_min_s = it_s[0];
-    r->fwd_median_s = mm_median(fw_s, o->iters);
-    r->bwd_median_s = mm_median(bw_s, o->iters);
+    r->fwd_median_s = mm_bench_median_of(fw_s, o->iters);
+    r->bwd_median_s = mm_bench_median_of(bw_s, o->iters);
     if ((st = megamoe_experts_close(x)) != MEGAMOE_OK) MM_JOB_FAIL("close: %s", megamoe_last_error());
 
     if (o->verify) {
