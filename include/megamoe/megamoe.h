@@ -3,8 +3,10 @@
  * One include for the whole public API. Layers, lowest first:
  *   status.h log.h config.h dtype.h version.h   base services
  *   comm.h                                      communicator (private SHMEM runtime underneath)
+ *   layout.h                                    expert weight layout conversions
  *   ops.h                                       MoeDistributeDispatchV2 / CombineV2 operators
  *   experts.h                                   MegaMoeExperts (fused MoE-FFN, fwd + bwd)
+ *   prof.h                                      MegaKernel profiling and trace tools
  *   reference.h                                 plain fp32 reference model (test oracle)
  *
  * Conventions: every fallible call returns megamoe_status_t; output parameters come last, end
@@ -16,25 +18,15 @@
 
 #include "megamoe/config.h"
 #include "megamoe/dtype.h"
-#include "megamoe/layout.h"
 #include "megamoe/log.h"
 #include "megamoe/status.h"
 #include "megamoe/version.h"
 
-#if __has_include("megamoe/comm.h")
 #include "megamoe/comm.h"
-#endif
-#if __has_include("megamoe/ops.h")
+#include "megamoe/layout.h"
 #include "megamoe/ops.h"
-#endif
-#if __has_include("megamoe/experts.h")
 #include "megamoe/experts.h"
-#endif
-#if __has_include("megamoe/reference.h")
-#include "megamoe/reference.h"
-#endif
-#if __has_include("megamoe/prof.h")
 #include "megamoe/prof.h"
-#endif
+#include "megamoe/reference.h"
 
 #endif /* MEGAMOE_MEGAMOE_H */
