@@ -1,8 +1,12 @@
 /* CPU feature detection. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+
+#include "megamoe/config.h"
 
 #include "cpu.h"
 
@@ -116,11 +120,6 @@ int mm_cpu_count(void)
     return n > 0 ? (int)n : 1;
 }
 
-#include <pthread.h>
-#include <stdio.h>
-#include <sys/syscall.h>
-
-#include "megamoe/config.h"
 
 #define MM_ARCH_REQ_XCOMP_PERM 0x1023
 #define MM_XFEATURE_XTILEDATA 18
