@@ -69,7 +69,8 @@ uint64_t mm_shmem_timeout_ns(void);
 
 /* ---- symmetric memory ---- */
 
-/* Collective over the world. align: power of two (0 = 64). site: "file:line" for debug_state. */
+/* Collective over the world. align: power of two up to 2 MiB (0 = 64); the address is aligned
+ * so on every PE. site: "file:line" for debug_state. */
 megamoe_status_t mm_shmem_malloc_site(size_t size, size_t align, const char *site, void **ptr_p);
 #define MM_SHMEM_STR2_(x) #x
 #define MM_SHMEM_STR_(x) MM_SHMEM_STR2_(x)

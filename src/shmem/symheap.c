@@ -75,6 +75,10 @@ megamoe_status_t mm_shmem_malloc_site(size_t size, size_t align, const char *sit
     if (st == MEGAMOE_OK && (a & (a - 1)) != 0)
         st = mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_malloc at %s: alignment %" PRIu64
                       " is not a power of two", all[0].site, a);
+    if (st == MEGAMOE_OK && a > MM_SHMEM_SEG_ALIGN)
+        st = mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_malloc at %s: alignment %" PRIu64
+                      " is larger than the %u bytes the heap guarantees; use at most that",
+                      all[0].site, a, (unsigned)MM_SHMEM_SEG_ALIGN);
     if (st == MEGAMOE_OK && mine.off == MM_FREE_BAD)
         st = mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_malloc at %s: ptr_p is NULL",
                       all[0].site);
@@ -88,8 +92,10 @@ megamoe_status_t mm_shmem_malloc_site(size_t size, size_t align, const char *sit
             st = mm_error(MEGAMOE_OUT_OF_MEMORY, "mm_shmem_malloc: host memory for the "
                           "allocation table ran out");
         } else if (rc != 0) {
-            uint64_t need = used + mm_heap_alloc_rounded(size) + (a > 64 ? a : 0);
-            uint64_t mib = (need + (1u << 20) - 1) >> 20;
+            /* saturating: a request near SIZE_MAX must not wrap to a small suggestion */
+            uint64_t need = mm_heap_alloc_rounded(size), extra = used + (a > 64 ? a : 0);
+            need = need > UINT64_MAX - extra ? UINT64_MAX : need + extra;
+            uint64_t mib = (need >> 20) + ((need & ((1u << 20) - 1)) != 0);
             st = mm_error(MEGAMOE_OUT_OF_MEMORY,
                           "symmetric heap exhausted: mm_shmem_malloc(%" PRIu64 " bytes, align "
                           "%" PRIu64 ") at %s does not fit (%" PRIu64 " of %" PRIu64 " bytes in "

@@ -15,6 +15,9 @@
 #include "megamoe/status.h"
 
 #define MM_SHMEM_SEG_NAME_MAX 48
+/* Every mapping of a segment starts on this boundary (a huge page), so an offset aligned to
+ * at most this much is an address aligned as much on every PE. */
+#define MM_SHMEM_SEG_ALIGN (2u << 20)
 
 typedef struct mm_shmem_segment {
     char *base;     /* mapping; NULL when not mapped */

@@ -18,6 +18,30 @@
 #include "shmem_log.h"
 #include "transport.h"
 
+/* Map size bytes of fd shared, at an address aligned to MM_SHMEM_SEG_ALIGN (mmap alone only
+ * guarantees a page): reserve size + the alignment, map the segment at the aligned address
+ * inside, give the slack back. MAP_FAILED with errno on failure. */
+static void *mm_shm_map(int fd, uint64_t size)
+{
+    const uintptr_t align = MM_SHMEM_SEG_ALIGN;
+    size_t span = (size_t)size + align;
+    void *r = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED) return MAP_FAILED;
+    uintptr_t lo = (uintptr_t)r, start = (lo + align - 1) & ~(align - 1);
+    void *base = mmap((void *)start, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                      fd, 0);
+    if (base == MAP_FAILED) {
+        int e = errno;
+        munmap(r, span);
+        errno = e;
+        return MAP_FAILED;
+    }
+    if (start > lo) munmap(r, start - lo);
+    uintptr_t end = start + (uintptr_t)size, hi = lo + span;
+    if (hi > end) munmap((void *)end, hi - end);
+    return base;
+}
+
 static megamoe_status_t mm_shm_create(uint64_t size, mm_shmem_segment_t *seg)
 {
     memset(seg, 0, sizeof *seg);
@@ -45,7 +69,7 @@ static megamoe_status_t mm_shm_create(uint64_t size, mm_shmem_segment_t *seg)
                         "bytes: %s; lower HYPER_PARALLEL_SHMEM_HEAP_SIZE",
                         (unsigned long long)size, strerror(e));
     }
-    void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *base = mm_shm_map(fd, size);
     int e = errno;
     close(fd);
     if (base == MAP_FAILED) {
@@ -77,7 +101,7 @@ static megamoe_status_t mm_shm_attach(int pe, const char *name, uint64_t size,
         return mm_error(MEGAMOE_IO, "rank %d's heap segment %s has an unexpected size or owner",
                         pe, name);
     }
-    void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *base = mm_shm_map(fd, size);
     int e = errno;
     close(fd);
     if (base == MAP_FAILED)

@@ -38,15 +38,15 @@ static uint64_t mm_wait_timeout_ns(void)
 megamoe_status_t mm_shmem_wait_impl(const uint64_t *addr, int cmp, uint64_t value,
                                     uint64_t *value_p, const char *what)
 {
+    if (addr == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: NULL address", what);
+    if (cmp < MM_SHMEM_CMP_EQ || cmp > MM_SHMEM_CMP_LE)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: comparison %d is not one of "
+                        "MM_SHMEM_CMP_EQ..MM_SHMEM_CMP_LE", what, cmp);
     uint64_t v = __atomic_load_n(addr, __ATOMIC_ACQUIRE);
     if (mm_shmem_cmp(v, cmp, value)) {
         if (value_p) *value_p = v;
         return MEGAMOE_OK;
     }
-    if (cmp < MM_SHMEM_CMP_EQ || cmp > MM_SHMEM_CMP_LE)
-        return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: comparison %d is not one of "
-                        "MM_SHMEM_CMP_EQ..MM_SHMEM_CMP_LE", what, cmp);
-    if (addr == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: NULL address", what);
     uint64_t start = mm_now_ns(), timeout = mm_wait_timeout_ns(), sleep_ns = 20000;
     int live = mm_shmem_running_now();
     unsigned spins = 0;

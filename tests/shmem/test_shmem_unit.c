@@ -429,3 +429,52 @@ MM_TEST(streaming_copy_is_exact)
     free(src);
     free(dst);
 }
+
+/* Argument errors of the waits are returned, never a crash: a NULL word used to be loaded
+ * before it was checked (SIGSEGV). */
+MM_TEST(wait_rejects_null_word)
+{
+    ASSERT_STATUS(mm_shmem_wait_u64(NULL, MM_SHMEM_CMP_EQ, 0, NULL), MEGAMOE_INVALID_ARGUMENT);
+    ASSERT_CONTAINS(megamoe_last_error(), "NULL address");
+    ASSERT_STATUS(mm_shmem_signal_wait_until(NULL, MM_SHMEM_CMP_GE, 1, NULL),
+                  MEGAMOE_INVALID_ARGUMENT);
+    uint64_t w = 3;
+    ASSERT_STATUS(mm_shmem_wait_u64(&w, -1, 3, NULL), MEGAMOE_INVALID_ARGUMENT);
+}
+
+/* A request larger than any heap names a size to raise to that is at least the request
+ * (the sum used to wrap around and name a few MiB). */
+MM_TEST(exhaustion_message_for_huge_request)
+{
+    mm_shmem_params_t p = mm_single();
+    ASSERT_OK(mm_shmem_acquire(&p));
+    void *c = NULL;
+    ASSERT_STATUS(mm_shmem_malloc(SIZE_MAX, 0, &c), MEGAMOE_OUT_OF_MEMORY);
+    ASSERT_CONTAINS(megamoe_last_error(), "HYPER_PARALLEL_SHMEM_HEAP_SIZE");
+    const char *at = strstr(megamoe_last_error(), "to at least ");
+    ASSERT_TRUE(at != NULL);
+    unsigned long long mib = strtoull(at + strlen("to at least "), NULL, 10);
+    ASSERT_TRUE(mib >= (SIZE_MAX >> 20));
+    ASSERT_STATUS(mm_shmem_malloc(SIZE_MAX - 32, 4096, &c), MEGAMOE_OUT_OF_MEMORY);
+    ASSERT_OK(mm_shmem_release());
+}
+
+/* An alignment the heap honours is an alignment of the address, not only of the offset. */
+MM_TEST(large_alignment_is_an_address_alignment)
+{
+    mm_shmem_params_t p = mm_single();
+    ASSERT_OK(mm_shmem_acquire(&p));
+    void *a = NULL, *b = NULL, *c = NULL;
+    ASSERT_OK(mm_shmem_malloc(100, 0, &a));
+    ASSERT_OK(mm_shmem_malloc(100, 1u << 21, &b));
+    ASSERT_EQ_U64((uintptr_t)b % (1u << 21), 0);
+    ASSERT_OK(mm_shmem_malloc(100, 1u << 20, &c));
+    ASSERT_EQ_U64((uintptr_t)c % (1u << 20), 0);
+    void *d = NULL;
+    ASSERT_STATUS(mm_shmem_malloc(100, 4u << 20, &d), MEGAMOE_INVALID_ARGUMENT);
+    ASSERT_CONTAINS(megamoe_last_error(), "at most");
+    ASSERT_OK(mm_shmem_free(c));
+    ASSERT_OK(mm_shmem_free(b));
+    ASSERT_OK(mm_shmem_free(a));
+    ASSERT_OK(mm_shmem_release());
+}
