@@ -232,10 +232,14 @@ static megamoe_status_t mm_v2c_local(mm_v2_combine_t *c, int op)
                (long long)g->A, (long long)rows);
     if (g->tp == 2) {
         c->n_peer = ((const int32_t *)a->tp_send_counts.data)[1 - g->tp_rank];
-        if (c->n_peer < 0 || c->n_own + c->n_peer > rows)
-            MM_BAD("tp_send_counts[%lld] = %lld: own rows %lld plus the TP peer's rows exceed "
-                   "expand_x's %lld rows", (long long)(1 - g->tp_rank), (long long)c->n_peer,
-                   (long long)c->n_own, (long long)rows);
+        /* the peer's TP buffer holds A rows: more would be written past it */
+        if (c->n_peer < 0 || c->n_peer > g->A)
+            MM_BAD("tp_send_counts[%lld] = %lld (rows of the TP peer) must be in [0, A = %lld]",
+                   (long long)(1 - g->tp_rank), (long long)c->n_peer, (long long)g->A);
+        if (c->n_own + c->n_peer > rows)
+            MM_BAD("tp_send_counts[%lld] = %lld: own rows %lld plus the rows of the TP peer "
+                   "exceed expand_x's %lld rows", (long long)(1 - g->tp_rank),
+                   (long long)c->n_peer, (long long)c->n_own, (long long)rows);
     }
     if (a->assist_info_for_combine.shape[0] < 3 * c->n_own)
         MM_BAD("assist_info_for_combine has fewer than 3 * %lld entries", (long long)c->n_own);

@@ -463,6 +463,23 @@ megamoe_status_t mm_v2_check_ids_mask(const mm_v2_cfg_t *c, const megamoe_tensor
                    "elastic_info (the surviving ranks hold experts [0, %lld))", op_name,
                    (long long)(i / c->K), (long long)(i % c->K), id[i], (long long)c->eE);
     }
+    /* The K MoE experts of a token must be distinct (torch_npu's rule): the receive capacity
+     * A = global_bs * min(L, K) and the TP buffers assume at most one row per (token, expert),
+     * so a repeated expert could overflow a rank's expand_x or its TP peer's buffer. Special
+     * experts may repeat; pairs a 2-D mask disables are not sent and do not count. */
+    const uint8_t *m2 = c->mask_dim == 2 ? mask->data : NULL;
+    for (int64_t t = 0; t < c->bs; t++) {
+        if (c->mask_dim == 1 && !((const uint8_t *)mask->data)[t]) continue;
+        for (int64_t k = 1; k < c->K; k++) {
+            int64_t i = t * c->K + k;
+            if (id[i] >= c->E || (m2 && !m2[i])) continue;
+            for (int64_t j = 0; j < k; j++)
+                if (id[t * c->K + j] == id[i] && !(m2 && !m2[t * c->K + j]))
+                    MM_BAD("%s: expert_ids[%lld] names MoE expert %d twice (slots %lld and %lld); "
+                           "the K experts of a token must be distinct", op_name, (long long)t,
+                           id[i], (long long)j, (long long)k);
+        }
+    }
     if (c->mask_dim == 1) {
         const uint8_t *m = mask->data;
         int seen_false = 0;

@@ -61,6 +61,19 @@ def _nan_ws(a, rank):
     a["expert_scales"] = w
 
 
+def _dup_ids(a, rank):
+    # one expert per rank (L = 1 < K): a token naming expert 0 twice sends two rows to rank 0,
+    # more than the capacity A = global_bs * min(L, K) that expand_x is sized for
+    a.update(moe_expert_num=2, expert_ids=torch.zeros(BS, K, dtype=torch.int32))
+
+
+def _tp_peer_rows(a, rank):
+    # a larger expand_x fits A + 1 peer rows locally, but the peer's TP buffer holds only A
+    rows = a["expand_x"].shape[0]  # T * A
+    a["expand_x"] = torch.cat([a["expand_x"], torch.zeros_like(a["expand_x"])])
+    a["tp_send_counts"][1 - a["tp_rank_id"]] = rows // 2 + 1
+
+
 def _rule(name, op, mutate, status, key, on=1, world=2):
     return {"name": name, "op": op, "mutate": mutate, "status": status, "key": key, "on": on,
             "world": world}
@@ -99,6 +112,7 @@ RULES = [
     _d("expert_scales_shape", lambda a, r: a.update(expert_scales=torch.ones(BS, K + 1)), "expert_scales must be [BS, K]"),
     _d("ids_negative", _ids(lambda i: i.__setitem__((0, 0), -1)), "out of range"),
     _d("ids_too_large", _ids(lambda i: i.__setitem__((1, 1), 4)), "out of range"),
+    _d("ids_duplicate_moe_expert", _dup_ids, "twice", on="all"),
     _d("mask_not_bool", lambda a, r: a.update(x_active_mask=torch.ones(BS, dtype=torch.int32)), "must be bool"),
     _d("mask_len", lambda a, r: a.update(x_active_mask=torch.ones(BS + 1, dtype=torch.bool)), "x_active_mask must be [BS]"),
     _d("mask_2d_cols", lambda a, r: a.update(x_active_mask=torch.ones(BS, K + 1, dtype=torch.bool)), "x_active_mask must be [BS]"),
@@ -223,6 +237,8 @@ RULES = [
           "group_tp must have 2 ranks", world=4),
     _rule("tp_send_counts_missing", "combine", _set(tp_send_counts=None), INV,
           "tp_send_counts is required", world=4),
+    _rule("tp_send_counts_above_capacity", "combine", _tp_peer_rows, INV, "rows of the TP peer",
+          world=4),
     _rule("tp_mismatch_quant", "dispatch", _set(quant_mode=2), MIS, "differs", world=4),
 ]
 
