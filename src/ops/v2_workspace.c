@@ -290,6 +290,9 @@ megamoe_status_t megamoe_ops_release(void)
         }
         mm_v2_pool.base[k] = NULL;
         mm_v2_pool.size[k] = 0;
+        /* Generations restart with the next pool, whose signal lines start at 0 on every rank
+         * (a peer process that joins a later lifecycle starts at 0 too). */
+        mm_v2_pool.gen[k] = 0;
     }
     return st;
 }

@@ -342,10 +342,13 @@ megamoe_status_t mm_shmem_release(void)
 {
     mm_shmem_global_t *g = &mm_shmem_g;
     pthread_mutex_lock(&g->lock);
-    if (g->refcount == 1 && mm_shmem_lost_pe() < 0 && mm_shmem_hook_count > 0) {
+    if (g->refcount == 1 && mm_shmem_hook_count > 0) {
+        /* Also after a peer loss: the layers above must forget what they cached in this heap
+         * (it is unmapped below) even though their collective frees fail at once then. */
         pthread_mutex_unlock(&g->lock);
         megamoe_status_t hs = mm_shmem_run_release_hooks();
-        if (hs != MEGAMOE_OK) return hs; /* logged by the hook; the reference is kept */
+        if (hs != MEGAMOE_OK && mm_shmem_lost_pe() < 0)
+            return hs; /* logged by the hook; the reference is kept */
         pthread_mutex_lock(&g->lock);
     }
     if (g->refcount == 0) {

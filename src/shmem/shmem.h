@@ -55,7 +55,10 @@ int mm_shmem_refcount(void);
 
 /* Hooks run by the last mm_shmem_release, before its leak check, on every PE (the last release
  * is collective): layers above free the symmetric caches they own (e.g. operator workspaces)
- * so users need not. A hook must be idempotent and may call collective SHMEM functions.
+ * so users need not. A hook must be idempotent and may call collective SHMEM functions. They
+ * also run when a peer was lost (the release then tears down locally): their collective calls
+ * fail at once and their status is ignored, but they must still drop every pointer into the
+ * heap, which is unmapped afterwards.
  * Registering the same (fn, arg) twice is a no-op; hooks stay registered for later
  * lifecycles. INVALID_STATE when the table (8 hooks) is full. */
 typedef megamoe_status_t (*mm_shmem_release_hook_t)(void *arg);
