@@ -201,6 +201,24 @@ megamoe_status_t mm_moe_check_backward(const megamoe_experts_t *x,
     return MEGAMOE_OK;
 }
 
+megamoe_status_t mm_moe_agree_saved(const megamoe_experts_t *x, uint64_t gen)
+{
+    const int n = x->ep;
+    uint64_t *all = calloc((size_t)n, sizeof *all);
+    megamoe_status_t st = all ? MEGAMOE_OK : mm_error(MEGAMOE_OUT_OF_MEMORY, "saved-state check");
+    MM_CHECK(mm_shmem_team_agree(x->team, st));
+    st = mm_shmem_team_allgather(x->team, all, &gen, sizeof gen);
+    for (int r = 1; st == MEGAMOE_OK && r < n; r++)
+        if (all[r] != all[0])
+            st = mm_error(MEGAMOE_INVALID_ARGUMENT,
+                          "backward needs the saved state of the same forward call on every rank "
+                          "(forward numbers differ): rank 0 passed #%llu but rank %d passed "
+                          "#%llu; pass every rank the same one",
+                          (unsigned long long)all[0], r, (unsigned long long)all[r]);
+    free(all);
+    return st;
+}
+
 megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, megamoe_experts_saved_t *sv,
                                     const megamoe_experts_weights_t *wts, const void *dout,
                                     const megamoe_experts_grads_t *gr)
@@ -259,6 +277,10 @@ megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, megamoe_experts_saved_
     }
     /* Nothing has moved yet: a failure anywhere stops every rank here. */
     st = mm_shmem_team_agree(x->team, st);
+    /* Every rank must pass the saved state of the same forward: their routing plans (row
+     * counts and offsets) differ otherwise, and the exchange would mix rows of different
+     * calls into wrong gradients. Decided from the gathered numbers: identical everywhere. */
+    if (st == MEGAMOE_OK) st = mm_moe_agree_saved(x, sv->gen);
     if (st != MEGAMOE_OK) {
         free(group_rows);
         return st;

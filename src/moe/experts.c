@@ -92,12 +92,19 @@ static megamoe_status_t mm_moe_validate(const megamoe_experts_params_t *p, int e
                         "num_experts (E) = %lld must be a positive multiple of the EP size %d "
                         "(every rank owns E/EP experts)",
                         (long long)p->num_experts, ep);
+    if (p->num_experts >= INT32_MAX)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "num_experts (E) = %lld must stay below 2^31 (expert ids are 32-bit)",
+                        (long long)p->num_experts);
     if (p->top_k < 1 || p->top_k > p->num_experts)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "top_k (K) = %lld must be in [1, E = %lld]",
                         (long long)p->top_k, (long long)p->num_experts);
-    if (p->local_num_tokens * p->top_k * ep >= INT32_MAX)
-        return mm_error(MEGAMOE_INVALID_ARGUMENT, "EP*T*K = %lld rows must stay below 2^31",
-                        (long long)(p->local_num_tokens * p->top_k * ep));
+    /* T, K <= E and EP are each checked before their product is formed (no int64 wrap) */
+    if (p->local_num_tokens >= INT32_MAX ||
+        p->local_num_tokens * p->top_k > (INT32_MAX - 1) / ep)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "EP*T*K = %d*%lld*%lld rows must stay below 2^31", ep,
+                        (long long)p->local_num_tokens, (long long)p->top_k);
     double f = p->expert_capacity_factor;
     if (!(f == 0 || (isfinite(f) && f >= 1)))
         return mm_error(MEGAMOE_INVALID_ARGUMENT,

@@ -85,6 +85,7 @@ typedef struct mm_moe_group {
     int used;        /* a forward ran (sharing is no longer allowed) */
     int ready;       /* SHMEM acquired, buffers allocated, pool running */
     int broken;      /* a collective step failed half-way: only close() is allowed */
+    uint64_t fwd_gen; /* O0: successful forwards of the group (equal on every rank) */
     size_t heap_bytes;
     mm_ep_xbuf_t *xbuf;
     mm_pool_t *pool;
@@ -128,7 +129,8 @@ struct megamoe_experts_saved {
     uint16_t *y;    /* [T*K, H]        expert outputs returned to this rank, permuted order */
     float *w;       /* [T*K]           router weights (fp32), slot order */
     megamoe_dtype_t w_dtype;
-    uint64_t gen;   /* O1: launch generation of the forward (every rank's must match) */
+    uint64_t gen;   /* the forward's number in its group (O1: launch generation; O0: fwd_gen);
+                       a backward needs the same one on every rank */
 };
 
 /* ---- group.c ---- */
@@ -191,6 +193,8 @@ void mm_moe_o1_ret_put(const mm_moe_group_t *g, int src, int64_t row, const void
                        const uint16_t *tile, int64_t n);
 /* The forward's input checks, shared by both schedules. */
 megamoe_status_t mm_moe_check_input(const megamoe_experts_input_t *in, const void *output);
+/* O0 backward: OK when every rank passes the saved state of the same forward (collective). */
+megamoe_status_t mm_moe_agree_saved(const megamoe_experts_t *x, uint64_t gen);
 megamoe_status_t mm_moe_check_backward(const megamoe_experts_t *x,
                                        const megamoe_experts_saved_t *sv, const void *dout,
                                        const megamoe_experts_grads_t *gr);

@@ -273,8 +273,13 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, const megamoe_experts_w
     free(group_rows);
     x->last_recv_rows = R;
     x->forwards++;
-    if (saved_p) *saved_p = sv;
-    else mm_ep_plan_destroy(plan);
+    g->fwd_gen++; /* every rank got here (the combine was agreed): the same number everywhere */
+    if (saved_p) {
+        sv->gen = g->fwd_gen;
+        *saved_p = sv;
+    } else {
+        mm_ep_plan_destroy(plan);
+    }
     return MEGAMOE_OK;
 
 broken:

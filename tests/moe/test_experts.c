@@ -522,3 +522,68 @@ MM_TEST(bad_inputs_fail_on_every_rank_before_data_moves)
     megamoe_experts_destroy(x);
     mm_moe_problem_free(&P);
 }
+
+/* Backward with the saved states of two different forwards on different ranks (two outstanding
+ * forwards, backwards in a different order per rank): the ranks' routing plans differ, so the
+ * call must fail on every rank instead of computing gradients from mismatched rows (O0 used to
+ * return OK with wrong gradients; O1 compares launch numbers). The layer stays usable. */
+MM_TEST(backward_with_saved_states_of_different_forwards_fails_on_every_rank)
+{
+    const int ep = mm_test_world(), me = mm_test_rank();
+    megamoe_comm_t *comm = mm_test_comm();
+    mm_moe_problem_t P[2];
+    ASSERT_EQ_INT(mm_moe_problem_create(&P[0], ep, T_, H_, I_, E_, K_, MM_ROUTE_SKEW, 31), 0);
+    ASSERT_EQ_INT(mm_moe_problem_create(&P[1], ep, T_, H_, I_, E_, K_, MM_ROUTE_BALANCED, 32), 0);
+    megamoe_experts_params_t prm = mm_params(0);
+    megamoe_experts_t *x = NULL;
+    ASSERT_OK(megamoe_experts_create(comm, &prm, &x));
+    mm_input_buf_t ib[2];
+    mm_bufs_t b[2];
+    megamoe_experts_saved_t *sv[2] = {NULL, NULL};
+    megamoe_experts_weights_t w = mm_local_weights(&P[0], me, 1);
+    for (int i = 0; i < 2; i++) {
+        ASSERT_EQ_INT(mm_input_make(&P[i], me, NULL, &ib[i]), 0);
+        ASSERT_EQ_INT(mm_bufs_alloc(&b[i]), 0);
+        ASSERT_OK(megamoe_experts_forward(x, &w, &ib[i].in, b[i].out, &sv[i]));
+    }
+    const uint16_t *dout = P[0].grad_out + (size_t)me * T_ * H_;
+    megamoe_experts_grads_t g = {b[0].gh, b[0].gp, b[0].g1, b[0].g2, MEGAMOE_DTYPE_BF16};
+    memset(b[0].gh, 0x7f, (size_t)T_ * H_ * 2);
+    ASSERT_STATUS(megamoe_experts_backward(x, sv[me == 0 ? 1 : 0], &w, dout, &g),
+                  MEGAMOE_INVALID_ARGUMENT);
+    ASSERT_CONTAINS(megamoe_last_error(), "same forward call");
+    for (size_t i = 0; i < (size_t)T_ * H_; i++) ASSERT_EQ_INT(b[0].gh[i], 0x7f7f);
+    /* the right pairing still works */
+    ASSERT_OK(megamoe_experts_backward(x, sv[1], &w, dout, &g));
+    ASSERT_OK(megamoe_experts_backward(x, sv[0], &w, dout, &g));
+    for (int i = 0; i < 2; i++) {
+        megamoe_experts_saved_destroy(sv[i]);
+        mm_bufs_free(&b[i]);
+        mm_input_free(&ib[i]);
+    }
+    ASSERT_OK(megamoe_experts_close(x));
+    megamoe_experts_destroy(x);
+    mm_moe_problem_free(&P[0]);
+    mm_moe_problem_free(&P[1]);
+}
+
+/* Shapes whose sizes overflow 64-bit arithmetic are refused, not wrapped (T*K = 2^64 wrapped
+ * to 0 and passed the EP*T*K < 2^31 rule; E = EP*2^40 made the first forward build an O1 task
+ * table whose size wrapped). */
+MM_TEST(huge_shapes_are_refused_without_overflow)
+{
+    megamoe_comm_t *comm = mm_test_comm();
+    megamoe_experts_t *x = NULL;
+    megamoe_experts_params_t p = mm_params(0);
+    p.local_num_tokens = (int64_t)1 << 55;
+    p.num_experts = 512;
+    p.top_k = 512;
+    ASSERT_STATUS(megamoe_experts_create(comm, &p, &x), MEGAMOE_INVALID_ARGUMENT);
+    ASSERT_CONTAINS(megamoe_last_error(), "2^31");
+    ASSERT_TRUE(x == NULL);
+    p = mm_params(0);
+    p.num_experts = (int64_t)mm_test_world() << 40; /* task and signal tables of E entries */
+    ASSERT_STATUS(megamoe_experts_create(comm, &p, &x), MEGAMOE_INVALID_ARGUMENT);
+    ASSERT_CONTAINS(megamoe_last_error(), "num_experts");
+    ASSERT_TRUE(x == NULL);
+}
