@@ -131,9 +131,30 @@ def _weights_desc(layer, gate_up, down):
     return _Weights(_ptr(gate_up), _ptr(down), version & 0xFFFFFFFFFFFFFFFF)
 
 
+_DOUBLE_BACKWARD = (b"MegaMoeExperts: double backward (create_graph=True through the layer) is "
+                    b"not supported: its gradients are computed by libmegamoe outside autograd")
+
+
+def _refuse_double_backward(grads):
+    """backward under create_graph=True: the library's gradients depend on the saved inputs
+    and weights, but autograd cannot see how, so they would silently count as constants in a
+    second differentiation. torch's @once_differentiable only guards when grad_output requires
+    grad; here every gradient gets a node that raises when differentiated."""
+    idx = [i for i, g in enumerate(grads) if g is not None]
+    err = torch._C._functions.DelayedError(_DOUBLE_BACKWARD, len(idx))
+    wrapped = err(*[grads[i].detach().requires_grad_() for i in idx])
+    if not isinstance(wrapped, tuple):
+        wrapped = (wrapped,)
+    out = list(grads)
+    for i, g in zip(idx, wrapped):
+        out[i] = g
+    return tuple(out)
+
+
 class _MegaMoeFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, layer, hidden, topk_ids, topk_weights, tokens_per_expert, gate_up, down):
+    def forward(ctx, layer, grad_enabled, hidden, topk_ids, topk_weights, tokens_per_expert,
+                gate_up, down):
         out = torch.empty_like(hidden)
         inp = _Input(_ptr(hidden), _ptr(topk_ids),
                      _INT32 if topk_ids.dtype == torch.int32 else _INT64,
@@ -141,8 +162,10 @@ class _MegaMoeFunction(torch.autograd.Function):
                      _FP32 if topk_weights.dtype == torch.float32 else _BF16,
                      _ptr(tokens_per_expert), _INT32)
         w = _weights_desc(layer, gate_up, down)
-        # (Function.forward runs with grad mode off; needs_input_grad tells what autograd wants)
-        training = any(ctx.needs_input_grad[i] for i in (1, 3, 5, 6))
+        # (Function.forward runs with grad mode off; needs_input_grad tells what autograd wants,
+        # but it ignores an outer torch.no_grad(): grad_enabled is the caller's grad mode, and
+        # without it nothing keeps the saved state, so the forward should not make one)
+        training = grad_enabled and any(ctx.needs_input_grad[i] for i in (2, 4, 6, 7))
         saved = _Saved() if training else None
         check(_L.megamoe_experts_forward(layer._handle, ctypes.byref(w), ctypes.byref(inp),
                                          _ptr(out),
@@ -155,6 +178,14 @@ class _MegaMoeFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        with torch.no_grad():
+            grads = _MegaMoeFunction._grads(ctx, grad_out)
+        if torch.is_grad_enabled():
+            grads = _refuse_double_backward(grads)
+        return grads
+
+    @staticmethod
+    def _grads(ctx, grad_out):
         layer, saved = ctx.layer, ctx.saved
         if saved is None or not saved.handle:
             raise MegaMoeError(-2, "MegaMoeExperts backward: the saved state is gone "
@@ -172,7 +203,7 @@ class _MegaMoeFunction(torch.autograd.Function):
                                               _ptr(grad_out), ctypes.byref(grads)))
         finally:
             saved.free()  # retain_graph is not supported: the state goes with the backward
-        return None, g_hidden, None, g_topk, None, g_gate_up, g_down
+        return None, None, g_hidden, None, g_topk, None, g_gate_up, g_down
 
 
 class MegaMoeExperts(torch.nn.Module):
@@ -314,7 +345,8 @@ class MegaMoeExperts(torch.nn.Module):
                                  f"{tokens_per_expert.numel()}")
             # contiguous int32 is used as is; int64 or strided input is converted
             tpe = tokens_per_expert.reshape(e).to(torch.int32).contiguous()
-        out = _MegaMoeFunction.apply(self, x, ids, probs, tpe, gate_up, down)
+        out = _MegaMoeFunction.apply(self, torch.is_grad_enabled(), x, ids, probs, tpe, gate_up,
+                                     down)
         return out.reshape(shape)
 
     # ---- resources ----------------------------------------------------------------------

@@ -1,0 +1,67 @@
+"""One-rank MegaMoeExperts autograd edge cases (run by test_experts_autograd.py in its own
+process: the SHMEM runtime is process-wide)."""
+import sys
+
+import torch
+
+import megamoe
+import megamoe.experts as mex
+from megamoe import MegaMoeExperts
+
+T, H, I, E, K = 128, 64, 32, 4, 2
+
+
+def main(case):
+    torch.manual_seed(0)
+    m = MegaMoeExperts(T, H, I, E, K).to(dtype=torch.bfloat16)
+    x = torch.randn(T, H).bfloat16().requires_grad_()
+    ids = torch.randint(0, E, (T, K))
+    w = torch.rand(T, K, requires_grad=True)
+    if case == "double_backward":
+        # another path keeps the first-order grad differentiable, so without a guard the
+        # layer's second-order terms would silently count as zero
+        out = m(x, ids, w).float() + x.float() ** 2
+        g, = torch.autograd.grad(out.sum(), x, create_graph=True)
+        assert g.requires_grad
+        try:
+            (g.float() ** 2).sum().backward()
+        except RuntimeError as e:
+            assert "double backward" in str(e), e
+            print("double backward refused:", e)
+        else:
+            raise AssertionError("double backward through MegaMoeExperts did not raise")
+    elif case == "retain_graph":
+        out = m(x, ids, w)
+        out.float().sum().backward(retain_graph=True)
+        try:
+            out.float().sum().backward()
+        except megamoe.MegaMoeError as e:
+            assert "retain_graph" in str(e), e
+            print("second backward refused:", e)
+        else:
+            raise AssertionError("a second backward through a retained graph did not raise")
+    elif case == "no_grad":
+        made = []
+        orig = mex._Saved.__init__
+
+        def counting_init(self):
+            made.append(1)
+            orig(self)
+
+        mex._Saved.__init__ = counting_init
+        with torch.no_grad():
+            a = m(x, ids, w)
+        assert not made, "a forward under torch.no_grad() kept a saved state for backward"
+        b = m(x, ids, w)  # grad mode: saved for backward
+        assert made and b.requires_grad
+        assert torch.equal(a, b.detach())
+        b.float().sum().backward()
+        assert x.grad is not None and w.grad is not None
+    else:
+        raise SystemExit(f"unknown case {case}")
+    m.close()
+    print(f"case {case}: ok")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,31 @@
+"""MegaMoeExperts autograd edge cases on one rank: double backward (create_graph) is refused
+instead of silently dropping the layer's second-order terms, a second backward through a
+retained graph is a clear error, and forwards under torch.no_grad() keep no saved state."""
+import os
+import socket
+import subprocess
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+PY = "/usr/bin/python3"
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("case", ["double_backward", "retain_graph", "no_grad"])
+def test_autograd_edge_cases(case):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(REPO, "python") + os.pathsep + env.get("PYTHONPATH", "")
+    env["HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT"] = f"tcp://127.0.0.1:{_free_port()}"
+    env.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "OMP_NUM_THREADS": "1"})
+    r = subprocess.run([PY, os.path.join(HERE, "experts_autograd_worker.py"), case],
+                       capture_output=True, text=True, env=env, timeout=120, cwd=REPO)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert f"case {case}: ok" in out, out[-4000:]
