@@ -14,6 +14,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -228,9 +229,12 @@ int mm_cmd_launch(int argc, char **argv)
             n = (int)v;
         } else if (strcmp(argv[i], "--timeout") == 0 && i + 1 < argc) {
             char *end;
-            timeout = strtod(argv[++i], &end);
-            if (*end || timeout < 0) {
-                fprintf(stderr, "megamoe launch: --timeout must be a number of seconds >= 0\n");
+            const char *text = argv[++i];
+            timeout = strtod(text, &end);
+            if (*end || end == text || !isfinite(timeout) || timeout < 0) {
+                fprintf(stderr, "megamoe launch: --timeout must be a finite number of seconds "
+                                ">= 0 (0 = no limit), got '%s'\n",
+                        text);
                 return 2;
             }
         } else if (strcmp(argv[i], "--help") == 0) {

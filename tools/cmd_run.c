@@ -126,6 +126,36 @@ static int mm_run_verdict(const mm_moe_job_opts_t *o, const mm_moe_job_result_t 
     return ok ? 0 : 1;
 }
 
+/* The layer's shape rules (docs/moe.md "Semantics"), checked before any rank starts so that a
+ * bad combination is a usage error naming the option, not a failure of every rank. */
+static int mm_run_check_shape(const mm_moe_job_opts_t *o)
+{
+    const char *bad = NULL;
+    char msg[160];
+    if (o->T % 128 != 0) {
+        snprintf(msg, sizeof msg, "--tokens %lld must be a multiple of 128", (long long)o->T);
+        bad = msg;
+    } else if (o->E % o->ranks != 0) {
+        snprintf(msg, sizeof msg, "--experts %lld must be a multiple of --ranks %d",
+                 (long long)o->E, o->ranks);
+        bad = msg;
+    } else if (o->K > o->E) {
+        snprintf(msg, sizeof msg, "--top-k %lld must be at most --experts %lld", (long long)o->K,
+                 (long long)o->E);
+        bad = msg;
+    } else if (o->capacity_factor != 0 && o->capacity_factor < 1) {
+        snprintf(msg, sizeof msg, "--capacity-factor %g must be 0 (lossless) or >= 1",
+                 o->capacity_factor);
+        bad = msg;
+    } else if (strcmp(o->schedule, "O0") != 0 && strcmp(o->schedule, "O1") != 0) {
+        snprintf(msg, sizeof msg, "--schedule must be O0 or O1, got '%s'", o->schedule);
+        bad = msg;
+    }
+    if (bad == NULL) return 0;
+    fprintf(stderr, "megamoe run: %s\n", bad);
+    return 2;
+}
+
 int mm_cmd_run(int argc, char **argv)
 {
     mm_moe_job_opts_t o;
@@ -158,6 +188,7 @@ int mm_cmd_run(int argc, char **argv)
     int rc = mm_cli_check_config("run");
     if (rc) return rc;
     if (job_dir) return mm_run_child(&o, job_dir);
+    if ((rc = mm_run_check_shape(&o)) != 0) return rc;
 
     if (verify_auto) o.verify = mm_reference_seconds(&o) <= 120.0;
     char cap[64];

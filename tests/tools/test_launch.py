@@ -102,3 +102,11 @@ def test_bad_usage(megamoe_bin):
     r = run_megamoe(["launch", "-n", "1", "--", "/nonexistent/cmd"])
     assert r.returncode == 127
     assert "cannot run" in r.stderr
+
+
+def test_timeout_must_be_a_finite_number(megamoe_bin):
+    # "nan" parsed as a number that never compares greater: the job would run without limit
+    for bad in ("nan", "inf", "", "-1", "5x"):
+        r = run_megamoe(["launch", "-n", "1", "--timeout", bad, "--", "true"], timeout=20)
+        assert r.returncode == 2, (bad, r.returncode, r.stderr)
+        assert "--timeout" in r.stderr

@@ -1,0 +1,36 @@
+"""`megamoe run` (the main job): a small verified run, shape rules checked before any rank
+starts (usage errors exit 2 naming the rule), and a capacity overflow exits 1."""
+import pytest
+
+from conftest import run_megamoe
+
+SMALL = ["--tokens", "128", "--hidden", "64", "--intermediate", "32", "--experts", "4",
+         "--top-k", "2", "--iters", "1", "--warmup", "0", "--timeout", "120"]
+
+
+def test_small_run_is_verified(megamoe_bin):
+    r = run_megamoe(["run"] + SMALL, timeout=180)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "PASSED" in r.stdout
+
+
+@pytest.mark.parametrize("args,rule", [
+    (["--ranks", "3"], "multiple of --ranks"),
+    (["--top-k", "5"], "--top-k"),
+    (["--tokens", "200"], "multiple of 128"),
+    (["--capacity-factor", "0.5"], "--capacity-factor"),
+    (["--schedule", "O2"], "--schedule"),
+    (["--schedule", "O0,O1"], "--schedule"),
+])
+def test_invalid_shapes_are_usage_errors(megamoe_bin, args, rule):
+    r = run_megamoe(["run"] + SMALL + args, timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    assert rule in r.stderr
+    assert "[rank" not in r.stderr  # refused before any rank started
+
+
+def test_capacity_overflow_fails_with_status_1(megamoe_bin):
+    r = run_megamoe(["run"] + SMALL + ["--capacity-factor", "1", "--routing", "single"],
+                    timeout=180)
+    assert r.returncode == 1, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    assert "CAPACITY_OVERFLOW" in r.stderr
