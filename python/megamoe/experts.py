@@ -126,7 +126,10 @@ class _Saved:
 
 def _weights_desc(layer, gate_up, down):
     # torch bumps a tensor's version counter on every in-place change (optimizer steps), so
-    # (pointer, version) tells the library when to re-pack its private copies.
+    # (pointer, version) tells the library when to re-pack its private copies. The layer also
+    # keeps the last tensors it packed from alive: a weight replaced through `.data = ...` or a
+    # new Parameter then cannot reuse the old address with an equal version counter.
+    layer._packed_from = (gate_up.detach(), down.detach())
     version = (gate_up._version << 32) ^ down._version ^ (layer._weights_epoch << 56)
     return _Weights(_ptr(gate_up), _ptr(down), version & 0xFFFFFFFFFFFFFFFF)
 
@@ -373,6 +376,7 @@ class MegaMoeExperts(torch.nn.Module):
         if self._handle:
             check(_L.megamoe_experts_close(self._handle))
         self._closed = True
+        self._packed_from = None
 
     def __del__(self):
         try:

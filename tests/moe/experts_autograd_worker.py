@@ -57,6 +57,29 @@ def main(case):
         assert torch.equal(a, b.detach())
         b.float().sum().backward()
         assert x.grad is not None and w.grad is not None
+    elif case == "replaced_weights":
+        # Weights replaced wholesale (`.data = ...`, as checkpoint loading may do) must be used
+        # by the next forward, even when the new tensor lands at the freed address of the old
+        # one with an equal version counter (large blocks are mmap'd, so a freed address comes
+        # straight back): the layer may not keep serving its old packed copy.
+        from megamoe import reference
+        with torch.no_grad():
+            reused = 0
+            for _ in range(3):
+                m(x, ids, w)  # packs the current weights
+                old = (m.gate_up_weight.data_ptr(), m.down_weight.data_ptr())
+                shapes = (m.gate_up_weight.shape, m.down_weight.shape)
+                m.gate_up_weight.data = torch.empty(0, dtype=torch.bfloat16)
+                m.down_weight.data = torch.empty(0, dtype=torch.bfloat16)
+                m.gate_up_weight.data = torch.randn(shapes[0], dtype=torch.bfloat16) * 0.05
+                m.down_weight.data = torch.randn(shapes[1], dtype=torch.bfloat16) * 0.05
+                reused += (m.gate_up_weight.data_ptr(), m.down_weight.data_ptr()) == old
+                got = m(x, ids, w).float()
+                want = reference.forward(x.detach(), ids, w.detach(), m.gate_up_weight.detach(),
+                                         m.down_weight.detach())
+                err = ((got - want).norm() / want.norm()).item()
+                assert err < 1e-2, f"stale weights: relative error {err:.3g}"
+            print("replaced weights; old addresses reused", reused, "times")
     else:
         raise SystemExit(f"unknown case {case}")
     m.close()

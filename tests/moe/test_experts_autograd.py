@@ -1,6 +1,7 @@
 """MegaMoeExperts autograd edge cases on one rank: double backward (create_graph) is refused
 instead of silently dropping the layer's second-order terms, a second backward through a
-retained graph is a clear error, and forwards under torch.no_grad() keep no saved state."""
+retained graph is a clear error, and forwards under torch.no_grad() keep no saved state, and weights replaced
+wholesale are re-packed."""
 import os
 import socket
 import subprocess
@@ -18,7 +19,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("case", ["double_backward", "retain_graph", "no_grad"])
+@pytest.mark.parametrize("case", ["double_backward", "retain_graph", "no_grad", "replaced_weights"])
 def test_autograd_edge_cases(case):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.join(REPO, "python") + os.pathsep + env.get("PYTHONPATH", "")
