@@ -50,5 +50,7 @@
     MM_ENV(PROFILE, "MEGAMOE_PROFILE", STRING, "", 0, 0, "", \
            "Directory for MegaKernel Chrome traces (trace_<rank>.json); empty = profiling off.") \
     MM_ENV(LIB, "MEGAMOE_LIB", STRING, "", 0, 0, "", \
-           "Python binding: path of libmegamoe.so to load instead of searching the build tree.")
+           "Python binding: path of libmegamoe.so to load instead of searching the build tree.") \
+    MM_ENV(BUILD_DIR, "MEGAMOE_BUILD_DIR", STRING, "", 0, 0, "", \
+           "Python binding: build directory whose src/libmegamoe.so to load (when MEGAMOE_LIB is unset).")
 /* clang-format on */

@@ -44,3 +44,26 @@ def test_info_shows_host(megamoe_bin):
     r = run_megamoe(["info"])
     assert r.returncode == 0
     assert "cpu:" in r.stdout and "avx512" in r.stdout
+
+
+def test_every_variable_read_is_in_the_table(megamoe_bin):
+    """The C library reads the environment only through src/base/env.h and the Python binding
+    only names variables the table documents, so docs/env.md lists everything a user can set."""
+    import re
+    r = run_megamoe(["info", "--config"])
+    assert r.returncode == 0
+    listed = set(re.findall(r"^([A-Z][A-Z0-9_]+) ", r.stdout, re.M))
+    read = set()
+    for base, pattern in ((os.path.join(REPO, "python", "megamoe"),
+                           r"os\.environ(?:\.get\(|\[)\s*\"([A-Z0-9_]+)\"|\"([A-Z0-9_]+)\" (?:not )?in os\.environ"),
+                          (os.path.join(REPO, "src"), r"getenv\(\"([A-Z0-9_]+)\"\)")):
+        for root, _, files in os.walk(base):
+            for name in files:
+                if not name.endswith((".py", ".c", ".h")) or name == "env.c":
+                    continue
+                with open(os.path.join(root, name)) as f:
+                    for m in re.finditer(pattern, f.read()):
+                        read.update(g for g in m.groups() if g)
+    assert read, "no variable found: the patterns are stale"
+    missing = sorted(read - listed)
+    assert not missing, f"read but not in src/base/env_table.h (docs/env.md): {missing}"
