@@ -86,7 +86,7 @@ class Comm:
             check(_L.megamoe_comm_destroy(self._handle))
             self._handle = None
             _by_name.pop(self.name, None)
-            for key, comm in list(_by_group.items()):
+            for key, (_, comm) in list(_by_group.items()):
                 if comm is self:
                     del _by_group[key]
             if self in _order:
@@ -156,19 +156,26 @@ def for_group(process_group=None):
         return w
     with _lock:
         key = id(process_group)
-        comm = _by_group.get(key)
-        if comm is not None and comm.alive:
-            return comm
+        entry = _by_group.get(key)
+        # the entry keeps its group alive, so its id cannot be recycled for another group
+        if entry is not None and entry[0] is process_group and entry[1].alive:
+            return entry[1]
         ranks = _group_ranks(process_group)
         me = dist.get_rank()
         if me not in ranks:
-            raise MegaMoeError(-1, f"rank {me} is not a member of the process group {ranks}")
+            # still take part in the collective split (as a non-member), so the members do not
+            # wait for this rank until the timeout, then report the misuse
+            handle = ctypes.c_void_p()
+            check(_L.megamoe_comm_split(w.handle, -1, 0, ctypes.byref(handle)))
+            raise MegaMoeError(-1, f"rank {me} is not a member of the process group {ranks}; "
+                                   "call for_group/group_name only with groups containing "
+                                   "the calling rank")
         color, key_rank = min(ranks), ranks.index(me)
         handle = ctypes.c_void_p()
         check(_L.megamoe_comm_split(w.handle, color, key_rank, ctypes.byref(handle)))
         name = "megamoe:group:" + ",".join(str(r) for r in ranks)
         comm = Comm(handle, name, ranks)
-        _by_group[key] = comm
+        _by_group[key] = (process_group, comm)
         _by_name[name] = comm
         _order.append(comm)
         return comm

@@ -200,6 +200,8 @@ static megamoe_status_t mm_v2_common(mm_v2_cfg_t *c, const mm_v2_common_t *in)
     }
     /* global batch */
     if (in->gbs < 0) MM_BAD("global_bs must be >= 0, got %lld", (long long)in->gbs);
+    if (in->gbs > INT32_MAX) /* keeps A = global_bs * min(L, K) and the output shapes in range */
+        MM_BAD("global_bs must be <= INT32_MAX, got %lld", (long long)in->gbs);
     if (in->gbs != 0 && (in->gbs < c->bs * c->W || in->gbs % c->W != 0))
         MM_BAD("global_bs %lld must be 0 or a multiple of ep_world_size that is >= BS * "
                "ep_world_size = %lld", (long long)in->gbs, (long long)(c->bs * c->W));

@@ -152,6 +152,7 @@ RULES = [
     _d("comm_alg_unknown", _set(comm_alg="ring"), "comm_alg \"ring\" must be"),
     _d("global_bs_too_small", _set(global_bs=BS * 2 - 2), "global_bs 6 must be 0 or a multiple"),
     _d("global_bs_not_multiple", _set(global_bs=BS * 2 + 1), "global_bs 9 must be 0 or a multiple"),
+    _d("global_bs_too_large", _set(global_bs=2**40), "global_bs must be <= INT32_MAX"),
     _d("global_bs_varied_with_mask", lambda a, r: a.update(global_bs=BS * 4,
                                                            x_active_mask=torch.ones(BS, dtype=torch.bool)),
        "not allowed when ranks have different BS"),
