@@ -4,7 +4,9 @@
  * Cases: the MoE shapes 256x4096x2816 and 256x1408x4096, the seed's GMM1/GMM2 (T*K/E = 512 rows
  * per local expert x 512 x 256 and x 128 x 512, 2 local experts, T=1024 K=2 E=4 EP=2) and
  * M in {16, 128, 512, 2048} at K=4096, N=2816.
- * impl   "grouped": mm_gemm_grouped() through the backend MEGAMOE_GEMM selects (oneDNN here);
+ * impl   "grouped": mm_gemm_grouped() through the backend MEGAMOE_GEMM selects ("backend": with
+ *                   auto, oneDNN for plain weights and, on CPUs without AMX, the own avx512
+ *                   kernel for big packed weights — mm_gemm_backend_for_weight);
  *        "onednn":  one fixed-M oneDNN matmul primitive per shape, created before timing.
  * weights "packed": pre-packed once (ours: mm_gemm_weight; oneDNN: format `any` + reorder);
  *        "kn": plain [K,N] row-major.
@@ -251,6 +253,7 @@ static int mm_bench_gemm_main(int argc, char **argv)
 
     mm_bench_begin("gemm");
     double gf[MM_NSHAPES][2][NIMPL], gfb[MM_NSHAPES][2][NIMPL]; /* median, best call */
+    const char *packed_be[MM_NSHAPES] = {0};                    /* backend of our packed weights */
     int have_onednn = 1, step = 0, total = (only ? 1 : MM_NSHAPES) * 2;
     helper_t helper;
     for (int t = 1; t <= 2; t++) {
@@ -276,6 +279,7 @@ static int mm_bench_gemm_main(int argc, char **argv)
                 return 1;
             }
             have_onednn = ok > 0;
+            packed_be[si] = mm_gemm_weight_backend(c.w[0])->name;
             c.helper = &helper;
             int nimpl = have_onednn ? NIMPL : ONEDNN_PACKED;
             enum { CAP = 4096 };
@@ -331,6 +335,9 @@ static int mm_bench_gemm_main(int argc, char **argv)
                 mm_bench_row();
                 mm_bench_str("impl", mm_impl_name[i]);
                 mm_bench_str("weights", mm_weights_name[i]);
+                mm_bench_str("backend", i == GROUPED_PACKED ? mm_gemm_weight_backend(c.w[0])->name
+                                        : i == GROUPED_KN   ? be->name
+                                                            : "onednn");
                 mm_bench_int("M", s->M);
                 mm_bench_int("K", s->K);
                 mm_bench_int("N", s->N);
@@ -366,17 +373,19 @@ static int mm_bench_gemm_main(int argc, char **argv)
             if (fscanf(f, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3) load[0] = -1;
             fclose(f);
         }
-        fprintf(stderr, "\n== gemm targets (backend %s; load average now %.2f: other load makes the "
+        fprintf(stderr, "\n== gemm targets (plain operands on backend %s, packed weights on the "
+                        "one named per shape; load average now %.2f: other load makes the "
                         "2-thread medians unreliable, the best-call ratios less so) ==\n"
-                        "%-10s %-7s %-14s %-14s %-14s | best call: %-8s %-8s %-8s\n",
-                be->name, load[0], "shape", "threads", "grp/dnn packed", "grp/dnn kn", "packed/kn",
-                "packed", "kn", "pk/kn");
+                        "%-10s %-7s %-7s %-14s %-14s %-14s | best call: %-8s %-8s %-8s\n",
+                be->name, load[0], "shape", "packed", "threads", "grp/dnn packed", "grp/dnn kn",
+                "packed/kn", "packed", "kn", "pk/kn");
         for (int si = 0; si < MM_NSHAPES; si++)
             for (int t = 0; t < 2; t++) {
                 double *g = gf[si][t], *b = gfb[si][t];
                 if (isnan(g[0])) continue;
-                fprintf(stderr, "%-10s %-7d %-14.3f %-14.3f %-14.3f |            %-8.3f %-8.3f %-8.3f\n",
-                        mm_shapes[si].name, t + 1, g[GROUPED_PACKED] / g[ONEDNN_PACKED],
+                fprintf(stderr, "%-10s %-7s %-7d %-14.3f %-14.3f %-14.3f |            %-8.3f %-8.3f %-8.3f\n",
+                        mm_shapes[si].name, packed_be[si] ? packed_be[si] : "?", t + 1,
+                        g[GROUPED_PACKED] / g[ONEDNN_PACKED],
                         g[GROUPED_KN] / g[ONEDNN_KN], g[GROUPED_PACKED] / g[ONEDNN_KN],
                         b[GROUPED_PACKED] / b[ONEDNN_PACKED], b[GROUPED_KN] / b[ONEDNN_KN],
                         b[GROUPED_PACKED] / b[ONEDNN_KN]);

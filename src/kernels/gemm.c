@@ -76,7 +76,8 @@ megamoe_status_t mm_gemm_backend_get(const char *name, const mm_gemm_backend_ops
     return mm_error(MEGAMOE_UNSUPPORTED, "MEGAMOE_GEMM=%s: no such backend in this build", name);
 }
 
-megamoe_status_t mm_gemm_backend_default(const mm_gemm_backend_ops_t **backend_p)
+/* The MEGAMOE_GEMM word (read at every call). */
+static megamoe_status_t mm_gemm_env_word(const char **word_p)
 {
     static const char *const words[] = {"auto", "amx", "avx512", "onednn", "ref"};
     int index = 0;
@@ -85,7 +86,37 @@ megamoe_status_t mm_gemm_backend_default(const mm_gemm_backend_ops_t **backend_p
     else if (st != MEGAMOE_OK) return st;
     if (index < 0 || index >= (int)(sizeof words / sizeof words[0]))
         return mm_error(MEGAMOE_INTERNAL, "MEGAMOE_GEMM choice %d out of range", index);
-    return mm_gemm_backend_get(words[index], backend_p);
+    *word_p = words[index];
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t mm_gemm_backend_default(const mm_gemm_backend_ops_t **backend_p)
+{
+    const char *word = NULL;
+    MM_CHECK(mm_gemm_env_word(&word));
+    return mm_gemm_backend_get(word, backend_p);
+}
+
+megamoe_status_t mm_gemm_backend_for_weight(mm_gemm_form_t form, int64_t K, int64_t N,
+                                            const mm_gemm_backend_ops_t **backend_p)
+{
+    if (backend_p == NULL)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_gemm_backend_for_weight: NULL backend_p");
+    const char *word = NULL;
+    MM_CHECK(mm_gemm_env_word(&word));
+#if MM_X86
+    /* auto: big NN/NT weights on the own AVX512-BF16 kernel where it beats oneDNN's
+     * avx512_core_bf16 brgemm (no AMX; docs/kernels.md has the numbers behind the bound). */
+    if (strcasecmp(word, "auto") == 0 && (form == MM_GEMM_NN || form == MM_GEMM_NT) &&
+        K > 0 && N >= MM_GEMM_AUTO_OWN_MIN_N && K * N >= MM_GEMM_AUTO_OWN_MIN_KN &&
+        !mm_cpu_has_amx_bf16() && mm_gemm_avx512_ops.probe() == MEGAMOE_OK) {
+        *backend_p = &mm_gemm_avx512_ops;
+        return MEGAMOE_OK;
+    }
+#else
+    (void)form, (void)K, (void)N;
+#endif
+    return mm_gemm_backend_get(word, backend_p);
 }
 
 /* ---- per-thread scratch ------------------------------------------------------------------ */
@@ -439,7 +470,7 @@ megamoe_status_t mm_gemm_weight_create(const mm_gemm_backend_ops_t *backend, mm_
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "packed weight: K=%lld N=%lld must be > 0",
                         (long long)K, (long long)N);
     MM_CHECK(mm_weight_check_src(form, K, N, src, ld));
-    if (backend == NULL) MM_CHECK(mm_gemm_backend_default(&backend));
+    if (backend == NULL) MM_CHECK(mm_gemm_backend_for_weight(form, K, N, &backend));
     mm_gemm_weight_t *w = calloc(1, sizeof *w);
     if (w == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "packed weight: out of memory");
     w->backend = backend;

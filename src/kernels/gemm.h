@@ -29,10 +29,13 @@
  *           primitives on row chunks; other plain operands run one runtime-shape primitive
  *           per (form, C type, accumulate); all cached process-wide. See docs/kernels.md for
  *           the numbers behind this choice.
- *   avx512  own AVX512-BF16 (vdpbf16ps) 6x64 kernel on weights packed in 64-column VNNI
- *           panels; single-threaded; as fast as oneDNN at small M; needs AVX512-BF16.
+ *   avx512  own AVX512-BF16 (vdpbf16ps) BLIS-style GEMM: 6x64 micro-kernel, K blocks of
+ *           1024 pairs, B in 64-column VNNI panels (packed weights or per call), A packed
+ *           per call; single-threaded per call; 94-96% of the vdpbf16ps peak on the MoE
+ *           shapes (gemm_avx512*.c, docs/kernels.md); needs AVX512-BF16.
  *   amx     own AMX kernels: not built yet (issue 8); selecting it is UNSUPPORTED.
- *   auto    onednn when built, else avx512 when the CPU has it, else ref.
+ *   auto    onednn when built, else avx512 when the CPU has it, else ref; except that big
+ *           packed weights go to avx512 on CPUs without AMX (mm_gemm_backend_for_weight).
  * A backend is a struct mm_gemm_backend_ops (BLIS/ggml style vtable, optional members marked);
  * a new one (issue 8: own AMX micro-kernels, gather-on-pack, fused epilogues) is one more
  * entry in gemm.c's registry and needs no change in callers.
@@ -170,8 +173,18 @@ struct mm_gemm_backend_ops {
 /* Backend by MEGAMOE_GEMM word ("ref", "onednn", ...; "auto" resolves). UNSUPPORTED (message
  * names the reason and the alternative) when not built or not usable on this CPU. */
 megamoe_status_t mm_gemm_backend_get(const char *name, const mm_gemm_backend_ops_t **backend_p);
-/* The backend MEGAMOE_GEMM selects (read at every call; cheap). */
+/* The backend MEGAMOE_GEMM selects (read at every call; cheap). Plain operands and TN. */
 megamoe_status_t mm_gemm_backend_default(const mm_gemm_backend_ops_t **backend_p);
+/* The backend mm_gemm_weight_create(NULL, ...) packs a weight with: as the default, except
+ * that auto puts big weights (K*N >= MM_GEMM_AUTO_OWN_MIN_KN, N >= MM_GEMM_AUTO_OWN_MIN_N)
+ * on the own avx512 backend when the CPU has AVX512-BF16 and no AMX-BF16: there it beats
+ * oneDNN's avx512_core_bf16 kernel by 3-27% (1.08x on the MoE shapes), and on smaller
+ * weights oneDNN is up to 8% faster (docs/kernels.md). Products through the weight use its
+ * backend. */
+#define MM_GEMM_AUTO_OWN_MIN_KN ((int64_t)2 * 1024 * 1024)
+#define MM_GEMM_AUTO_OWN_MIN_N 512
+megamoe_status_t mm_gemm_backend_for_weight(mm_gemm_form_t form, int64_t K, int64_t N,
+                                            const mm_gemm_backend_ops_t **backend_p);
 /* Backends built into this library, in registry order; NULL past the end. */
 const mm_gemm_backend_ops_t *mm_gemm_backend_at(int index);
 

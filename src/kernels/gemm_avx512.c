@@ -1,23 +1,51 @@
-/* The own AVX512-BF16 backend: a 6x64 register-blocked vdpbf16ps micro-kernel (24 fp32
- * accumulators) over B packed in 64-column VNNI panels, [ceil(K/2)][64][2] bf16 each, zero
- * padded. It reads A through row pointers, so a row list (gather) costs nothing extra.
- * Single-threaded per call (args->threads is ignored); no K blocking, so it is best where
- * the product is bound by reading the weights (small M), the case oneDNN handles worst.
- * Plain operands are packed into per-thread scratch per call (TN also transposes A). */
+/* The own AVX512-BF16 backend: the BLIS-style driver. The micro-kernel
+ * (gemm_avx512_ukernel.c) does an mr x 64 update over one K block; the packers
+ * (gemm_avx512_pack.c) produce the panels; this file owns the loops, the blocking, the
+ * prefetch schedule, the edges and the backend vtable. Formats and the determinism argument
+ * are in gemm_avx512.h.
+ *
+ * Loops of one call (rows [m0,m1) x columns [n0,n1) of C; single-threaded, args->threads is
+ * ignored — workers split products with mm_gemm_split):
+ *
+ *   for each row block of <= MM_AVX_MC rows            pack A (all of K) into scratch
+ *     for each 64-column B panel                       (plain B: pack this panel)
+ *       for each K block of <= MM_AVX_KCP k pairs      B slice = panel rows [p0, p0+kc)
+ *         for each 6-row micro-tile of the block       micro-kernel
+ *
+ * The B slice (<= 256 KiB) is read from L2 by every micro-tile of the row block (the kernel
+ * needs 256 bytes of B per 12 cycles: L2 delivers that, L3 and memory do not). So the next
+ * slice must be in L2 before its first tile starts: the last MM_AVX_PF_TILES tiles of a
+ * slice prefetch it, a share each, and every line MM_AVX_PF_DUP times over — under the B
+ * stream from L2 this CPU drops many software prefetches (measured: one pass leaves about
+ * half of a slice outside L2, three passes almost none). The first tile of a slice also
+ * prefetches its own slice MM_AVX_PF_AHEAD bytes ahead of its loads. The A micro-panel
+ * (<= 24 KiB per K block) streams in sequentially; while one micro-panel is packed, the rows
+ * of the next are prefetched. Partial sums between K blocks stay fp32 in a per-thread tile
+ * buffer (L2-resident: tiles x 1.5 KiB); the last K block writes C directly. Packed weights
+ * of 4 MiB and more sit on transparent huge pages where the kernel allows (one TLB entry per
+ * 2 MiB of B, and the hardware prefetchers do not stop every 4 KiB).
+ *
+ * Measured on Zen 5 (docs/kernels.md): 94-96% of the vdpbf16ps peak on the MoE shapes with
+ * packed weights, one thread. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "base/alloc.h"
 #include "base/cpu.h"
 #include "base/error.h"
+#include "gemm_avx512.h"
 #include "gemm_impl.h"
 
 #if MM_X86
 #include <immintrin.h>
 
-#define MM_AVX_NR 64 /* panel width: 4 zmm of fp32 */
-#define MM_AVX_MR 6  /* rows per micro-tile */
-#define MM_AVX_MC 240 /* TN: A columns transposed per chunk */
+#define MM_AVX_KCP 1024      /* k pairs per K block: a B slice of <= 256 KiB, two fit in L2 */
+#define MM_AVX_MC 384        /* rows per row block (packed A: MC x K bf16) */
+#define MM_AVX_PF_TILES 12   /* tiles that prefetch the next B slice (the last ones of a slice) */
+#define MM_AVX_PF_DUP 3      /* ... each line this many times */
+#define MM_AVX_PF_AHEAD 4096 /* bytes the first tile of a slice prefetches ahead of its loads */
+#define MM_AVX_HUGE ((size_t)2 << 20)
 
 static megamoe_status_t mm_avx512_probe(void)
 {
@@ -26,140 +54,183 @@ static megamoe_status_t mm_avx512_probe(void)
     return MEGAMOE_OK;
 }
 
-static inline size_t mm_panel_elems(int64_t K) { return (size_t)((K + 1) / 2) * MM_AVX_NR * 2; }
+/* bf16 elements of one packed panel (all of K). */
+static inline size_t mm_panel_elems(int64_t K) { return (size_t)((K + 1) / 2) * 2 * MM_AVX_NR; }
 
-/* Pack columns [n0, n1) of B (element (k, n) at src[k*sk + n*sn]) into panels at dst. */
-static void mm_pack_panels(uint16_t *dst, const uint16_t *src, int64_t sk, int64_t sn, int64_t K,
-                           int64_t n0, int64_t n1)
+static inline int64_t mm_min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t mm_max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* How one call is blocked. */
+typedef struct mm_avx_plan {
+    int64_t K2;       /* k pairs */
+    int64_t nkb, kcp; /* K blocks and pairs per block (the last may be shorter) */
+    int64_t mc;       /* rows per row block, a multiple of MM_AVX_MR */
+} mm_avx_plan_t;
+
+static void mm_avx_plan(int64_t rows, int64_t K, mm_avx_plan_t *pl)
 {
-    size_t pe = mm_panel_elems(K);
-    int64_t k2 = (K + 1) / 2;
-    for (int64_t p = 0; n0 + p * MM_AVX_NR < n1; p++) {
-        uint16_t *panel = dst + (size_t)p * pe;
-        int64_t nb = n0 + p * MM_AVX_NR;
-        int64_t w = n1 - nb < MM_AVX_NR ? n1 - nb : MM_AVX_NR;
-        for (int64_t kp = 0; kp < k2; kp++) {
-            uint16_t *row = panel + kp * MM_AVX_NR * 2;
-            for (int64_t j = 0; j < MM_AVX_NR; j++) {
-                int64_t k = 2 * kp;
-                row[2 * j] = j < w ? src[k * sk + (nb + j) * sn] : 0;
-                row[2 * j + 1] = j < w && k + 1 < K ? src[(k + 1) * sk + (nb + j) * sn] : 0;
-            }
-        }
-    }
+    pl->K2 = (K + 1) / 2;
+    pl->nkb = (pl->K2 + MM_AVX_KCP - 1) / MM_AVX_KCP;
+    pl->kcp = (pl->K2 + pl->nkb - 1) / pl->nkb; /* equal blocks */
+    int64_t nib = (rows + MM_AVX_MC - 1) / MM_AVX_MC;
+    int64_t mc = (rows + nib - 1) / nib;
+    pl->mc = (mc + MM_AVX_MR - 1) / MM_AVX_MR * MM_AVX_MR;
 }
 
-static inline uint32_t mm_pair(const uint16_t *row, int64_t k, int64_t K)
+/* Pack rows [r0, r0 + mb) of the call's A (all of K) as K blocks of micro-panels. While one
+ * micro-panel is packed, the rows of the next one are prefetched: A usually comes from L3 or
+ * memory here, and six short row streams do not train the hardware prefetchers. */
+static void mm_avx_pack_a(const mm_gemm_args_t *a, const mm_avx_plan_t *pl, int64_t r0,
+                          int64_t mb, uint32_t *dst)
 {
-    uint32_t v;
-    if (k + 1 < K) {
-        memcpy(&v, row + k, 4);
-    } else {
-        v = row[k]; /* odd K: the partner is 0, never the (maybe NaN) element past the row */
-    }
-    return v;
-}
-
-/* out[r][0..64) = sum_k A[r][k] * panel(k, 0..64) for 6 row pointers. */
-MM_TARGET_AVX512BF16 static void mm_tile_6x64(const uint16_t *const a[MM_AVX_MR], int64_t K,
-                                             const uint16_t *panel, float *out)
-{
-    __m512 c[MM_AVX_MR][4];
-    for (int r = 0; r < MM_AVX_MR; r++)
-        for (int j = 0; j < 4; j++) c[r][j] = _mm512_setzero_ps();
-    int64_t k2 = (K + 1) / 2;
-    for (int64_t kp = 0; kp < k2; kp++) {
-        const uint16_t *bp = panel + kp * MM_AVX_NR * 2;
-        __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)bp);
-        __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void *)(bp + 32));
-        __m512bh b2 = (__m512bh)_mm512_loadu_si512((const void *)(bp + 64));
-        __m512bh b3 = (__m512bh)_mm512_loadu_si512((const void *)(bp + 96));
-#pragma GCC unroll 6
-        for (int r = 0; r < MM_AVX_MR; r++) {
-            __m512bh av = (__m512bh)_mm512_set1_epi32((int)mm_pair(a[r], 2 * kp, K));
-            c[r][0] = _mm512_dpbf16_ps(c[r][0], av, b0);
-            c[r][1] = _mm512_dpbf16_ps(c[r][1], av, b1);
-            c[r][2] = _mm512_dpbf16_ps(c[r][2], av, b2);
-            c[r][3] = _mm512_dpbf16_ps(c[r][3], av, b3);
+    const int64_t tiles = (mb + MM_AVX_MR - 1) / MM_AVX_MR;
+    const int tn = a->form == MM_GEMM_TN;
+    const uint16_t *rowp[MM_AVX_MR], *nextp[MM_AVX_MR];
+    int mr = (int)mm_min64(MM_AVX_MR, mb);
+    if (!tn)
+        for (int r = 0; r < mr; r++) rowp[r] = mm_gemm_a_row(a, a->m0 + r0 + r);
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t m = a->m0 + r0 + t * MM_AVX_MR; /* first row of C in this tile */
+        const int nmr = t + 1 < tiles ? (int)mm_min64(MM_AVX_MR, mb - (t + 1) * MM_AVX_MR) : 0;
+        if (!tn)
+            for (int r = 0; r < nmr; r++) nextp[r] = mm_gemm_a_row(a, m + MM_AVX_MR + r);
+        for (int64_t p0 = 0; p0 < pl->K2; p0 += pl->kcp) {
+            const int64_t kc = mm_min64(pl->kcp, pl->K2 - p0);
+            uint32_t *o = dst + (size_t)(p0 * tiles + t * kc) * MM_AVX_MR;
+            if (tn)
+                mm_avx512_pack_a_cols(o, a->A, a->lda, a->a_rows, m, mr, a->K, p0, kc);
+            else
+                mm_avx512_pack_a_rows(o, rowp, mr, a->K, p0, kc, nmr ? nextp : NULL, nmr);
         }
-    }
-    for (int r = 0; r < MM_AVX_MR; r++)
-        for (int j = 0; j < 4; j++) _mm512_storeu_ps(out + r * MM_AVX_NR + 16 * j, c[r][j]);
-}
-
-/* C rows [0, rows) (row r of A at rowp[r]) x columns [0, cols) from panels starting at the
- * block's first column. */
-static void mm_avx512_block(const uint16_t *const *rowp, int64_t rows, int64_t K,
-                            const uint16_t *panels, int64_t cols, void *C, int64_t ldc,
-                            megamoe_dtype_t c_type, int accumulate)
-{
-    float tile[MM_AVX_MR * MM_AVX_NR];
-    size_t pe = mm_panel_elems(K);
-    for (int64_t p = 0; p * MM_AVX_NR < cols; p++) {
-        int64_t w = cols - p * MM_AVX_NR < MM_AVX_NR ? cols - p * MM_AVX_NR : MM_AVX_NR;
-        for (int64_t r0 = 0; r0 < rows; r0 += MM_AVX_MR) {
-            int64_t mr = rows - r0 < MM_AVX_MR ? rows - r0 : MM_AVX_MR;
-            const uint16_t *a[MM_AVX_MR];
-            for (int r = 0; r < MM_AVX_MR; r++) a[r] = rowp[r0 + (r < mr ? r : 0)];
-            mm_tile_6x64(a, K, panels + (size_t)p * pe, tile);
-            mm_gemm_epilogue(tile, MM_AVX_NR, mr, w,
-                             mm_gemm_c_at(C, ldc, c_type, r0, p * MM_AVX_NR), ldc, c_type,
-                             accumulate);
-        }
+        for (int r = 0; r < nmr && !tn; r++) rowp[r] = nextp[r];
+        mr = nmr;
     }
 }
 
 static megamoe_status_t mm_avx512_gemm(const mm_gemm_args_t *a)
 {
-    int64_t rows = a->m1 - a->m0, cols = a->n1 - a->n0;
-    const uint16_t *panels;
+    const int64_t rows = a->m1 - a->m0, cols = a->n1 - a->n0;
+    mm_avx_plan_t pl;
+    mm_avx_plan(rows, a->K, &pl);
+    const size_t pe = mm_panel_elems(a->K);
+    const int64_t np = (cols + MM_AVX_NR - 1) / MM_AVX_NR;
+    const int64_t tiles_max = pl.mc / MM_AVX_MR;
+
+    /* Packed weight: its panels from column n0 (a multiple of 64, checked by the framework).
+     * Plain B: one panel at a time into scratch. */
+    const uint16_t *wpanels = NULL;
+    uint16_t *bbuf = NULL;
     if (a->weight) {
-        panels = (const uint16_t *)a->weight->data + (size_t)(a->n0 / MM_AVX_NR) * mm_panel_elems(a->K);
+        wpanels = (const uint16_t *)a->weight->data + (size_t)(a->n0 / MM_AVX_NR) * pe;
     } else {
-        size_t np = (size_t)((cols + MM_AVX_NR - 1) / MM_AVX_NR);
-        uint16_t *buf = mm_gemm_scratch(1, np * mm_panel_elems(a->K) * sizeof(uint16_t));
-        if (buf == NULL) return MEGAMOE_OUT_OF_MEMORY;
-        if (a->form == MM_GEMM_NT) mm_pack_panels(buf, a->B, 1, a->ldb, a->K, a->n0, a->n1);
-        else mm_pack_panels(buf, a->B, a->ldb, 1, a->K, a->n0, a->n1);
-        panels = buf;
+        bbuf = mm_gemm_scratch(1, pe * sizeof(uint16_t));
+        if (bbuf == NULL) return MEGAMOE_OUT_OF_MEMORY;
     }
+    uint32_t *abuf = mm_gemm_scratch(2, (size_t)(tiles_max * MM_AVX_MR * pl.K2) * sizeof(uint32_t));
+    if (abuf == NULL) return MEGAMOE_OUT_OF_MEMORY;
+    float *acc = NULL;
+    if (pl.nkb > 1) {
+        acc = mm_gemm_scratch(3, (size_t)(tiles_max * MM_AVX_MR * MM_AVX_NR) * sizeof(float));
+        if (acc == NULL) return MEGAMOE_OUT_OF_MEMORY;
+    }
+
     void *C = mm_gemm_c_at(a->C, a->ldc, a->c_type, a->m0, a->n0);
-    if (a->form != MM_GEMM_TN) {
-        /* Row pointers in chunks so the list stays on the stack. */
-        const uint16_t *rowp[MM_AVX_MC];
-        for (int64_t m = 0; m < rows; m += MM_AVX_MC) {
-            int64_t n = rows - m < MM_AVX_MC ? rows - m : MM_AVX_MC;
-            for (int64_t r = 0; r < n; r++) rowp[r] = mm_gemm_a_row(a, a->m0 + m + r);
-            mm_avx512_block(rowp, n, a->K, panels, cols, mm_gemm_c_at(C, a->ldc, a->c_type, m, 0),
-                            a->ldc, a->c_type, a->accumulate);
+    mm_avx512_ukr_args_t u;
+    memset(&u, 0, sizeof u);
+    u.ldc = a->ldc;
+    u.c_bf16 = a->c_type == MEGAMOE_DTYPE_BF16;
+    u.accumulate = a->accumulate;
+    const int nt = a->form == MM_GEMM_NT;
+    const int64_t first_lines = mm_min64(pl.kcp, pl.K2) * 4; /* lines of a call's first slice */
+
+    for (int64_t r0 = 0; r0 < rows; r0 += pl.mc) {
+        const int64_t mb = mm_min64(pl.mc, rows - r0);
+        const int64_t tiles = (mb + MM_AVX_MR - 1) / MM_AVX_MR;
+        mm_avx_pack_a(a, &pl, r0, mb, abuf);
+        for (int64_t p = 0; p < np; p++) {
+            const uint16_t *panel;
+            if (wpanels) {
+                panel = wpanels + (size_t)p * pe;
+            } else {
+                mm_avx512_pack_b_panel(bbuf, a->B, a->ldb, nt, a->K, a->n0 + p * MM_AVX_NR,
+                                       mm_min64(MM_AVX_NR, cols - p * MM_AVX_NR));
+                panel = bbuf;
+            }
+            u.nr = mm_min64(MM_AVX_NR, cols - p * MM_AVX_NR);
+            for (int64_t p0 = 0; p0 < pl.K2; p0 += pl.kcp) {
+                const int64_t kc = mm_min64(pl.kcp, pl.K2 - p0);
+                /* The slice read next (this panel's next K block, the next panel's first,
+                 * or the first of the next row block), for the prefetches below. */
+                const char *next = NULL;
+                int64_t lines = 0;
+                if (wpanels) {
+                    if (p0 + kc < pl.K2) {
+                        next = (const char *)(panel + (size_t)(p0 + kc) * 2 * MM_AVX_NR);
+                        lines = mm_min64(pl.kcp, pl.K2 - p0 - kc) * 4;
+                    } else if (p + 1 < np) {
+                        next = (const char *)(wpanels + (size_t)(p + 1) * pe);
+                        lines = first_lines;
+                    } else if (r0 + mb < rows) {
+                        next = (const char *)wpanels;
+                        lines = first_lines;
+                    }
+                }
+                /* ... by the last MM_AVX_PF_TILES tiles but the first, MM_AVX_PF_DUP rounds
+                 * of consecutive tiles over the whole slice. */
+                const int64_t pf_first = tiles > MM_AVX_PF_TILES + 1 ? tiles - MM_AVX_PF_TILES
+                                         : tiles > 1                  ? 1
+                                                                      : 0;
+                const int64_t pf_dup = mm_min64(MM_AVX_PF_DUP, tiles - pf_first);
+                const int64_t pf_round = (tiles - pf_first + pf_dup - 1) / pf_dup;
+                const int64_t per_tile = (lines + pf_round - 1) / pf_round;
+                u.kp = kc;
+                u.b = panel + (size_t)p0 * 2 * MM_AVX_NR;
+                u.cont = p0 > 0;
+                u.last = p0 + kc >= pl.K2;
+                for (int64_t t = 0; t < tiles; t++) {
+                    const int mr = (int)mm_min64(MM_AVX_MR, mb - t * MM_AVX_MR);
+                    u.a = abuf + (size_t)(p0 * tiles + t * kc) * MM_AVX_MR;
+                    u.acc = acc ? acc + (size_t)t * MM_AVX_MR * MM_AVX_NR : NULL;
+                    u.c = mm_gemm_c_at(C, a->ldc, a->c_type, r0 + t * MM_AVX_MR, p * MM_AVX_NR);
+                    u.pf = NULL;
+                    u.npf = 0;
+                    if (t == 0) { /* the slice's first tile: its own slice, ahead of its loads */
+                        u.pf = (const char *)u.b + MM_AVX_PF_AHEAD;
+                        u.npf = mm_max64(kc * 4 - MM_AVX_PF_AHEAD / 64, 0);
+                    } else if (next && t >= pf_first) { /* a share of the next slice */
+                        const int64_t l0 = ((t - pf_first) % pf_round) * per_tile;
+                        if (l0 < lines) {
+                            u.pf = next + l0 * 64;
+                            u.npf = mm_min64(per_tile, lines - l0);
+                        }
+                    }
+                    mm_avx512_ukernel(mr, &u);
+                }
+            }
         }
-        return MEGAMOE_OK;
-    }
-    /* TN: rows of C are columns of A; transpose a chunk of them into scratch. */
-    uint16_t *at = mm_gemm_scratch(2, (size_t)(MM_AVX_MC * a->K) * sizeof(uint16_t));
-    if (at == NULL) return MEGAMOE_OUT_OF_MEMORY;
-    const uint16_t *rowp[MM_AVX_MC];
-    for (int64_t m = 0; m < rows; m += MM_AVX_MC) {
-        int64_t n = rows - m < MM_AVX_MC ? rows - m : MM_AVX_MC;
-        for (int64_t k = 0; k < a->K; k++) {
-            const uint16_t *src = mm_gemm_a_row(a, k) + a->m0 + m;
-            for (int64_t r = 0; r < n; r++) at[r * a->K + k] = src[r];
-        }
-        for (int64_t r = 0; r < n; r++) rowp[r] = at + r * a->K;
-        mm_avx512_block(rowp, n, a->K, panels, cols, mm_gemm_c_at(C, a->ldc, a->c_type, m, 0),
-                        a->ldc, a->c_type, a->accumulate);
     }
     return MEGAMOE_OK;
 }
 
 static megamoe_status_t mm_avx512_weight_pack(mm_gemm_weight_t *w)
 {
-    size_t np = (size_t)((w->N + MM_AVX_NR - 1) / MM_AVX_NR);
-    size_t bytes = np * mm_panel_elems(w->K) * sizeof(uint16_t);
+    size_t pe = mm_panel_elems(w->K);
+    int64_t np = (w->N + MM_AVX_NR - 1) / MM_AVX_NR;
+    size_t bytes = (size_t)np * pe * sizeof(uint16_t);
     void *p = NULL;
-    MM_CHECK(mm_aligned_alloc(bytes, MM_CACHE_LINE, "avx512 packed weight", &p));
-    if (w->form == MM_GEMM_NT) mm_pack_panels(p, w->src, 1, w->ld, w->K, 0, w->N);
-    else mm_pack_panels(p, w->src, w->ld, 1, w->K, 0, w->N);
+    if (bytes >= 2 * MM_AVX_HUGE) { /* whole huge pages, and ask for them */
+        bytes = (bytes + MM_AVX_HUGE - 1) / MM_AVX_HUGE * MM_AVX_HUGE;
+        MM_CHECK(mm_aligned_alloc(bytes, MM_AVX_HUGE, "avx512 packed weight", &p));
+#ifdef MADV_HUGEPAGE
+        (void)madvise(p, bytes, MADV_HUGEPAGE); /* a hint: without it, 4 KiB pages */
+#endif
+    } else {
+        MM_CHECK(mm_aligned_alloc(bytes, MM_CACHE_LINE, "avx512 packed weight", &p));
+    }
+    for (int64_t i = 0; i < np; i++)
+        mm_avx512_pack_b_panel((uint16_t *)p + (size_t)i * pe, w->src, w->ld,
+                               w->form == MM_GEMM_NT, w->K, i * MM_AVX_NR,
+                               mm_min64(MM_AVX_NR, w->N - i * MM_AVX_NR));
     w->data = p;
     w->bytes = bytes;
     w->packed = 1;

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "base/cpu.h"
 #include "harness/harness.h"
 #include "kernels/gemm.h"
 #include "megamoe/dtype.h"
@@ -221,6 +222,85 @@ MM_TEST(every_form_backend_size_dtype_and_mode)
                                 cases++;
                             }
     fprintf(stderr, "  %d products on %d backends\n", cases, n_backends);
+}
+
+/* Sizes around the own AVX512-BF16 kernel's blocking: M around its 6-row micro-tiles (0, 1,
+ * 15, 17, 129) and above its 384-row blocks, K above its 1024-pair K blocks (partial sums
+ * carried in fp32 between blocks) and odd, N not a multiple of its 64-column panels; every
+ * backend, both C types, accumulate, packed and plain, row lists, sub-blocks. */
+MM_TEST(blocking_edges_long_k_and_odd_sizes)
+{
+    load_backends();
+    static const int64_t Ms[] = {0, 1, 15, 17, 129};
+    int cases = 0;
+    for (int b = 0; b < n_backends; b++)
+        for (int f = 0; f < 3; f++)
+            for (int mi = 0; mi < 5; mi++)
+                for (int v = 0; v < 4; v++) {
+                    int64_t K = v < 2 && (v == 0 || mi < 3) ? 2101 : 95, N = v % 2 ? 130 : 47;
+                    int packed = f != MM_GEMM_TN && (v + mi) % 2 == 0;
+                    megamoe_dtype_t ct = (v + mi + f) % 2 ? MEGAMOE_DTYPE_BF16 : MEGAMOE_DTYPE_FP32;
+                    int acc = (mi + f) % 2, rows = (v + f) % 3 == 0, pad = (mi % 2) * 5;
+                    ASSERT_TRUE(run_case(backends[b], (mm_gemm_form_t)f, Ms[mi], N, K, ct, acc, packed,
+                                         pad, 0, MM_GEMM_END, 0, MM_GEMM_END, rows));
+                    cases++;
+                }
+    for (int b = 0; b < n_backends; b++)
+        for (int f = 0; f < 3; f++)
+            for (int packed = 0; packed < (f == MM_GEMM_TN ? 1 : 2); packed++) {
+                /* sub-blocks over a long K: aligned (packed copy) and unaligned (source) n0 */
+                ASSERT_TRUE(run_case(backends[b], (mm_gemm_form_t)f, 40, 150, 2049,
+                                     MEGAMOE_DTYPE_BF16, 1, packed, 0, 5, 37, 64, 140, 0));
+                ASSERT_TRUE(run_case(backends[b], (mm_gemm_form_t)f, 40, 150, 2049,
+                                     MEGAMOE_DTYPE_FP32, 0, packed, 3, 7, 40, 3, 100, 1));
+                /* more rows than one row block */
+                ASSERT_TRUE(run_case(backends[b], (mm_gemm_form_t)f, 801, 70, 33, MEGAMOE_DTYPE_BF16,
+                                     0, packed, 0, 0, MM_GEMM_END, 0, MM_GEMM_END, 1));
+                cases += 3;
+            }
+    fprintf(stderr, "  %d products on %d backends\n", cases, n_backends);
+}
+
+/* The bits of every C element do not depend on how a product is split into calls (the
+ * O1 == O0 property, tests/multicore/test_mc_plan.c) — here across the own kernel's K blocks
+ * and micro-tiles: one call vs single rows, odd row ranges and 64-column blocks. */
+MM_TEST(split_calls_give_identical_bits_over_k_blocks)
+{
+    load_backends();
+    const int64_t M = 100, N = 130, K = 2101;
+    for (int b = 0; b < n_backends; b++)
+        for (int f = 0; f < 2; f++)
+            for (int ct = 0; ct < 2; ct++) {
+                megamoe_dtype_t t = ct ? MEGAMOE_DTYPE_BF16 : MEGAMOE_DTYPE_FP32;
+                size_t es = megamoe_dtype_size(t);
+                uint16_t *A = rand_bf16((size_t)(M * K)), *B = rand_bf16((size_t)(N * K));
+                void *C0 = make_c(M, N, t, 1), *C1 = malloc((size_t)(M * N + 1) * es);
+                memcpy(C1, C0, (size_t)(M * N + 1) * es);
+                mm_gemm_weight_t *w = NULL;
+                ASSERT_OK(mm_gemm_weight_create(backends[b], (mm_gemm_form_t)f, K, N, B,
+                                                f == MM_GEMM_NT ? K : N, 1, &w));
+                mm_gemm_args_t a;
+                mm_gemm_args_init(&a);
+                a.form = (mm_gemm_form_t)f;
+                a.M = M, a.N = N, a.K = K, a.A = A, a.lda = K, a.weight = w, a.ldc = N;
+                a.c_type = t, a.accumulate = 1, a.backend = backends[b];
+                a.C = C0;
+                ASSERT_OK(mm_gemm(&a));
+                a.C = C1;
+                static const int64_t cuts[] = {0, 1, 2, 9, 16, 17, 61, 100};
+                for (int i = 0; i + 1 < 8; i++)
+                    for (int64_t n0 = 0; n0 < N; n0 += 64) {
+                        a.m0 = cuts[i], a.m1 = cuts[i + 1], a.n0 = n0, a.n1 = n0 + 64 < N ? n0 + 64 : N;
+                        ASSERT_OK(mm_gemm(&a));
+                    }
+                if (memcmp(C0, C1, (size_t)(M * N) * es) != 0) {
+                    fprintf(stderr, "%s %s %s: split calls differ from one call\n", backends[b]->name,
+                            f ? "NT" : "NN", megamoe_dtype_name(t));
+                    ASSERT_TRUE(0);
+                }
+                mm_gemm_weight_destroy(w);
+                free(A), free(B), free(C0), free(C1);
+            }
 }
 
 MM_TEST(zero_k_gives_zero_or_keeps_c)
@@ -514,6 +594,36 @@ MM_TEST(backend_selection_by_environment)
 #endif
     unsetenv("MEGAMOE_GEMM");
     megamoe_log_set_level(MEGAMOE_LOG_WARN);
+}
+
+MM_TEST(auto_puts_big_weights_on_the_own_kernel_without_amx)
+{
+    const mm_gemm_backend_ops_t *def = NULL, *b = NULL;
+    setenv("MEGAMOE_GEMM", "auto", 1);
+    ASSERT_OK(mm_gemm_backend_default(&def));
+    int own = mm_cpu_has_avx512_bf16() && !mm_cpu_has_amx_bf16();
+    for (int f = 0; f < 2; f++) {
+        ASSERT_OK(mm_gemm_backend_for_weight((mm_gemm_form_t)f, 2048, 1024, &b));
+        ASSERT_EQ_STR(b->name, own ? "avx512" : def->name);
+        ASSERT_OK(mm_gemm_backend_for_weight((mm_gemm_form_t)f, 1024, 1024, &b)); /* small */
+        ASSERT_EQ_STR(b->name, def->name);
+        ASSERT_OK(mm_gemm_backend_for_weight((mm_gemm_form_t)f, 16384, 256, &b)); /* narrow */
+        ASSERT_EQ_STR(b->name, def->name);
+    }
+    ASSERT_OK(mm_gemm_backend_for_weight(MM_GEMM_TN, 4096, 4096, &b));
+    ASSERT_EQ_STR(b->name, def->name);
+    /* weight_create(NULL, ...) follows the rule; an explicit choice wins */
+    uint16_t *B = calloc((size_t)2048 * 1024, 2);
+    mm_gemm_weight_t *w = NULL;
+    ASSERT_OK(mm_gemm_weight_create(NULL, MM_GEMM_NN, 2048, 1024, B, 1024, 1, &w));
+    ASSERT_EQ_STR(mm_gemm_weight_backend(w)->name, own ? "avx512" : def->name);
+    mm_gemm_weight_destroy(w);
+    setenv("MEGAMOE_GEMM", "ref", 1);
+    ASSERT_OK(mm_gemm_weight_create(NULL, MM_GEMM_NN, 2048, 1024, B, 1024, 1, &w));
+    ASSERT_EQ_STR(mm_gemm_weight_backend(w)->name, "ref");
+    mm_gemm_weight_destroy(w);
+    free(B);
+    unsetenv("MEGAMOE_GEMM");
 }
 
 MM_TEST(bad_arguments_are_rejected)

@@ -1,0 +1,70 @@
+/* The own AVX512-BF16 GEMM backend, BLIS style: the driver (gemm_avx512.c) owns the loops,
+ * the blocking, the packing (gemm_avx512_pack.c) and the edges; the micro-kernels
+ * (gemm_avx512_ukernel.c) only do an mr x 64 rank-kp update on packed panels with a fixed
+ * signature. Private to these three files.
+ *
+ * Packed formats (bf16 pairs along k, the operand layout of vdpbf16ps):
+ *   B panel   64 columns x all of K: [ceil(K/2)][64][2] bf16, zero padded past K and past the
+ *             last column; 64-byte aligned. Element (k, j) at panel[(k/2)*128 + 2*j + k%2].
+ *             A K block [p0, p0+kp) of pairs is the contiguous slice at panel + p0*128.
+ *   A block   rows of one row block, K block by K block: for each K block of kp pairs, its
+ *             micro-panels (MM_AVX_MR rows each) one after the other, each [kp][MM_AVX_MR]
+ *             uint32 = (A[r][2p] | A[r][2p+1] << 16); rows past the block's end and k past K
+ *             are 0.
+ *
+ * Determinism: every element of C is one chain of vdpbf16ps over its k pairs in ascending
+ * order, started from +0, whatever the row/column sub-block, the tile it falls in or the K
+ * blocking (partial sums are kept in fp32, never rounded, between K blocks). The fp32 sum is
+ * then added to C_old (accumulate) and rounded once to bf16. So the bits of an element do not
+ * depend on how a product is split between calls. */
+#ifndef MM_KERNELS_GEMM_AVX512_H
+#define MM_KERNELS_GEMM_AVX512_H
+
+#include <stdint.h>
+
+#include "base/cpu.h"
+#include "megamoe/dtype.h"
+
+#define MM_AVX_MR 6  /* rows of a micro-tile (6 x 4 = 24 zmm accumulators) */
+#define MM_AVX_NR 64 /* columns of a micro-tile and of a B panel (4 zmm of fp32) */
+
+/* One micro-kernel call: C_tile[mr][nr] (+)= A_panel · B_panel over kp pairs. */
+typedef struct mm_avx512_ukr_args {
+    int64_t kp;        /* k pairs, > 0 */
+    const uint32_t *a; /* A micro-panel [kp][MM_AVX_MR] */
+    const uint16_t *b; /* B slice [kp][64][2], 64-byte aligned */
+    /* fp32 partial sums of the tile, [MM_AVX_MR][64] contiguous: read first when `cont`
+     * (continue a K chain), written at the end unless `last`. */
+    float *acc;
+    int cont, last;
+    /* When last: C rows [0, mr) x columns [0, nr) (nr <= 64) at c, row stride ldc (elements),
+     * fp32 or bf16, C = sum or C = round(C_old + sum) with accumulate. */
+    void *c;
+    int64_t ldc;
+    int c_bf16, accumulate;
+    int64_t nr;
+    /* L2 prefetch of what the next calls read: npf 64-byte lines from pf (may be 0). */
+    const char *pf;
+    int64_t npf;
+} mm_avx512_ukr_args_t;
+
+#if MM_X86
+/* The micro-kernel for mr rows (1..MM_AVX_MR). Needs AVX512-BF16. */
+void mm_avx512_ukernel(int mr, const mm_avx512_ukr_args_t *args);
+
+/* Pack pairs [p0, p0 + kp) of rows [0, rows) (rows <= MM_AVX_MR; row r starts at rowp[r],
+ * K valid elements) into one A micro-panel [kp][MM_AVX_MR]; missing rows are 0. */
+void mm_avx512_pack_a_rows(uint32_t *dst, const uint16_t *const *rowp, int rows, int64_t K,
+                           int64_t p0, int64_t kp, const uint16_t *const *next, int next_rows);
+/* TN: the micro-panel of C rows m0..m0+rows-1, which are columns of A ([K, *], row k at
+ * a_row(k)); same layout. a_rows NULL: row k at A + k*lda. */
+void mm_avx512_pack_a_cols(uint32_t *dst, const uint16_t *A, int64_t lda,
+                           const uint16_t *const *a_rows, int64_t m0, int rows, int64_t K,
+                           int64_t p0, int64_t kp);
+/* One B panel (all of K) from columns [n0, n0 + cols) (cols <= 64) of a [K, *] matrix (NN,
+ * row k at src + k*ld) or of an [N, K] matrix read transposed (NT, column n at src + n*ld). */
+void mm_avx512_pack_b_panel(uint16_t *dst, const uint16_t *src, int64_t ld, int nt, int64_t K,
+                            int64_t n0, int64_t cols);
+#endif
+
+#endif /* MM_KERNELS_GEMM_AVX512_H */

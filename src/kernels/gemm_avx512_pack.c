@@ -1,0 +1,138 @@
+/* Packing for the own AVX512-BF16 GEMM backend (formats in gemm_avx512.h).
+ *
+ * A (NN/NT): 6 row pointers -> [kp][6] pairs, 8 pairs per step with two dword permutes per
+ * output vector (rows 0-3 through vpermt2d, rows 4-5 merged under a mask), so packing a
+ * 256 x 4096 block costs a few tens of microseconds. Row lists cost nothing extra: the driver
+ * hands over the row pointers. A (TN: rows of C are columns of A): scalar gather of pairs.
+ * B: NN pairs rows 2p and 2p+1 with one vpermt2w per 16 columns; NT is a dword transpose
+ * (scalar; weights are packed once). Past K and past the last column everything is 0, never
+ * an element outside the source. */
+#include <string.h>
+
+#include "gemm_avx512.h"
+
+#if MM_X86
+#include <immintrin.h>
+
+#include "simd.h"
+
+/* Output dword i of vector v is pair k = (16v+i)/6 of row r = (16v+i)%6. Rows 0-1 come from
+ * Z01 = [row0 | row1] (8 pairs each), rows 2-3 from Z23 (indices 16+), rows 4-5 from Z45. */
+static const int32_t mm_idx0123[3][16] __attribute__((aligned(64))) = {
+    {0, 8, 16, 24, 0, 0, 1, 9, 17, 25, 0, 0, 2, 10, 18, 26},
+    {0, 0, 3, 11, 19, 27, 0, 0, 4, 12, 20, 28, 0, 0, 5, 13},
+    {21, 29, 0, 0, 6, 14, 22, 30, 0, 0, 7, 15, 23, 31, 0, 0}};
+static const int32_t mm_idx45[3][16] __attribute__((aligned(64))) = {
+    {0, 0, 0, 0, 0, 8, 0, 0, 0, 0, 1, 9, 0, 0, 0, 0},
+    {2, 10, 0, 0, 0, 0, 3, 11, 0, 0, 0, 0, 4, 12, 0, 0},
+    {0, 0, 5, 13, 0, 0, 0, 0, 6, 14, 0, 0, 0, 0, 7, 15}};
+static const __mmask16 mm_mask45[3] = {0x0c30, 0x30c3, 0xc30c};
+
+MM_TARGET_AVX512 void mm_avx512_pack_a_rows(uint32_t *dst, const uint16_t *const *rowp, int rows,
+                                            int64_t K, int64_t p0, int64_t kp,
+                                            const uint16_t *const *next, int next_rows)
+{
+    __m512i i0123[3], i45[3];
+    for (int v = 0; v < 3; v++) {
+        i0123[v] = _mm512_load_si512((const void *)mm_idx0123[v]);
+        i45[v] = _mm512_load_si512((const void *)mm_idx45[v]);
+    }
+    for (int64_t q = 0; q < kp; q += 8) {
+        int64_t k0 = 2 * (p0 + q);
+        if (next && (q & 1) == 0) /* the rows of the next micro-panel, one line each per 64 B */
+            for (int r = 0; r < next_rows; r++) _mm_prefetch((const char *)(next[r] + k0), _MM_HINT_T0);
+        int64_t valid = K - k0 < 16 ? K - k0 : 16; /* bf16 elements of each row in this step */
+        __mmask16 lm = mm_tail_mask16(valid > 0 ? valid : 0);
+        __m256i y[MM_AVX_MR];
+        for (int r = 0; r < MM_AVX_MR; r++)
+            y[r] = r < rows ? _mm256_maskz_loadu_epi16(lm, rowp[r] + k0) : _mm256_setzero_si256();
+        __m512i z01 = _mm512_inserti64x4(_mm512_castsi256_si512(y[0]), y[1], 1);
+        __m512i z23 = _mm512_inserti64x4(_mm512_castsi256_si512(y[2]), y[3], 1);
+        __m512i z45 = _mm512_inserti64x4(_mm512_castsi256_si512(y[4]), y[5], 1);
+        int64_t n = kp - q < 8 ? kp - q : 8;
+        uint32_t *o = dst + q * MM_AVX_MR;
+        for (int v = 0; v < 3; v++) {
+            __m512i t = _mm512_permutex2var_epi32(z01, i0123[v], z23);
+            t = _mm512_mask_permutexvar_epi32(t, mm_mask45[v], i45[v], z45);
+            int64_t left = n * MM_AVX_MR - 16 * v; /* dwords of this vector to store */
+            if (left >= 16) _mm512_storeu_si512((void *)(o + 16 * v), t);
+            else if (left > 0) _mm512_mask_storeu_epi32(o + 16 * v, mm_tail_mask16(left), t);
+        }
+    }
+}
+
+void mm_avx512_pack_a_cols(uint32_t *dst, const uint16_t *A, int64_t lda,
+                           const uint16_t *const *a_rows, int64_t m0, int rows, int64_t K,
+                           int64_t p0, int64_t kp)
+{
+    for (int64_t p = 0; p < kp; p++) {
+        int64_t k = 2 * (p0 + p);
+        const uint16_t *r0 = a_rows ? a_rows[k] : A + k * lda;
+        const uint16_t *r1 = k + 1 < K ? (a_rows ? a_rows[k + 1] : A + (k + 1) * lda) : NULL;
+        uint32_t *o = dst + p * MM_AVX_MR;
+        int r = 0;
+        for (; r < rows; r++)
+            o[r] = (uint32_t)r0[m0 + r] | (r1 ? (uint32_t)r1[m0 + r] << 16 : 0u);
+        for (; r < MM_AVX_MR; r++) o[r] = 0;
+    }
+}
+
+/* vpermt2w indices: output word i takes column i/2 (+16 for the upper half) of row 0 (even
+ * i) or row 1 (odd i, index + 32). */
+static const int16_t mm_idx_pair[2][32] __attribute__((aligned(64))) = {
+    {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+     8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47},
+    {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+     24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63}};
+
+MM_TARGET_AVX512 static void mm_pack_b_nn(uint16_t *dst, const uint16_t *src, int64_t ld,
+                                          int64_t K, int64_t n0, int64_t cols)
+{
+    const __m512i lo = _mm512_load_si512((const void *)mm_idx_pair[0]);
+    const __m512i hi = _mm512_load_si512((const void *)mm_idx_pair[1]);
+    __mmask32 m[2];
+    for (int h = 0; h < 2; h++) {
+        int64_t c = cols - 32 * h;
+        m[h] = c >= 32 ? (__mmask32)0xffffffffu : c > 0 ? (__mmask32)((1u << c) - 1u) : 0;
+    }
+    int64_t K2 = (K + 1) / 2;
+    for (int64_t p = 0; p < K2; p++) {
+        const uint16_t *r0 = src + 2 * p * ld + n0;
+        const uint16_t *r1 = 2 * p + 1 < K ? r0 + ld : NULL;
+        uint16_t *o = dst + p * 2 * MM_AVX_NR;
+        for (int h = 0; h < 2; h++) {
+            __m512i x0 = _mm512_maskz_loadu_epi16(m[h], r0 + 32 * h);
+            __m512i x1 = r1 ? _mm512_maskz_loadu_epi16(m[h], r1 + 32 * h) : _mm512_setzero_si512();
+            _mm512_store_si512((void *)(o + 64 * h), _mm512_permutex2var_epi16(x0, lo, x1));
+            _mm512_store_si512((void *)(o + 64 * h + 32), _mm512_permutex2var_epi16(x0, hi, x1));
+        }
+    }
+}
+
+static void mm_pack_b_nt(uint16_t *dst, const uint16_t *src, int64_t ld, int64_t K, int64_t n0,
+                         int64_t cols)
+{
+    int64_t K2 = (K + 1) / 2;
+    if (cols < MM_AVX_NR) memset(dst, 0, (size_t)K2 * 2 * MM_AVX_NR * sizeof(uint16_t));
+    for (int64_t j = 0; j < cols; j++) {
+        const uint16_t *row = src + (n0 + j) * ld;
+        uint16_t *o = dst + 2 * j;
+        int64_t p = 0;
+        for (; 2 * p + 1 < K; p++) {
+            o[p * 2 * MM_AVX_NR] = row[2 * p];
+            o[p * 2 * MM_AVX_NR + 1] = row[2 * p + 1];
+        }
+        if (p < K2) { /* odd K: the partner of the last element is 0 */
+            o[p * 2 * MM_AVX_NR] = row[2 * p];
+            o[p * 2 * MM_AVX_NR + 1] = 0;
+        }
+    }
+}
+
+void mm_avx512_pack_b_panel(uint16_t *dst, const uint16_t *src, int64_t ld, int nt, int64_t K,
+                            int64_t n0, int64_t cols)
+{
+    if (nt) mm_pack_b_nt(dst, src, ld, K, n0, cols);
+    else mm_pack_b_nn(dst, src, ld, K, n0, cols);
+}
+#endif /* MM_X86 */

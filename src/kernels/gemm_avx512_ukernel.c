@@ -1,0 +1,167 @@
+/* AVX512-BF16 micro-kernels of the own GEMM backend (see gemm_avx512.h): an mr x 64 tile
+ * (mr <= 6) of fp32 accumulators in zmm registers (6 x 4 = 24 at mr = 6), updated per k pair
+ * by 4 aligned loads of the B slice and mr 32-bit broadcasts of A pairs, mr x 4 vdpbf16ps.
+ *
+ * On Zen 5 vdpbf16ps issues twice per cycle, so 24 independent accumulators keep both pipes
+ * busy; a k pair is 12 cycles at mr = 6, during which the kernel reads 256 bytes of B (from
+ * L2: the driver keeps the B slice there) and 24 bytes of A. The driver hands each call a
+ * share of the next B slice to prefetch into L2 (one line per k pair), so that the first
+ * tile of every slice does not wait for L3 or memory.
+ *
+ * The tile starts from +0 or from the fp32 partial sums of an earlier K block (`cont`) and
+ * ends with the partial sums stored back, or (`last`) with the epilogue: fp32 store, or one
+ * round-to-nearest-even to bf16 (mm_cvt_bf16x16, the bits of megamoe_fp32_to_bf16), after
+ * the fp32 addition of C_old with accumulate; columns past nr are masked. */
+#include "gemm_avx512.h"
+
+#if MM_X86
+#include <immintrin.h>
+
+#include "simd.h"
+
+#define MM_UKR_INLINE static inline __attribute__((always_inline))
+
+/* One k pair: acc[r][j] += A pair(r) . B(j) for r < MR_. */
+#define MM_UKR_STEP(MR_)                                                                    \
+    do {                                                                                    \
+        const __m512bh b0_ = (__m512bh)_mm512_load_si512((const void *)b);                 \
+        const __m512bh b1_ = (__m512bh)_mm512_load_si512((const void *)(b + 32));          \
+        const __m512bh b2_ = (__m512bh)_mm512_load_si512((const void *)(b + 64));          \
+        const __m512bh b3_ = (__m512bh)_mm512_load_si512((const void *)(b + 96));          \
+        _Pragma("GCC unroll 6") for (int r_ = 0; r_ < (MR_); r_++)                         \
+        {                                                                                   \
+            const __m512bh a_ = (__m512bh)_mm512_set1_epi32((int)a[r_]);                    \
+            acc[r_][0] = _mm512_dpbf16_ps(acc[r_][0], b0_, a_);                             \
+            acc[r_][1] = _mm512_dpbf16_ps(acc[r_][1], b1_, a_);                             \
+            acc[r_][2] = _mm512_dpbf16_ps(acc[r_][2], b2_, a_);                             \
+            acc[r_][3] = _mm512_dpbf16_ps(acc[r_][3], b3_, a_);                             \
+        }                                                                                   \
+        a += MM_AVX_MR;                                                                     \
+        b += 2 * MM_AVX_NR;                                                                 \
+    } while (0)
+
+MM_TARGET_AVX512BF16 MM_UKR_INLINE void mm_ukr(const int MR_, const mm_avx512_ukr_args_t *p)
+{
+    /* Every argument into a local first: the project builds with -fno-strict-aliasing, so
+     * fields read through p after a store to C would be re-loaded from memory. */
+    const int64_t kp = p->kp, ldc = p->ldc, nr = p->nr;
+    const uint32_t *a = p->a;
+    const uint16_t *b = p->b;
+    float *const tile = p->acc;
+    const int last = p->last, c_bf16 = p->c_bf16, accumulate = p->accumulate;
+    void *const cv = p->c;
+    const char *pf = p->pf;
+    const int64_t npf = p->npf;
+
+    /* Start from +0 or from the partial sums. (Not a load under an all-zero mask: the tile
+     * pointer may be NULL then, and a masked-off load from an unmapped page costs a
+     * microcode assist per instruction on this CPU.) */
+    __m512 acc[MM_AVX_MR][4];
+    if (p->cont) {
+        _Pragma("GCC unroll 6") for (int r = 0; r < MR_; r++)
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
+                acc[r][j] = _mm512_loadu_ps(tile + r * MM_AVX_NR + 16 * j);
+    } else {
+        _Pragma("GCC unroll 6") for (int r = 0; r < MR_; r++)
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
+    }
+
+    int64_t k = 0;
+    if (npf > 0) {
+        /* Prefetch npf lines over the first k pairs: one per pair, up to 4 when the tile is
+         * short for its share. */
+        int64_t per = (npf + kp - 1) / kp;
+        if (per > 4) per = 4;
+        int64_t n = (npf + per - 1) / per;
+        if (n > kp) n = kp;
+        for (; k < n; k++) {
+            _mm_prefetch(pf, _MM_HINT_T1);
+            if (per > 1) {
+                _mm_prefetch(pf + 64, _MM_HINT_T1);
+                if (per > 2) {
+                    _mm_prefetch(pf + 128, _MM_HINT_T1);
+                    _mm_prefetch(pf + 192, _MM_HINT_T1);
+                }
+            }
+            pf += 64 * per;
+            MM_UKR_STEP(MR_);
+        }
+    }
+    for (; k < kp; k++) MM_UKR_STEP(MR_);
+
+    if (!last) {
+        _Pragma("GCC unroll 6") for (int r = 0; r < MR_; r++)
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
+                _mm512_storeu_ps(tile + r * MM_AVX_NR + 16 * j, acc[r][j]);
+        return;
+    }
+    if (nr == MM_AVX_NR) { /* full tile: plain loads and stores */
+        if (!c_bf16) {
+            float *c = cv;
+            _Pragma("GCC unroll 6") for (int r = 0; r < MR_; r++)
+                _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+                    float *o = c + r * ldc + 16 * j;
+                    __m512 v = acc[r][j];
+                    if (accumulate) v = _mm512_add_ps(_mm512_loadu_ps(o), v);
+                    _mm512_storeu_ps(o, v);
+                }
+        } else {
+            uint16_t *c = cv;
+            _Pragma("GCC unroll 6") for (int r = 0; r < MR_; r++)
+                _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+                    uint16_t *o = c + r * ldc + 16 * j;
+                    __m512 v = acc[r][j];
+                    if (accumulate) v = _mm512_add_ps(mm_load_bf16x16(o, 0xffff), v);
+                    _mm256_storeu_si256((__m256i *)o, mm_cvt_bf16x16(v));
+                }
+        }
+        return;
+    }
+    __mmask16 m[4];
+    for (int j = 0; j < 4; j++) m[j] = mm_tail_mask16(nr - 16 * j > 0 ? nr - 16 * j : 0);
+    if (!c_bf16) {
+        float *c = cv;
+        _Pragma("GCC unroll 6") for (int r = 0; r < MR_; r++)
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+                float *o = c + r * ldc + 16 * j;
+                __m512 v = acc[r][j];
+                if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m[j], o), v);
+                _mm512_mask_storeu_ps(o, m[j], v);
+            }
+    } else {
+        uint16_t *c = cv;
+        _Pragma("GCC unroll 6") for (int r = 0; r < MR_; r++)
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+                uint16_t *o = c + r * ldc + 16 * j;
+                __m512 v = acc[r][j];
+                if (accumulate) v = _mm512_add_ps(mm_load_bf16x16(o, m[j]), v);
+                mm_store_bf16x16(o, m[j], v);
+            }
+    }
+}
+
+#define MM_UKR_DEF(MR_)                                                                     \
+    MM_TARGET_AVX512BF16 __attribute__((noinline)) static void mm_ukr_##MR_(              \
+        const mm_avx512_ukr_args_t *p)                                                      \
+    {                                                                                       \
+        mm_ukr(MR_, p);                                                                     \
+    }
+MM_UKR_DEF(1)
+MM_UKR_DEF(2)
+MM_UKR_DEF(3)
+MM_UKR_DEF(4)
+MM_UKR_DEF(5)
+MM_UKR_DEF(6)
+
+void mm_avx512_ukernel(int mr, const mm_avx512_ukr_args_t *p)
+{
+    switch (mr) {
+    case 1: mm_ukr_1(p); break;
+    case 2: mm_ukr_2(p); break;
+    case 3: mm_ukr_3(p); break;
+    case 4: mm_ukr_4(p); break;
+    case 5: mm_ukr_5(p); break;
+    default: mm_ukr_6(p); break;
+    }
+}
+#endif /* MM_X86 */
