@@ -38,7 +38,7 @@
     MM_ENV(RANKS_PER_NODE, "MEGAMOE_RANKS_PER_NODE", INT, "0", 0, 1048576, "", \
            "Ranks per group for the 'hierarchy' dispatch algorithm (0 = all ranks of the host).") \
     MM_ENV(GEMM, "MEGAMOE_GEMM", ENUM, "auto", 0, 0, "auto|amx|avx512|onednn|ref", \
-           "BF16 GEMM backend; auto picks the fastest available on this CPU.") \
+           "BF16 GEMM backend; auto: oneDNN where built, big packed weights on the own avx512 kernel when the CPU has no AMX (docs/kernels.md).") \
     MM_ENV(THREADS, "MEGAMOE_THREADS", INT, "0", 0, 4096, "", \
            "Cores given to each rank (0 = online cores / local ranks).") \
     MM_ENV(CUBE_WORKERS, "MEGAMOE_CUBE_WORKERS", INT, "0", 0, 4096, "", \

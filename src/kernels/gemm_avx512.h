@@ -53,7 +53,8 @@ typedef struct mm_avx512_ukr_args {
 void mm_avx512_ukernel(int mr, const mm_avx512_ukr_args_t *args);
 
 /* Pack pairs [p0, p0 + kp) of rows [0, rows) (rows <= MM_AVX_MR; row r starts at rowp[r],
- * K valid elements) into one A micro-panel [kp][MM_AVX_MR]; missing rows are 0. */
+ * K valid elements) into one A micro-panel [kp][MM_AVX_MR]; missing rows are 0. The same
+ * range of the next_rows rows at next[] (NULL: none) is prefetched meanwhile. */
 void mm_avx512_pack_a_rows(uint32_t *dst, const uint16_t *const *rowp, int rows, int64_t K,
                            int64_t p0, int64_t kp, const uint16_t *const *next, int next_rows);
 /* TN: the micro-panel of C rows m0..m0+rows-1, which are columns of A ([K, *], row k at
