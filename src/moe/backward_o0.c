@@ -155,16 +155,9 @@ static megamoe_status_t mm_bwd_work(void *arg, int worker, int nw)
         mm_ep_combine_rows(b->g->xbuf, b->plan, b->dx, rb, lo, hi);
         return MEGAMOE_OK;
     case BW_REDUCE: {
-        float *acc = b->acc + (size_t)worker * (size_t)H;
         mm_pool_split(b->T, worker, nw, 1, &lo, &hi);
-        for (int64_t t = lo; t < hi; t++) {
-            memset(acc, 0, (size_t)H * sizeof *acc);
-            for (int64_t k = 0; k < K; k++)
-                mm_rows_axpy(acc, b->ret + (int64_t)b->plan->slot_pos[t * K + k] * H, 1.0f,
-                             (size_t)H);
-            megamoe_convert(b->dhidden + t * H, MEGAMOE_DTYPE_BF16, acc, MEGAMOE_DTYPE_FP32,
-                            (size_t)H);
-        }
+        mm_rows_reduce_tokens(b->dhidden, b->ret, b->plan->slot_pos, NULL, NULL,
+                              b->acc + (size_t)worker * (size_t)H, H, K, lo, hi);
         return MEGAMOE_OK;
     }
     default:

@@ -150,14 +150,8 @@ static megamoe_status_t mm_o1_bwd_wgrad(void *ctx, mm_mc_worker_t *w, int which,
 static megamoe_status_t mm_o1_bwd_reduce(void *ctx, mm_mc_worker_t *w, int64_t t0, int64_t t1)
 {
     mm_o1_bwd_t *b = ctx;
-    const int64_t H = b->H, K = b->K;
-    float *acc = mm_moe_o1_scratch(&b->x->cfg, w).acc;
-    for (int64_t t = t0; t < t1; t++) { /* the O0 order: k ascending, fp32 */
-        memset(acc, 0, (size_t)H * sizeof *acc);
-        for (int64_t k = 0; k < K; k++)
-            mm_rows_axpy(acc, b->ret + (int64_t)b->plan->slot_pos[t * K + k] * H, 1.0f, (size_t)H);
-        megamoe_convert(b->dhidden + t * H, MEGAMOE_DTYPE_BF16, acc, MEGAMOE_DTYPE_FP32, (size_t)H);
-    }
+    mm_rows_reduce_tokens(b->dhidden, b->ret, b->plan->slot_pos, NULL, NULL,
+                          mm_moe_o1_scratch(&b->x->cfg, w).acc, b->H, b->K, t0, t1);
     return MEGAMOE_OK;
 }
 

@@ -191,8 +191,12 @@ mm_o1_scratch_t mm_moe_o1_scratch(const mm_moe_config_t *cfg, const mm_mc_worker
 void *mm_moe_o1_ret_dst(const mm_moe_group_t *g, int src, int64_t row, uint16_t *tile);
 void mm_moe_o1_ret_put(const mm_moe_group_t *g, int src, int64_t row, const void *dst,
                        const uint16_t *tile, int64_t n);
-/* The forward's input checks, shared by both schedules. */
-megamoe_status_t mm_moe_check_input(const megamoe_experts_input_t *in, const void *output);
+/* The start of a forward, shared by both schedules (forward_o0.c): input checks, weight packing
+ * (time added to prepare_phase), then the collective routing plan (MM_PH_FWD_ROUTE), which
+ * agrees any local failure so every rank returns the same status. On OK *plan_p is the plan. */
+megamoe_status_t mm_moe_forward_begin(megamoe_experts_t *x, const megamoe_experts_weights_t *wts,
+                                      const megamoe_experts_input_t *in, const void *output,
+                                      int prepare_phase, mm_ep_plan_t **plan_p);
 /* O0 backward: OK when every rank passes the saved state of the same forward (collective). */
 megamoe_status_t mm_moe_agree_saved(const megamoe_experts_t *x, uint64_t gen);
 megamoe_status_t mm_moe_check_backward(const megamoe_experts_t *x,

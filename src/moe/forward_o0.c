@@ -95,24 +95,12 @@ static megamoe_status_t mm_fwd_work(void *arg, int worker, int nw)
         mm_pool_split(f->R, worker, nw, 1, &b, &e);
         mm_ep_combine_rows(f->g->xbuf, f->plan, f->y, rb, b, e);
         return MEGAMOE_OK;
-    case FW_REDUCE: {
-        const int64_t K = f->K, H = f->H;
-        float *acc = f->acc + (size_t)worker * (size_t)H;
+    case FW_REDUCE:
+        /* ysave keeps the expert outputs for grad topk_weights = <dOut, y> */
         mm_pool_split(f->T, worker, nw, 1, &b, &e);
-        for (int64_t t = b; t < e; t++) {
-            memset(acc, 0, (size_t)H * sizeof *acc);
-            for (int64_t k = 0; k < K; k++) {
-                int64_t pos = f->plan->slot_pos[t * K + k];
-                const uint16_t *y = f->ret + pos * H;
-                mm_rows_axpy(acc, y, f->w[t * K + k], (size_t)H);
-                /* keep the expert output for grad topk_weights = <dOut, y>, copied while the
-                 * row is in cache (one pass over the return buffer) */
-                if (f->ysave) memcpy(f->ysave + pos * H, y, rb);
-            }
-            megamoe_convert(f->out + t * H, MEGAMOE_DTYPE_BF16, acc, MEGAMOE_DTYPE_FP32, (size_t)H);
-        }
+        mm_rows_reduce_tokens(f->out, f->ret, f->plan->slot_pos, f->w, f->ysave,
+                              f->acc + (size_t)worker * (size_t)f->H, f->H, f->K, b, e);
         return MEGAMOE_OK;
-    }
     default:
         return mm_error(MEGAMOE_INTERNAL, "unknown forward phase %d", f->phase);
     }
@@ -128,7 +116,7 @@ static megamoe_status_t mm_fwd_phase(mm_fwd_t *f, int phase, int timer)
     return st;
 }
 
-megamoe_status_t mm_moe_check_input(const megamoe_experts_input_t *in, const void *output)
+static megamoe_status_t mm_moe_check_input(const megamoe_experts_input_t *in, const void *output)
 {
     if (in == NULL || in->hidden_states == NULL || in->topk_ids == NULL ||
         in->topk_weights == NULL || output == NULL)
@@ -143,16 +131,12 @@ megamoe_status_t mm_moe_check_input(const megamoe_experts_input_t *in, const voi
     return MEGAMOE_OK;
 }
 
-megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, const megamoe_experts_weights_t *wts,
-                                   const megamoe_experts_input_t *in, void *output,
-                                   megamoe_experts_saved_t **saved_p)
+megamoe_status_t mm_moe_forward_begin(megamoe_experts_t *x, const megamoe_experts_weights_t *wts,
+                                      const megamoe_experts_input_t *in, const void *output,
+                                      int prepare_phase, mm_ep_plan_t **plan_p)
 {
-    mm_moe_group_t *g = x->group;
-    const int64_t T = x->cfg.T, H = x->cfg.H, I = x->cfg.I, K = x->cfg.K, L = x->L;
-    const size_t TK = (size_t)(T * K);
     uint64_t t0 = mm_now_ns();
-
-    /* ---- local checks and packing, then the collective routing plan ---- */
+    *plan_p = NULL;
     megamoe_status_t st = mm_moe_check_input(in, output);
     if (st == MEGAMOE_OK) st = mm_moe_pack_weights(x, wts, 0);
     int check = 0;
@@ -161,19 +145,38 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, const megamoe_experts_w
         if (cs != MEGAMOE_OK && cs != MEGAMOE_NOT_FOUND) st = cs;
     }
     mm_ep_plan_t *plan = NULL;
-    mm_ep_shape_t shape = {x->ep, x->me, T, K, x->cfg.E, x->cfg.capacity, x->cfg.factor};
+    mm_ep_shape_t shape = {x->ep, x->me, x->cfg.T, x->cfg.K, x->cfg.E, x->cfg.capacity,
+                           x->cfg.factor};
     if (st == MEGAMOE_OK) st = mm_ep_plan_create(&shape, &plan);
+    uint64_t t1 = mm_now_ns();
+    x->phase_s[prepare_phase] += (double)(t1 - t0) * 1e-9;
     if (plan != NULL)
         st = mm_ep_route(plan, x->team, in->topk_ids, in->topk_ids_dtype, in->tokens_per_expert,
                          in->tokens_per_expert_dtype, check, st);
     else /* no plan: still take part in the agreement so peers do not wait */
         st = mm_shmem_team_agree(x->team, st);
+    x->phase_s[MM_PH_FWD_ROUTE] += (double)(mm_now_ns() - t1) * 1e-9;
     if (st != MEGAMOE_OK) {
         mm_ep_plan_destroy(plan);
         return st;
     }
+    *plan_p = plan;
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, const megamoe_experts_weights_t *wts,
+                                   const megamoe_experts_input_t *in, void *output,
+                                   megamoe_experts_saved_t **saved_p)
+{
+    mm_moe_group_t *g = x->group;
+    const int64_t T = x->cfg.T, H = x->cfg.H, I = x->cfg.I, K = x->cfg.K, L = x->L;
+    const size_t TK = (size_t)(T * K);
+
+    /* ---- local checks and packing, then the collective routing plan ---- */
+    mm_ep_plan_t *plan = NULL;
+    megamoe_status_t st = mm_moe_forward_begin(x, wts, in, output, MM_PH_FWD_ROUTE, &plan);
+    if (st != MEGAMOE_OK) return st;
     const int64_t R = plan->recv_rows, Rb = R > 0 ? R : 1; /* one placeholder row when none */
-    x->phase_s[MM_PH_FWD_ROUTE] += (double)(mm_now_ns() - t0) * 1e-9;
 
     /* ---- buffers: saved ones sized to the rows actually received ---- */
     mm_fwd_t f;

@@ -152,19 +152,8 @@ static megamoe_status_t mm_o1_fwd_expert(void *ctx, mm_mc_worker_t *w, const mm_
 static megamoe_status_t mm_o1_fwd_reduce(void *ctx, mm_mc_worker_t *w, int64_t t0, int64_t t1)
 {
     mm_o1_fwd_t *f = ctx;
-    const int64_t K = f->K, H = f->H;
-    const size_t rb = (size_t)H * 2;
-    float *acc = mm_moe_o1_scratch(&f->x->cfg, w).acc;
-    for (int64_t t = t0; t < t1; t++) { /* the O0 order: k ascending, fp32 */
-        memset(acc, 0, (size_t)H * sizeof *acc);
-        for (int64_t k = 0; k < K; k++) {
-            int64_t pos = f->plan->slot_pos[t * K + k];
-            const uint16_t *y = f->ret + pos * H;
-            mm_rows_axpy(acc, y, f->w[t * K + k], (size_t)H);
-            if (f->ysave) memcpy(f->ysave + pos * H, y, rb);
-        }
-        megamoe_convert(f->out + t * H, MEGAMOE_DTYPE_BF16, acc, MEGAMOE_DTYPE_FP32, (size_t)H);
-    }
+    mm_rows_reduce_tokens(f->out, f->ret, f->plan->slot_pos, f->w, f->ysave,
+                          mm_moe_o1_scratch(&f->x->cfg, w).acc, f->H, f->K, t0, t1);
     return MEGAMOE_OK;
 }
 
@@ -175,33 +164,13 @@ megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, const megamoe_experts_w
     mm_moe_group_t *g = x->group;
     const int64_t T = x->cfg.T, H = x->cfg.H, I = x->cfg.I, K = x->cfg.K;
     const size_t TK = (size_t)(T * K);
-    uint64_t t0 = mm_now_ns();
 
     /* ---- local checks and packing, agreed in the collective routing plan ---- */
-    megamoe_status_t st = mm_moe_check_input(in, output);
-    if (st == MEGAMOE_OK) st = mm_moe_pack_weights(x, wts, 0);
-    int check = 0;
-    if (st == MEGAMOE_OK) {
-        megamoe_status_t cs = mm_env_bool(MM_ENV_CHECK, &check);
-        if (cs != MEGAMOE_OK && cs != MEGAMOE_NOT_FOUND) st = cs;
-    }
     mm_ep_plan_t *plan = NULL;
-    mm_ep_shape_t shape = {x->ep, x->me, T, K, x->cfg.E, x->cfg.capacity, x->cfg.factor};
-    if (st == MEGAMOE_OK) st = mm_ep_plan_create(&shape, &plan);
-    uint64_t t1 = mm_now_ns();
-    x->phase_s[MM_PH_FWD_PREPARE] += (double)(t1 - t0) * 1e-9;
-    if (plan != NULL)
-        st = mm_ep_route(plan, x->team, in->topk_ids, in->topk_ids_dtype, in->tokens_per_expert,
-                         in->tokens_per_expert_dtype, check, st);
-    else
-        st = mm_shmem_team_agree(x->team, st);
-    if (st != MEGAMOE_OK) {
-        mm_ep_plan_destroy(plan);
-        return st;
-    }
+    megamoe_status_t st = mm_moe_forward_begin(x, wts, in, output, MM_PH_FWD_PREPARE, &plan);
+    if (st != MEGAMOE_OK) return st;
     const int64_t R = plan->recv_rows;
-    t0 = mm_now_ns();
-    x->phase_s[MM_PH_FWD_ROUTE] += (double)(t0 - t1) * 1e-9;
+    uint64_t t0 = mm_now_ns();
 
     /* ---- buffers (saved ones sized to the rows actually received) ---- */
     mm_o1_fwd_t f;
