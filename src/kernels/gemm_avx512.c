@@ -83,26 +83,24 @@ static void mm_avx_plan(int64_t rows, int64_t K, mm_avx_plan_t *pl)
 static void mm_avx_pack_a(const mm_gemm_args_t *a, const mm_avx_plan_t *pl, int64_t r0,
                           int64_t mb, uint32_t *dst)
 {
+    if (a->form == MM_GEMM_TN) {
+        mm_avx512_pack_a_cols(dst, a->A, a->lda, a->a_rows, a->m0 + r0, mb, a->K, pl->kcp);
+        return;
+    }
     const int64_t tiles = (mb + MM_AVX_MR - 1) / MM_AVX_MR;
-    const int tn = a->form == MM_GEMM_TN;
     const uint16_t *rowp[MM_AVX_MR], *nextp[MM_AVX_MR];
     int mr = (int)mm_min64(MM_AVX_MR, mb);
-    if (!tn)
-        for (int r = 0; r < mr; r++) rowp[r] = mm_gemm_a_row(a, a->m0 + r0 + r);
+    for (int r = 0; r < mr; r++) rowp[r] = mm_gemm_a_row(a, a->m0 + r0 + r);
     for (int64_t t = 0; t < tiles; t++) {
         const int64_t m = a->m0 + r0 + t * MM_AVX_MR; /* first row of C in this tile */
         const int nmr = t + 1 < tiles ? (int)mm_min64(MM_AVX_MR, mb - (t + 1) * MM_AVX_MR) : 0;
-        if (!tn)
-            for (int r = 0; r < nmr; r++) nextp[r] = mm_gemm_a_row(a, m + MM_AVX_MR + r);
+        for (int r = 0; r < nmr; r++) nextp[r] = mm_gemm_a_row(a, m + MM_AVX_MR + r);
         for (int64_t p0 = 0; p0 < pl->K2; p0 += pl->kcp) {
             const int64_t kc = mm_min64(pl->kcp, pl->K2 - p0);
             uint32_t *o = dst + (size_t)(p0 * tiles + t * kc) * MM_AVX_MR;
-            if (tn)
-                mm_avx512_pack_a_cols(o, a->A, a->lda, a->a_rows, m, mr, a->K, p0, kc);
-            else
-                mm_avx512_pack_a_rows(o, rowp, mr, a->K, p0, kc, nmr ? nextp : NULL, nmr);
+            mm_avx512_pack_a_rows(o, rowp, mr, a->K, p0, kc, nmr ? nextp : NULL, nmr);
         }
-        for (int r = 0; r < nmr && !tn; r++) rowp[r] = nextp[r];
+        for (int r = 0; r < nmr; r++) rowp[r] = nextp[r];
         mr = nmr;
     }
 }
@@ -117,11 +115,22 @@ static megamoe_status_t mm_avx512_gemm(const mm_gemm_args_t *a)
     const int64_t tiles_max = pl.mc / MM_AVX_MR;
 
     /* Packed weight: its panels from column n0 (a multiple of 64, checked by the framework).
-     * Plain B: one panel at a time into scratch. */
+     * Plain B read by one row block: one panel at a time into scratch, packed right before
+     * use (hot in L2). Plain B read by several row blocks: all panels packed once up front
+     * and then read like a packed weight (with its prefetch schedule) — packing each panel
+     * again for every row block cost ~5% on the weight-gradient shapes. */
     const uint16_t *wpanels = NULL;
     uint16_t *bbuf = NULL;
     if (a->weight) {
         wpanels = (const uint16_t *)a->weight->data + (size_t)(a->n0 / MM_AVX_NR) * pe;
+    } else if (rows > pl.mc) {
+        uint16_t *all = mm_gemm_scratch(1, (size_t)np * pe * sizeof(uint16_t));
+        if (all == NULL) return MEGAMOE_OUT_OF_MEMORY;
+        for (int64_t p = 0; p < np; p++)
+            mm_avx512_pack_b_panel(all + (size_t)p * pe, a->B, a->ldb, a->form == MM_GEMM_NT,
+                                   a->K, a->n0 + p * MM_AVX_NR,
+                                   mm_min64(MM_AVX_NR, cols - p * MM_AVX_NR));
+        wpanels = all;
     } else {
         bbuf = mm_gemm_scratch(1, pe * sizeof(uint16_t));
         if (bbuf == NULL) return MEGAMOE_OUT_OF_MEMORY;

@@ -57,11 +57,12 @@ void mm_avx512_ukernel(int mr, const mm_avx512_ukr_args_t *args);
  * range of the next_rows rows at next[] (NULL: none) is prefetched meanwhile. */
 void mm_avx512_pack_a_rows(uint32_t *dst, const uint16_t *const *rowp, int rows, int64_t K,
                            int64_t p0, int64_t kp, const uint16_t *const *next, int next_rows);
-/* TN: the micro-panel of C rows m0..m0+rows-1, which are columns of A ([K, *], row k at
- * a_row(k)); same layout. a_rows NULL: row k at A + k*lda. */
+/* TN: the A block (all of K, K blocks of kcp pairs, the last shorter) of C rows
+ * [m, m + mb), which are columns of A ([K, *], row k at a_rows[k], or A + k*lda when a_rows is
+ * NULL); same layout as the row packer's; columns past mb are 0. */
 void mm_avx512_pack_a_cols(uint32_t *dst, const uint16_t *A, int64_t lda,
-                           const uint16_t *const *a_rows, int64_t m0, int rows, int64_t K,
-                           int64_t p0, int64_t kp);
+                           const uint16_t *const *a_rows, int64_t m, int64_t mb, int64_t K,
+                           int64_t kcp);
 /* One B panel (all of K) from columns [n0, n0 + cols) (cols <= 64) of a [K, *] matrix (NN,
  * row k at src + k*ld) or of an [N, K] matrix read transposed (NT, column n at src + n*ld). */
 void mm_avx512_pack_b_panel(uint16_t *dst, const uint16_t *src, int64_t ld, int nt, int64_t K,

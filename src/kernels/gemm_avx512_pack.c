@@ -4,7 +4,8 @@
  * output vector (rows 0-3 through vpermt2d, rows 4-5 merged under a mask); packing a
  * 256 x 4096 block takes ~0.1 ms when A is in L3 and ~0.2 ms from memory (1-1.6% of the
  * product), bound by reading A. Row lists cost nothing extra: the driver hands over the row
- * pointers. A (TN: rows of C are columns of A): scalar gather of pairs.
+ * pointers. A (TN: rows of C are columns of A): pairs of A rows interleaved 48 columns at a
+ * time, a whole row block per call.
  * B: NN pairs rows 2p and 2p+1 with one vpermt2w per 16 columns; NT is a dword transpose
  * (scalar; weights are packed once). Past K and past the last column everything is 0, never
  * an element outside the source. */
@@ -64,22 +65,6 @@ MM_TARGET_AVX512 void mm_avx512_pack_a_rows(uint32_t *dst, const uint16_t *const
     }
 }
 
-void mm_avx512_pack_a_cols(uint32_t *dst, const uint16_t *A, int64_t lda,
-                           const uint16_t *const *a_rows, int64_t m0, int rows, int64_t K,
-                           int64_t p0, int64_t kp)
-{
-    for (int64_t p = 0; p < kp; p++) {
-        int64_t k = 2 * (p0 + p);
-        const uint16_t *r0 = a_rows ? a_rows[k] : A + k * lda;
-        const uint16_t *r1 = k + 1 < K ? (a_rows ? a_rows[k + 1] : A + (k + 1) * lda) : NULL;
-        uint32_t *o = dst + p * MM_AVX_MR;
-        int r = 0;
-        for (; r < rows; r++)
-            o[r] = (uint32_t)r0[m0 + r] | (r1 ? (uint32_t)r1[m0 + r] << 16 : 0u);
-        for (; r < MM_AVX_MR; r++) o[r] = 0;
-    }
-}
-
 /* vpermt2w indices: output word i takes column i/2 (+16 for the upper half) of row 0 (even
  * i) or row 1 (odd i, index + 32). */
 static const int16_t mm_idx_pair[2][32] __attribute__((aligned(64))) = {
@@ -87,6 +72,54 @@ static const int16_t mm_idx_pair[2][32] __attribute__((aligned(64))) = {
      8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47},
     {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
      24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63}};
+
+/* TN: every micro-panel of a row block at once. For each pair of rows (2p, 2p+1) of A, 48
+ * columns (8 micro-panels) at a time: two vpermt2w interleave the rows into pairs (as for B),
+ * the 48 dwords go to a small buffer and 6 at a time to their micro-panels. Reads each A row
+ * once per row block, sequentially. */
+#define MM_PF_PAIRS 4 /* pairs of A rows the TN packer prefetches ahead */
+
+MM_TARGET_AVX512 void mm_avx512_pack_a_cols(uint32_t *dst, const uint16_t *A, int64_t lda,
+                                            const uint16_t *const *a_rows, int64_t m,
+                                            int64_t mb, int64_t K, int64_t kcp)
+{
+    const __m512i lo = _mm512_load_si512((const void *)mm_idx_pair[0]);
+    const __m512i hi = _mm512_load_si512((const void *)mm_idx_pair[1]);
+    const int64_t K2 = (K + 1) / 2, tiles = (mb + MM_AVX_MR - 1) / MM_AVX_MR;
+    uint32_t buf[48] __attribute__((aligned(64)));
+    for (int64_t p = 0; p < K2; p++) {
+        const int64_t k = 2 * p, p0 = p / kcp * kcp, kc = K2 - p0 < kcp ? K2 - p0 : kcp;
+        const uint16_t *r0 = (a_rows ? a_rows[k] : A + k * lda) + m;
+        const uint16_t *r1 = k + 1 < K ? (a_rows ? a_rows[k + 1] : A + (k + 1) * lda) + m : NULL;
+        uint32_t *o = dst + (size_t)(p0 * tiles + (p - p0)) * MM_AVX_MR; /* tile 0, pair p */
+        if (k + 2 * MM_PF_PAIRS + 1 < K) { /* the rows of a later pair: each row segment is a
+                                              few lines in its own page, which the hardware
+                                              prefetchers do not follow */
+            const char *f0 = (const char *)((a_rows ? a_rows[k + 2 * MM_PF_PAIRS]
+                                                    : A + (k + 2 * MM_PF_PAIRS) * lda) + m);
+            const char *f1 = (const char *)((a_rows ? a_rows[k + 2 * MM_PF_PAIRS + 1]
+                                                    : A + (k + 2 * MM_PF_PAIRS + 1) * lda) + m);
+            for (int64_t b = 0; b < mb * 2; b += 64) {
+                _mm_prefetch(f0 + b, _MM_HINT_T0);
+                _mm_prefetch(f1 + b, _MM_HINT_T0);
+            }
+        }
+        for (int64_t c0 = 0, t = 0; c0 < mb; c0 += 48) {
+            const int64_t c = mb - c0 < 48 ? mb - c0 : 48;
+            const __mmask32 m0 = c >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << c) - 1u);
+            const __mmask32 m1 = c > 32 ? (__mmask32)((1u << (c - 32)) - 1u) : 0;
+            __m512i x0 = _mm512_maskz_loadu_epi16(m0, r0 + c0);
+            __m512i y0 = r1 ? _mm512_maskz_loadu_epi16(m0, r1 + c0) : _mm512_setzero_si512();
+            __m512i x1 = _mm512_maskz_loadu_epi16(m1, r0 + c0 + 32);
+            __m512i y1 = r1 ? _mm512_maskz_loadu_epi16(m1, r1 + c0 + 32) : _mm512_setzero_si512();
+            _mm512_store_si512((void *)buf, _mm512_permutex2var_epi16(x0, lo, y0));
+            _mm512_store_si512((void *)(buf + 16), _mm512_permutex2var_epi16(x0, hi, y0));
+            _mm512_store_si512((void *)(buf + 32), _mm512_permutex2var_epi16(x1, lo, y1));
+            for (int64_t j = 0; j < 8 && t < tiles; j++, t++)
+                memcpy(o + (size_t)(t * kc) * MM_AVX_MR, buf + 6 * j, MM_AVX_MR * sizeof(uint32_t));
+        }
+    }
+}
 
 MM_TARGET_AVX512 static void mm_pack_b_nn(uint16_t *dst, const uint16_t *src, int64_t ld,
                                           int64_t K, int64_t n0, int64_t cols)
