@@ -47,6 +47,8 @@
            "O1 communication/elementwise ('vector') worker threads per rank (0 = derived: max(1, n/4) of n >= 2 cores).") \
     MM_ENV(CHECK, "MEGAMOE_CHECK", BOOL, "0", 0, 0, "", \
            "Verify trusted inputs (tokens_per_expert, symmetric allocation order) at extra cost.") \
+    MM_ENV(CHECK_FINITE, "MEGAMOE_CHECK_FINITE", BOOL, "1", 0, 0, "", \
+           "MegaMoeExperts refuses NaN/Inf in hidden_states, topk_weights and grad_output (INVALID_ARGUMENT on every rank, before data moves); 0 lets them through (one pass over the inputs saved).") \
     MM_ENV(PROFILE, "MEGAMOE_PROFILE", STRING, "", 0, 0, "", \
            "Directory for MegaKernel Chrome traces (trace_<rank>.json); empty = profiling off.") \
     MM_ENV(LIB, "MEGAMOE_LIB", STRING, "", 0, 0, "", \

@@ -191,7 +191,7 @@ megamoe_status_t mm_moe_check_backward(const megamoe_experts_t *x,
     if (gr->weight_grad_dtype != MEGAMOE_DTYPE_BF16 && gr->weight_grad_dtype != MEGAMOE_DTYPE_FP32)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "weight_grad_dtype must be bf16 or fp32, got %s",
                         megamoe_dtype_name(gr->weight_grad_dtype));
-    return MEGAMOE_OK;
+    return mm_moe_check_finite("grad_output", dout, MEGAMOE_DTYPE_BF16, x->cfg.T, x->cfg.H);
 }
 
 megamoe_status_t mm_moe_agree_saved(const megamoe_experts_t *x, uint64_t gen)

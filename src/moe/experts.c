@@ -7,9 +7,11 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/env.h"
 #include "base/error.h"
 #include "moe/experts_impl.h"
 #include "moe/moe_buffers.h"
+#include "moe/moe_rows.h"
 #include "shmem/comm_impl.h"
 
 static const char *const mm_moe_phase_names[MM_PH_COUNT] = {
@@ -455,6 +457,26 @@ static megamoe_status_t mm_moe_pack_set(megamoe_experts_t *x, mm_gemm_weight_t *
             MM_CHECK(mm_gemm_weight_update((*set)[j], src, ld, version, NULL));
     }
     return MEGAMOE_OK;
+}
+
+megamoe_status_t mm_moe_check_finite(const char *what, const void *p, megamoe_dtype_t dtype,
+                                     int64_t rows, int64_t cols)
+{
+    int on = 1;
+    megamoe_status_t st = mm_env_bool(MM_ENV_CHECK_FINITE, &on);
+    if (st != MEGAMOE_OK && st != MEGAMOE_NOT_FOUND) return st;
+    if (st == MEGAMOE_NOT_FOUND) on = 1;
+    if (!on || rows <= 0 || cols <= 0) return MEGAMOE_OK;
+    int64_t i = mm_rows_first_nonfinite(p, dtype == MEGAMOE_DTYPE_BF16, (size_t)(rows * cols));
+    if (i < 0) return MEGAMOE_OK;
+    uint32_t bits = 0;
+    if (dtype == MEGAMOE_DTYPE_BF16) bits = (uint32_t)((const uint16_t *)p)[i] << 16;
+    else memcpy(&bits, (const char *)p + i * 4, 4);
+    return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                    "%s[%lld][%lld] is %s: MegaMoeExperts refuses non-finite inputs (find where "
+                    "it first appears upstream; MEGAMOE_CHECK_FINITE=0 lets them through)",
+                    what, (long long)(i / cols), (long long)(i % cols),
+                    (bits & 0x007fffffu) ? "NaN" : (bits >> 31) ? "-Inf" : "+Inf");
 }
 
 megamoe_status_t mm_moe_pack_weights(megamoe_experts_t *x, const megamoe_experts_weights_t *w,

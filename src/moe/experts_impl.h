@@ -153,6 +153,10 @@ size_t mm_moe_heap_need(const mm_moe_config_t *cfg);
  * group is marked busy; mm_moe_leave() clears it. */
 megamoe_status_t mm_moe_enter(megamoe_experts_t *x, const char *what);
 void mm_moe_leave(megamoe_experts_t *x);
+/* INVALID_ARGUMENT naming what[row][col] when p (rows x cols bf16 or fp32) holds a NaN or Inf,
+ * unless MEGAMOE_CHECK_FINITE=0. Local: callers agree the status before data moves. */
+megamoe_status_t mm_moe_check_finite(const char *what, const void *p, megamoe_dtype_t dtype,
+                                     int64_t rows, int64_t cols);
 /* Bring the packed weights up to date (local). backward != 0 also packs the NT copies. */
 megamoe_status_t mm_moe_pack_weights(megamoe_experts_t *x, const megamoe_experts_weights_t *w,
                                      int backward);

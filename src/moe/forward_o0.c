@@ -138,6 +138,12 @@ megamoe_status_t mm_moe_forward_begin(megamoe_experts_t *x, const megamoe_expert
     uint64_t t0 = mm_now_ns();
     *plan_p = NULL;
     megamoe_status_t st = mm_moe_check_input(in, output);
+    if (st == MEGAMOE_OK)
+        st = mm_moe_check_finite("hidden_states", in->hidden_states, MEGAMOE_DTYPE_BF16,
+                                 x->cfg.T, x->cfg.H);
+    if (st == MEGAMOE_OK)
+        st = mm_moe_check_finite("topk_weights", in->topk_weights, in->topk_weights_dtype,
+                                 x->cfg.T, x->cfg.K);
     if (st == MEGAMOE_OK) st = mm_moe_pack_weights(x, wts, 0);
     int check = 0;
     if (st == MEGAMOE_OK) {

@@ -48,6 +48,21 @@ MM_TARGET_AVX512 static void mm_rows_scale_avx512(uint16_t *dst, const uint16_t 
     }
 }
 
+/* 32 bf16 or 16 fp32 per step: (bits & exponent mask) == exponent mask. */
+MM_TARGET_AVX512 static int64_t mm_rows_nonfinite_avx512(const void *x, int is_bf16, size_t n)
+{
+    const size_t step = is_bf16 ? 32 : 16, bytes = (size_t)(is_bf16 ? 2 : 4);
+    const __m512i e16 = _mm512_set1_epi16(0x7f80), e32 = _mm512_set1_epi32(0x7f800000);
+    size_t i = 0;
+    for (; i + step <= n; i += step) {
+        __m512i v = _mm512_loadu_si512((const void *)((const char *)x + i * bytes));
+        int hit = is_bf16 ? _mm512_cmpeq_epi16_mask(_mm512_and_si512(v, e16), e16) != 0
+                          : _mm512_cmpeq_epi32_mask(_mm512_and_si512(v, e32), e32) != 0;
+        if (hit) break; /* the scalar tail below finds the element */
+    }
+    return (int64_t)i;
+}
+
 MM_TARGET_AVX512 static float mm_rows_dot_avx512(const uint16_t *a, const uint16_t *b, size_t n)
 {
     __m512 s = _mm512_setzero_ps();
@@ -123,4 +138,19 @@ void mm_rows_reduce_tokens(uint16_t *out, const uint16_t *ret, const int32_t *sl
         }
         megamoe_convert(out + t * H, MEGAMOE_DTYPE_BF16, acc, MEGAMOE_DTYPE_FP32, n);
     }
+}
+
+int64_t mm_rows_first_nonfinite(const void *x, int is_bf16, size_t n)
+{
+    size_t i = 0;
+#if MM_X86
+    if (mm_cpu_has_avx512()) i = (size_t)mm_rows_nonfinite_avx512(x, is_bf16, n);
+#endif
+    for (; i < n; i++) {
+        uint32_t bits, mask = is_bf16 ? 0x7f80u : 0x7f800000u;
+        if (is_bf16) bits = ((const uint16_t *)x)[i];
+        else memcpy(&bits, (const char *)x + i * 4, 4);
+        if ((bits & mask) == mask) return (int64_t)i;
+    }
+    return -1;
 }

@@ -15,6 +15,9 @@ void mm_rows_scale(uint16_t *dst, const uint16_t *x, float w, size_t n);
 /* sum_i a[i] * b[i] in fp32 (16 interleaved partial sums, then a fixed tree). */
 float mm_rows_dot(const uint16_t *a, const uint16_t *b, size_t n);
 
+/* Index of the first NaN or Inf among n bf16 (exponent all ones) or fp32 values, or -1. */
+int64_t mm_rows_first_nonfinite(const void *x, int is_bf16, size_t n);
+
 /* The source-side reduce of tokens [t0, t1): out[t] = bf16(sum_k w[t*K+k] * ret[slot_pos[t*K+k]])
  * in fp32, k ascending (w NULL: weight 1, a plain sum). acc is [H] fp32 scratch. With ysave,
  * each returned row is also copied to ysave at its position while it is in cache. The one

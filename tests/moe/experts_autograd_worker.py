@@ -80,6 +80,27 @@ def main(case):
                 err = ((got - want).norm() / want.norm()).item()
                 assert err < 1e-2, f"stale weights: relative error {err:.3g}"
             print("replaced weights; old addresses reused", reused, "times")
+    elif case == "non_finite":
+        # NaN/Inf inputs and gradients are refused with the element named; the layer goes on
+        bad = x.detach().clone()
+        bad[3, 9] = float("nan")
+        try:
+            m(bad, ids, w)
+        except megamoe.MegaMoeError as e:
+            assert "hidden_states[3][9] is NaN" in str(e), e
+            print("NaN input refused:", e)
+        else:
+            raise AssertionError("a NaN in hidden_states did not raise")
+        out = m(x, ids, w)
+        try:
+            out.backward(torch.full_like(out, float("inf")))
+        except megamoe.MegaMoeError as e:
+            assert "grad_output[0][0] is +Inf" in str(e), e
+            print("Inf gradient refused:", e)
+        else:
+            raise AssertionError("an Inf grad_output did not raise")
+        m(x, ids, w).float().sum().backward()
+        assert torch.isfinite(x.grad.float()).all()
     else:
         raise SystemExit(f"unknown case {case}")
     m.close()

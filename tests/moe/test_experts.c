@@ -523,6 +523,70 @@ MM_TEST(bad_inputs_fail_on_every_rank_before_data_moves)
     mm_moe_problem_free(&P);
 }
 
+/* NaN/Inf in hidden_states, topk_weights or grad_output of one rank: INVALID_ARGUMENT on every
+ * rank before data moves, naming the element on the rank that has it; the output stays
+ * untouched and the layer usable. MEGAMOE_CHECK_FINITE=0 lets the values through. */
+MM_TEST(non_finite_inputs_fail_on_every_rank)
+{
+    const int ep = mm_test_world(), me = mm_test_rank(), bad = ep - 1;
+    megamoe_comm_t *comm = mm_test_comm();
+    mm_moe_problem_t P;
+    ASSERT_EQ_INT(mm_moe_problem_create(&P, ep, T_, H_, I_, E_, K_, MM_ROUTE_BALANCED, 9), 0);
+    megamoe_experts_params_t prm = mm_params(0);
+    megamoe_experts_t *x = NULL;
+    ASSERT_OK(megamoe_experts_create(comm, &prm, &x));
+    megamoe_experts_weights_t w = mm_local_weights(&P, me, 1);
+    mm_bufs_t b;
+    ASSERT_EQ_INT(mm_bufs_alloc(&b), 0);
+    memset(b.out, 0, (size_t)T_ * H_ * 2);
+    uint16_t *hid = P.hidden + (size_t)me * T_ * H_;
+    const uint16_t keep = hid[5 * H_ + 7];
+    if (me == bad) hid[5 * H_ + 7] = 0x7fc1; /* a NaN */
+    mm_input_buf_t ib;
+    ASSERT_EQ_INT(mm_input_make(&P, me, NULL, &ib), 0);
+    ASSERT_STATUS(megamoe_experts_forward(x, &w, &ib.in, b.out, NULL), MEGAMOE_INVALID_ARGUMENT);
+    if (me == bad) ASSERT_CONTAINS(megamoe_last_error(), "hidden_states[5][7] is NaN");
+    for (int i = 0; i < T_ * H_; i++) ASSERT_EQ_INT(b.out[i], 0);
+    /* let through on request: the NaN reaches the output of its token */
+    setenv("MEGAMOE_CHECK_FINITE", "0", 1);
+    ASSERT_OK(megamoe_experts_forward(x, &w, &ib.in, b.out, NULL));
+    unsetenv("MEGAMOE_CHECK_FINITE");
+    if (me == bad) ASSERT_TRUE((b.out[5 * H_] & 0x7f80) == 0x7f80);
+    hid[5 * H_ + 7] = keep;
+    mm_input_free(&ib);
+    /* +Inf in an fp32 router weight (the last element: the vector body's scalar tail) */
+    float *probs = P.probs + (size_t)me * T_ * K_;
+    const float keep_p = probs[T_ * K_ - 1];
+    if (me == bad) probs[T_ * K_ - 1] = INFINITY;
+    ASSERT_EQ_INT(mm_input_make(&P, me, NULL, &ib), 0);
+    ASSERT_STATUS(megamoe_experts_forward(x, &w, &ib.in, b.out, NULL), MEGAMOE_INVALID_ARGUMENT);
+    if (me == bad) {
+        char want[64];
+        snprintf(want, sizeof want, "topk_weights[%d][%d] is +Inf", T_ - 1, K_ - 1);
+        ASSERT_CONTAINS(megamoe_last_error(), want);
+    }
+    probs[T_ * K_ - 1] = keep_p;
+    mm_input_free(&ib);
+    /* -Inf in grad_output: the backward fails everywhere, the next one works */
+    ASSERT_EQ_INT(mm_input_make(&P, me, NULL, &ib), 0);
+    megamoe_experts_saved_t *sv = NULL;
+    ASSERT_OK(megamoe_experts_forward(x, &w, &ib.in, b.out, &sv));
+    uint16_t *dout = P.grad_out + (size_t)me * T_ * H_;
+    const uint16_t keep_d = dout[3];
+    if (me == bad) dout[3] = 0xff80;
+    megamoe_experts_grads_t g = {b.gh, b.gp, b.g1, b.g2, MEGAMOE_DTYPE_BF16};
+    ASSERT_STATUS(megamoe_experts_backward(x, sv, &w, dout, &g), MEGAMOE_INVALID_ARGUMENT);
+    if (me == bad) ASSERT_CONTAINS(megamoe_last_error(), "grad_output[0][3] is -Inf");
+    dout[3] = keep_d;
+    ASSERT_OK(megamoe_experts_backward(x, sv, &w, dout, &g));
+    megamoe_experts_saved_destroy(sv);
+    mm_input_free(&ib);
+    mm_bufs_free(&b);
+    ASSERT_OK(megamoe_experts_close(x));
+    megamoe_experts_destroy(x);
+    mm_moe_problem_free(&P);
+}
+
 /* Backward with the saved states of two different forwards on different ranks (two outstanding
  * forwards, backwards in a different order per rank): the ranks' routing plans differ, so the
  * call must fail on every rank instead of computing gradients from mismatched rows (O0 used to

@@ -1,7 +1,7 @@
 """MegaMoeExperts autograd edge cases on one rank: double backward (create_graph) is refused
 instead of silently dropping the layer's second-order terms, a second backward through a
-retained graph is a clear error, and forwards under torch.no_grad() keep no saved state, and weights replaced
-wholesale are re-packed."""
+retained graph is a clear error, forwards under torch.no_grad() keep no saved state, weights replaced
+wholesale are re-packed, and NaN/Inf inputs or gradients are refused naming the element."""
 import os
 import socket
 import subprocess
@@ -19,7 +19,8 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("case", ["double_backward", "retain_graph", "no_grad", "replaced_weights"])
+@pytest.mark.parametrize("case", ["double_backward", "retain_graph", "no_grad", "replaced_weights",
+                                  "non_finite"])
 def test_autograd_edge_cases(case):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.join(REPO, "python") + os.pathsep + env.get("PYTHONPATH", "")
