@@ -1,5 +1,6 @@
 /* A multi-rank MegaMoeExperts job (see moe_job.h). Public headers only. */
 #include "moe_job.h"
+#include "moe_verify.h"
 
 #include <errno.h>
 #include <malloc.h>
@@ -194,30 +195,46 @@ static void mm_progress(int fd, int done, int total, const char *what)
     }
 }
 
-static void mm_check(mm_moe_job_result_t *r, const char *name, const void *got, int got_bf16,
-                     const float *want, size_t n)
+/* One tensor of the layer, by the rule of moe_verify.h. */
+static void mm_check(mm_moe_job_result_t *r, int clamp, const char *name, const void *got,
+                     int got_bf16, const float *want, const float *want16, size_t n)
 {
     if (r->n_checks >= 8) return;
     mm_moe_job_check_t *c = &r->checks[r->n_checks++];
     snprintf(c->name, sizeof c->name, "%s", name);
-    double se = 0, sr = 0, maxe = 0, maxr = 0;
-    size_t inside = 0;
-    int finite = 1;
-    for (size_t i = 0; i < n; i++) {
-        double g = got_bf16 ? megamoe_bf16_to_fp32(((const uint16_t *)got)[i])
-                            : ((const float *)got)[i];
-        double w = want[i], e = fabs(g - w);
-        finite &= isfinite(g);
-        se += e * e;
-        sr += w * w;
-        if (e > maxe) maxe = e;
-        if (fabs(w) > maxr) maxr = fabs(w);
-        inside += e <= 2e-3 + 2e-2 * fabs(w);
-    }
-    c->rel_l2 = sr > 0 ? sqrt(se / sr) : sqrt(se);
-    c->rel_max = maxr > 0 ? maxe / maxr : maxe;
-    c->elementwise = n ? (double)inside / (double)n : 1.0;
-    c->pass = finite && c->rel_l2 <= MM_JOB_REL_L2 && c->rel_max <= MM_JOB_REL_MAX;
+    mm_verify_t v;
+    mm_verify(got, got_bf16, want, want16, n, clamp, &v);
+    c->rel_l2 = v.rel_l2;
+    c->rel_max = v.rel_max;
+    c->elementwise = v.elementwise;
+    c->elementwise_abs = v.elementwise_abs;
+    c->scale = v.scale;
+    c->oracle_ok = v.oracle_ok;
+    c->pass = v.pass;
+}
+
+/* The reference results of the whole job (every rank's tokens, every expert): out, grad
+ * hidden, grad topk_weights, grad gate_up, grad down; fp32 oracle or bf16 intermediates. */
+static int mm_job_reference(const mm_moe_job_opts_t *o, const mm_moe_problem_t *P, int ep,
+                            int bf16_intermediates, float *set[5])
+{
+    const size_t N = (size_t)ep * (size_t)o->T, H = (size_t)o->H, I = (size_t)o->I;
+    const size_t E = (size_t)o->E, K = (size_t)o->K;
+    const size_t n[5] = {N * H, N * H, N * K, E * H * 2 * I, E * I * H};
+    for (int i = 0; i < 5; i++)
+        if ((set[i] = malloc(n[i] * sizeof(float))) == NULL) return -1;
+    megamoe_reference_shape_t s = {ep, o->T, o->H, o->I, o->E, o->K};
+    megamoe_reference_params_t rp = megamoe_reference_params_default();
+    rp.swiglu_limit = o->swiglu_limit;
+    rp.hidden_dtype = rp.weight_dtype = rp.grad_dtype = MEGAMOE_DTYPE_BF16;
+    rp.bf16_intermediates = bf16_intermediates;
+    if (megamoe_reference_forward(&s, &rp, P->hidden, P->ids, P->probs, P->gate_up, P->down,
+                                  set[0]) != MEGAMOE_OK ||
+        megamoe_reference_backward(&s, &rp, P->grad_out, P->hidden, P->ids, P->probs,
+                                   P->gate_up, P->down, set[1], set[2], set[3],
+                                   set[4]) != MEGAMOE_OK)
+        return -1;
+    return 0;
 }
 
 #define MM_JOB_FAIL(...)                                                                   \
@@ -243,7 +260,7 @@ int mm_moe_job_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
     uint16_t *out = NULL, *gh = NULL, *g1 = NULL, *g2 = NULL;
     float *gp = NULL;
     double *it_s = NULL, *fw_s = NULL, *bw_s = NULL;
-    float *ro = NULL, *rgh = NULL, *rgp = NULL, *rg1 = NULL, *rg2 = NULL;
+    float *ro = NULL, *ref[5] = {0}, *ref16[5] = {0};
     megamoe_status_t st;
 
     megamoe_experts_params_t p = megamoe_experts_params_default();
@@ -347,37 +364,21 @@ int mm_moe_job_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
     if (o->verify) {
         if (me == 0 && o->progress_fd >= 0 && isatty(o->progress_fd))
             mm_progress(o->progress_fd, 0, 1, "verifying against the fp32 reference");
-        const size_t N = (size_t)(ep * T);
-        rgh = malloc(N * (size_t)H * 4);
-        rgp = malloc(N * (size_t)K * 4);
-        rg1 = malloc((size_t)(o->E * H * 2 * I) * 4);
-        rg2 = malloc((size_t)(o->E * I * H) * 4);
-        float *rout = malloc(N * (size_t)H * 4);
-        if (!rgh || !rgp || !rg1 || !rg2 || !rout) {
-            free(rout);
-            MM_JOB_FAIL("out of memory for the reference");
-        }
-        megamoe_reference_shape_t s = {ep, T, H, I, o->E, K};
-        megamoe_reference_params_t rp = megamoe_reference_params_default();
-        rp.swiglu_limit = o->swiglu_limit;
-        rp.hidden_dtype = rp.weight_dtype = rp.grad_dtype = MEGAMOE_DTYPE_BF16;
-        st = megamoe_reference_forward(&s, &rp, P.hidden, P.ids, P.probs, P.gate_up, P.down, rout);
-        if (st == MEGAMOE_OK)
-            st = megamoe_reference_backward(&s, &rp, P.grad_out, P.hidden, P.ids, P.probs,
-                                            P.gate_up, P.down, rgh, rgp, rg1, rg2);
-        if (st != MEGAMOE_OK) {
-            free(rout);
-            MM_JOB_FAIL("reference: %s", megamoe_last_error());
-        }
+        if (mm_job_reference(o, &P, ep, 0, ref) != 0 || mm_job_reference(o, &P, ep, 1, ref16) != 0)
+            MM_JOB_FAIL("reference: %s", megamoe_last_error()[0] ? megamoe_last_error()
+                                                                 : "out of memory");
         const char *q = (const char *)ro;
-        mm_check(r, "output", q, 1, rout + (size_t)me * TH, TH);
-        mm_check(r, "grad hidden_states", q + TH * 2, 1, rgh + (size_t)me * TH, TH);
-        mm_check(r, "grad topk_weights", q + TH * 4, 0, rgp + (size_t)(me * T * K), (size_t)(T * K));
-        mm_check(r, "grad gate_up_weight", q + TH * 4 + (size_t)(T * K) * 4, 1,
-                 rg1 + (size_t)me * W1, W1);
-        mm_check(r, "grad down_weight", q + TH * 4 + (size_t)(T * K) * 4 + W1 * 2, 1,
-                 rg2 + (size_t)me * W2, W2);
-        free(rout);
+        const int clamp = o->swiglu_limit > 0 && isfinite(o->swiglu_limit);
+        const size_t off[5] = {(size_t)me * TH, (size_t)me * TH, (size_t)(me * T * K),
+                               (size_t)me * W1, (size_t)me * W2};
+        mm_check(r, clamp, "output", q, 1, ref[0] + off[0], ref16[0] + off[0], TH);
+        mm_check(r, clamp, "grad hidden_states", q + TH * 2, 1, ref[1] + off[1], ref16[1] + off[1], TH);
+        mm_check(r, clamp, "grad topk_weights", q + TH * 4, 0, ref[2] + off[2], ref16[2] + off[2],
+                 (size_t)(T * K));
+        mm_check(r, clamp, "grad gate_up_weight", q + TH * 4 + (size_t)(T * K) * 4, 1, ref[3] + off[3],
+                 ref16[3] + off[3], W1);
+        mm_check(r, clamp, "grad down_weight", q + TH * 4 + (size_t)(T * K) * 4 + W1 * 2, 1,
+                 ref[4] + off[4], ref16[4] + off[4], W2);
         r->verified = 1;
         if (me == 0 && o->progress_fd >= 0 && isatty(o->progress_fd))
             mm_progress(o->progress_fd, 1, 1, "verified");
@@ -400,10 +401,10 @@ out:
     free(fw_s);
     free(bw_s);
     free(ro);
-    free(rgh);
-    free(rgp);
-    free(rg1);
-    free(rg2);
+    for (int i = 0; i < 5; i++) {
+        free(ref[i]);
+        free(ref16[i]);
+    }
     return r->error[0] ? 1 : 0;
 }
 
@@ -426,8 +427,8 @@ int mm_moe_job_write(const char *path, const mm_moe_job_result_t *r)
         snprintf(name, sizeof name, "%s", c->name);
         for (char *s = name; *s; s++)
             if (*s == ' ') *s = '|';
-        fprintf(f, "check %s %.9g %.9g %.9g %d\n", name, c->rel_l2, c->rel_max, c->elementwise,
-                c->pass);
+        fprintf(f, "check %s %.9g %.9g %.9g %.9g %.9g %d %d\n", name, c->rel_l2, c->rel_max,
+                c->elementwise, c->elementwise_abs, c->scale, c->oracle_ok, c->pass);
     }
     for (int i = 0; i < r->n_variants; i++)
         fprintf(f, "variant %s %.9g %.9g %.9g %.17g %.9g\n", r->variant[i].name,
@@ -452,7 +453,7 @@ int mm_moe_job_read(const char *path, mm_moe_job_result_t *r)
         long long a, b;
         char name[64];
         double x, y, z, u, cpu;
-        int pass;
+        int pass, oracle;
         if (sscanf(line, "rank %lld", &a) == 1) r->rank = (int)a;
         else if (sscanf(line, "ranks %lld", &a) == 1) r->ranks = (int)a;
         else if (sscanf(line, "workers %lld", &a) == 1) r->workers = (int)a;
@@ -468,7 +469,8 @@ int mm_moe_job_read(const char *path, mm_moe_job_result_t *r)
             r->phase_s[r->n_phases++] = x;
         } else if (sscanf(line, "checksum %lg", &x) == 1) r->checksum = x;
         else if (sscanf(line, "verified %lld", &a) == 1) r->verified = (int)a;
-        else if (sscanf(line, "check %31s %lg %lg %lg %d", name, &x, &y, &z, &pass) == 5 &&
+        else if (sscanf(line, "check %31s %lg %lg %lg %lg %lg %d %d", name, &x, &y, &z, &u, &cpu,
+                        &oracle, &pass) == 8 &&
                  r->n_checks < 8) {
             mm_moe_job_check_t *c = &r->checks[r->n_checks++];
             for (char *s = name; *s; s++)
@@ -477,6 +479,9 @@ int mm_moe_job_read(const char *path, mm_moe_job_result_t *r)
             c->rel_l2 = x;
             c->rel_max = y;
             c->elementwise = z;
+            c->elementwise_abs = u;
+            c->scale = cpu;
+            c->oracle_ok = oracle;
             c->pass = pass;
         } else if (sscanf(line, "variant %15s %lg %lg %lg %lg %lg", name, &x, &y, &z, &u, &cpu) ==
                        6 &&

@@ -24,6 +24,14 @@
  * math on the given inputs up to fp64 accumulation error (far below one fp32 ulp in practice).
  * Kernels (fp32/bf16 accumulation) are compared against it with tolerances of their own.
  *
+ * bf16_intermediates = 1 gives the same math with every intermediate tensor rounded to bf16
+ * (round to nearest even) where a bf16 training implementation stores it: h (GMM1 output,
+ * rounded before the clamp and SwiGLU), a, y (each expert output row), and in the backward
+ * dy = w * grad_out, da, dh = [dg | du] and each expert's dx row before the sum over k; the
+ * router-weight gradient uses the rounded y. Products and sums stay fp64. This is the
+ * comparison the original's tests make against a bf16 implementation (elementwise rtol 2e-2,
+ * atol 2e-3); the default (0) is the exact fp32 oracle.
+ *
  * The backward recomputes the forward internally (no saved activations), so it takes the same
  * inputs plus grad_out. Plain loops, not optimised: O(N*K*H*I) time, fp64 scratch of the size
  * of the weights. Single-threaded; safe to call from several threads at once.
@@ -58,6 +66,7 @@ typedef struct megamoe_reference_params {
     megamoe_dtype_t probs_dtype;  /* topk_weights: FP32 (default) or BF16 */
     megamoe_dtype_t weight_dtype; /* gate_up_weight and down_weight: FP32 (default) or BF16 */
     megamoe_dtype_t grad_dtype;   /* grad_out (backward only): FP32 (default) or BF16 */
+    int bf16_intermediates;       /* 1: round intermediates to bf16 as above (default 0) */
 } megamoe_reference_params_t;
 
 megamoe_reference_params_t megamoe_reference_params_default(void);

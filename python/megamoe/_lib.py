@@ -72,7 +72,8 @@ class ReferenceShape(ctypes.Structure):
 
 class ReferenceParams(ctypes.Structure):
     _fields_ = [("swiglu_limit", ctypes.c_float), ("hidden_dtype", c_int), ("ids_dtype", c_int),
-                ("probs_dtype", c_int), ("weight_dtype", c_int), ("grad_dtype", c_int)]
+                ("probs_dtype", c_int), ("weight_dtype", c_int), ("grad_dtype", c_int),
+                ("bf16_intermediates", c_int)]
 
 
 _vp = ctypes.c_void_p

@@ -37,7 +37,8 @@ def _tensor(name, t, dtypes, shape):
     return t.detach().contiguous()
 
 
-def _prepare(hidden, topk_ids, topk_weights, gate_up, down, ep, swiglu_limit):
+def _prepare(hidden, topk_ids, topk_weights, gate_up, down, ep, swiglu_limit,
+             bf16_intermediates=False):
     for name, t in zip(_INPUTS, (hidden, topk_ids, topk_weights, gate_up, down)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -71,6 +72,7 @@ def _prepare(hidden, topk_ids, topk_weights, gate_up, down, ep, swiglu_limit):
     params.ids_dtype = _ID_DTYPES[ts["topk_ids"].dtype]
     params.probs_dtype = _FLOAT_DTYPES[ts["topk_weights"].dtype]
     params.weight_dtype = _FLOAT_DTYPES[ts["gate_up"].dtype]
+    params.bf16_intermediates = 1 if bf16_intermediates else 0
     return ts, shape, params
 
 
@@ -78,9 +80,13 @@ def _ptrs(ts, *names):
     return [ctypes.c_void_p(ts[name].data_ptr()) for name in names]
 
 
-def forward(hidden, topk_ids, topk_weights, gate_up, down, *, ep=1, swiglu_limit=None):
-    """MoE output (float32, shaped like ``hidden``); ``swiglu_limit`` None or <= 0 is off."""
-    ts, shape, params = _prepare(hidden, topk_ids, topk_weights, gate_up, down, ep, swiglu_limit)
+def forward(hidden, topk_ids, topk_weights, gate_up, down, *, ep=1, swiglu_limit=None,
+            bf16_intermediates=False):
+    """MoE output (float32, shaped like ``hidden``); ``swiglu_limit`` None or <= 0 is off;
+    ``bf16_intermediates`` rounds the intermediates to bf16 where a bf16 implementation stores
+    them (include/megamoe/reference.h)."""
+    ts, shape, params = _prepare(hidden, topk_ids, topk_weights, gate_up, down, ep, swiglu_limit,
+                                 bf16_intermediates)
     out = torch.empty(ts["hidden"].shape, dtype=torch.float32)
     check(_lib.lib.megamoe_reference_forward(ctypes.byref(shape), ctypes.byref(params),
                                              *_ptrs(ts, *_INPUTS),
@@ -89,10 +95,11 @@ def forward(hidden, topk_ids, topk_weights, gate_up, down, *, ep=1, swiglu_limit
 
 
 def backward(grad_out, hidden, topk_ids, topk_weights, gate_up, down, *, ep=1,
-             swiglu_limit=None):
+             swiglu_limit=None, bf16_intermediates=False):
     """Gradients (float32) of the forward for ``grad_out`` (shaped like ``hidden``), as
-    ``Grads(hidden, topk_weights, gate_up, down)``."""
-    ts, shape, params = _prepare(hidden, topk_ids, topk_weights, gate_up, down, ep, swiglu_limit)
+    ``Grads(hidden, topk_weights, gate_up, down)``; options as for ``forward``."""
+    ts, shape, params = _prepare(hidden, topk_ids, topk_weights, gate_up, down, ep, swiglu_limit,
+                                 bf16_intermediates)
     n, h = ts["hidden"].shape
     if tuple(grad_out.shape) != tuple(hidden.shape):
         raise ValueError(f"grad_out has shape {tuple(grad_out.shape)}, expected "

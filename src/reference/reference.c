@@ -18,6 +18,7 @@
 typedef struct mm_ref {
     size_t n, h, i, e, k; /* rows (EP*T), hidden, intermediate, experts, top_k */
     int clamp;            /* swiglu_limit > 0 */
+    int mixed;            /* bf16_intermediates */
     double limit;
     const float *x, *probs, *gate_up, *down, *dout; /* fp32 views of the inputs */
     float *owned[5];                                /* widened copies of bf16 inputs */
@@ -112,6 +113,7 @@ static megamoe_status_t mm_ref_check_shape(const megamoe_reference_shape_t *s,
     r->e = (size_t)s->num_experts;
     r->k = (size_t)s->top_k;
     r->clamp = p->swiglu_limit > 0.0f;
+    r->mixed = p->bf16_intermediates != 0;
     r->limit = (double)p->swiglu_limit;
     return MEGAMOE_OK;
 }
@@ -220,6 +222,13 @@ static megamoe_status_t mm_ref_setup(mm_ref_t *r, const megamoe_reference_shape_
 
 static double mm_sigmoid(double v) { return 1.0 / (1.0 + exp(-v)); }
 
+/* v as an intermediate tensor element: unchanged, or rounded to bf16 (via fp32, as a kernel
+ * with an fp32 accumulator rounds it) with bf16_intermediates. */
+static double mm_ref_store(const mm_ref_t *r, double v)
+{
+    return r->mixed ? (double)megamoe_bf16_to_fp32(megamoe_fp32_to_bf16((float)v)) : v;
+}
+
 /* One expert applied to one token row x [H]: the pre-activation h [2I] (before clamping),
  * the activation a [I] and the expert output y [H]. */
 static void mm_ref_expert_forward(const mm_ref_t *r, const float *x, size_t e, double *h,
@@ -230,17 +239,19 @@ static void mm_ref_expert_forward(const mm_ref_t *r, const float *x, size_t e, d
     for (size_t j = 0; j < 2 * r->i; j++) h[j] = 0.0;
     for (size_t c = 0; c < r->h; c++)
         for (size_t j = 0; j < 2 * r->i; j++) h[j] += (double)x[c] * w1[c * 2 * r->i + j];
+    for (size_t j = 0; j < 2 * r->i; j++) h[j] = mm_ref_store(r, h[j]);
     for (size_t j = 0; j < r->i; j++) {
         double g = h[j], u = h[r->i + j];
         if (r->clamp) {
             g = fmin(g, r->limit);
             u = fmax(fmin(u, r->limit), -r->limit);
         }
-        a[j] = g * mm_sigmoid(g) * u;
+        a[j] = mm_ref_store(r, g * mm_sigmoid(g) * u);
     }
     for (size_t c = 0; c < r->h; c++) y[c] = 0.0;
     for (size_t j = 0; j < r->i; j++)
         for (size_t c = 0; c < r->h; c++) y[c] += a[j] * w2[j * r->h + c];
+    for (size_t c = 0; c < r->h; c++) y[c] = mm_ref_store(r, y[c]);
 }
 
 megamoe_status_t megamoe_reference_forward(const megamoe_reference_shape_t *shape,
@@ -325,7 +336,7 @@ megamoe_status_t megamoe_reference_backward(const megamoe_reference_shape_t *sha
             double dot = 0.0;
             for (size_t c = 0; c < r.h; c++) {
                 dot += (double)g_out[c] * y[c];
-                dy[c] = w * g_out[c];
+                dy[c] = mm_ref_store(&r, w * g_out[c]);
             }
             dprobs[t * r.k + k] = dot;
 
@@ -336,7 +347,7 @@ megamoe_status_t megamoe_reference_backward(const megamoe_reference_shape_t *sha
                     gw2[j * r.h + c] += a[j] * dy[c];
                     s += (double)w2[j * r.h + c] * dy[c];
                 }
-                da[j] = s;
+                da[j] = mm_ref_store(&r, s);
             }
 
             /* a = silu(g') * u' with g' = min(g, L), u' = clamp(u, -L, L):
@@ -352,8 +363,8 @@ megamoe_status_t megamoe_reference_backward(const megamoe_reference_shape_t *sha
                     u = fmax(fmin(u, r.limit), -r.limit);
                 }
                 double sg = mm_sigmoid(g);
-                dh[j] = g_pass ? da[j] * u * sg * (1.0 + g * (1.0 - sg)) : 0.0;
-                dh[r.i + j] = u_pass ? da[j] * g * sg : 0.0;
+                dh[j] = g_pass ? mm_ref_store(&r, da[j] * u * sg * (1.0 + g * (1.0 - sg))) : 0.0;
+                dh[r.i + j] = u_pass ? mm_ref_store(&r, da[j] * g * sg) : 0.0;
             }
 
             /* h = x · W1:  dW1 += x^T dh,  dx += W1 dh. */
@@ -363,7 +374,7 @@ megamoe_status_t megamoe_reference_backward(const megamoe_reference_shape_t *sha
                     gw1[c * 2 * r.i + j] += (double)x[c] * dh[j];
                     s += (double)w1[c * 2 * r.i + j] * dh[j];
                 }
-                dx[t * r.h + c] += s;
+                dx[t * r.h + c] += mm_ref_store(&r, s);
             }
         }
     }

@@ -270,7 +270,7 @@ MM_TEST(inference_forward_matches_training_forward_and_weights_refresh)
     float *f = malloc((size_t)T_ * H_ * 4);
     megamoe_convert(f, MEGAMOE_DTYPE_FP32, o1, MEGAMOE_DTYPE_BF16, (size_t)T_ * H_);
     int ok = mm_close_bf16("output after a weight update", f, ref.out + (size_t)me * T_ * H_,
-                           (size_t)T_ * H_);
+                           ref.out16 + (size_t)me * T_ * H_, (size_t)T_ * H_, 0);
     free(f);
     mm_ref_free(&ref);
     free(o1);

@@ -114,6 +114,61 @@ def test_matches_torch_autograd(case, limit):
                 assert torch.count_nonzero(g) == 0, f"{name}[{e}]: expert without tokens"
 
 
+def bf(v):
+    """A bf16-stored intermediate: rounded to bf16 via fp32, as the C reference rounds."""
+    return v.float().bfloat16().double()
+
+
+def torch_bf16_intermediates(x, ids, w, gate_up, down, dout, limit):
+    """An independent fp64 forward and hand-written backward that rounds to bf16 where a bf16
+    implementation stores tensors (include/megamoe/reference.h, bf16_intermediates)."""
+    x, w, gu, dn, dout = (t.double() for t in (x, w, gate_up, down, dout))
+    inter, ids = dn.shape[1], ids.long()
+    w1, w2 = gu[ids], dn[ids]  # [n, k, H, 2I], [n, k, I, H]
+    h = bf(torch.einsum("nh,nkhj->nkj", x, w1))
+    g, u = h[..., :inter], h[..., inter:]
+    gpass, upass = torch.ones_like(g), torch.ones_like(u)
+    if limit is not None:
+        lim = torch.tensor(limit, dtype=torch.float32).item()
+        gpass, upass = (g <= lim).double(), ((u >= -lim) & (u <= lim)).double()
+        g, u = g.clamp(max=lim), u.clamp(-lim, lim)
+    s = torch.sigmoid(g)
+    a = bf(g * s * u)
+    y = bf(torch.einsum("nki,nkih->nkh", a, w2))
+    out = (w.unsqueeze(-1) * y).sum(1)
+    d_w = torch.einsum("nh,nkh->nk", dout, y)
+    dy = bf(w.unsqueeze(-1) * dout.unsqueeze(1))
+    da = bf(torch.einsum("nkh,nkih->nki", dy, w2))
+    dh = torch.cat([bf(da * u * s * (1 + g * (1 - s))) * gpass, bf(da * g * s) * upass], -1)
+    d_x = bf(torch.einsum("nkj,nkhj->nkh", dh, w1)).sum(1)
+    d_gu, d_dn = torch.zeros_like(gu), torch.zeros_like(dn)
+    flat = ids.flatten()
+    d_gu.index_add_(0, flat, torch.einsum("nh,nkj->nkhj", x, dh).flatten(0, 1))
+    d_dn.index_add_(0, flat, torch.einsum("nki,nkh->nkih", a, dy).flatten(0, 1))
+    return out, [d_x, d_w, d_gu, d_dn]
+
+
+@pytest.mark.parametrize("limit", [None, 0.8])
+@pytest.mark.parametrize("case", [0, 3])
+def test_bf16_intermediates_match_an_independent_model(case, limit):
+    ep, t, hidden, inter, experts, k, skip = CASES[case]
+    x, ids, w, gate_up, down, dout = make_case(ep, t, hidden, inter, experts, k, skip,
+                                               torch.int32, seed=200 + case)
+    b = [v.bfloat16() for v in (x, w, gate_up, down, dout)]
+    out = reference.forward(b[0], ids, b[1], b[2], b[3], ep=ep, swiglu_limit=limit,
+                            bf16_intermediates=True)
+    grads = reference.backward(b[4], b[0], ids, b[1], b[2], b[3], ep=ep, swiglu_limit=limit,
+                               bf16_intermediates=True)
+    want_out, want_grads = torch_bf16_intermediates(*[v.float() for v in b[:1]], ids,
+                                                    *[v.float() for v in b[1:]], limit)
+    exact = reference.forward(b[0], ids, b[1], b[2], b[3], ep=ep, swiglu_limit=limit)
+    assert not torch.equal(out, exact), "bf16_intermediates changed nothing"
+    for name, got, want in zip(["out", "grad_hidden", "grad_topk_weights", "grad_gate_up",
+                                "grad_down"], [out] + list(grads), [want_out] + want_grads):
+        assert got.shape == want.shape, name
+        assert_close_fp32(name, got, want.float())
+
+
 def test_bf16_inputs_are_widened_exactly():
     x, ids, w, gate_up, down, dout = make_case(2, 4, 16, 8, 4, 2, (), torch.int32, seed=7)
     b = [t.to(torch.bfloat16) for t in (x, w, gate_up, down, dout)]
