@@ -55,11 +55,26 @@ void mm_shmem_mark_lost(int pe, const char *why)
     mm_shmem_global_t *g = &mm_shmem_g;
     if (pe < 0 || pe >= g->n_pes || atomic_load(&g->closing)) return;
     if (atomic_exchange(&g->dead[pe], 1)) return;
+    /* A loss another PE already published in the job-lost word came first: report that one
+     * (the root cause), not what it led to here, e.g. rank 0 going away after it saw the
+     * first loss — which a loaded monitor thread may notice in the same poll round. A claim
+     * that names this PE is not taken: it comes from a PE that lost sight of us (its own
+     * connection broke), and what we see ourselves is the better report. */
+    int first = pe;
+    const char *first_why = why;
+    if (g->bases && g->bases[0]) {
+        uint64_t w = __atomic_load_n(&mm_shmem_header(g->bases[0])->lost, __ATOMIC_ACQUIRE);
+        int q = (int)w - 1;
+        if (w != 0 && q != pe && q != g->my_pe && q < g->n_pes) {
+            first = q;
+            first_why = "reported by another rank";
+        }
+    }
     int expected = -1;
-    if (atomic_compare_exchange_strong(&mm_lost_claim, &expected, pe)) {
-        snprintf(g->lost_why, sizeof g->lost_why, "%s", why);
-        atomic_store_explicit(&g->lost_pe, pe, memory_order_release);
-        MM_LOG(MEGAMOE_LOG_ERROR, "shmem: rank %d lost: %s", pe, why);
+    if (atomic_compare_exchange_strong(&mm_lost_claim, &expected, first)) {
+        snprintf(g->lost_why, sizeof g->lost_why, "%s", first_why);
+        atomic_store_explicit(&g->lost_pe, first, memory_order_release);
+        MM_LOG(MEGAMOE_LOG_ERROR, "shmem: rank %d lost: %s", first, first_why);
     }
     if (g->bases && g->bases[0]) {
         uint64_t zero = 0;

@@ -57,6 +57,7 @@ struct mm_shmem_team {
     int *pes;          /* world PE of each member */
     uint64_t bar_gen;  /* barriers done (generation numbers, monotone) */
     uint64_t coll_gen; /* collectives done (outbox parity) */
+    megamoe_status_t failed; /* a barrier of this team did not complete: the team is done */
     int is_world;
     struct mm_shmem_team *next; /* live non-world teams */
 };

@@ -8,6 +8,11 @@
  * copy into the member's own outbox, run a barrier, then read the other members' outboxes
  * directly; two outboxes used alternately mean that the next collective's barrier separates
  * the reads of call k from the overwrite by call k+2, so one barrier per call suffices.
+ * That holds only while barriers complete: a member whose barrier failed (a lost peer, a
+ * timeout) may not write its outbox again, since a slow member may still be reading the
+ * outbox of the call before (seen: its route counts overwritten by a later call of a member
+ * that had already seen the loss). So a failed barrier ends the team: every later collective
+ * on it fails at once, before touching any shared memory.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,16 +85,32 @@ int mm_shmem_team_world_pe(const mm_shmem_team_t *t, int i)
     return mm_team_pe(t, i);
 }
 
+/* The error of a collective on a team whose barrier failed before: the lost peer when there
+ * is one (the root cause), else the earlier failure's status. */
+static megamoe_status_t mm_team_failed(const mm_shmem_team_t *t, const char *what)
+{
+    megamoe_status_t st = mm_shmem_check_peers(what);
+    if (st != MEGAMOE_OK) return st;
+    return mm_error(t->failed, "%s: an earlier collective of this team did not complete (%s), so "
+                    "its members are out of step: release SHMEM and restart every rank", what,
+                    megamoe_status_name(t->failed));
+}
+
 static megamoe_status_t mm_team_barrier_raw(mm_shmem_team_t *t, const char *what)
 {
     mm_shmem_global_t *g = &mm_shmem_g;
+    if (t->failed != MEGAMOE_OK) return mm_team_failed(t, what);
     mm_shmem_quiet(); /* barriers imply quiet */
     uint64_t gen = ++t->bar_gen;
     for (int k = 0, d = 1; d < t->n; k++, d <<= 1) {
         int to = mm_team_pe(t, (t->me + d) % t->n);
         __atomic_store_n(mm_shmem_slot_line(g->bases[to], t->slot, k), gen, __ATOMIC_RELEASE);
-        MM_CHECK(mm_shmem_wait_impl(mm_shmem_slot_line(g->my_base, t->slot, k),
-                                    MM_SHMEM_CMP_GE, gen, NULL, what));
+        megamoe_status_t st = mm_shmem_wait_impl(mm_shmem_slot_line(g->my_base, t->slot, k),
+                                                 MM_SHMEM_CMP_GE, gen, NULL, what);
+        if (st != MEGAMOE_OK) {
+            t->failed = st;
+            return st;
+        }
     }
     return MEGAMOE_OK;
 }
@@ -111,6 +132,7 @@ static megamoe_status_t mm_team_allgather_raw(mm_shmem_team_t *t, void *dest, co
                                               size_t nbytes, const char *what)
 {
     mm_shmem_global_t *g = &mm_shmem_g;
+    if (t->failed != MEGAMOE_OK) return mm_team_failed(t, what); /* before the outbox write */
     if (nbytes == 0) return mm_team_barrier_raw(t, what);
     for (size_t done = 0; done < nbytes; done += MM_SHMEM_COLL_CHUNK) {
         size_t chunk = nbytes - done < MM_SHMEM_COLL_CHUNK ? nbytes - done : MM_SHMEM_COLL_CHUNK;
@@ -142,6 +164,7 @@ megamoe_status_t mm_shmem_team_broadcast(mm_shmem_team_t *t, void *buf, size_t n
     if (nbytes && !buf)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_team_broadcast: NULL buffer");
     mm_shmem_global_t *g = &mm_shmem_g;
+    if (t->failed != MEGAMOE_OK) return mm_team_failed(t, "team broadcast");
     if (nbytes == 0) return mm_team_barrier_raw(t, "team broadcast");
     for (size_t done = 0; done < nbytes; done += MM_SHMEM_COLL_CHUNK) {
         size_t chunk = nbytes - done < MM_SHMEM_COLL_CHUNK ? nbytes - done : MM_SHMEM_COLL_CHUNK;
