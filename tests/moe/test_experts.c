@@ -554,7 +554,7 @@ MM_TEST(non_finite_inputs_fail_on_every_rank)
     if (me == bad) ASSERT_TRUE((b.out[5 * H_] & 0x7f80) == 0x7f80);
     hid[5 * H_ + 7] = keep;
     mm_input_free(&ib);
-    /* +Inf in an fp32 router weight (the last element: the vector body's scalar tail) */
+    /* +Inf in the last fp32 router weight */
     float *probs = P.probs + (size_t)me * T_ * K_;
     const float keep_p = probs[T_ * K_ - 1];
     if (me == bad) probs[T_ * K_ - 1] = INFINITY;
