@@ -119,12 +119,26 @@ uint32_t mm_prof_invocation_count(const mm_prof_session_t *session);
  * range). */
 const char *mm_prof_stage_name(const mm_prof_session_t *session, int stage);
 
+/* One producer per ring; readers (summaries, exports) may run at the same time and see a
+ * consistent prefix: the record is written first, then the count is published (release);
+ * readers take the count with acquire (mm_prof_ring_records) and read only below it. On x86
+ * both are plain moves. */
+static inline uint32_t mm_prof_ring_records(const mm_prof_ring_t *ring)
+{
+    return __atomic_load_n(&ring->count, __ATOMIC_ACQUIRE);
+}
+static inline uint64_t mm_prof_ring_dropped(const mm_prof_ring_t *ring)
+{
+    return __atomic_load_n(&ring->dropped, __ATOMIC_RELAXED);
+}
+
 static inline void mm_prof_push(mm_prof_ring_t *ring, uint8_t kind, uint8_t stage, int32_t task,
                                 int32_t owner, int peer, uint32_t invocation,
                                 uint64_t start_ns, uint64_t end_ns)
 {
-    if (ring->count < ring->capacity) {
-        mm_prof_record_t *r = &ring->records[ring->count++];
+    const uint32_t n = __atomic_load_n(&ring->count, __ATOMIC_RELAXED);
+    if (n < ring->capacity) {
+        mm_prof_record_t *r = &ring->records[n];
         r->start_ns = start_ns;
         r->end_ns = end_ns;
         r->kind = kind;
@@ -133,8 +147,10 @@ static inline void mm_prof_push(mm_prof_ring_t *ring, uint8_t kind, uint8_t stag
         r->task = task;
         r->owner = owner;
         r->invocation = invocation;
+        __atomic_store_n(&ring->count, n + 1, __ATOMIC_RELEASE);
     } else {
-        ring->dropped++;
+        __atomic_store_n(&ring->dropped, __atomic_load_n(&ring->dropped, __ATOMIC_RELAXED) + 1,
+                         __ATOMIC_RELAXED);
     }
 }
 

@@ -95,7 +95,9 @@ static int mm_prof_has_records(const mm_prof_session_t *s)
 {
     if (s->n_inv > 0) return 1;
     for (int i = 0; i < mm_prof_ring_count(s); i++)
-        if (mm_prof_ring_at(s, i)->count > 0 || mm_prof_ring_at(s, i)->dropped > 0) return 1;
+        if (mm_prof_ring_records(mm_prof_ring_at(s, i)) > 0 ||
+            mm_prof_ring_dropped(mm_prof_ring_at(s, i)) > 0)
+            return 1;
     return 0;
 }
 
@@ -193,7 +195,8 @@ megamoe_status_t megamoe_profiler_get_summary(megamoe_profile_summary_t *summary
         /* Wall over all sessions: from their own first/last records. */
         for (int i = 0; i < mm_prof_ring_count(s); i++) {
             const mm_prof_ring_t *r = mm_prof_ring_at(s, i);
-            for (uint32_t k = 0; k < r->count; k++) {
+            const uint32_t n = mm_prof_ring_records(r);
+            for (uint32_t k = 0; k < n; k++) {
                 if (r->records[k].start_ns < first) first = r->records[k].start_ns;
                 if (r->records[k].end_ns > last) last = r->records[k].end_ns;
             }

@@ -192,8 +192,8 @@ void mm_prof_reset(mm_prof_session_t *s)
     if (s == NULL) return;
     for (int i = 0; i < mm_prof_ring_count(s); i++) {
         mm_prof_ring_t *r = mm_prof_ring_at(s, i);
-        r->count = 0;
-        r->dropped = 0;
+        __atomic_store_n(&r->count, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&r->dropped, 0, __ATOMIC_RELAXED);
     }
     s->n_inv = 0;
     s->inv_open = 0;
@@ -213,7 +213,8 @@ static uint64_t mm_prof_launch_ns(const mm_prof_session_t *s)
 static void mm_prof_add_ring(const mm_prof_ring_t *r, mm_prof_summary_t *sum, uint64_t *first,
                              uint64_t *last)
 {
-    for (uint32_t i = 0; i < r->count; i++) {
+    const uint32_t n = mm_prof_ring_records(r);
+    for (uint32_t i = 0; i < n; i++) {
         const mm_prof_record_t *rec = &r->records[i];
         uint64_t d = rec->end_ns > rec->start_ns ? rec->end_ns - rec->start_ns : 0;
         if (rec->kind == MM_PROF_WAIT) sum->wait_ns += d;
@@ -223,8 +224,8 @@ static void mm_prof_add_ring(const mm_prof_ring_t *r, mm_prof_summary_t *sum, ui
         uint64_t end = rec->end_ns > rec->start_ns ? rec->end_ns : rec->start_ns;
         if (end > *last) *last = end;
     }
-    sum->records += r->count;
-    sum->dropped += r->dropped;
+    sum->records += n;
+    sum->dropped += mm_prof_ring_dropped(r);
 }
 
 void mm_prof_summarize(const mm_prof_session_t *s, mm_prof_summary_t *summary_p)

@@ -54,7 +54,9 @@ static megamoe_status_t mm_trace_add_session(mm_trace_t *t, const mm_prof_sessio
         st = mm_trace_track(t, pid, group, role, r->index, 0, -1, &track);
         if (st != MEGAMOE_OK) break;
         uint64_t prev_end = 0, overlaps = 0, backwards = 0, bad_stage = 0, bad_kind = 0;
-        uint32_t count = r->count < r->capacity ? r->count : r->capacity;
+        uint32_t count = mm_prof_ring_records(r);
+        count = count < r->capacity ? count : r->capacity;
+        const uint64_t dropped = mm_prof_ring_dropped(r);
         for (uint32_t i = 0; st == MEGAMOE_OK && i < count; i++) {
             const mm_prof_record_t *rec = &r->records[i];
             if (rec->kind >= MM_KIND_COUNT) {
@@ -90,12 +92,12 @@ static megamoe_status_t mm_trace_add_session(mm_trace_t *t, const mm_prof_sessio
             if (st == MEGAMOE_OK) st = mm_trace_add_event(t, &e);
         }
         rank->records += count;
-        rank->dropped += r->dropped;
+        rank->dropped += dropped;
         const char *rn = mm_trace_role_name(role);
-        if (st == MEGAMOE_OK && r->dropped)
+        if (st == MEGAMOE_OK && dropped)
             st = mm_trace_warn(t, "rank %d %s %d: %llu records dropped (ring of %u records full); "
                                   "raise records_per_worker",
-                               pid, rn, r->index, (unsigned long long)r->dropped, r->capacity);
+                               pid, rn, r->index, (unsigned long long)dropped, r->capacity);
         if (st == MEGAMOE_OK && overlaps)
             st = mm_trace_warn(t, "rank %d %s %d: %llu spans overlap the previous span of the "
                                   "same worker (producer bug)",

@@ -50,7 +50,8 @@ static int mm_proc_gone(int pid, uint64_t start_time)
     return 0;
 }
 
-void mm_shmem_mark_lost(int pe, const char *why)
+/* Record the loss of pe here; publish != 0 also writes it into the job-lost word. */
+static void mm_mark_lost(int pe, const char *why, int publish)
 {
     mm_shmem_global_t *g = &mm_shmem_g;
     if (pe < 0 || pe >= g->n_pes || atomic_load(&g->closing)) return;
@@ -76,11 +77,24 @@ void mm_shmem_mark_lost(int pe, const char *why)
         atomic_store_explicit(&g->lost_pe, first, memory_order_release);
         MM_LOG(MEGAMOE_LOG_ERROR, "shmem: rank %d lost: %s", first, first_why);
     }
-    if (g->bases && g->bases[0]) {
+    if (publish && g->bases && g->bases[0]) {
         uint64_t zero = 0;
         __atomic_compare_exchange_n(&mm_shmem_header(g->bases[0])->lost, &zero,
                                     (uint64_t)pe + 1, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
     }
+}
+
+void mm_shmem_mark_lost(int pe, const char *why) { mm_mark_lost(pe, why, 1); }
+
+/* 1 when peer pe's process is known to be running (pidfd not readable, or /proc says so). */
+static int mm_peer_running(int pe)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    if (g->peers[pe].pidfd >= 0) {
+        struct pollfd p = {g->peers[pe].pidfd, POLLIN, 0};
+        return poll(&p, 1, 0) == 0;
+    }
+    return g->peers[pe].pid > 0 && !mm_proc_gone(g->peers[pe].pid, g->peers[pe].start_time);
 }
 
 int mm_shmem_lost_pe(void)
@@ -151,7 +165,14 @@ static void *mm_monitor_main(void *arg)
                 snprintf(why, sizeof why, "process %d exited", g->peers[who[i]].pid);
                 mm_shmem_mark_lost(who[i], why);
             } else {
-                mm_shmem_mark_lost(-2 - who[i], "its bootstrap connection closed");
+                /* A non-root PE whose connection to a rank 0 that still runs closed: rank 0
+                 * sees the same close and publishes the verdict (this PE, the one cut off).
+                 * Publishing "rank 0 lost" here could reach the job before rank 0's own
+                 * report and blame the live root (seen under TSan); the loss still fails this
+                 * PE's waiters. */
+                int pe = -2 - who[i];
+                int publish = !(pe == 0 && g->my_pe != 0 && mm_peer_running(0));
+                mm_mark_lost(pe, "its bootstrap connection closed", publish);
             }
         }
         if (need_proc)
