@@ -319,6 +319,12 @@ class MegaMoeExperts(torch.nn.Module):
         return gu, dn
 
     def forward(self, hidden_states, topk_ids, topk_weights, tokens_per_expert=None):
+        """Output of ``hidden_states`` ([..., H] flattening to T rows, bfloat16) through the
+        experts ``topk_ids`` ([T, K] global ids) chose, weighted by ``topk_weights`` ([T, K]);
+        ``tokens_per_expert`` ([E]) is the optional exact local histogram. Collective: every EP
+        rank calls it. Errors raise MegaMoeError on every rank before data moves: ids outside
+        [0, E), capacity overflow, NaN/Inf in hidden_states, topk_weights or (in backward) the
+        output gradient (``MEGAMOE_CHECK_FINITE=0`` lets those through)."""
         self._check_open("forward")
         gate_up, down = self._weights()
         t, h, k, e = self.local_num_tokens, self.hidden_size, self.top_k, self.num_experts
