@@ -24,32 +24,23 @@ enum { BW_PREP, BW_DISPATCH, BW_GMM_DA, BW_GMM_DW2, BW_SWIGLU, BW_GMM_DX, BW_GMM
        BW_REDUCE };
 
 typedef struct mm_bwd {
+    mm_moe_bwd_ctx_t c;
     int phase;
-    megamoe_experts_t *x;
-    mm_moe_group_t *g;
-    const megamoe_experts_saved_t *sv;
-    const mm_ep_plan_t *plan;
-    int64_t T, H, I, K, R;
+    int64_t R;
     const int64_t *group_rows;
-    const uint16_t *dout;  /* [T, H] */
-    uint16_t *dy;          /* [T*K, H] permuted order (to send) */
-    float *gw;             /* [T*K] grad router weights (fp32), slot order, or NULL */
-    const uint16_t *recv;  /* [R, H] received dY */
-    uint16_t *da;          /* [R, I] */
-    uint16_t *dgu;         /* [R, 2I] */
-    uint16_t *dx;          /* [R, H] */
-    const uint16_t *ret;   /* [T*K, H] returned dX, permuted order */
-    uint16_t *dhidden;     /* [T, H] */
-    void *dw1, *dw2;
-    megamoe_dtype_t wg_type;
+    uint16_t *dy;  /* [T*K, H] permuted order (to send) */
+    float *gw;     /* [T*K] grad router weights (fp32), slot order, or NULL */
+    uint16_t *da;  /* [R, I] */
+    uint16_t *dgu; /* [R, 2I] */
+    uint16_t *dx;  /* [R, H] */
     float *acc;
     int direct; /* dY written in place into the owners' receive buffers */
 } mm_bwd_t;
 
 static megamoe_status_t mm_bwd_gemm(mm_bwd_t *b, int worker, int nw)
 {
-    megamoe_experts_t *x = b->x;
-    const int64_t H = b->H, I = b->I;
+    megamoe_experts_t *x = b->c.x;
+    const int64_t H = b->c.H, I = b->c.I;
     mm_gemm_grouped_args_t g;
     mm_gemm_grouped_args_init(&g);
     g.num_groups = (int)x->L;
@@ -60,7 +51,7 @@ static megamoe_status_t mm_bwd_gemm(mm_bwd_t *b, int worker, int nw)
         g.form = MM_GEMM_NT;
         g.K = H;
         g.N = I;
-        g.A = b->recv;
+        g.A = b->c.recv;
         g.lda = H;
         g.weights = (const mm_gemm_weight_t *const *)x->packed.w2t;
         g.C = b->da;
@@ -72,14 +63,14 @@ static megamoe_status_t mm_bwd_gemm(mm_bwd_t *b, int worker, int nw)
         g.form = MM_GEMM_TN;
         g.M = I;
         g.N = H;
-        g.A = b->sv->a;
+        g.A = b->c.sv->a;
         g.lda = I;
-        g.B = b->recv;
+        g.B = b->c.recv;
         g.ldb = H;
-        g.C = b->dw2;
+        g.C = b->c.dw2;
         g.ldc = H;
         g.c_group_stride = I * H;
-        g.c_type = b->wg_type;
+        g.c_type = b->c.wg_type;
         break;
     case BW_GMM_DX: /* dX[R,H] = dGU[R,2I] · gate_up[j]ᵀ */
         g.form = MM_GEMM_NT;
@@ -97,14 +88,14 @@ static megamoe_status_t mm_bwd_gemm(mm_bwd_t *b, int worker, int nw)
         g.form = MM_GEMM_TN;
         g.M = H;
         g.N = 2 * I;
-        g.A = b->sv->x;
+        g.A = b->c.sv->x;
         g.lda = H;
         g.B = b->dgu;
         g.ldb = 2 * I;
-        g.C = b->dw1;
+        g.C = b->c.dw1;
         g.ldc = 2 * I;
         g.c_group_stride = H * 2 * I;
-        g.c_type = b->wg_type;
+        g.c_type = b->c.wg_type;
         break;
     default:
         return mm_error(MEGAMOE_INTERNAL, "phase %d is not a GEMM", b->phase);
@@ -115,29 +106,29 @@ static megamoe_status_t mm_bwd_gemm(mm_bwd_t *b, int worker, int nw)
 static megamoe_status_t mm_bwd_work(void *arg, int worker, int nw)
 {
     mm_bwd_t *b = arg;
-    const int64_t H = b->H, K = b->K;
+    const int64_t H = b->c.H, K = b->c.K;
     const size_t rb = (size_t)H * 2;
     int64_t lo, hi;
     switch (b->phase) {
     case BW_PREP: {
         /* dY rows go straight into their owners' receive rows when those are mapped here
          * (same host), else into the staging buffer that BW_DISPATCH then puts */
-        mm_pool_split(b->T * K, worker, nw, 1, &lo, &hi);
-        int64_t e = lo < hi ? mm_ep_expert_of_pos(b->plan, lo) : 0;
+        mm_pool_split(b->c.T * K, worker, nw, 1, &lo, &hi);
+        int64_t e = lo < hi ? mm_ep_expert_of_pos(b->c.plan, lo) : 0;
         for (int64_t p = lo; p < hi; p++) {
-            while (b->plan->src_off[e + 1] <= p) e++;
-            int64_t slot = b->plan->perm_slot[p];
-            const uint16_t *d = b->dout + (slot / K) * H;
-            uint16_t *dst = b->direct ? mm_ep_dispatch_dst(b->g->xbuf, b->plan, p, e)
+            while (b->c.plan->src_off[e + 1] <= p) e++;
+            int64_t slot = b->c.plan->perm_slot[p];
+            const uint16_t *d = b->c.dout + (slot / K) * H;
+            uint16_t *dst = b->direct ? mm_ep_dispatch_dst(b->c.g->xbuf, b->c.plan, p, e)
                                       : b->dy + p * H;
-            mm_rows_scale(dst, d, b->sv->w[slot], (size_t)H);
-            if (b->gw) b->gw[slot] = mm_rows_dot(d, b->sv->y + p * H, (size_t)H);
+            mm_rows_scale(dst, d, b->c.sv->w[slot], (size_t)H);
+            if (b->gw) b->gw[slot] = mm_rows_dot(d, b->c.sv->y + p * H, (size_t)H);
         }
         return MEGAMOE_OK;
     }
     case BW_DISPATCH:
-        mm_pool_split(b->T * K, worker, nw, 1, &lo, &hi);
-        mm_ep_dispatch_rows(b->g->xbuf, b->plan, b->dy, rb, 0, lo, hi);
+        mm_pool_split(b->c.T * K, worker, nw, 1, &lo, &hi);
+        mm_ep_dispatch_rows(b->c.g->xbuf, b->c.plan, b->dy, rb, 0, lo, hi);
         return MEGAMOE_OK;
     case BW_GMM_DA:
     case BW_GMM_DW2:
@@ -147,16 +138,16 @@ static megamoe_status_t mm_bwd_work(void *arg, int worker, int nw)
     case BW_SWIGLU:
         mm_pool_split(b->R, worker, nw, 1, &lo, &hi);
         if (hi <= lo) return MEGAMOE_OK;
-        return mm_swiglu_bwd(hi - lo, b->I, b->sv->gu + lo * 2 * b->I, 2 * b->I,
-                             b->da + lo * b->I, b->I, b->dgu + lo * 2 * b->I, 2 * b->I,
-                             b->x->cfg.limit);
+        return mm_swiglu_bwd(hi - lo, b->c.I, b->c.sv->gu + lo * 2 * b->c.I, 2 * b->c.I,
+                             b->da + lo * b->c.I, b->c.I, b->dgu + lo * 2 * b->c.I, 2 * b->c.I,
+                             b->c.x->cfg.limit);
     case BW_COMBINE:
         mm_pool_split(b->R, worker, nw, 1, &lo, &hi);
-        mm_ep_combine_rows(b->g->xbuf, b->plan, b->dx, rb, lo, hi);
+        mm_ep_combine_rows(b->c.g->xbuf, b->c.plan, b->dx, rb, lo, hi);
         return MEGAMOE_OK;
     case BW_REDUCE: {
-        mm_pool_split(b->T, worker, nw, 1, &lo, &hi);
-        mm_rows_reduce_tokens(b->dhidden, b->ret, b->plan->slot_pos, NULL, NULL,
+        mm_pool_split(b->c.T, worker, nw, 1, &lo, &hi);
+        mm_rows_reduce_tokens(b->c.dhidden, b->c.ret, b->c.plan->slot_pos, NULL, NULL,
                               b->acc + (size_t)worker * (size_t)H, H, K, lo, hi);
         return MEGAMOE_OK;
     }
@@ -169,8 +160,8 @@ static megamoe_status_t mm_bwd_phase(mm_bwd_t *b, int phase, int timer)
 {
     uint64_t t0 = mm_now_ns();
     b->phase = phase;
-    megamoe_status_t st = mm_pool_run(b->g->pool, mm_bwd_work, b);
-    if (timer >= 0) b->x->phase_s[timer] += (double)(mm_now_ns() - t0) * 1e-9;
+    megamoe_status_t st = mm_pool_run(b->c.g->pool, mm_bwd_work, b);
+    if (timer >= 0) b->c.x->phase_s[timer] += (double)(mm_now_ns() - t0) * 1e-9;
     return st;
 }
 
@@ -228,22 +219,8 @@ megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, megamoe_experts_saved_
     int64_t *group_rows = NULL;
     if (st == MEGAMOE_OK) {
         const int64_t R = sv->rows, Rb = R > 0 ? R : 1;
-        b.x = x;
-        b.g = g;
-        b.sv = sv;
-        b.plan = sv->plan;
-        b.T = T;
-        b.H = H;
-        b.I = I;
-        b.K = K;
+        mm_moe_bwd_ctx_init(&b.c, x, sv, dout, gr);
         b.R = R;
-        b.dout = dout;
-        b.recv = g->xbuf->recv;
-        b.ret = g->xbuf->ret;
-        b.dhidden = gr->hidden_states;
-        b.dw1 = gr->gate_up;
-        b.dw2 = gr->down;
-        b.wg_type = gr->weight_grad_dtype;
         group_rows = calloc((size_t)L, sizeof *group_rows);
         if (group_rows == NULL) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "group list");
         else

@@ -21,39 +21,29 @@
 #include "moe/moe_rows.h"
 
 typedef struct mm_o1_bwd {
-    megamoe_experts_t *x;
-    mm_moe_group_t *g;
-    const megamoe_experts_saved_t *sv;
-    const mm_ep_plan_t *plan;
-    int64_t T, H, I, K;
-    int direct;            /* dY rows written in place into the owners' receive buffers */
-    const uint16_t *dout;  /* [T, H] */
-    float *gw;             /* [T*K] grad router weights (fp32), slot order, or NULL */
-    const uint16_t *recv;  /* [R, H] received dY */
-    uint16_t *dgu;         /* [R, 2I] */
-    const uint16_t *ret;   /* [T*K, H] returned dX, permuted order */
-    uint16_t *dhidden;     /* [T, H] */
-    void *dw1, *dw2;
-    megamoe_dtype_t wg_type;
+    mm_moe_bwd_ctx_t c;
+    int direct;    /* dY rows written in place into the owners' receive buffers */
+    float *gw;     /* [T*K] grad router weights (fp32), slot order, or NULL */
+    uint16_t *dgu; /* [R, 2I] */
 } mm_o1_bwd_t;
 
 static megamoe_status_t mm_o1_bwd_dispatch(void *ctx, mm_mc_worker_t *w, const mm_mc_tile_t *t)
 {
     mm_o1_bwd_t *b = ctx;
-    const int64_t H = b->H, K = b->K;
-    const mm_ep_plan_t *p = b->plan;
-    uint16_t *stage = mm_moe_o1_scratch(&b->x->cfg, w).rows;
+    const int64_t H = b->c.H, K = b->c.K;
+    const mm_ep_plan_t *p = b->c.plan;
+    uint16_t *stage = mm_moe_o1_scratch(&b->c.x->cfg, w).rows;
     for (int64_t i = 0; i < t->rows; i++) {
         int64_t pos = t->row0 + i, slot = p->perm_slot[pos];
-        const uint16_t *d = b->dout + (slot / K) * H;
-        uint16_t *dst = b->direct ? mm_ep_dispatch_dst(b->g->xbuf, p, pos, t->e) : stage + i * H;
-        mm_rows_scale(dst, d, b->sv->w[slot], (size_t)H);
-        if (b->gw) b->gw[slot] = mm_rows_dot(d, b->sv->y + pos * H, (size_t)H);
+        const uint16_t *d = b->c.dout + (slot / K) * H;
+        uint16_t *dst = b->direct ? mm_ep_dispatch_dst(b->c.g->xbuf, p, pos, t->e) : stage + i * H;
+        mm_rows_scale(dst, d, b->c.sv->w[slot], (size_t)H);
+        if (b->gw) b->gw[slot] = mm_rows_dot(d, b->c.sv->y + pos * H, (size_t)H);
     }
     if (!b->direct) { /* the tile's rows are contiguous on the owner */
         int64_t row = p->dst_off[t->e] + (t->row0 - p->src_off[t->e]);
-        mm_shmem_put((char *)b->g->xbuf->recv + (size_t)row * b->g->xbuf->row_bytes, stage,
-                     (size_t)t->rows * b->g->xbuf->row_bytes, b->g->xbuf->pes[t->peer]);
+        mm_shmem_put((char *)b->c.g->xbuf->recv + (size_t)row * b->c.g->xbuf->row_bytes, stage,
+                     (size_t)t->rows * b->c.g->xbuf->row_bytes, b->c.g->xbuf->pes[t->peer]);
     }
     return MEGAMOE_OK;
 }
@@ -61,8 +51,8 @@ static megamoe_status_t mm_o1_bwd_dispatch(void *ctx, mm_mc_worker_t *w, const m
 static megamoe_status_t mm_o1_bwd_expert(void *ctx, mm_mc_worker_t *w, const mm_mc_tile_t *t)
 {
     mm_o1_bwd_t *b = ctx;
-    megamoe_experts_t *x = b->x;
-    const int64_t H = b->H, I = b->I, r0 = t->row0, n = t->rows, e = t->e;
+    megamoe_experts_t *x = b->c.x;
+    const int64_t H = b->c.H, I = b->c.I, r0 = t->row0, n = t->rows, e = t->e;
     mm_o1_scratch_t s = mm_moe_o1_scratch(&x->cfg, w);
     uint64_t t0 = w->ring ? mm_now_ns() : 0, t1;
     /* dA[n, I] = dY · down[j]ᵀ (the tile's dA lives only in the worker's scratch) */
@@ -72,7 +62,7 @@ static megamoe_status_t mm_o1_bwd_expert(void *ctx, mm_mc_worker_t *w, const mm_
     g.M = n;
     g.K = H;
     g.N = I;
-    g.A = b->recv + r0 * H;
+    g.A = b->c.recv + r0 * H;
     g.lda = H;
     g.weight = x->packed.w2t[t->j];
     g.C = s.a;
@@ -85,14 +75,14 @@ static megamoe_status_t mm_o1_bwd_expert(void *ctx, mm_mc_worker_t *w, const mm_
         t0 = t1;
     }
     uint16_t *dgu = b->dgu + r0 * 2 * I;
-    MM_CHECK(mm_swiglu_bwd(n, I, b->sv->gu + r0 * 2 * I, 2 * I, s.a, I, dgu, 2 * I, x->cfg.limit));
+    MM_CHECK(mm_swiglu_bwd(n, I, b->c.sv->gu + r0 * 2 * I, 2 * I, s.a, I, dgu, 2 * I, x->cfg.limit));
     if (w->ring) {
         t1 = mm_now_ns();
         mm_mc_trace(w, MM_MC_ST_SWIGLU_GRAD, e, t->peer, t0, t1);
         t0 = t1;
     }
     /* dX[n, H] = dGU · gate_up[j]ᵀ straight into the source's return rows */
-    void *dst = mm_moe_o1_ret_dst(b->g, t->peer, t->ret_row, s.rows);
+    void *dst = mm_moe_o1_ret_dst(b->c.g, t->peer, t->ret_row, s.rows);
     mm_gemm_args_init(&g);
     g.form = MM_GEMM_NT;
     g.M = n;
@@ -105,7 +95,7 @@ static megamoe_status_t mm_o1_bwd_expert(void *ctx, mm_mc_worker_t *w, const mm_
     g.ldc = H;
     g.c_type = MEGAMOE_DTYPE_BF16;
     MM_CHECK(mm_gemm(&g));
-    mm_moe_o1_ret_put(b->g, t->peer, t->ret_row, dst, s.rows, n);
+    mm_moe_o1_ret_put(b->c.g, t->peer, t->ret_row, dst, s.rows, n);
     if (w->ring) mm_mc_trace(w, MM_MC_ST_GMM_DX, e, t->peer, t0, mm_now_ns());
     return MEGAMOE_OK;
 }
@@ -115,33 +105,33 @@ static megamoe_status_t mm_o1_bwd_wgrad(void *ctx, mm_mc_worker_t *w, int which,
 {
     (void)w;
     mm_o1_bwd_t *b = ctx;
-    const int64_t H = b->H, I = b->I;
-    const int64_t go = b->plan->group_off[j], rows = b->plan->group_off[j + 1] - go;
+    const int64_t H = b->c.H, I = b->c.I;
+    const int64_t go = b->c.plan->group_off[j], rows = b->c.plan->group_off[j + 1] - go;
     mm_gemm_args_t g;
     mm_gemm_args_init(&g);
     g.form = MM_GEMM_TN;
     g.K = rows; /* an expert without rows gets exact zeros */
-    g.c_type = b->wg_type;
+    g.c_type = b->c.wg_type;
     g.m0 = m0;
     g.m1 = m1;
-    const size_t es = megamoe_dtype_size(b->wg_type);
+    const size_t es = megamoe_dtype_size(b->c.wg_type);
     if (which == 2) { /* dW2_j[I, H] = A_jᵀ · dY_j */
         g.M = I;
         g.N = H;
-        g.A = b->sv->a + go * I;
+        g.A = b->c.sv->a + go * I;
         g.lda = I;
-        g.B = b->recv + go * H;
+        g.B = b->c.recv + go * H;
         g.ldb = H;
-        g.C = (char *)b->dw2 + (size_t)(j * I * H) * es;
+        g.C = (char *)b->c.dw2 + (size_t)(j * I * H) * es;
         g.ldc = H;
     } else { /* dW1_j[H, 2I] = X_jᵀ · dGU_j */
         g.M = H;
         g.N = 2 * I;
-        g.A = b->sv->x + go * H;
+        g.A = b->c.sv->x + go * H;
         g.lda = H;
         g.B = b->dgu + go * 2 * I;
         g.ldb = 2 * I;
-        g.C = (char *)b->dw1 + (size_t)(j * H * 2 * I) * es;
+        g.C = (char *)b->c.dw1 + (size_t)(j * H * 2 * I) * es;
         g.ldc = 2 * I;
     }
     return mm_gemm(&g);
@@ -150,8 +140,8 @@ static megamoe_status_t mm_o1_bwd_wgrad(void *ctx, mm_mc_worker_t *w, int which,
 static megamoe_status_t mm_o1_bwd_reduce(void *ctx, mm_mc_worker_t *w, int64_t t0, int64_t t1)
 {
     mm_o1_bwd_t *b = ctx;
-    mm_rows_reduce_tokens(b->dhidden, b->ret, b->plan->slot_pos, NULL, NULL,
-                          mm_moe_o1_scratch(&b->x->cfg, w).acc, b->H, b->K, t0, t1);
+    mm_rows_reduce_tokens(b->c.dhidden, b->c.ret, b->c.plan->slot_pos, NULL, NULL,
+                          mm_moe_o1_scratch(&b->c.x->cfg, w).acc, b->c.H, b->c.K, t0, t1);
     return MEGAMOE_OK;
 }
 
@@ -160,7 +150,7 @@ megamoe_status_t mm_moe_backward_o1(megamoe_experts_t *x, megamoe_experts_saved_
                                     const megamoe_experts_grads_t *gr)
 {
     mm_moe_group_t *g = x->group;
-    const int64_t T = x->cfg.T, H = x->cfg.H, I = x->cfg.I, K = x->cfg.K;
+    const int64_t T = x->cfg.T, I = x->cfg.I, K = x->cfg.K;
     const size_t TK = (size_t)(T * K);
     uint64_t t0 = mm_now_ns();
     if (!g->ready) /* no forward ran: no executor; the same answer on every rank */
@@ -175,22 +165,8 @@ megamoe_status_t mm_moe_backward_o1(megamoe_experts_t *x, megamoe_experts_saved_
     memset(&b, 0, sizeof b);
     if (st == MEGAMOE_OK) {
         const int64_t Rb = sv->rows > 0 ? sv->rows : 1;
-        b.x = x;
-        b.g = g;
-        b.sv = sv;
-        b.plan = sv->plan;
-        b.T = T;
-        b.H = H;
-        b.I = I;
-        b.K = K;
+        mm_moe_bwd_ctx_init(&b.c, x, sv, dout, gr);
         b.direct = mm_ep_dispatch_direct(g->xbuf) && !mm_ep_force_puts;
-        b.dout = dout;
-        b.recv = g->xbuf->recv;
-        b.ret = g->xbuf->ret;
-        b.dhidden = gr->hidden_states;
-        b.dw1 = gr->gate_up;
-        b.dw2 = gr->down;
-        b.wg_type = gr->weight_grad_dtype;
         void *p = NULL;
         st = mm_moe_scratch(g, MM_SCR_DGU, (size_t)Rb * (size_t)(2 * I) * 2, &p);
         b.dgu = p;

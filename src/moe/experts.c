@@ -437,7 +437,13 @@ megamoe_status_t mm_moe_enter(megamoe_experts_t *x, const char *what)
     return MEGAMOE_OK;
 }
 
-void mm_moe_leave(megamoe_experts_t *x) { atomic_store(&x->group->busy, 0); }
+void mm_moe_leave(megamoe_experts_t *x, megamoe_status_t st)
+{
+    /* A lost peer or a timeout leaves the ranks out of step wherever it struck (the routing
+     * exchange as much as a launch): only close() may follow, the same answer on every rank. */
+    if (st == MEGAMOE_PEER_LOST || st == MEGAMOE_TIMEOUT) x->group->broken = 1;
+    atomic_store(&x->group->busy, 0);
+}
 
 /* Create or refresh one set of packed weights (one per local expert). */
 static megamoe_status_t mm_moe_pack_set(megamoe_experts_t *x, mm_gemm_weight_t ***set,
@@ -457,6 +463,53 @@ static megamoe_status_t mm_moe_pack_set(megamoe_experts_t *x, mm_gemm_weight_t *
             MM_CHECK(mm_gemm_weight_update((*set)[j], src, ld, version, NULL));
     }
     return MEGAMOE_OK;
+}
+
+void mm_moe_fwd_ctx_init(mm_moe_fwd_ctx_t *c, megamoe_experts_t *x, const mm_ep_plan_t *plan,
+                         const megamoe_experts_input_t *in, void *output,
+                         const megamoe_experts_saved_t *sv)
+{
+    memset(c, 0, sizeof *c);
+    c->x = x;
+    c->g = x->group;
+    c->plan = plan;
+    c->T = x->cfg.T;
+    c->H = x->cfg.H;
+    c->I = x->cfg.I;
+    c->K = x->cfg.K;
+    c->hidden = in->hidden_states;
+    c->recv = x->group->xbuf->recv;
+    c->ret = x->group->xbuf->ret;
+    c->out = output;
+    if (sv != NULL) {
+        c->xsave = sv->x;
+        c->gu = sv->gu;
+        c->a = sv->a;
+        c->ysave = sv->y;
+        c->w = sv->w;
+    }
+}
+
+void mm_moe_bwd_ctx_init(mm_moe_bwd_ctx_t *c, megamoe_experts_t *x,
+                         const megamoe_experts_saved_t *sv, const void *dout,
+                         const megamoe_experts_grads_t *gr)
+{
+    memset(c, 0, sizeof *c);
+    c->x = x;
+    c->g = x->group;
+    c->sv = sv;
+    c->plan = sv->plan;
+    c->T = x->cfg.T;
+    c->H = x->cfg.H;
+    c->I = x->cfg.I;
+    c->K = x->cfg.K;
+    c->dout = dout;
+    c->recv = x->group->xbuf->recv;
+    c->ret = x->group->xbuf->ret;
+    c->dhidden = gr->hidden_states;
+    c->dw1 = gr->gate_up;
+    c->dw2 = gr->down;
+    c->wg_type = gr->weight_grad_dtype;
 }
 
 megamoe_status_t mm_moe_check_finite(const char *what, const void *p, megamoe_dtype_t dtype,
@@ -526,7 +579,7 @@ megamoe_status_t megamoe_experts_forward(megamoe_experts_t *x,
         st = mm_moe_is_o1(&x->cfg) ? mm_moe_forward_o1(x, weights, input, output, saved_p)
                                    : mm_moe_forward_o0(x, weights, input, output, saved_p);
     }
-    mm_moe_leave(x);
+    mm_moe_leave(x, st);
     return st;
 }
 
@@ -539,7 +592,7 @@ megamoe_status_t megamoe_experts_backward(megamoe_experts_t *x, megamoe_experts_
     megamoe_status_t st = mm_moe_is_o1(&x->cfg)
                               ? mm_moe_backward_o1(x, saved, weights, grad_output, grads)
                               : mm_moe_backward_o0(x, saved, weights, grad_output, grads);
-    mm_moe_leave(x);
+    mm_moe_leave(x, st);
     return st;
 }
 

@@ -150,9 +150,10 @@ size_t mm_moe_heap_need(const mm_moe_config_t *cfg);
 
 /* ---- experts.c ---- */
 /* Common entry checks of forward/backward: open layer, usable group, serial use. On OK the
- * group is marked busy; mm_moe_leave() clears it. */
+ * group is marked busy; mm_moe_leave() clears it, and marks the group broken when the call
+ * returned PEER_LOST or TIMEOUT. */
 megamoe_status_t mm_moe_enter(megamoe_experts_t *x, const char *what);
-void mm_moe_leave(megamoe_experts_t *x);
+void mm_moe_leave(megamoe_experts_t *x, megamoe_status_t st);
 /* INVALID_ARGUMENT naming what[row][col] when p (rows x cols bf16 or fp32) holds a NaN or Inf,
  * unless MEGAMOE_CHECK_FINITE=0. Local: callers agree the status before data moves. */
 megamoe_status_t mm_moe_check_finite(const char *what, const void *p, megamoe_dtype_t dtype,
@@ -165,6 +166,42 @@ megamoe_status_t mm_moe_pack_weights(megamoe_experts_t *x, const megamoe_experts
  * plan only on success. */
 megamoe_status_t mm_moe_saved_create(const megamoe_experts_t *x, mm_ep_plan_t *plan,
                                      megamoe_dtype_t w_dtype, megamoe_experts_saved_t **saved_p);
+
+/* ---- what both schedules' forward and backward bodies share (experts.c) ---- */
+typedef struct mm_moe_fwd_ctx {
+    megamoe_experts_t *x;
+    mm_moe_group_t *g;
+    const mm_ep_plan_t *plan;
+    int64_t T, H, I, K;
+    const uint16_t *hidden;   /* [T, H] */
+    const uint16_t *recv;     /* [R, H] received rows (symmetric) */
+    const uint16_t *ret;      /* [T*K, H] returned rows (symmetric), permuted order */
+    uint16_t *out;            /* [T, H] */
+    uint16_t *xsave, *gu, *a; /* saved [R, H], [R, 2I], [R, I]; NULL for inference */
+    uint16_t *ysave;          /* [T*K, H] or NULL */
+    const float *w;           /* [T*K] router weights (fp32), slot order */
+} mm_moe_fwd_ctx_t;
+/* The shared fields of a forward over plan; with sv (training) its saved buffers. */
+void mm_moe_fwd_ctx_init(mm_moe_fwd_ctx_t *c, megamoe_experts_t *x, const mm_ep_plan_t *plan,
+                         const megamoe_experts_input_t *in, void *output,
+                         const megamoe_experts_saved_t *sv);
+
+typedef struct mm_moe_bwd_ctx {
+    megamoe_experts_t *x;
+    mm_moe_group_t *g;
+    const megamoe_experts_saved_t *sv;
+    const mm_ep_plan_t *plan;
+    int64_t T, H, I, K;
+    const uint16_t *dout;  /* [T, H] */
+    const uint16_t *recv;  /* [R, H] received dY */
+    const uint16_t *ret;   /* [T*K, H] returned dX, permuted order */
+    uint16_t *dhidden;     /* [T, H] */
+    void *dw1, *dw2;
+    megamoe_dtype_t wg_type;
+} mm_moe_bwd_ctx_t;
+void mm_moe_bwd_ctx_init(mm_moe_bwd_ctx_t *c, megamoe_experts_t *x,
+                         const megamoe_experts_saved_t *sv, const void *dout,
+                         const megamoe_experts_grads_t *gr);
 
 /* ---- forward_o0.c / backward_o0.c ---- */
 megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, const megamoe_experts_weights_t *w,

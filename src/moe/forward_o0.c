@@ -21,26 +21,17 @@
 enum { FW_DISPATCH, FW_GMM1, FW_SWIGLU, FW_GMM2, FW_COMBINE, FW_REDUCE };
 
 typedef struct mm_fwd {
+    mm_moe_fwd_ctx_t c;        /* gu, a: scratch [R, 2I], [R, I] for inference */
     int phase;
-    megamoe_experts_t *x;
-    mm_moe_group_t *g;
-    const mm_ep_plan_t *plan;
-    int64_t T, H, I, K, R;
-    const int64_t *group_rows;   /* [L] rows per local expert */
-    const uint16_t *hidden;      /* [T, H] */
-    const uint16_t *recv;        /* [R, H] received rows (symmetric) */
-    uint16_t *xsave;             /* [R, H] copy for backward, or NULL */
-    uint16_t *gu, *a, *y;        /* [R, 2I], [R, I], [R, H] */
-    const uint16_t *ret;         /* [T*K, H] returned rows (symmetric), permuted order */
-    uint16_t *ysave;             /* [T*K, H] copy for backward, or NULL */
-    const float *w;              /* [T*K] router weights, slot order */
-    uint16_t *out;               /* [T, H] */
-    float *acc;                  /* [workers, H] */
+    int64_t R;
+    const int64_t *group_rows; /* [L] rows per local expert */
+    uint16_t *y;               /* [R, H] */
+    float *acc;                /* [workers, H] */
 } mm_fwd_t;
 
 static megamoe_status_t mm_fwd_gemm(mm_fwd_t *f, int worker, int nw, int second)
 {
-    megamoe_experts_t *x = f->x;
+    megamoe_experts_t *x = f->c.x;
     mm_gemm_grouped_args_t g;
     mm_gemm_grouped_args_init(&g);
     g.form = MM_GEMM_NN;
@@ -48,21 +39,21 @@ static megamoe_status_t mm_fwd_gemm(mm_fwd_t *f, int worker, int nw, int second)
     g.group_rows = f->group_rows;
     g.c_type = MEGAMOE_DTYPE_BF16;
     if (!second) { /* [R,H] · gate_up[j] [H,2I] */
-        g.K = f->H;
-        g.N = 2 * f->I;
-        g.A = f->recv;
-        g.lda = f->H;
+        g.K = f->c.H;
+        g.N = 2 * f->c.I;
+        g.A = f->c.recv;
+        g.lda = f->c.H;
         g.weights = (const mm_gemm_weight_t *const *)x->packed.w1;
-        g.C = f->gu;
-        g.ldc = 2 * f->I;
+        g.C = f->c.gu;
+        g.ldc = 2 * f->c.I;
     } else { /* [R,I] · down[j] [I,H] */
-        g.K = f->I;
-        g.N = f->H;
-        g.A = f->a;
-        g.lda = f->I;
+        g.K = f->c.I;
+        g.N = f->c.H;
+        g.A = f->c.a;
+        g.lda = f->c.I;
         g.weights = (const mm_gemm_weight_t *const *)x->packed.w2;
         g.C = f->y;
-        g.ldc = f->H;
+        g.ldc = f->c.H;
     }
     int64_t align = mm_gemm_weight_n_align(g.weights[0]);
     return mm_moe_gemm_split(&g, worker, nw, align);
@@ -71,35 +62,35 @@ static megamoe_status_t mm_fwd_gemm(mm_fwd_t *f, int worker, int nw, int second)
 static megamoe_status_t mm_fwd_work(void *arg, int worker, int nw)
 {
     mm_fwd_t *f = arg;
-    const size_t rb = (size_t)f->H * 2;
+    const size_t rb = (size_t)f->c.H * 2;
     int64_t b, e;
     switch (f->phase) {
     case FW_DISPATCH:
-        mm_pool_split(f->T * f->K, worker, nw, 1, &b, &e);
-        mm_ep_dispatch_rows(f->g->xbuf, f->plan, f->hidden, rb, 1, b, e);
+        mm_pool_split(f->c.T * f->c.K, worker, nw, 1, &b, &e);
+        mm_ep_dispatch_rows(f->c.g->xbuf, f->c.plan, f->c.hidden, rb, 1, b, e);
         return MEGAMOE_OK;
     case FW_GMM1:
-        if (f->xsave) { /* keep the received tokens for dW1 = Xᵀ·dGU */
+        if (f->c.xsave) { /* keep the received tokens for dW1 = Xᵀ·dGU */
             mm_pool_split(f->R, worker, nw, 1, &b, &e);
-            if (e > b) memcpy(f->xsave + b * f->H, f->recv + b * f->H, (size_t)(e - b) * rb);
+            if (e > b) memcpy(f->c.xsave + b * f->c.H, f->c.recv + b * f->c.H, (size_t)(e - b) * rb);
         }
         return mm_fwd_gemm(f, worker, nw, 0);
     case FW_SWIGLU:
         mm_pool_split(f->R, worker, nw, 1, &b, &e);
         if (e <= b) return MEGAMOE_OK;
-        return mm_swiglu_fwd(e - b, f->I, f->gu + b * 2 * f->I, 2 * f->I, f->a + b * f->I, f->I,
-                             f->x->cfg.limit);
+        return mm_swiglu_fwd(e - b, f->c.I, f->c.gu + b * 2 * f->c.I, 2 * f->c.I, f->c.a + b * f->c.I, f->c.I,
+                             f->c.x->cfg.limit);
     case FW_GMM2:
         return mm_fwd_gemm(f, worker, nw, 1);
     case FW_COMBINE:
         mm_pool_split(f->R, worker, nw, 1, &b, &e);
-        mm_ep_combine_rows(f->g->xbuf, f->plan, f->y, rb, b, e);
+        mm_ep_combine_rows(f->c.g->xbuf, f->c.plan, f->y, rb, b, e);
         return MEGAMOE_OK;
     case FW_REDUCE:
         /* ysave keeps the expert outputs for grad topk_weights = <dOut, y> */
-        mm_pool_split(f->T, worker, nw, 1, &b, &e);
-        mm_rows_reduce_tokens(f->out, f->ret, f->plan->slot_pos, f->w, f->ysave,
-                              f->acc + (size_t)worker * (size_t)f->H, f->H, f->K, b, e);
+        mm_pool_split(f->c.T, worker, nw, 1, &b, &e);
+        mm_rows_reduce_tokens(f->c.out, f->c.ret, f->c.plan->slot_pos, f->c.w, f->c.ysave,
+                              f->acc + (size_t)worker * (size_t)f->c.H, f->c.H, f->c.K, b, e);
         return MEGAMOE_OK;
     default:
         return mm_error(MEGAMOE_INTERNAL, "unknown forward phase %d", f->phase);
@@ -111,8 +102,8 @@ static megamoe_status_t mm_fwd_phase(mm_fwd_t *f, int phase, int timer)
 {
     uint64_t t0 = mm_now_ns();
     f->phase = phase;
-    megamoe_status_t st = mm_pool_run(f->g->pool, mm_fwd_work, f);
-    if (timer >= 0) f->x->phase_s[timer] += (double)(mm_now_ns() - t0) * 1e-9;
+    megamoe_status_t st = mm_pool_run(f->c.g->pool, mm_fwd_work, f);
+    if (timer >= 0) f->c.x->phase_s[timer] += (double)(mm_now_ns() - t0) * 1e-9;
     return st;
 }
 
@@ -187,18 +178,8 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, const megamoe_experts_w
     /* ---- buffers: saved ones sized to the rows actually received ---- */
     mm_fwd_t f;
     memset(&f, 0, sizeof f);
-    f.x = x;
-    f.g = g;
-    f.plan = plan;
-    f.T = T;
-    f.H = H;
-    f.I = I;
-    f.K = K;
+    mm_moe_fwd_ctx_init(&f.c, x, plan, in, output, NULL);
     f.R = R;
-    f.hidden = in->hidden_states;
-    f.recv = g->xbuf->recv;
-    f.ret = g->xbuf->ret;
-    f.out = output;
     megamoe_experts_saved_t *sv = NULL;
     int64_t *group_rows = calloc((size_t)L, sizeof *group_rows);
     if (group_rows == NULL) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "group list");
@@ -207,23 +188,17 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, const megamoe_experts_w
     f.group_rows = group_rows;
     if (st == MEGAMOE_OK && saved_p != NULL) {
         st = mm_moe_saved_create(x, plan, in->topk_weights_dtype, &sv);
-        if (st == MEGAMOE_OK) {
-            f.xsave = sv->x;
-            f.gu = sv->gu;
-            f.a = sv->a;
-            f.ysave = sv->y;
-            f.w = sv->w;
-        }
+        if (st == MEGAMOE_OK) mm_moe_fwd_ctx_init(&f.c, x, plan, in, output, sv);
     } else if (st == MEGAMOE_OK) {
         void *p = NULL;
         st = mm_moe_scratch(g, MM_SCR_GU, (size_t)Rb * (size_t)(2 * I) * 2, &p);
-        f.gu = p;
+        f.c.gu = p;
         if (st == MEGAMOE_OK) st = mm_moe_scratch(g, MM_SCR_A, (size_t)Rb * (size_t)I * 2, &p);
-        f.a = p;
-        if (st == MEGAMOE_OK && in->topk_weights_dtype == MEGAMOE_DTYPE_FP32) f.w = in->topk_weights;
+        f.c.a = p;
+        if (st == MEGAMOE_OK && in->topk_weights_dtype == MEGAMOE_DTYPE_FP32) f.c.w = in->topk_weights;
         else if (st == MEGAMOE_OK) {
             st = mm_moe_scratch(g, MM_SCR_F32, TK * sizeof(float), &p);
-            f.w = p;
+            f.c.w = p;
         }
     }
     void *p = NULL;
@@ -232,8 +207,8 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, const megamoe_experts_w
     if (st == MEGAMOE_OK)
         st = mm_moe_scratch(g, MM_SCR_ACC, (size_t)mm_pool_size(g->pool) * (size_t)H * 4, &p);
     f.acc = p;
-    if (st == MEGAMOE_OK && f.w != in->topk_weights) /* fp32 router weights in slot order */
-        st = megamoe_convert((float *)f.w, MEGAMOE_DTYPE_FP32, in->topk_weights,
+    if (st == MEGAMOE_OK && f.c.w != in->topk_weights) /* fp32 router weights in slot order */
+        st = megamoe_convert((float *)f.c.w, MEGAMOE_DTYPE_FP32, in->topk_weights,
                              in->topk_weights_dtype, TK);
     /* Nothing has moved yet: a failure anywhere stops every rank here. */
     st = mm_shmem_team_agree(x->team, st);

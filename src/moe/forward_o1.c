@@ -52,24 +52,15 @@ mm_o1_scratch_t mm_moe_o1_scratch(const mm_moe_config_t *c, const mm_mc_worker_t
 }
 
 typedef struct mm_o1_fwd {
-    megamoe_experts_t *x;
-    mm_moe_group_t *g;
-    const mm_ep_plan_t *plan;
-    int64_t T, H, I, K;
-    const uint16_t *hidden; /* [T, H] */
-    const uint16_t *recv;   /* [R, H] received rows (symmetric) */
-    uint16_t *ret;          /* [T*K, H] returned rows (symmetric), permuted order */
-    uint16_t *xsave, *gu, *a; /* saved [R, H], [R, 2I], [R, I]; NULL for inference */
-    uint16_t *ysave;        /* [T*K, H] or NULL */
-    const float *w;         /* [T*K] router weights, slot order */
-    uint16_t *out;          /* [T, H] */
+    mm_moe_fwd_ctx_t c; /* gu, a NULL for inference: they stay in the workers' tiles */
 } mm_o1_fwd_t;
+
 
 static megamoe_status_t mm_o1_fwd_dispatch(void *ctx, mm_mc_worker_t *w, const mm_mc_tile_t *t)
 {
     (void)w;
     mm_o1_fwd_t *f = ctx;
-    mm_ep_dispatch_rows(f->g->xbuf, f->plan, f->hidden, (size_t)f->H * 2, 1, t->row0,
+    mm_ep_dispatch_rows(f->c.g->xbuf, f->c.plan, f->c.hidden, (size_t)f->c.H * 2, 1, t->row0,
                         t->row0 + t->rows);
     return MEGAMOE_OK;
 }
@@ -95,17 +86,17 @@ void mm_moe_o1_ret_put(const mm_moe_group_t *g, int src, int64_t row, const void
 static megamoe_status_t mm_o1_fwd_expert(void *ctx, mm_mc_worker_t *w, const mm_mc_tile_t *t)
 {
     mm_o1_fwd_t *f = ctx;
-    const int64_t H = f->H, I = f->I, r0 = t->row0, n = t->rows;
+    const int64_t H = f->c.H, I = f->c.I, r0 = t->row0, n = t->rows;
     const int64_t e = t->e;
-    mm_o1_scratch_t s = mm_moe_o1_scratch(&f->x->cfg, w);
+    mm_o1_scratch_t s = mm_moe_o1_scratch(&f->c.x->cfg, w);
     uint64_t t0 = w->ring ? mm_now_ns() : 0, t1;
-    const uint16_t *xin = f->recv + r0 * H;
-    if (f->xsave) { /* kept for dW1 = Xᵀ·dGU; GMM1 then reads the copy, hot in cache */
-        memcpy(f->xsave + r0 * H, xin, (size_t)(n * H) * 2);
-        xin = f->xsave + r0 * H;
+    const uint16_t *xin = f->c.recv + r0 * H;
+    if (f->c.xsave) { /* kept for dW1 = Xᵀ·dGU; GMM1 then reads the copy, hot in cache */
+        memcpy(f->c.xsave + r0 * H, xin, (size_t)(n * H) * 2);
+        xin = f->c.xsave + r0 * H;
     }
-    uint16_t *gu = f->gu ? f->gu + r0 * 2 * I : s.gu;
-    uint16_t *a = f->a ? f->a + r0 * I : s.a;
+    uint16_t *gu = f->c.gu ? f->c.gu + r0 * 2 * I : s.gu;
+    uint16_t *a = f->c.a ? f->c.a + r0 * I : s.a;
     mm_gemm_args_t g;
     mm_gemm_args_init(&g);
     g.form = MM_GEMM_NN;
@@ -114,7 +105,7 @@ static megamoe_status_t mm_o1_fwd_expert(void *ctx, mm_mc_worker_t *w, const mm_
     g.N = 2 * I;
     g.A = xin;
     g.lda = H;
-    g.weight = f->x->packed.w1[t->j];
+    g.weight = f->c.x->packed.w1[t->j];
     g.C = gu;
     g.ldc = 2 * I;
     g.c_type = MEGAMOE_DTYPE_BF16;
@@ -124,14 +115,14 @@ static megamoe_status_t mm_o1_fwd_expert(void *ctx, mm_mc_worker_t *w, const mm_
         mm_mc_trace(w, MM_MC_ST_GMM1, e, t->peer, t0, t1);
         t0 = t1;
     }
-    MM_CHECK(mm_swiglu_fwd(n, I, gu, 2 * I, a, I, f->x->cfg.limit));
+    MM_CHECK(mm_swiglu_fwd(n, I, gu, 2 * I, a, I, f->c.x->cfg.limit));
     if (w->ring) {
         t1 = mm_now_ns();
         mm_mc_trace(w, MM_MC_ST_SWIGLU, e, t->peer, t0, t1);
         t0 = t1;
     }
     /* GMM2 straight into the source's return rows: the combine needs no copy */
-    void *dst = mm_moe_o1_ret_dst(f->g, t->peer, t->ret_row, s.rows);
+    void *dst = mm_moe_o1_ret_dst(f->c.g, t->peer, t->ret_row, s.rows);
     mm_gemm_args_init(&g);
     g.form = MM_GEMM_NN;
     g.M = n;
@@ -139,12 +130,12 @@ static megamoe_status_t mm_o1_fwd_expert(void *ctx, mm_mc_worker_t *w, const mm_
     g.N = H;
     g.A = a;
     g.lda = I;
-    g.weight = f->x->packed.w2[t->j];
+    g.weight = f->c.x->packed.w2[t->j];
     g.C = dst;
     g.ldc = H;
     g.c_type = MEGAMOE_DTYPE_BF16;
     MM_CHECK(mm_gemm(&g));
-    mm_moe_o1_ret_put(f->g, t->peer, t->ret_row, dst, s.rows, n);
+    mm_moe_o1_ret_put(f->c.g, t->peer, t->ret_row, dst, s.rows, n);
     if (w->ring) mm_mc_trace(w, MM_MC_ST_GMM2, e, t->peer, t0, mm_now_ns());
     return MEGAMOE_OK;
 }
@@ -152,8 +143,8 @@ static megamoe_status_t mm_o1_fwd_expert(void *ctx, mm_mc_worker_t *w, const mm_
 static megamoe_status_t mm_o1_fwd_reduce(void *ctx, mm_mc_worker_t *w, int64_t t0, int64_t t1)
 {
     mm_o1_fwd_t *f = ctx;
-    mm_rows_reduce_tokens(f->out, f->ret, f->plan->slot_pos, f->w, f->ysave,
-                          mm_moe_o1_scratch(&f->x->cfg, w).acc, f->H, f->K, t0, t1);
+    mm_rows_reduce_tokens(f->c.out, f->c.ret, f->c.plan->slot_pos, f->c.w, f->c.ysave,
+                          mm_moe_o1_scratch(&f->c.x->cfg, w).acc, f->c.H, f->c.K, t0, t1);
     return MEGAMOE_OK;
 }
 
@@ -162,8 +153,7 @@ megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, const megamoe_experts_w
                                    megamoe_experts_saved_t **saved_p)
 {
     mm_moe_group_t *g = x->group;
-    const int64_t T = x->cfg.T, H = x->cfg.H, I = x->cfg.I, K = x->cfg.K;
-    const size_t TK = (size_t)(T * K);
+    const size_t TK = (size_t)(x->cfg.T * x->cfg.K);
 
     /* ---- local checks and packing, agreed in the collective routing plan ---- */
     mm_ep_plan_t *plan = NULL;
@@ -174,37 +164,20 @@ megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, const megamoe_experts_w
 
     /* ---- buffers (saved ones sized to the rows actually received) ---- */
     mm_o1_fwd_t f;
-    memset(&f, 0, sizeof f);
-    f.x = x;
-    f.g = g;
-    f.plan = plan;
-    f.T = T;
-    f.H = H;
-    f.I = I;
-    f.K = K;
-    f.hidden = in->hidden_states;
-    f.recv = g->xbuf->recv;
-    f.ret = g->xbuf->ret;
-    f.out = output;
+    mm_moe_fwd_ctx_init(&f.c, x, plan, in, output, NULL);
     megamoe_experts_saved_t *sv = NULL;
     if (saved_p != NULL) {
         st = mm_moe_saved_create(x, plan, in->topk_weights_dtype, &sv);
-        if (st == MEGAMOE_OK) {
-            f.xsave = sv->x;
-            f.gu = sv->gu;
-            f.a = sv->a;
-            f.ysave = sv->y;
-            f.w = sv->w;
-        }
+        if (st == MEGAMOE_OK) mm_moe_fwd_ctx_init(&f.c, x, plan, in, output, sv);
     } else if (in->topk_weights_dtype == MEGAMOE_DTYPE_FP32) {
-        f.w = in->topk_weights; /* inference: GMM1/SwiGLU outputs stay in the workers' tiles */
+        f.c.w = in->topk_weights; /* inference: GMM1/SwiGLU outputs stay in the workers' tiles */
     } else {
         void *p = NULL;
         st = mm_moe_scratch(g, MM_SCR_F32, TK * sizeof(float), &p);
-        f.w = p;
+        f.c.w = p;
     }
-    if (st == MEGAMOE_OK && f.w != in->topk_weights) /* fp32 router weights in slot order */
-        st = megamoe_convert((float *)f.w, MEGAMOE_DTYPE_FP32, in->topk_weights,
+    if (st == MEGAMOE_OK && f.c.w != in->topk_weights) /* fp32 router weights in slot order */
+        st = megamoe_convert((float *)f.c.w, MEGAMOE_DTYPE_FP32, in->topk_weights,
                              in->topk_weights_dtype, TK);
     x->phase_s[MM_PH_FWD_PREPARE] += (double)(mm_now_ns() - t0) * 1e-9;
 
