@@ -54,49 +54,19 @@ static megamoe_status_t mm_o1_bwd_expert(void *ctx, mm_mc_worker_t *w, const mm_
     megamoe_experts_t *x = b->c.x;
     const int64_t H = b->c.H, I = b->c.I, r0 = t->row0, n = t->rows, e = t->e;
     mm_o1_scratch_t s = mm_moe_o1_scratch(&x->cfg, w);
-    uint64_t t0 = w->ring ? mm_now_ns() : 0, t1;
+    uint64_t t0 = w->ring ? mm_now_ns() : 0;
     /* dA[n, I] = dY · down[j]ᵀ (the tile's dA lives only in the worker's scratch) */
-    mm_gemm_args_t g;
-    mm_gemm_args_init(&g);
-    g.form = MM_GEMM_NT;
-    g.M = n;
-    g.K = H;
-    g.N = I;
-    g.A = b->c.recv + r0 * H;
-    g.lda = H;
-    g.weight = x->packed.w2t[t->j];
-    g.C = s.a;
-    g.ldc = I;
-    g.c_type = MEGAMOE_DTYPE_BF16;
-    MM_CHECK(mm_gemm(&g));
-    if (w->ring) {
-        t1 = mm_now_ns();
-        mm_mc_trace(w, MM_MC_ST_GMM_DA, e, t->peer, t0, t1);
-        t0 = t1;
-    }
+    MM_CHECK(mm_moe_o1_tile_gemm(MM_GEMM_NT, x->packed.w2t[t->j], n, H, I, b->c.recv + r0 * H,
+                                 s.a));
+    mm_moe_o1_stamp(w, MM_MC_ST_GMM_DA, e, t->peer, &t0);
     uint16_t *dgu = b->dgu + r0 * 2 * I;
     MM_CHECK(mm_swiglu_bwd(n, I, b->c.sv->gu + r0 * 2 * I, 2 * I, s.a, I, dgu, 2 * I, x->cfg.limit));
-    if (w->ring) {
-        t1 = mm_now_ns();
-        mm_mc_trace(w, MM_MC_ST_SWIGLU_GRAD, e, t->peer, t0, t1);
-        t0 = t1;
-    }
+    mm_moe_o1_stamp(w, MM_MC_ST_SWIGLU_GRAD, e, t->peer, &t0);
     /* dX[n, H] = dGU · gate_up[j]ᵀ straight into the source's return rows */
     void *dst = mm_moe_o1_ret_dst(b->c.g, t->peer, t->ret_row, s.rows);
-    mm_gemm_args_init(&g);
-    g.form = MM_GEMM_NT;
-    g.M = n;
-    g.K = 2 * I;
-    g.N = H;
-    g.A = dgu;
-    g.lda = 2 * I;
-    g.weight = x->packed.w1t[t->j];
-    g.C = dst;
-    g.ldc = H;
-    g.c_type = MEGAMOE_DTYPE_BF16;
-    MM_CHECK(mm_gemm(&g));
+    MM_CHECK(mm_moe_o1_tile_gemm(MM_GEMM_NT, x->packed.w1t[t->j], n, 2 * I, H, dgu, dst));
     mm_moe_o1_ret_put(b->c.g, t->peer, t->ret_row, dst, s.rows, n);
-    if (w->ring) mm_mc_trace(w, MM_MC_ST_GMM_DX, e, t->peer, t0, mm_now_ns());
+    mm_moe_o1_stamp(w, MM_MC_ST_GMM_DX, e, t->peer, &t0);
     return MEGAMOE_OK;
 }
 

@@ -232,6 +232,11 @@ mm_o1_scratch_t mm_moe_o1_scratch(const mm_moe_config_t *cfg, const mm_mc_worker
 void *mm_moe_o1_ret_dst(const mm_moe_group_t *g, int src, int64_t row, uint16_t *tile);
 void mm_moe_o1_ret_put(const mm_moe_group_t *g, int src, int64_t row, const void *dst,
                        const uint16_t *tile, int64_t n);
+/* One tile's product through a packed weight: dense A [M, K] -> bf16 C [M, N]. */
+megamoe_status_t mm_moe_o1_tile_gemm(mm_gemm_form_t form, const mm_gemm_weight_t *weight,
+                                     int64_t M, int64_t K, int64_t N, const uint16_t *A, void *C);
+/* With a trace ring: record stage from *t0 to now and move *t0 there. */
+void mm_moe_o1_stamp(mm_mc_worker_t *w, int stage, int64_t e, int peer, uint64_t *t0);
 /* The start of a forward, shared by both schedules (forward_o0.c): input checks, weight packing
  * (time added to prepare_phase), then the collective routing plan (MM_PH_FWD_ROUTE), which
  * agrees any local failure so every rank returns the same status. On OK *plan_p is the plan. */

@@ -83,13 +83,39 @@ void mm_moe_o1_ret_put(const mm_moe_group_t *g, int src, int64_t row, const void
                  (size_t)n * g->xbuf->row_bytes, g->xbuf->pes[src]);
 }
 
+megamoe_status_t mm_moe_o1_tile_gemm(mm_gemm_form_t form, const mm_gemm_weight_t *weight,
+                                     int64_t M, int64_t K, int64_t N, const uint16_t *A, void *C)
+{
+    mm_gemm_args_t g;
+    mm_gemm_args_init(&g);
+    g.form = form;
+    g.M = M;
+    g.K = K;
+    g.N = N;
+    g.A = A;
+    g.lda = K;
+    g.weight = weight;
+    g.C = C;
+    g.ldc = N;
+    g.c_type = MEGAMOE_DTYPE_BF16;
+    return mm_gemm(&g);
+}
+
+void mm_moe_o1_stamp(mm_mc_worker_t *w, int stage, int64_t e, int peer, uint64_t *t0)
+{
+    if (!w->ring) return;
+    uint64_t t1 = mm_now_ns();
+    mm_mc_trace(w, stage, e, peer, *t0, t1);
+    *t0 = t1;
+}
+
 static megamoe_status_t mm_o1_fwd_expert(void *ctx, mm_mc_worker_t *w, const mm_mc_tile_t *t)
 {
     mm_o1_fwd_t *f = ctx;
     const int64_t H = f->c.H, I = f->c.I, r0 = t->row0, n = t->rows;
     const int64_t e = t->e;
     mm_o1_scratch_t s = mm_moe_o1_scratch(&f->c.x->cfg, w);
-    uint64_t t0 = w->ring ? mm_now_ns() : 0, t1;
+    uint64_t t0 = w->ring ? mm_now_ns() : 0;
     const uint16_t *xin = f->c.recv + r0 * H;
     if (f->c.xsave) { /* kept for dW1 = Xᵀ·dGU; GMM1 then reads the copy, hot in cache */
         memcpy(f->c.xsave + r0 * H, xin, (size_t)(n * H) * 2);
@@ -97,46 +123,15 @@ static megamoe_status_t mm_o1_fwd_expert(void *ctx, mm_mc_worker_t *w, const mm_
     }
     uint16_t *gu = f->c.gu ? f->c.gu + r0 * 2 * I : s.gu;
     uint16_t *a = f->c.a ? f->c.a + r0 * I : s.a;
-    mm_gemm_args_t g;
-    mm_gemm_args_init(&g);
-    g.form = MM_GEMM_NN;
-    g.M = n;
-    g.K = H;
-    g.N = 2 * I;
-    g.A = xin;
-    g.lda = H;
-    g.weight = f->c.x->packed.w1[t->j];
-    g.C = gu;
-    g.ldc = 2 * I;
-    g.c_type = MEGAMOE_DTYPE_BF16;
-    MM_CHECK(mm_gemm(&g));
-    if (w->ring) {
-        t1 = mm_now_ns();
-        mm_mc_trace(w, MM_MC_ST_GMM1, e, t->peer, t0, t1);
-        t0 = t1;
-    }
+    MM_CHECK(mm_moe_o1_tile_gemm(MM_GEMM_NN, f->c.x->packed.w1[t->j], n, H, 2 * I, xin, gu));
+    mm_moe_o1_stamp(w, MM_MC_ST_GMM1, e, t->peer, &t0);
     MM_CHECK(mm_swiglu_fwd(n, I, gu, 2 * I, a, I, f->c.x->cfg.limit));
-    if (w->ring) {
-        t1 = mm_now_ns();
-        mm_mc_trace(w, MM_MC_ST_SWIGLU, e, t->peer, t0, t1);
-        t0 = t1;
-    }
+    mm_moe_o1_stamp(w, MM_MC_ST_SWIGLU, e, t->peer, &t0);
     /* GMM2 straight into the source's return rows: the combine needs no copy */
     void *dst = mm_moe_o1_ret_dst(f->c.g, t->peer, t->ret_row, s.rows);
-    mm_gemm_args_init(&g);
-    g.form = MM_GEMM_NN;
-    g.M = n;
-    g.K = I;
-    g.N = H;
-    g.A = a;
-    g.lda = I;
-    g.weight = f->c.x->packed.w2[t->j];
-    g.C = dst;
-    g.ldc = H;
-    g.c_type = MEGAMOE_DTYPE_BF16;
-    MM_CHECK(mm_gemm(&g));
+    MM_CHECK(mm_moe_o1_tile_gemm(MM_GEMM_NN, f->c.x->packed.w2[t->j], n, I, H, a, dst));
     mm_moe_o1_ret_put(f->c.g, t->peer, t->ret_row, dst, s.rows, n);
-    if (w->ring) mm_mc_trace(w, MM_MC_ST_GMM2, e, t->peer, t0, mm_now_ns());
+    mm_moe_o1_stamp(w, MM_MC_ST_GMM2, e, t->peer, &t0);
     return MEGAMOE_OK;
 }
 
