@@ -17,7 +17,10 @@ for Ascend runs by swapping the module (the ``npu_`` prefix is optional)::
 (their symmetric workspaces are allocated collectively over the world). ``y_dtype`` picks the
 quantised output type: ``torch.int8`` or ``megamoe.float8_e4m3fn`` / ``megamoe.float8_e5m2``;
 fp8 outputs (and quant_mode 4's e8m0 scales) come back as ``torch.uint8`` tensors of the bytes.
-Unwritten output regions are zero. Semantics: docs/ops.md.
+Unwritten output regions are zero. The combines' ``comm_quant_mode`` is 0, 2 (int8), 3 or 4
+(MX fp8_e5m2 / fp8_e4m3fn, the Ascend 950 transport). torch_npu's V1 pair
+``npu_moe_distribute_dispatch`` / ``npu_moe_distribute_combine`` maps onto V2 (_ops_v1.py).
+Semantics: docs/ops.md.
 """
 import ctypes
 
