@@ -47,11 +47,14 @@ static uint64_t mm_moe_heap_request(void)
 }
 
 megamoe_status_t mm_moe_group_create(const mm_moe_config_t *cfg, mm_shmem_team_t *team,
-                                     int workers, int cube, int vector,
+                                     uint64_t id, int workers, int cube, int vector,
                                      mm_moe_group_t **group_p)
 {
     mm_moe_group_t *g = calloc(1, sizeof *g);
     if (g == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "cannot allocate a resource group");
+    g->calls.id = id;
+    g->calls.noun = "layer";
+    mm_call_group_register(&g->calls);
     g->cfg = *cfg;
     g->team = team;
     g->workers = workers;
@@ -71,6 +74,7 @@ megamoe_status_t mm_moe_group_create(const mm_moe_config_t *cfg, mm_shmem_team_t
 
 static void mm_moe_unregister(mm_moe_group_t *g)
 {
+    mm_call_group_unregister(&g->calls);
     pthread_mutex_lock(&mm_moe_registry_lock);
     for (mm_moe_group_t **p = &mm_moe_registry; *p; p = &(*p)->next)
         if (*p == g) {

@@ -29,6 +29,7 @@
 #include "megamoe/dtype.h"
 #include "megamoe/status.h"
 
+#include "ops/call_order.h"
 #include "shmem/shmem.h"
 
 typedef struct mm_ep_shape {
@@ -78,9 +79,12 @@ void mm_ep_plan_destroy(mm_ep_plan_t *plan);
  * which gives the exact histogram, and that is what is exchanged (so a wrong histogram can
  * never move data out of bounds); with check != 0 a supplied histogram that differs from the
  * ids is INVALID_ARGUMENT on every rank. A failure of the caller's own earlier step can be
- * passed as local_status so that every rank returns the same error without deadlock. */
-megamoe_status_t mm_ep_route(mm_ep_plan_t *plan, mm_shmem_team_t *team, const void *topk_ids,
-                             megamoe_dtype_t ids_dtype, const void *tokens_per_expert,
+ * passed as local_status so that every rank returns the same error without deadlock. The
+ * count exchange is the first exchange of call (call_order.h): calls made out of order are
+ * CALL_MISMATCH on every rank before anything else. */
+megamoe_status_t mm_ep_route(mm_ep_plan_t *plan, mm_shmem_team_t *team, mm_call_t *call,
+                             const void *topk_ids, megamoe_dtype_t ids_dtype,
+                             const void *tokens_per_expert,
                              megamoe_dtype_t tpe_dtype, int check, megamoe_status_t local_status);
 
 /* Global expert of permuted position p on the source side (binary search over src_off). */
