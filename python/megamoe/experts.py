@@ -17,7 +17,7 @@ import os
 import torch
 
 from . import _lib
-from .errors import MegaMoeError, check
+from .errors import MegaMoeError, check, clear_next_call_error, fail_next_call
 
 __all__ = ["MegaMoeExperts"]
 
@@ -191,8 +191,10 @@ class _MegaMoeFunction(torch.autograd.Function):
     def _grads(ctx, grad_out):
         layer, saved = ctx.layer, ctx.saved
         if saved is None or not saved.handle:
-            raise MegaMoeError(-2, "MegaMoeExperts backward: the saved state is gone "
-                                   "(retain_graph / double backward is not supported)")
+            # one rank only (e.g. a second backward there): the peers are in their backward
+            layer._refuse("backward", MegaMoeError(-2, "MegaMoeExperts backward: the saved "
+                                                       "state is gone (retain_graph / double "
+                                                       "backward is not supported)"))
         gate_up, down = ctx.saved_tensors
         grad_out = grad_out.to(torch.bfloat16).contiguous()
         g_hidden = torch.empty_like(grad_out)
@@ -322,10 +324,49 @@ class MegaMoeExperts(torch.nn.Module):
         """Output of ``hidden_states`` ([..., H] flattening to T rows, bfloat16) through the
         experts ``topk_ids`` ([T, K] global ids) chose, weighted by ``topk_weights`` ([T, K]);
         ``tokens_per_expert`` ([E]) is the optional exact local histogram. Collective: every EP
-        rank calls it. Errors raise MegaMoeError on every rank before data moves: ids outside
-        [0, E), capacity overflow, NaN/Inf in hidden_states, topk_weights or (in backward) the
-        output gradient (``MEGAMOE_CHECK_FINITE=0`` lets those through)."""
+        rank calls it, in the same order as its other collective calls. Errors raise
+        MegaMoeError on every rank before data moves, and the layer stays usable: a bad tensor
+        on any rank (dtype, shape, device, contiguity: InvalidArgumentError, also a
+        ValueError), ids outside [0, E), capacity overflow, NaN/Inf in hidden_states,
+        topk_weights or (in backward) the output gradient (``MEGAMOE_CHECK_FINITE=0`` lets
+        those through), and calls made in a different order on another rank
+        (CallMismatchError, naming what each rank called)."""
         self._check_open("forward")
+        try:
+            args = self._forward_args(hidden_states, topk_ids, topk_weights, tokens_per_expert)
+        except MegaMoeError:
+            raise
+        except (TypeError, ValueError) as exc:  # this rank only: every rank raises it
+            self._refuse("forward", exc)
+        shape, x, ids, probs, tpe, gate_up, down = args
+        out = _MegaMoeFunction.apply(self, torch.is_grad_enabled(), x, ids, probs, tpe, gate_up,
+                                     down)
+        return out.reshape(shape)
+
+    def _refuse(self, call, exc):
+        """Raise exc's error on every rank: this rank takes part in the collective call it
+        refuses (its first exchange), so the peers fail with the same error at once."""
+        status = getattr(exc, "status", -1)
+        fail_next_call(str(exc), status)
+        try:
+            if call == "forward":
+                st = _L.megamoe_experts_forward(self._handle, None, None, None, None)
+            else:
+                st = _L.megamoe_experts_backward(self._handle, None, None, None, None)
+        finally:
+            clear_next_call_error()  # not consumed when the layer refused before its exchange
+        if st < 0:
+            raise MegaMoeError(st) from exc
+        raise exc  # pragma: no cover - the library always reports the error
+
+    def _forward_args(self, hidden_states, topk_ids, topk_weights, tokens_per_expert):
+        for name, t in (("hidden_states", hidden_states), ("topk_ids", topk_ids),
+                        ("topk_weights", topk_weights)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if tokens_per_expert is not None and not isinstance(tokens_per_expert, torch.Tensor):
+            raise TypeError("tokens_per_expert must be a torch.Tensor or None, got "
+                            f"{type(tokens_per_expert).__name__}")
         gate_up, down = self._weights()
         t, h, k, e = self.local_num_tokens, self.hidden_size, self.top_k, self.num_experts
         shape = hidden_states.shape
@@ -354,9 +395,7 @@ class MegaMoeExperts(torch.nn.Module):
                                  f"{tokens_per_expert.numel()}")
             # contiguous int32 is used as is; int64 or strided input is converted
             tpe = tokens_per_expert.reshape(e).to(torch.int32).contiguous()
-        out = _MegaMoeFunction.apply(self, torch.is_grad_enabled(), x, ids, probs, tpe, gate_up,
-                                     down)
-        return out.reshape(shape)
+        return shape, x, ids, probs, tpe, gate_up, down
 
     # ---- resources ----------------------------------------------------------------------
     @staticmethod
@@ -367,12 +406,22 @@ class MegaMoeExperts(torch.nn.Module):
         layers = list(layers)
         if not layers:
             raise ValueError("share_execution_resources needs at least one layer")
+        valid = [l for l in layers if isinstance(l, MegaMoeExperts) and l._handle]
         for l in layers:
             if not isinstance(l, MegaMoeExperts):
-                raise TypeError(f"share_execution_resources got {type(l).__name__}")
+                if not valid:
+                    raise TypeError(f"share_execution_resources got {type(l).__name__}")
+                # this rank only: its peers are in the call, so every rank raises it
+                fail_next_call(f"share_execution_resources got {type(l).__name__}, not a "
+                               "MegaMoeExperts layer")
+                break
+        for l in valid:
             l._check_open("share_execution_resources")
-        arr = (ctypes.c_void_p * len(layers))(*[l._handle.value for l in layers])
-        check(_L.megamoe_experts_share(arr, len(layers)))
+        arr = (ctypes.c_void_p * len(valid))(*[l._handle.value for l in valid])
+        try:
+            check(_L.megamoe_experts_share(arr, len(valid)))
+        finally:
+            clear_next_call_error()
 
     def close(self):
         """Release this layer's execution resources (idempotent). Call on every rank in the

@@ -29,7 +29,7 @@ import torch
 from . import _lib
 from . import comm as _comm
 from ._fp8 import Float8Dtype, float8_e4m3fn, float8_e5m2
-from .errors import MegaMoeError, check
+from .errors import MegaMoeError, check, clear_next_call_error, fail_next_call
 
 __all__ = ["npu_moe_distribute_dispatch_v2", "npu_moe_distribute_combine_v2",
            "npu_moe_distribute_combine_add_rms_norm", "moe_distribute_dispatch_v2",
@@ -132,17 +132,21 @@ class _Call:
 
     def __init__(self):
         self.keep = []
+        self.error = None  # the first argument this binding refuses
 
     def tensor(self, desc, t, name, dtype_code=None):
         """Describe t for C. Problems the C side can name (dtype, rank) are passed through as
         invalid descriptors rather than raised here: an exception on one rank only would leave
-        the other ranks waiting in the collective."""
+        the other ranks waiting in the collective. What only Python sees (not a tensor, not on
+        the CPU) is kept in self.error and handed to the call (run)."""
         if t is None:
             return None
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            self.error = self.error or f"{name} must be a torch.Tensor, got {type(t).__name__}"
+            return None
         if t.device.type != "cpu":
-            raise ValueError(f"{name} must be a CPU tensor (got device {t.device})")
+            self.error = self.error or f"{name} must be a CPU tensor (got device {t.device})"
+            return None
         t = t.contiguous()
         self.keep.append(t)
         desc.data = t.data_ptr() if t.numel() else ctypes.addressof(_EMPTY)
@@ -151,6 +155,17 @@ class _Call:
         for i, s in enumerate(t.shape[:4]):
             desc.shape[i] = s
         return t
+
+
+    def run(self, fn, args):
+        """The C operator call; with a refused argument it takes part in its first exchange
+        with that error, so every rank raises the same InvalidArgumentError at once."""
+        if self.error is not None:
+            fail_next_call(self.error)
+        try:
+            check(fn(ctypes.byref(args)))
+        finally:
+            clear_next_call_error()
 
 
 _EMPTY = ctypes.create_string_buffer(64)  # data pointer of empty (but present) tensors
@@ -251,7 +266,7 @@ def npu_moe_distribute_dispatch_v2(x, expert_ids, group_ep, ep_world_size, ep_ra
             getattr(a, n).data = None  # the call reports infer's error, on every rank
     elif y is not None and a.expand_x.dtype != y:
         a.expand_x.dtype = y  # an expand_x type that does not fit quant_mode: rejected below
-    check(_L.megamoe_dispatch_v2(ctypes.byref(a)))
+    call.run(_L.megamoe_dispatch_v2, a)
     _perf_back(performance_info, perf)
     return tuple(outs)
 
@@ -309,7 +324,7 @@ def _combine(kw):
     if _L.megamoe_combine_v2_infer(ctypes.byref(a)) != 0:
         a.x.ndim, a.x.shape[0] = 1, 0  # invalid arguments: the call reports them on every rank
     x = _alloc(a.x)
-    check(_L.megamoe_combine_v2(ctypes.byref(a)))
+    call.run(_L.megamoe_combine_v2, a)
     _perf_back(performance_info, perf)
     return x
 
@@ -346,7 +361,7 @@ def npu_moe_distribute_combine_add_rms_norm(expand_x, expert_ids, expand_idx, ep
     x = _alloc(a.combine.x)
     y = _alloc(a.y)
     rstd = _alloc(a.rstd)
-    check(_L.megamoe_combine_add_rms_norm(ctypes.byref(a)))
+    call.run(_L.megamoe_combine_add_rms_norm, a)
     return y, rstd, x
 
 
