@@ -60,8 +60,9 @@ def status_name(code):
 
 
 def check(status):
-    """Raise MegaMoeError for a non-OK status (INPROGRESS, 1, is not an error)."""
-    if status < 0:
+    """Raise MegaMoeError for a non-OK status (INPROGRESS, 1, is not an error; any other
+    positive value is no status at all and raises too, never passes as success)."""
+    if status < 0 or status > 1:
         raise MegaMoeError(status)
     return status
 

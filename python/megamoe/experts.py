@@ -96,6 +96,8 @@ _L.megamoe_experts_get_timing.restype = ctypes.c_int
 _L.megamoe_experts_get_timing.argtypes = [_vp, _P(_Timing)]
 _L.megamoe_experts_reset_timing.restype = None
 _L.megamoe_experts_reset_timing.argtypes = [_vp]
+_L.megamoe_experts_layer_number.restype = ctypes.c_uint64
+_L.megamoe_experts_layer_number.argtypes = [_vp]
 _L.megamoe_experts_heap_bytes.restype = ctypes.c_size_t
 _L.megamoe_experts_heap_bytes.argtypes = [_P(_Params), ctypes.c_int]
 _L.megamoe_experts_capacity_rows.restype = _c_int64
@@ -451,6 +453,12 @@ class MegaMoeExperts(torch.nn.Module):
         d = {f: getattr(i, f) for f, _ in _Info._fields_}
         d["schedule"] = i.schedule.decode()
         return d
+
+    @property
+    def layer_number(self):
+        """N of "layer #N" in CALL_MISMATCH messages: layers are numbered in creation order,
+        the same on every rank."""
+        return int(_L.megamoe_experts_layer_number(self._handle)) if self._handle else 0
 
     def timing(self, reset=False):
         """Per-phase seconds accumulated on this rank ({"fwd.gmm1": s, ...})."""

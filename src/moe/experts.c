@@ -688,6 +688,8 @@ megamoe_status_t megamoe_experts_get_info(const megamoe_experts_t *x,
     return MEGAMOE_OK;
 }
 
+uint64_t megamoe_experts_layer_number(const megamoe_experts_t *x) { return x ? x->number : 0; }
+
 megamoe_status_t megamoe_experts_get_timing(const megamoe_experts_t *x,
                                             megamoe_experts_timing_t *timing_p)
 {

@@ -31,6 +31,15 @@ typedef struct mm_call_wire {
 } mm_call_wire_t;
 _Static_assert(sizeof(mm_call_wire_t) % 8 == 0, "payload alignment");
 
+/* A record from a member in this exchange: both marks. A member in another collective wrote
+ * something else over (part of) its outbox: an agree entry (status, text over the magic), a
+ * symmetric allocation's or a split's record (its first word is a counter or a colour), so at
+ * least one mark fails even where the rest of the outbox still holds an older record of ours. */
+static int mm_call_valid(const mm_call_wire_t *r)
+{
+    return r->notice == MEGAMOE_CALL_MISMATCH && r->magic == MM_CALL_MAGIC;
+}
+
 static const char *const mm_call_kind_names[MM_CALL_KIND_COUNT] = {
     "(no call)",
 #define MM_CALL_KIND_NAME_(name, text) text,
@@ -79,7 +88,7 @@ static void mm_call_resync(const mm_call_t *c)
     for (int i = 0; i < c->n; i++) {
         const mm_call_wire_t *r = (const mm_call_wire_t *)(const void *)(c->records +
                                                                         (size_t)i * c->rec_bytes);
-        if (r->magic != MM_CALL_MAGIC) continue;
+        if (!mm_call_valid(r)) continue;
         for (mm_call_group_t *g = mm_call_groups; g; g = g->next)
             if (g->id == r->group && g->calls < r->seq) g->calls = r->seq;
     }
@@ -149,7 +158,7 @@ megamoe_status_t mm_call_aux_agree(const mm_call_t *c, megamoe_status_t status, 
 
 static int mm_call_same(const mm_call_wire_t *a, const mm_call_wire_t *b)
 {
-    return a->magic == MM_CALL_MAGIC && b->magic == MM_CALL_MAGIC && a->kind == b->kind &&
+    return mm_call_valid(a) && mm_call_valid(b) && a->kind == b->kind &&
            a->group == b->group && a->object == b->object && a->seq == b->seq &&
            a->digest == b->digest && strncmp(a->what, b->what, MM_CALL_WHAT) == 0;
 }
@@ -190,7 +199,7 @@ static megamoe_status_t mm_call_mismatch(const mm_call_t *c, const mm_shmem_team
         int count = 0;
         for (int j = i; j < c->n; j++) {
             const mm_call_wire_t *b = mm_call_rec(c, j);
-            int same = a->magic == MM_CALL_MAGIC ? mm_call_same(a, b) : b->magic != MM_CALL_MAGIC;
+            int same = mm_call_valid(a) ? mm_call_same(a, b) : !mm_call_valid(b);
             if (!done[j] && same) {
                 done[j] = 1;
                 members[count++] = j;
@@ -200,16 +209,21 @@ static megamoe_status_t mm_call_mismatch(const mm_call_t *c, const mm_shmem_team
         if (off >= sizeof list) break;
         off = mm_call_ranks(list, sizeof list, off, team, members, count);
         if (off >= sizeof list) break;
-        if (a->magic != MM_CALL_MAGIC)
+        if (!mm_call_valid(a))
             off += (size_t)snprintf(list + off, sizeof list - off, " %s in another collective of "
                                     "this communicator (creating a layer, a split, a symmetric "
                                     "allocation: not one of the calls above)",
                                     count > 1 ? "are" : "is");
         else
+        {
+            const mm_call_wire_t *r0 = mm_call_rec(c, 0);
+            int settings = mm_call_valid(r0) && a->kind == r0->kind &&
+                           a->group == r0->group && a->object == r0->object &&
+                           a->seq == r0->seq && a->digest != r0->digest;
             off += (size_t)snprintf(list + off, sizeof list - off, " called %.*s (call %llu%s)",
                                     MM_CALL_WHAT, a->what, (unsigned long long)a->seq,
-                                    a->digest != mm_call_rec(c, 0)->digest ? ", other settings"
-                                                                            : "");
+                                    settings ? ", other settings" : "");
+        }
     }
     free(done);
     free(members);
@@ -302,6 +316,11 @@ megamoe_status_t mm_call_exchange(mm_call_t *c, mm_shmem_team_t *team, megamoe_s
 
     st = mm_shmem_team_allgather(team, c->records, mine, rb);
     if (st != MEGAMOE_OK) return st; /* the team failed (lost peer, timeout): nothing to decide */
+    /* A member in another collective took no number (it never saw a descriptor): then nobody
+     * does, so every sequence stays as it was on every member. Else every member commits the
+     * numbers of every group named here. */
+    for (int i = 0; i < n; i++)
+        if (!mm_call_valid(mm_call_rec(c, i))) return mm_call_mismatch(c, team);
     mm_call_resync(c);
     for (int i = 0; i < n; i++)
         if (!mm_call_same(mm_call_rec(c, i), mm_call_rec(c, 0))) return mm_call_mismatch(c, team);
