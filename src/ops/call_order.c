@@ -15,7 +15,7 @@
 /* Records up to this size go in one allgather with the payload (one barrier, whatever the
  * peers' call is); a larger payload follows in a second allgather once the calls agreed. */
 #define MM_CALL_INLINE ((size_t)16 << 10)
-#define MM_CALL_NOTICE 484
+#define MM_CALL_NOTICE 300
 
 /* One member's record. Its first bytes are laid out like an mm_shmem_team_agree entry (an
  * int32 status, then text): a peer that is in a plain agree while we are here reads
@@ -27,7 +27,8 @@ typedef struct mm_call_wire {
     int32_t kind, status;
     uint64_t group, object, seq, digest, aux, payload_bytes;
     char what[MM_CALL_WHAT];
-    char text[MM_CALL_TEXT];
+    /* a failing member's message follows in a second allgather, made only when some status
+     * is not OK (so the common record stays small) */
 } mm_call_wire_t;
 _Static_assert(sizeof(mm_call_wire_t) % 8 == 0, "payload alignment");
 
@@ -238,31 +239,56 @@ static megamoe_status_t mm_call_mismatch(const mm_call_t *c, const mm_shmem_team
 }
 
 /* The lowest failing member's status, "rank R: <its message>" (operators: a failing member
- * keeps its own message). */
-static megamoe_status_t mm_call_failure(const mm_call_t *c, const mm_shmem_team_t *team,
+ * keeps its own message). Collective: the messages are gathered once some status failed. */
+static megamoe_status_t mm_call_failure(const mm_call_t *c, mm_shmem_team_t *team,
                                         megamoe_status_t local, const char *own_text)
 {
     const int me = mm_shmem_team_my_pe(team);
-    for (int i = 0; i < c->n; i++) {
-        const mm_call_wire_t *r = mm_call_rec(c, i);
-        if (r->status == MEGAMOE_OK) continue;
-        megamoe_status_t st = r->status < 0 ? (megamoe_status_t)r->status : MEGAMOE_INTERNAL;
-        if (c->keep_own_error && local != MEGAMOE_OK) {
-            mm_set_last_error(own_text);
-            return local;
-        }
-        char t[MM_CALL_TEXT];
-        memcpy(t, r->text, sizeof t);
-        t[sizeof t - 1] = '\0';
-        char text[MM_CALL_TEXT + 64];
-        if (t[0]) snprintf(text, sizeof text, "rank %d: %s", mm_shmem_team_world_pe(team, i), t);
-        else snprintf(text, sizeof text, "rank %d: %s (that rank gave no message)",
-                      mm_shmem_team_world_pe(team, i), megamoe_status_name(st));
-        if (i != me) MM_LOG(MEGAMOE_LOG_ERROR, "%s", text); /* ours was logged where decided */
-        mm_set_last_error(text);
-        return st;
+    int first = -1;
+    for (int i = 0; i < c->n && first < 0; i++)
+        if (mm_call_rec(c, i)->status != MEGAMOE_OK) first = i;
+    if (first < 0) return MEGAMOE_OK;
+    const mm_call_wire_t *r = mm_call_rec(c, first);
+    megamoe_status_t st = r->status < 0 ? (megamoe_status_t)r->status : MEGAMOE_INTERNAL;
+    /* room for n + 1 messages was allocated with the records, so no member can drop out */
+    char(*texts)[MM_CALL_TEXT] = (char(*)[MM_CALL_TEXT])(void *)(c->records +
+                                                               (size_t)(c->n + 1) * c->rec_bytes);
+    snprintf(texts[c->n], MM_CALL_TEXT, "%s", own_text);
+    MM_CHECK(mm_shmem_team_allgather(team, texts, texts[c->n], MM_CALL_TEXT));
+    if (c->keep_own_error && local != MEGAMOE_OK) {
+        mm_set_last_error(own_text);
+        return local;
     }
-    return MEGAMOE_OK;
+    char *t = texts[first];
+    t[MM_CALL_TEXT - 1] = '\0';
+    char text[MM_CALL_TEXT + 64];
+    if (t[0]) snprintf(text, sizeof text, "rank %d: %s", mm_shmem_team_world_pe(team, first), t);
+    else snprintf(text, sizeof text, "rank %d: %s (that rank gave no message)",
+                  mm_shmem_team_world_pe(team, first), megamoe_status_name(st));
+    if (first != me) MM_LOG(MEGAMOE_LOG_ERROR, "%s", text); /* ours was logged where decided */
+    mm_set_last_error(text);
+    return st;
+}
+
+/* Append str to buf (capacity cap, NUL-terminated, truncating). */
+static void mm_call_append(char *buf, size_t cap, size_t *off, const char *str)
+{
+    size_t n = strlen(str);
+    if (*off + n >= cap) n = cap - 1 - *off;
+    memcpy(buf + *off, str, n);
+    *off += n;
+    buf[*off] = '\0';
+}
+
+static const char *mm_call_u64(char out[24], uint64_t v)
+{
+    char *p = out + 23;
+    *p = '\0';
+    do {
+        *--p = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    return p;
 }
 
 megamoe_status_t mm_call_exchange(mm_call_t *c, mm_shmem_team_t *team, megamoe_status_t local,
@@ -290,17 +316,24 @@ megamoe_status_t mm_call_exchange(mm_call_t *c, mm_shmem_team_t *team, megamoe_s
     c->rec_bytes = rb;
     c->payload_bytes = payload_bytes;
     c->inline_payload = inl;
-    c->records = malloc((size_t)(n + 1) * rb); /* the last one is ours to send */
+    /* n gathered records, ours to send, then n + 1 message slots (mm_call_failure) */
+    c->records = malloc((size_t)(n + 1) * (rb + MM_CALL_TEXT));
     megamoe_status_t st = MEGAMOE_OK;
     if (c->records == NULL)
         return mm_error(MEGAMOE_OUT_OF_MEMORY, "%s: no memory for %d call records", c->what, n);
     mm_call_wire_t *mine = (mm_call_wire_t *)(void *)(c->records + (size_t)n * rb);
     memset(mine, 0, rb);
     mine->notice = MEGAMOE_CALL_MISMATCH;
-    snprintf(mine->notice_text, sizeof mine->notice_text,
-             "CALL_MISMATCH: it called %s (call %llu) while this rank is in another collective "
-             "of the same communicator; every rank must make the same collective calls in the "
-             "same order", c->what, (unsigned long long)c->seq);
+    /* (assembled without printf: this runs on every call) */
+    char seq[24];
+    size_t off = 0;
+    mm_call_append(mine->notice_text, sizeof mine->notice_text, &off, "CALL_MISMATCH: it called ");
+    mm_call_append(mine->notice_text, sizeof mine->notice_text, &off, c->what);
+    mm_call_append(mine->notice_text, sizeof mine->notice_text, &off, " (call ");
+    mm_call_append(mine->notice_text, sizeof mine->notice_text, &off, mm_call_u64(seq, c->seq));
+    mm_call_append(mine->notice_text, sizeof mine->notice_text, &off,
+                   ") while this rank is in another collective of the same communicator; every "
+                   "rank must make the same collective calls in the same order");
     mine->magic = MM_CALL_MAGIC;
     mine->kind = c->kind;
     mine->status = local;
@@ -310,8 +343,7 @@ megamoe_status_t mm_call_exchange(mm_call_t *c, mm_shmem_team_t *team, megamoe_s
     mine->digest = c->digest;
     mine->aux = c->aux;
     mine->payload_bytes = payload_bytes;
-    snprintf(mine->what, sizeof mine->what, "%s", c->what);
-    snprintf(mine->text, sizeof mine->text, "%s", own_text);
+    memcpy(mine->what, c->what, sizeof mine->what); /* NUL-terminated by mm_call_begin */
     if (inl && payload_bytes) memcpy(mine + 1, payload, payload_bytes);
 
     st = mm_shmem_team_allgather(team, c->records, mine, rb);
