@@ -11,7 +11,7 @@ attaches the V2 triples to that tensor; the V1 combine runs the V2 combine with 
 ``expand_idx`` loses the attachment: the combine then rebuilds the triples with one
 metadata-only V2 dispatch (H = 1) of the same ``expert_ids`` / mask / attributes, so the result
 is the same, one exchange later (every rank must take the same path: a rank passing a copy
-while another passes the original gets CONFIG_MISMATCH on both, nothing hangs).
+while another passes the original gets CALL_MISMATCH on both, nothing hangs).
 """
 import torch
 
