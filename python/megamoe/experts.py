@@ -409,6 +409,8 @@ class MegaMoeExperts(torch.nn.Module):
         if not layers:
             raise ValueError("share_execution_resources needs at least one layer")
         valid = [l for l in layers if isinstance(l, MegaMoeExperts) and l._handle]
+        for l in valid:
+            l._check_open("share_execution_resources")
         for l in layers:
             if not isinstance(l, MegaMoeExperts):
                 if not valid:
@@ -417,8 +419,6 @@ class MegaMoeExperts(torch.nn.Module):
                 fail_next_call(f"share_execution_resources got {type(l).__name__}, not a "
                                "MegaMoeExperts layer")
                 break
-        for l in valid:
-            l._check_open("share_execution_resources")
         arr = (ctypes.c_void_p * len(valid))(*[l._handle.value for l in valid])
         try:
             check(_L.megamoe_experts_share(arr, len(valid)))
@@ -426,8 +426,10 @@ class MegaMoeExperts(torch.nn.Module):
             clear_next_call_error()
 
     def close(self):
-        """Release this layer's execution resources (idempotent). Call on every rank in the
-        same order, after all backward passes and before destroying the process group."""
+        """Release this layer's execution resources (idempotent). Collective: call it on every
+        rank in the same order as the other collective calls, after all backward passes and
+        before destroying the process group; a peer making another call meanwhile is a
+        CallMismatchError on both ranks, and the layer stays open (close it again in step)."""
         if self._closed:
             return
         if self._handle:

@@ -56,7 +56,8 @@ const char *mm_call_kind_name(int kind)
 /* ---- registry ------------------------------------------------------------------------- */
 
 static pthread_mutex_t mm_call_lock = PTHREAD_MUTEX_INITIALIZER;
-static mm_call_group_t *mm_call_groups;
+mm_call_group_t mm_call_operators = {MM_CALL_GROUP_OPERATORS, 0, NULL, NULL, 1};
+static mm_call_group_t *mm_call_groups = &mm_call_operators;
 
 void mm_call_group_register(mm_call_group_t *g)
 {

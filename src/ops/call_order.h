@@ -74,6 +74,10 @@ typedef struct mm_call_group {
     int registered;
 } mm_call_group_t;
 
+/* The operators' call group of the process (always registered, so an exchange that sees an
+ * operator call re-synchronises its numbers also on a rank that never called an operator). */
+extern mm_call_group_t mm_call_operators;
+
 /* Groups are registered while they exist, so an exchange can re-synchronise the numbers of
  * every group it saw. Idempotent; thread-safe. */
 void mm_call_group_register(mm_call_group_t *g);

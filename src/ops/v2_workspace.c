@@ -20,10 +20,6 @@
 
 static megamoe_status_t mm_v2_release_hook(void *arg);
 
-/* The operators' call order: one sequence over the world (call_order.h); numbers restart with
- * the workspaces (megamoe_ops_release, also the last SHMEM release), like the generations. */
-static mm_call_group_t mm_v2_calls = {MM_CALL_GROUP_OPERATORS, 0, NULL, NULL, 0};
-
 static struct {
     void *base[MM_V2_WS_COUNT];
     uint64_t size[MM_V2_WS_COUNT];
@@ -87,9 +83,8 @@ megamoe_status_t mm_v2_call_agree(mm_v2_call_t *call, int call_kind)
     /* 1. the call order and every rank's local status, in the one world exchange of the
      *    records (the descriptor travels with them): a failing rank keeps its own message,
      *    the others get "rank R: <its message>", before data moves */
-    mm_call_group_register(&mm_v2_calls);
     mm_call_t c;
-    mm_call_begin(&c, &mm_v2_calls, call_kind, 0, 0);
+    mm_call_begin(&c, &mm_call_operators, call_kind, 0, 0);
     c.keep_own_error = 1;
     megamoe_status_t st = mm_call_exchange(&c, mm_shmem_team_world(),
                                            (megamoe_status_t)mine->status, mine, call->rec_bytes);
@@ -258,7 +253,8 @@ megamoe_status_t megamoe_ops_release(void)
          * (a peer process that joins a later lifecycle starts at 0 too). */
         mm_v2_pool.gen[k] = 0;
     }
-    mm_v2_calls.calls = 0; /* likewise the call numbers (collective: every rank resets) */
+    /* likewise the operators' call numbers (call_order.h; collective: every rank resets) */
+    mm_call_operators.calls = 0;
     return st;
 }
 

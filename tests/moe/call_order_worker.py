@@ -118,8 +118,9 @@ def case_forward_against_backward():
 
 
 def case_bad_tensor_on_one_rank():
-    """Issue 13 item 7: dtype, shape, contiguity, not a tensor; every rank gets the bad rank's
-    error (InvalidArgumentError, also a ValueError), within the exchange; the layer works on."""
+    """Issue 13 item 7: dtype, shape, device, contiguity, not a tensor; every rank gets the bad
+    rank's error (InvalidArgumentError, also a ValueError), within the exchange; the layer
+    works on."""
     layer, P = fresh(15)
     sl = slice(RANK * T, (RANK + 1) * T)
     hidden, ids, probs = P["hidden"][sl], P["ids"][sl], P["probs"][sl]
@@ -131,6 +132,9 @@ def case_bad_tensor_on_one_rank():
                   "topk_ids must be int32/int64"),
         "type": (0, lambda: layer(hidden, ids, probs.tolist() if RANK == 0 else probs),
                  "topk_weights must be a torch.Tensor"),
+        "device": (1, lambda: layer(torch.empty(hidden.shape, dtype=hidden.dtype, device="meta")
+                                    if RANK == 1 else hidden, ids, probs),
+                   "hidden_states is on meta"),
     }
     for name, (who, call, needle) in bad.items():
         ok &= expect(call, InvalidArgumentError, f"rank {who}: INVALID_ARGUMENT: {needle}")

@@ -318,6 +318,9 @@ MM_TEST(layer_call_against_operator_or_other_collective)
         ASSERT_ERROR(megamoe_dispatch_v2(NULL), MEGAMOE_CALL_MISMATCH, "rank 0 called forward",
                      "rank 1 called dispatch_v2");
     ASSERT_TRUE(mm_marked(c.out, H_));
+    /* the operators' call numbers agree again, also on rank 0 that made no operator call: both
+     * ranks calling the operator (with NULL args) get the argument error, not CALL_MISMATCH */
+    ASSERT_ERROR(megamoe_dispatch_v2(NULL), MEGAMOE_INVALID_ARGUMENT, "dispatch_v2: args is NULL");
     /* rank 0 creates a layer (its first collective is a plain agree) while rank 1 forwards */
     megamoe_experts_t *y = NULL;
     if (me == 0) {
