@@ -333,6 +333,8 @@ class MegaMoeExperts(torch.nn.Module):
         topk_weights or (in backward) the output gradient (``MEGAMOE_CHECK_FINITE=0`` lets
         those through), and calls made in a different order on another rank
         (CallMismatchError, naming what each rank called)."""
+        if self._closed and self._handle:  # still collective: peers in another call fail too
+            check(_L.megamoe_experts_forward(self._handle, None, None, None, None))
         self._check_open("forward")
         try:
             args = self._forward_args(hidden_states, topk_ids, topk_weights, tokens_per_expert)

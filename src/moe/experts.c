@@ -461,12 +461,23 @@ void megamoe_experts_saved_destroy(megamoe_experts_saved_t *s)
     free(s);
 }
 
-megamoe_status_t mm_moe_enter(megamoe_experts_t *x, const char *what)
+megamoe_status_t mm_moe_enter(megamoe_experts_t *x, int kind)
 {
+    const char *what = mm_call_kind_name(kind);
     if (x == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: layer is NULL", what);
-    if (x->closed)
-        return mm_error(MEGAMOE_INVALID_STATE,
-                        "%s: MegaMoeExperts used after close(); create a new layer", what);
+    if (x->closed) {
+        megamoe_status_t st = mm_error(MEGAMOE_INVALID_STATE,
+                                       "%s: MegaMoeExperts used after close(); create a new "
+                                       "layer", what);
+        /* Still a collective call while the communicator lives: a peer that calls another
+         * layer meanwhile fails at once (CALL_MISMATCH) instead of waiting for this rank. */
+        if (!mm_shmem_is_running() || mm_comm_team(x->comm) != x->team) return st;
+        mm_call_t call;
+        mm_moe_call_begin(&call, x, kind);
+        st = mm_call_exchange(&call, x->team, st, NULL, 0);
+        mm_call_end(&call);
+        return st;
+    }
     if (x->group->broken)
         return mm_error(MEGAMOE_INVALID_STATE,
                         "%s: this layer's resource group failed in an earlier call (a peer was "
@@ -621,7 +632,7 @@ megamoe_status_t megamoe_experts_forward(megamoe_experts_t *x,
                                          const megamoe_experts_input_t *input, void *output,
                                          megamoe_experts_saved_t **saved_p)
 {
-    MM_CHECK(mm_moe_enter(x, "forward"));
+    MM_CHECK(mm_moe_enter(x, MM_CALL_FORWARD));
     megamoe_status_t st = mm_take_next_call_error();
     mm_call_t call;
     mm_moe_call_begin(&call, x, MM_CALL_FORWARD);
@@ -646,7 +657,7 @@ megamoe_status_t megamoe_experts_backward(megamoe_experts_t *x, megamoe_experts_
                                           const void *grad_output,
                                           const megamoe_experts_grads_t *grads)
 {
-    MM_CHECK(mm_moe_enter(x, "backward"));
+    MM_CHECK(mm_moe_enter(x, MM_CALL_BACKWARD));
     megamoe_status_t st = mm_take_next_call_error();
     mm_call_t call;
     mm_moe_call_begin(&call, x, MM_CALL_BACKWARD);

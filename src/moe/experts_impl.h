@@ -155,10 +155,11 @@ size_t mm_moe_heap_need(const mm_moe_config_t *cfg);
 /* ---- experts.c ---- */
 /* A call descriptor of kind for layer x (call_order.h): its group's sequence, its number. */
 void mm_moe_call_begin(mm_call_t *c, const megamoe_experts_t *x, int kind);
-/* Common entry checks of forward/backward: open layer, usable group, serial use. On OK the
- * group is marked busy; mm_moe_leave() clears it, and marks the group broken when the call
- * returned PEER_LOST or TIMEOUT. */
-megamoe_status_t mm_moe_enter(megamoe_experts_t *x, const char *what);
+/* Common entry checks of forward/backward (kind MM_CALL_*): open layer, usable group, serial
+ * use. On OK the group is marked busy; mm_moe_leave() clears it, and marks the group broken
+ * when the call returned PEER_LOST or TIMEOUT. A layer used after close still makes the call's
+ * exchange (with its INVALID_STATE) while its communicator lives. */
+megamoe_status_t mm_moe_enter(megamoe_experts_t *x, int kind);
 void mm_moe_leave(megamoe_experts_t *x, megamoe_status_t st);
 /* INVALID_ARGUMENT naming what[row][col] when p (rows x cols bf16 or fp32) holds a NaN or Inf,
  * unless MEGAMOE_CHECK_FINITE=0. Local: callers agree the status before data moves. */

@@ -74,7 +74,6 @@ megamoe_status_t mm_moe_group_create(const mm_moe_config_t *cfg, mm_shmem_team_t
 
 static void mm_moe_unregister(mm_moe_group_t *g)
 {
-    mm_call_group_unregister(&g->calls);
     pthread_mutex_lock(&mm_moe_registry_lock);
     for (mm_moe_group_t **p = &mm_moe_registry; *p; p = &(*p)->next)
         if (*p == g) {
@@ -90,6 +89,9 @@ static void mm_moe_unregister(mm_moe_group_t *g)
 static void mm_moe_group_free(mm_moe_group_t *g)
 {
     mm_moe_unregister(g);
+    /* (a closed group keeps its call numbers while a layer handle refers to it: a use after
+     * close is still a call of the group, docs/moe.md "Call order") */
+    mm_call_group_unregister(&g->calls);
     for (int i = 0; i < (int)(sizeof g->scratch.buf / sizeof g->scratch.buf[0]); i++)
         mm_aligned_free(g->scratch.buf[i]);
     free(g);

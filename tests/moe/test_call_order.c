@@ -199,6 +199,37 @@ MM_TEST(close_on_one_rank_forward_on_the_other)
     mm_case_free(&c);
 }
 
+/* A rank that uses a layer it closed (with every rank) while its peer calls another layer: the
+ * closed layer's call still takes part in the exchange, so the peer fails at once instead of
+ * waiting for it; both ranks using the closed layer get "used after close" from rank 0. */
+MM_TEST(closed_layer_on_one_rank_open_layer_on_the_other)
+{
+    const int me = mm_test_rank();
+    megamoe_comm_t *comm = mm_test_comm();
+    megamoe_experts_params_t p = mm_params(H_, E_);
+    megamoe_experts_t *a = NULL, *b = NULL;
+    ASSERT_OK(megamoe_experts_create(comm, &p, &a));
+    ASSERT_OK(megamoe_experts_create(comm, &p, &b));
+    mm_case_t c;
+    ASSERT_EQ_INT(mm_case_make(&c, H_, E_, 65), 0);
+    ASSERT_TRUE(mm_correct_step(a, &c, "a before its close"));
+    ASSERT_OK(megamoe_experts_close(a));
+    char na[64], nb[64];
+    mm_want(na, sizeof na, "rank 0 called forward of layer #%llu (call %llu)", mm_layer_no(a), 4);
+    mm_want(nb, sizeof nb, "rank 1 called forward of layer #%llu (call %llu)", mm_layer_no(b), 1);
+    mm_mark(c.out, H_);
+    ASSERT_ERROR(megamoe_experts_forward(me == 0 ? a : b, &c.w, &c.ib.in, c.out, NULL),
+                 MEGAMOE_CALL_MISMATCH, na, nb);
+    ASSERT_TRUE(mm_marked(c.out, H_));
+    ASSERT_ERROR(megamoe_experts_forward(a, &c.w, &c.ib.in, c.out, NULL), MEGAMOE_INVALID_STATE,
+                 "rank 0: INVALID_STATE: forward: MegaMoeExperts used after close()");
+    ASSERT_TRUE(mm_correct_step(b, &c, "b after the closed layer's calls"));
+    ASSERT_OK(megamoe_experts_close(b));
+    megamoe_experts_destroy(a);
+    megamoe_experts_destroy(b);
+    mm_case_free(&c);
+}
+
 /* Issue 20 case 3 and an extra forward: rank 0 runs a second forward while rank 1 runs the
  * first one's backward (both fail at once, not after the timeout); then rank 0 runs one extra
  * inference forward while rank 1 closes. The saved state survives: the backward works next. */
