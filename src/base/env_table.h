@@ -37,6 +37,12 @@
            "World size set by Open MPI's mpirun (used when WORLD_SIZE is unset).") \
     MM_ENV(RANKS_PER_NODE, "MEGAMOE_RANKS_PER_NODE", INT, "0", 0, 1048576, "", \
            "Ranks per group for the 'hierarchy' dispatch algorithm (0 = all ranks of the host).") \
+    MM_ENV(SHMEM_INTRA_HOST, "MEGAMOE_SHMEM_INTRA_HOST", ENUM, "shm", 0, 0, "shm|engine", \
+           "How ranks on one host reach each other: shm (mapped heaps) or engine (every peer through the inter-host engine, as if on other hosts; for tests and measurements). One rank asking for engine is enough.") \
+    MM_ENV(UCX_TLS, "UCX_TLS", STRING, "", 0, 0, "", \
+           "UCX's own transport list, used by the inter-host engine as given; unset: megamoe excludes UCX's shared-memory transports (same-host peers are mapped directly).") \
+    MM_ENV(UCX_NET_DEVICES, "UCX_NET_DEVICES", STRING, "", 0, 0, "", \
+           "UCX's own device list, used as given; unset: megamoe picks the interface that carries the bootstrap connection to rank 0.") \
     MM_ENV(GEMM, "MEGAMOE_GEMM", ENUM, "auto", 0, 0, "auto|amx|avx512|onednn|ref", \
            "BF16 GEMM backend; auto: oneDNN where built, big packed weights on the own avx512 kernel when the CPU has no AMX (docs/kernels.md).") \
     MM_ENV(THREADS, "MEGAMOE_THREADS", INT, "0", 0, 4096, "", \

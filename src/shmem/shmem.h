@@ -109,11 +109,15 @@ enum {
     MM_SHMEM_CMP_LE
 };
 
-void mm_shmem_put(void *dest, const void *src, size_t nbytes, int pe);
-void mm_shmem_get(void *dest, const void *src, size_t nbytes, int pe);
-void mm_shmem_put_signal(void *dest, const void *src, size_t nbytes, uint64_t *sig,
-                         uint64_t value, int sig_op, int pe);
-void mm_shmem_signal_op(uint64_t *sig, uint64_t value, int sig_op, int pe);
+/* The source of a put is reusable on return; a get's destination holds the data on return.
+ * Errors (a bad address, an unreachable or lost peer) are returned and logged; a failure on
+ * the engine also marks the peer lost, so every later wait on this PE fails too (callers that
+ * ignore the status of a put learn of the failure at their next wait). */
+megamoe_status_t mm_shmem_put(void *dest, const void *src, size_t nbytes, int pe);
+megamoe_status_t mm_shmem_get(void *dest, const void *src, size_t nbytes, int pe);
+megamoe_status_t mm_shmem_put_signal(void *dest, const void *src, size_t nbytes, uint64_t *sig,
+                                     uint64_t value, int sig_op, int pe);
+megamoe_status_t mm_shmem_signal_op(uint64_t *sig, uint64_t value, int sig_op, int pe);
 uint64_t mm_shmem_signal_fetch(const uint64_t *sig);
 /* Wait until *sig (local, symmetric or not) compares true with value; spin, then pause, then
  * yield/sleep. value_p (may be NULL) gets the satisfying value. TIMEOUT / PEER_LOST. */
@@ -123,8 +127,8 @@ megamoe_status_t mm_shmem_signal_wait_until(uint64_t *sig, int cmp, uint64_t val
  * read again soon; memcpy without AVX-512. Ends with sfence, so a later signal store cannot
  * overtake the data. */
 void mm_shmem_copy_streaming(void *dst, const void *src, size_t n);
-void mm_shmem_fence(void);
-void mm_shmem_quiet(void);
+megamoe_status_t mm_shmem_fence(void);
+megamoe_status_t mm_shmem_quiet(void);
 
 /* ---- additions: generic waits, zeroed allocation, liveness, introspection ---- */
 
@@ -177,6 +181,18 @@ megamoe_status_t mm_shmem_team_broadcast(mm_shmem_team_t *team, void *buf, size_
  * when failing). All members return the same result: OK when all were OK, else the status of
  * the lowest team rank that failed, with megamoe_last_error() = "rank R: <its message>". */
 megamoe_status_t mm_shmem_team_agree(mm_shmem_team_t *team, megamoe_status_t local);
+
+/* ---- hosts ---- */
+
+/* Hosts of the job (PEs that share memory form a host; numbered by their lowest PE). */
+int mm_shmem_n_hosts(void);
+/* Host index of world PE pe (-1 when out of range or not running). */
+int mm_shmem_host_of(int pe);
+/* 1 when world PE pe is reached through the inter-host engine (mm_shmem_ptr is NULL for it:
+ * use puts/gets), 0 when its heap is mapped here. */
+int mm_shmem_pe_remote(int pe);
+/* "UCX 1.13.1 (...)" when the engine runs, else "none". */
+void mm_shmem_engine_describe(char *buf, size_t len);
 
 /* 1 while world PE pe is believed alive. */
 int mm_shmem_pe_alive(int pe);

@@ -100,13 +100,21 @@ static megamoe_status_t mm_team_barrier_raw(mm_shmem_team_t *t, const char *what
 {
     mm_shmem_global_t *g = &mm_shmem_g;
     if (t->failed != MEGAMOE_OK) return mm_team_failed(t, what);
-    mm_shmem_quiet(); /* barriers imply quiet */
+    /* after a loss every collective fails at once (the quiet below could wait for the
+     * lost PE) */
+    megamoe_status_t st = mm_shmem_check_peers(what);
+    if (st == MEGAMOE_OK) st = mm_shmem_quiet(); /* barriers imply quiet */
+    if (st != MEGAMOE_OK) {
+        t->failed = st;
+        return st;
+    }
     uint64_t gen = ++t->bar_gen;
     for (int k = 0, d = 1; d < t->n; k++, d <<= 1) {
         int to = mm_team_pe(t, (t->me + d) % t->n);
-        __atomic_store_n(mm_shmem_slot_line(g->bases[to], t->slot, k), gen, __ATOMIC_RELEASE);
-        megamoe_status_t st = mm_shmem_wait_impl(mm_shmem_slot_line(g->my_base, t->slot, k),
-                                                 MM_SHMEM_CMP_GE, gen, NULL, what);
+        st = mm_shmem_word_op(to, mm_shmem_slot_line_off(t->slot, k), gen, MM_ENGINE_SET);
+        if (st == MEGAMOE_OK)
+            st = mm_shmem_wait_impl(mm_shmem_slot_line(g->my_base, t->slot, k), MM_SHMEM_CMP_GE,
+                                    gen, NULL, what);
         if (st != MEGAMOE_OK) {
             t->failed = st;
             return st;
@@ -139,9 +147,16 @@ static megamoe_status_t mm_team_allgather_raw(mm_shmem_team_t *t, void *dest, co
         uint64_t parity = t->coll_gen++;
         memcpy(mm_shmem_slot_outbox(g->my_base, t->slot, parity), (const char *)src + done, chunk);
         MM_CHECK(mm_team_barrier_raw(t, what));
-        for (int i = 0; i < t->n; i++)
-            memcpy((char *)dest + (size_t)i * nbytes + done,
-                   mm_shmem_slot_outbox(g->bases[mm_team_pe(t, i)], t->slot, parity), chunk);
+        for (int i = 0; i < t->n; i++) {
+            megamoe_status_t st = mm_shmem_seg_read(mm_team_pe(t, i),
+                                                    mm_shmem_slot_outbox_off(t->slot, parity),
+                                                    (char *)dest + (size_t)i * nbytes + done,
+                                                    chunk);
+            if (st != MEGAMOE_OK) {
+                t->failed = st; /* the members are out of step now */
+                return st;
+            }
+        }
     }
     return MEGAMOE_OK;
 }
@@ -172,9 +187,15 @@ megamoe_status_t mm_shmem_team_broadcast(mm_shmem_team_t *t, void *buf, size_t n
         if (t->me == root)
             memcpy(mm_shmem_slot_outbox(g->my_base, t->slot, parity), (char *)buf + done, chunk);
         MM_CHECK(mm_team_barrier_raw(t, "team broadcast"));
-        if (t->me != root)
-            memcpy((char *)buf + done,
-                   mm_shmem_slot_outbox(g->bases[mm_team_pe(t, root)], t->slot, parity), chunk);
+        if (t->me != root) {
+            megamoe_status_t st = mm_shmem_seg_read(mm_team_pe(t, root),
+                                                    mm_shmem_slot_outbox_off(t->slot, parity),
+                                                    (char *)buf + done, chunk);
+            if (st != MEGAMOE_OK) {
+                t->failed = st;
+                return st;
+            }
+        }
     }
     return MEGAMOE_OK;
 }
