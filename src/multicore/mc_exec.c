@@ -141,7 +141,7 @@ megamoe_status_t mm_mc_exec_create(const mm_mc_plan_t *plan, mm_shmem_team_t *te
     /* The symmetric allocation is collective: agree first so every rank takes part or none. */
     st = mm_shmem_team_agree(team, st);
     if (st == MEGAMOE_OK) {
-        st = mm_shmem_malloc(mm_mc_heap_bytes(ep, plan->L), 4096, &x->sym);
+        st = mm_shmem_team_malloc(team, mm_mc_heap_bytes(ep, plan->L), 4096, &x->sym);
         if (st == MEGAMOE_OK) {
             memset(x->sym, 0, mm_mc_heap_bytes(ep, plan->L));
             x->arrival = x->sym;
@@ -153,7 +153,7 @@ megamoe_status_t mm_mc_exec_create(const mm_mc_plan_t *plan, mm_shmem_team_t *te
     }
     if (st != MEGAMOE_OK) {
         if (x) {
-            if (x->sym) mm_shmem_free(x->sym); /* every rank got here the same way */
+            if (x->sym) mm_shmem_team_free(x->team, x->sym); /* every rank got here the same way */
             x->sym = NULL;
             mm_mc_exec_destroy(x);
         }
@@ -167,7 +167,7 @@ megamoe_status_t mm_mc_exec_destroy(mm_mc_exec_t *x)
 {
     if (x == NULL) return MEGAMOE_OK;
     megamoe_status_t st = MEGAMOE_OK;
-    if (x->sym) st = mm_shmem_free(x->sym);
+    if (x->sym) st = mm_shmem_team_free(x->team, x->sym);
     if (x->prof) {
         mm_prof_retire(x->prof); /* exports to MEGAMOE_PROFILE when set */
         x->prof = NULL;

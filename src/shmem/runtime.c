@@ -170,7 +170,9 @@ static void mm_shmem_cleanup(void)
     g->remote = NULL;
     g->n_hosts = 0;
     g->my_base = g->heap_base = NULL;
-    g->alloc_seq = 0;
+    free(g->mail_sent);
+    free(g->mail_recv);
+    g->mail_sent = g->mail_recv = NULL;
 }
 
 /* Host map from the gathered identities: hosts numbered by their lowest PE; a peer is
@@ -285,8 +287,11 @@ static megamoe_status_t mm_shmem_start(const mm_shmem_params_t *params)
     g->dead = calloc((size_t)g->n_pes, sizeof *g->dead);
     g->host_of = calloc((size_t)g->n_pes, sizeof *g->host_of);
     g->remote = calloc((size_t)g->n_pes, sizeof *g->remote);
+    g->mail_sent = calloc((size_t)g->n_pes, sizeof *g->mail_sent);
+    g->mail_recv = calloc((size_t)g->n_pes, sizeof *g->mail_recv);
     mm_peer_info_t *info = calloc((size_t)g->n_pes, sizeof *info);
-    if (!g->peers || !g->bases || !g->dead || !g->host_of || !g->remote || !info ||
+    if (!g->peers || !g->bases || !g->dead || !g->host_of || !g->remote || !g->mail_sent ||
+        !g->mail_recv || !info ||
         mm_heap_alloc_init(&g->alloc, g->heap_size))
         st = mm_error(MEGAMOE_OUT_OF_MEMORY, "SHMEM start-up: out of host memory for %d PEs",
                       g->n_pes);

@@ -30,6 +30,8 @@
 
 #include "megamoe/status.h"
 
+typedef struct mm_shmem_team mm_shmem_team_t;
+
 /* ---- lifecycle (process-wide reference count, exactly as the seed) ---- */
 
 typedef struct mm_shmem_params {
@@ -81,6 +83,19 @@ megamoe_status_t mm_shmem_malloc_site(size_t size, size_t align, const char *sit
     mm_shmem_malloc_site((size), (align), __FILE__ ":" MM_SHMEM_STR_(__LINE__), (ptr_p))
 /* Collective over the world; NULL is a no-op. Freeing twice or a non-heap pointer is an error. */
 megamoe_status_t mm_shmem_free(void *ptr);
+
+/* The same over a team: collective over the team's members only (ranks outside it never
+ * call); the object has the same offset on every member. Free with mm_shmem_team_free on the
+ * same team; a team cannot be destroyed while it owns allocations. */
+megamoe_status_t mm_shmem_team_malloc_site(mm_shmem_team_t *team, size_t size, size_t align,
+                                           const char *site, void **ptr_p);
+#define mm_shmem_team_malloc(team, size, align, ptr_p) \
+    mm_shmem_team_malloc_site((team), (size), (align), __FILE__ ":" MM_SHMEM_STR_(__LINE__), (ptr_p))
+megamoe_status_t mm_shmem_team_calloc_site(mm_shmem_team_t *team, size_t size, size_t align,
+                                           const char *site, void **ptr_p);
+#define mm_shmem_team_calloc(team, size, align, ptr_p) \
+    mm_shmem_team_calloc_site((team), (size), (align), __FILE__ ":" MM_SHMEM_STR_(__LINE__), (ptr_p))
+megamoe_status_t mm_shmem_team_free(mm_shmem_team_t *team, void *ptr);
 
 /* Address at which the calling PE can load/store PE pe's copy of symmetric object sym;
  * NULL when sym is not in the heap or pe is not reachable by load/store. */
@@ -156,13 +171,18 @@ megamoe_status_t mm_shmem_segment_name(int pe, char *buf, size_t len);
 
 /* ---- teams (subsets of the world, like shmem_team_t / MPI_Comm_split) ---- */
 
-typedef struct mm_shmem_team mm_shmem_team_t;
 /* The world team; valid while the runtime is running. */
 mm_shmem_team_t *mm_shmem_team_world(void);
 /* Collective over parent: PEs with the same color >= 0 form a team ordered by (key, parent
  * rank); color < 0 gives *team_p = NULL. */
 megamoe_status_t mm_shmem_team_split(mm_shmem_team_t *parent, int color, int key,
                                      mm_shmem_team_t **team_p);
+/* A team of the listed world PEs (n >= 1, distinct, in team order), collective over exactly
+ * those PEs: the others never take part. Every member must pass the same list (else
+ * CONFIG_MISMATCH on every member); the calling PE must be in it. */
+megamoe_status_t mm_shmem_team_create(const int *world_pes, int n, mm_shmem_team_t **team_p);
+/* Collective over the members; INVALID_STATE on every member (the team stays) while it still
+ * owns symmetric allocations. */
 megamoe_status_t mm_shmem_team_destroy(mm_shmem_team_t *team);
 int mm_shmem_team_my_pe(const mm_shmem_team_t *team);
 int mm_shmem_team_n_pes(const mm_shmem_team_t *team);

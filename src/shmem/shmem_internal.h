@@ -11,6 +11,9 @@
  *   team slots    MM_SHMEM_MAX_TEAMS x MM_SHMEM_SLOT_STRIDE, one per live team on this PE:
  *                   MM_SHMEM_BAR_ROUNDS barrier lines (64 B each, generation numbers)
  *                   2 collective outboxes of MM_SHMEM_COLL_CHUNK bytes (double buffered)
+ *   mailboxes     per source PE an inbox line (sequence + 48-byte payload), then per
+ *                   destination PE an ack line: small messages between any two PEs, used to
+ *                   create a team among a subset of the world without the others
  */
 #ifndef MM_SHMEM_INTERNAL_H
 #define MM_SHMEM_INTERNAL_H
@@ -35,8 +38,11 @@
 #define MM_SHMEM_HEADER_BYTES 4096u
 #define MM_SHMEM_SLOT_SYNC 4096u
 #define MM_SHMEM_SLOT_STRIDE (MM_SHMEM_SLOT_SYNC + 2u * MM_SHMEM_COLL_CHUNK)
-#define MM_SHMEM_RESERVE_RAW \
-    (MM_SHMEM_HEADER_BYTES + (uint64_t)MM_SHMEM_MAX_TEAMS * MM_SHMEM_SLOT_STRIDE)
+/* Mailboxes: per source PE one 64-byte inbox line and one ack line. */
+#define MM_SHMEM_MAIL_OFF (MM_SHMEM_HEADER_BYTES + (uint64_t)MM_SHMEM_MAX_TEAMS * MM_SHMEM_SLOT_STRIDE)
+#define MM_SHMEM_MAIL_BYTES (2u * 64u * (uint64_t)MM_SHMEM_MAX_PES)
+#define MM_SHMEM_MAIL_PAYLOAD 48
+#define MM_SHMEM_RESERVE_RAW (MM_SHMEM_MAIL_OFF + MM_SHMEM_MAIL_BYTES)
 /* Rounded to 2 MiB so the user heap starts on a huge-page boundary. */
 #define MM_SHMEM_RESERVE ((MM_SHMEM_RESERVE_RAW + (2u << 20) - 1) / (2u << 20) * (2u << 20))
 #define MM_SHMEM_HEADER_MAGIC 0x6d6567616d6f6531ull /* "megamoe1" */
@@ -58,6 +64,7 @@ struct mm_shmem_team {
     int *pes;          /* world PE of each member */
     uint64_t bar_gen;  /* barriers done (generation numbers, monotone) */
     uint64_t coll_gen; /* collectives done (outbox parity) */
+    uint64_t alloc_seq; /* symmetric allocations and frees done on this team */
     megamoe_status_t failed; /* a barrier of this team did not complete: the team is done */
     int is_world;
     struct mm_shmem_team *next; /* live non-world teams */
@@ -96,7 +103,9 @@ typedef struct mm_shmem_global {
 
     /* symmetric allocation (collective, main thread) */
     mm_heap_alloc_t alloc;
-    uint64_t alloc_seq;
+    /* point-to-point mailboxes (team creation among a subset): messages sent to and
+     * received from each PE */
+    uint64_t *mail_sent, *mail_recv;
 
     /* teams */
     struct mm_shmem_team world;
@@ -134,6 +143,16 @@ static inline uint64_t mm_shmem_slot_outbox_off(int slot, uint64_t parity)
 {
     return MM_SHMEM_HEADER_BYTES + (uint64_t)slot * MM_SHMEM_SLOT_STRIDE + MM_SHMEM_SLOT_SYNC +
            (parity & 1) * MM_SHMEM_COLL_CHUNK;
+}
+
+static inline uint64_t mm_shmem_inbox_off(int src)
+{
+    return MM_SHMEM_MAIL_OFF + (uint64_t)src * 64u;
+}
+
+static inline uint64_t mm_shmem_ack_off(int dst)
+{
+    return MM_SHMEM_MAIL_OFF + (uint64_t)MM_SHMEM_MAX_PES * 64u + (uint64_t)dst * 64u;
 }
 
 static inline uint64_t *mm_shmem_slot_line(char *base, int slot, int round)
@@ -182,6 +201,12 @@ megamoe_status_t mm_shmem_word_op(int pe, uint64_t off, uint64_t value, int op);
 /* Copy n bytes from offset off of pe's segment (direct or a blocking engine get). */
 megamoe_status_t mm_shmem_seg_read(int pe, uint64_t off, void *dst, size_t n);
 
+/* ---- mailbox.c ---- */
+/* Every member of pes (n world PEs, this PE at index me) sends MM_SHMEM_MAIL_PAYLOAD bytes to
+ * every other member; out receives n payloads in member order. Only the members take part. */
+megamoe_status_t mm_shmem_mail_exchange(const int *pes, int n, int me, const void *payload,
+                                        void *out, const char *what);
+
 /* ---- wait.c ---- */
 /* The spin -> pause -> yield -> sleep wait with timeout and liveness checks. what: for
  * messages ("team barrier", "signal wait"). */
@@ -212,5 +237,7 @@ void mm_shmem_team_drop_all(void);
 int mm_shmem_team_live_count(void);
 /* Forget a team on this PE only (no synchronisation). */
 void mm_shmem_team_destroy_local(mm_shmem_team_t *t);
+/* Live symmetric allocations owned by team t on this PE. */
+int mm_shmem_team_live_allocations(const mm_shmem_team_t *t);
 
 #endif /* MM_SHMEM_INTERNAL_H */
