@@ -115,6 +115,8 @@ typedef struct megamoe_combine_v2_args {
     int64_t tp_world_size, tp_rank_id;
     int64_t expert_shard_type, shared_expert_num, shared_expert_rank_num, global_bs;
     int64_t out_dtype, comm_quant_mode, group_list_type; /* out_dtype, group_list_type: 0 */
+    /* comm_quant_mode: 0 rows travel as expand_x; 2 int8 + XType scale per 8 elements; 3 / 4 MX
+     * fp8_e5m2 / fp8_e4m3fn + E8M0 scale per 32 elements (dequantised to fp32, Ascend 950) */
     const char *comm_alg;
     int64_t zero_expert_num, copy_expert_num, const_expert_num;
     /* output */

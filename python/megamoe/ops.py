@@ -17,7 +17,10 @@ for Ascend runs by swapping the module (the ``npu_`` prefix is optional)::
 (their symmetric workspaces are allocated collectively over the world). ``y_dtype`` picks the
 quantised output type: ``torch.int8`` or ``megamoe.float8_e4m3fn`` / ``megamoe.float8_e5m2``;
 fp8 outputs (and quant_mode 4's e8m0 scales) come back as ``torch.uint8`` tensors of the bytes.
-Unwritten output regions are zero. Semantics: docs/ops.md.
+Unwritten output regions are zero. The combines' ``comm_quant_mode`` is 0, 2 (int8), 3 or 4
+(MX fp8_e5m2 / fp8_e4m3fn, the Ascend 950 transport). torch_npu's V1 pair
+``npu_moe_distribute_dispatch`` / ``npu_moe_distribute_combine`` maps onto V2 (_ops_v1.py).
+Semantics: docs/ops.md.
 """
 import ctypes
 
@@ -30,8 +33,9 @@ from .errors import MegaMoeError, check
 
 __all__ = ["npu_moe_distribute_dispatch_v2", "npu_moe_distribute_combine_v2",
            "npu_moe_distribute_combine_add_rms_norm", "moe_distribute_dispatch_v2",
-           "moe_distribute_combine_v2", "moe_distribute_combine_add_rms_norm", "float8_e4m3fn",
-           "float8_e5m2", "release"]
+           "moe_distribute_combine_v2", "moe_distribute_combine_add_rms_norm",
+           "npu_moe_distribute_dispatch", "npu_moe_distribute_combine", "moe_distribute_dispatch",
+           "moe_distribute_combine", "float8_e4m3fn", "float8_e5m2", "release"]
 
 # megamoe_dtype_t codes (include/megamoe/dtype.h)
 _FP32, _BF16, _FP16, _E4M3, _E5M2, _E8M0, _INT8, _UINT8, _INT32, _INT64, _BOOL = range(11)
@@ -289,11 +293,18 @@ def npu_moe_distribute_combine_v2(expand_x, expert_ids, assist_info_for_combine,
                                   comm_alg="", zero_expert_num=0, copy_expert_num=0,
                                   const_expert_num=0):
     """Returns x [BS, H] (dtype of expand_x)."""
-    kw = dict(locals())
+    return _combine(dict(locals()))
+
+
+def _combine(kw):
+    """One CombineV2 call from keyword values (the reserved activation_scale, weight_scale,
+    group_list, out_dtype and group_list_type too; the library checks them)."""
     a = _L.megamoe_combine_v2_args_default()
     call = _Call()
-    _combine_args(a, call, expand_x, expert_ids, assist_info_for_combine, ep_send_counts,
-                  expert_scales, group_ep, ep_world_size, ep_rank_id, moe_expert_num, kw)
+    _combine_args(a, call, kw["expand_x"], kw["expert_ids"], kw["assist_info_for_combine"],
+                  kw["ep_send_counts"], kw["expert_scales"], kw["group_ep"], kw["ep_world_size"],
+                  kw["ep_rank_id"], kw["moe_expert_num"], kw)
+    performance_info = kw.get("performance_info")
     perf = _perf(call, a.performance_info, performance_info)
     if _L.megamoe_combine_v2_infer(ctypes.byref(a)) != 0:
         a.x.ndim, a.x.shape[0] = 1, 0  # invalid arguments: the call reports them on every rank
@@ -315,13 +326,15 @@ def npu_moe_distribute_combine_add_rms_norm(expand_x, expert_ids, expand_idx, ep
                                             tp_rank_id=0, expert_shard_type=0,
                                             shared_expert_num=1, shared_expert_rank_num=0,
                                             global_bs=0, out_dtype=0, comm_quant_mode=0,
-                                            group_list_type=0, norm_eps=1e-06,
+                                            group_list_type=0, comm_alg="", norm_eps=1e-06,
                                             zero_expert_num=0, copy_expert_num=0,
                                             const_expert_num=0):
-    """Combine, add residual_x, RMSNorm with gamma. Returns (y, rstd_out, x), all [BS, 1, *]."""
+    """Combine, add residual_x, RMSNorm with gamma. Returns (y, rstd_out, x), all [BS, 1, *].
+    comm_alg as in npu_moe_distribute_combine_v2 (it must match the dispatch's)."""
     kw = dict(locals())
     a = _L.megamoe_combine_add_rms_norm_args_default()
     call = _Call()
+    expand_idx = _v2_assist(expand_idx)  # a V1 dispatch's expand_idx works too
     _combine_args(a.combine, call, expand_x, expert_ids, expand_idx, ep_send_counts,
                   expert_scales, group_ep, ep_world_size, ep_rank_id, moe_expert_num, kw)
     call.tensor(a.residual_x, residual_x, "residual_x")
@@ -337,7 +350,21 @@ def npu_moe_distribute_combine_add_rms_norm(expand_x, expert_ids, expand_idx, ep
     return y, rstd, x
 
 
+# ---- V1 (npu_moe_distribute_dispatch / _combine): a mapping layer over V2, _ops_v1.py ------
+
+_V2_ASSIST = "_megamoe_v2_assist"  # attribute of a V1 expand_idx: the V2 triples it stands for
+
+
+def _v2_assist(t):
+    """The V2 assist_info_for_combine a V1 expand_idx carries; anything else unchanged."""
+    return getattr(t, _V2_ASSIST, t) if isinstance(t, torch.Tensor) else t
+
+
+from ._ops_v1 import npu_moe_distribute_combine, npu_moe_distribute_dispatch  # noqa: E402
+
 # torch_npu names without the npu_ prefix
+moe_distribute_dispatch = npu_moe_distribute_dispatch
+moe_distribute_combine = npu_moe_distribute_combine
 moe_distribute_dispatch_v2 = npu_moe_distribute_dispatch_v2
 moe_distribute_combine_v2 = npu_moe_distribute_combine_v2
 moe_distribute_combine_add_rms_norm = npu_moe_distribute_combine_add_rms_norm

@@ -348,3 +348,21 @@ megamoe_status_t mm_comm_dequant_int8(const int8_t *q, const void *scales, megam
         out[i] = mm_y_bits((float)q[i] * mm_ld(scales, y_type, i / MM_COMM_QUANT_BLOCK), y_type);
     return MEGAMOE_OK;
 }
+
+megamoe_status_t mm_comm_dequant_mx_f32(const uint8_t *q, const uint8_t *scales,
+                                        megamoe_dtype_t q_type, int64_t n, float *out)
+{
+    MM_CHECK(mm_check_fp8("mm_comm_dequant_mx_f32", q_type));
+    if (n > 0 && (q == NULL || scales == NULL || out == NULL))
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_comm_dequant_mx_f32: NULL q, scales or out");
+    int e4m3 = q_type == MEGAMOE_DTYPE_FP8_E4M3FN;
+    for (int64_t b0 = 0; b0 < n; b0 += MM_QUANT_MX_BLOCK) {
+        uint32_t sbits = (uint32_t)scales[b0 / MM_QUANT_MX_BLOCK] << 23; /* the kernel's shift */
+        float s;
+        memcpy(&s, &sbits, 4);
+        int64_t b1 = b0 + MM_QUANT_MX_BLOCK < n ? b0 + MM_QUANT_MX_BLOCK : n;
+        for (int64_t i = b0; i < b1; i++)
+            out[i] = (e4m3 ? megamoe_fp8_e4m3fn_to_fp32(q[i]) : megamoe_fp8_e5m2_to_fp32(q[i])) * s;
+    }
+    return MEGAMOE_OK;
+}

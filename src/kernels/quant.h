@@ -41,6 +41,12 @@
  *     the fp32 s_b, not by sx_b; double rounding through fp16).  All-zero block: 0/0 = NaN,
  *     q = 0, sx_b = 0.
  *   Dequantise: y'[i] = y_type_RNE(fl32(f32(q[i]) * f32(sx_b))).
+ * Combine MX transport (commQuantMode 3: fp8_e5m2, 4: fp8_e4m3fn; the Ascend 950 combine kernel):
+ *     quantised exactly as quantMode 4 (mm_quant_mx); the source dequantises to fp32 and does NOT
+ *     round to y_type: y'[i] = fl32(fp8(q[i]) * scale_b) with scale_b the fp32 whose bits are
+ *     the scale byte shifted into the exponent field (byte << 23): 2^(s-127) for s >= 1, +0 for
+ *     s = 0 (so a block whose largest exponent field is <= emax dequantises to 0), +Inf for 0xFF
+ *     (whose q are NaN: the block stays NaN).
  * Vectorised (AVX-512) for bf16/fp16 rows in modes 1 and 2 (int8) and the transport; the
  * scalar code is the definition and the vector code gives the same bits.
  */
@@ -86,5 +92,9 @@ megamoe_status_t mm_comm_quant_int8(const void *y, megamoe_dtype_t y_type, int64
                                     void *scales);
 megamoe_status_t mm_comm_dequant_int8(const int8_t *q, const void *scales, megamoe_dtype_t y_type,
                                       int64_t h, void *y);
+/* MX transport, dequantise n elements of a row starting at a block boundary: q[n] fp8 bytes of
+ * q_type, scales[ceil(n/32)] E8M0 bytes of their blocks -> fp32 out[n]. */
+megamoe_status_t mm_comm_dequant_mx_f32(const uint8_t *q, const uint8_t *scales,
+                                        megamoe_dtype_t q_type, int64_t n, float *out);
 
 #endif /* MM_KERNELS_QUANT_H */

@@ -27,7 +27,7 @@ const uint8_t *mm_v2c_row(const mm_v2_combine_t *c, int64_t i)
 const uint8_t *mm_v2c_payload(const mm_v2_combine_t *c, int64_t i, uint8_t *tmp)
 {
     if (!c->c.comm_quant) return mm_v2c_row(c, i);
-    mm_v2_cq_quant(c->c.xtype, c->c.h, mm_v2c_row(c, i), tmp);
+    mm_v2_cq_quant((int)c->c.comm_quant, c->c.xtype, c->c.h, mm_v2c_row(c, i), tmp);
     return tmp;
 }
 
@@ -36,7 +36,7 @@ void mm_v2c_accumulate(const mm_v2_combine_t *c, float *acc, const uint8_t *payl
 {
     int64_t h = c->c.h;
     if (c->c.comm_quant) {
-        mm_v2_cq_dequant_f32(c->c.xtype, h, payload, scratch);
+        mm_v2_cq_dequant_f32((int)c->c.comm_quant, c->c.xtype, h, payload, scratch);
         mm_v2_axpy_f(acc, scratch, weighted ? w : 1.0f, h);
     } else if (weighted) {
         mm_v2_axpy_x(c->c.xtype, acc, payload, w, h);
@@ -113,7 +113,7 @@ static void mm_v2c_term_chunk(const mm_v2_combine_t *c, const mm_v2c_term_t *tm,
     case MM_V2C_ROW: mm_v2_add_x(xt, acc, tm->p + (size_t)c0 * xs, n); break;
     case MM_V2C_CQ_W:
     case MM_V2C_CQ:
-        mm_v2_cq_dequant_range(xt, c->c.h, tm->p, c0, n, tmp);
+        mm_v2_cq_dequant_range((int)c->c.comm_quant, xt, c->c.h, tm->p, c0, n, tmp);
         mm_v2_axpy_f(acc, tmp, tm->kind == MM_V2C_CQ_W ? tm->w : 1.0f, n);
         break;
     case MM_V2C_CONST: {
@@ -417,7 +417,7 @@ static megamoe_status_t mm_v2c_run(mm_v2_combine_t *c, int op)
     MM_CHECK(mm_v2_call_begin(&c->call, MM_V2_WS_COMBINE, a->group_ep, tp2 ? a->group_tp : NULL));
     c->n = c->call.n_world;
     if (local == MEGAMOE_OK) {
-        c->pay = g->comm_quant ? mm_v2_cq_bytes(g->h, g->xsize) : (size_t)g->h * g->xsize;
+        c->pay = g->comm_quant ? mm_v2_cq_bytes((int)g->comm_quant, g->h, g->xsize) : (size_t)g->h * g->xsize;
         c->cstride = mm_align_up(mm_align_up(c->pay, 8) + 8, 64);
         size_t h = (size_t)g->h, bs = (size_t)g->bs, xrow = h * g->xsize;
         size_t need = mm_v2_piece(bs) + mm_v2_piece((size_t)g->W * 8) +

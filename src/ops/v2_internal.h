@@ -213,16 +213,17 @@ void mm_v2_scratch_release(void);
  * [1] / [H] scales tensor the caller passes that. */
 void mm_v2_quant_row(const mm_v2_cfg_t *cfg, const void *x, const float *smooth,
                      int64_t smooth_len, void *out, void *scale_out);
-/* Combine transport quantisation (commQuantMode 2): q[H] int8, then XType scales per block of
- * 8 (ceil(H/8) of them) right after q, in one record of mm_v2_cq_bytes(h, xsize) bytes. */
-size_t mm_v2_cq_bytes(int64_t h, size_t xsize);
-void mm_v2_cq_quant(megamoe_dtype_t xtype, int64_t h, const void *y, void *rec);
-/* Dequantise a record to XType values and widen to fp32 (y' of the spec); out has room for
- * 2 * h floats (the second half is scratch). */
-void mm_v2_cq_dequant_f32(megamoe_dtype_t xtype, int64_t h, const void *rec, float *out);
-/* The same for elements [c0, c0 + n) of the row (c0 a multiple of 8). */
-void mm_v2_cq_dequant_range(megamoe_dtype_t xtype, int64_t h, const void *rec, int64_t c0,
-                            int64_t n, float *out);
+/* Combine transport quantisation, mode = commQuantMode: 2 int8 (q[H], then XType scales per
+ * block of 8), 3 / 4 MX fp8_e5m2 / fp8_e4m3fn (q[H], then E8M0 scales per block of 32); one
+ * record of mm_v2_cq_bytes(mode, h, xsize) bytes. */
+size_t mm_v2_cq_bytes(int mode, int64_t h, size_t xsize);
+void mm_v2_cq_quant(int mode, megamoe_dtype_t xtype, int64_t h, const void *y, void *rec);
+/* Dequantise a record to fp32 (y' of the spec: mode 2 rounds to XType first, the MX modes do not);
+ * out has room for 2 * h floats (the second half is scratch). */
+void mm_v2_cq_dequant_f32(int mode, megamoe_dtype_t xtype, int64_t h, const void *rec, float *out);
+/* The same for elements [c0, c0 + n) of the row (c0 a multiple of 32; out: 2 * n floats). */
+void mm_v2_cq_dequant_range(int mode, megamoe_dtype_t xtype, int64_t h, const void *rec,
+                            int64_t c0, int64_t n, float *out);
 
 /* ---- small numeric helpers (exact; see docs/ops.md) ------------------------------------ */
 

@@ -18,32 +18,45 @@ void mm_v2_quant_row(const mm_v2_cfg_t *c, const void *x, const float *smooth, i
     }
 }
 
-/* Transport record: q[h] int8, then the ceil(h/8) XType block scales at an 8-aligned offset. */
+/* Transport record: q[h] (int8 for commQuantMode 2, fp8 for the MX modes 3 and 4), then the
+ * scales at an 8-aligned offset: ceil(h/8) XType block scales (mode 2) or
+ * mm_quant_mx_scale_count(h) E8M0 bytes (modes 3, 4). */
 static size_t mm_v2_cq_scale_off(int64_t h) { return ((size_t)h + 7) / 8 * 8; }
-
-size_t mm_v2_cq_bytes(int64_t h, size_t xsize)
+static int mm_v2_cq_mx(int mode) { return mode == 3 || mode == 4; }
+static megamoe_dtype_t mm_v2_cq_fp8(int mode)
 {
+    return mode == 3 ? MEGAMOE_DTYPE_FP8_E5M2 : MEGAMOE_DTYPE_FP8_E4M3FN;
+}
+
+size_t mm_v2_cq_bytes(int mode, int64_t h, size_t xsize)
+{
+    if (mm_v2_cq_mx(mode)) return mm_v2_cq_scale_off(h) + (size_t)mm_quant_mx_scale_count(h);
     return mm_v2_cq_scale_off(h) + (size_t)mm_comm_quant_block_count(h) * xsize;
 }
 
-void mm_v2_cq_quant(megamoe_dtype_t xtype, int64_t h, const void *y, void *rec)
+void mm_v2_cq_quant(int mode, megamoe_dtype_t xtype, int64_t h, const void *y, void *rec)
 {
-    (void)mm_comm_quant_int8(y, xtype, h, rec, (uint8_t *)rec + mm_v2_cq_scale_off(h));
+    uint8_t *sc = (uint8_t *)rec + mm_v2_cq_scale_off(h);
+    if (mm_v2_cq_mx(mode)) (void)mm_quant_mx(y, xtype, h, mm_v2_cq_fp8(mode), rec, sc);
+    else (void)mm_comm_quant_int8(y, xtype, h, rec, sc);
 }
 
-void mm_v2_cq_dequant_f32(megamoe_dtype_t xtype, int64_t h, const void *rec, float *out)
+void mm_v2_cq_dequant_f32(int mode, megamoe_dtype_t xtype, int64_t h, const void *rec, float *out)
 {
-    /* y' (XType) lands after the h floats of out (the caller gives room for 2 * h floats) */
-    uint16_t *y = (uint16_t *)(out + h);
-    (void)mm_comm_dequant_int8(rec, (const uint8_t *)rec + mm_v2_cq_scale_off(h), xtype, h, y);
-    mm_v2_widen(xtype, y, out, h);
+    mm_v2_cq_dequant_range(mode, xtype, h, rec, 0, h, out);
 }
 
-void mm_v2_cq_dequant_range(megamoe_dtype_t xtype, int64_t h, const void *rec, int64_t c0,
-                            int64_t n, float *out)
+void mm_v2_cq_dequant_range(int mode, megamoe_dtype_t xtype, int64_t h, const void *rec,
+                            int64_t c0, int64_t n, float *out)
 {
+    const uint8_t *sc = (const uint8_t *)rec + mm_v2_cq_scale_off(h);
+    if (mm_v2_cq_mx(mode)) { /* fp32 straight from the fp8 and its scale, no XType rounding */
+        (void)mm_comm_dequant_mx_f32((const uint8_t *)rec + c0, sc + c0 / MM_QUANT_MX_BLOCK,
+                                     mm_v2_cq_fp8(mode), n, out);
+        return;
+    }
+    /* y' (XType) lands after the n floats of out (the caller gives room for 2 * n floats) */
     uint16_t *y = (uint16_t *)(out + n);
-    const uint8_t *sc = (const uint8_t *)rec + mm_v2_cq_scale_off(h) + (size_t)(c0 / 8) * 2;
-    (void)mm_comm_dequant_int8((const int8_t *)rec + c0, sc, xtype, n, y);
+    (void)mm_comm_dequant_int8((const int8_t *)rec + c0, sc + (size_t)(c0 / 8) * 2, xtype, n, y);
     mm_v2_widen(xtype, y, out, n);
 }

@@ -370,8 +370,9 @@ megamoe_status_t mm_v2_combine_config(const megamoe_combine_v2_args_t *a, int op
     MM_CHECK(mm_v2_common(c, &in));
     MM_CHECK(mm_v2_k_total(c));
     c->comm_quant = a->comm_quant_mode;
-    if (c->comm_quant != 0 && c->comm_quant != 2)
-        MM_BAD("comm_quant_mode must be 0 or 2 (int8 transport), got %lld", (long long)c->comm_quant);
+    if (c->comm_quant != 0 && c->comm_quant != 2 && c->comm_quant != 3 && c->comm_quant != 4)
+        MM_BAD("comm_quant_mode must be 0, 2 (int8 transport), 3 (MX fp8_e5m2) or 4 (MX "
+               "fp8_e4m3fn), got %lld", (long long)c->comm_quant);
     if (a->out_dtype != 0) MM_BAD("out_dtype is reserved and must be 0");
     if (a->group_list_type != 0) MM_BAD("group_list_type is reserved and must be 0");
     if (a->activation_scale.data || a->weight_scale.data || a->group_list.data)

@@ -2,6 +2,7 @@
  * Inf rows, scale counts, odd H, and the AVX-512 paths bit-identical to the scalar definition
  * on random and adversarial rows (this file also runs under ASan). The independent numpy
  * implementation of §4 and §5.2 is test_kernels_quant.py. */
+#include <math.h>
 #include <stdlib.h>
 
 #include "harness/harness.h"
@@ -135,6 +136,39 @@ MM_TEST(mx_worked_example_and_saturation)
     ASSERT_EQ_INT(mm_quant_mx_scale_count(64), 2);
     ASSERT_EQ_INT(mm_quant_mx_scale_count(65), 4);
     ASSERT_EQ_INT(mm_quant_mx_scale_count(0), 0);
+}
+
+MM_TEST(comm_mx_dequant_worked_example)
+{
+    /* The 950 combine's MX dequantisation: scale = the fp32 with bits byte << 23. Block 0 (byte
+     * 127: 1.0) and block 1 (byte 130: 8.0) of an e4m3fn row; 0x7e = 448, 0x38 = 1.0, 0x81 =
+     * -2^-9; block 2 byte 0: +0 whatever q is; block 3 byte 0xFF: +Inf (q 0x7f, NaN -> NaN). */
+    uint8_t q[100], sc[4] = {127, 130, 0, 0xff};
+    for (int i = 0; i < 100; i++) q[i] = 0x38;
+    q[0] = 0x7e, q[1] = 0x81, q[32] = 0x38, q[33] = 0xb8, q[64] = 0x7e, q[96] = 0x7f;
+    float y[100];
+    ASSERT_OK(mm_comm_dequant_mx_f32(q, sc, MEGAMOE_DTYPE_FP8_E4M3FN, 100, y));
+    ASSERT_TRUE(y[0] == 448.0f && y[1] == -0.001953125f && y[2] == 1.0f);
+    ASSERT_TRUE(y[32] == 8.0f && y[33] == -8.0f);
+    ASSERT_TRUE(y[64] == 0.0f && y[65] == 0.0f && !signbit(y[64]));
+    ASSERT_TRUE(isnan(y[96]) && isinf(y[97]) && y[97] > 0);
+    /* e5m2 and a range starting at block 1 of the row (q and scales offset together) */
+    uint8_t q5[2] = {megamoe_fp32_to_fp8_e5m2(-1.5f, 1), megamoe_fp32_to_fp8_e5m2(57344.0f, 1)};
+    uint8_t s5[1] = {120};
+    ASSERT_OK(mm_comm_dequant_mx_f32(q5, s5, MEGAMOE_DTYPE_FP8_E5M2, 2, y));
+    ASSERT_TRUE(y[0] == -1.5f / 128.0f && y[1] == 57344.0f / 128.0f);
+    /* quantise (quantMode 4) then dequantise: exact for values on the block's fp8 grid */
+    uint16_t x[40];
+    for (int i = 0; i < 40; i++) x[i] = bf((float)(i % 8 - 4) * 0.5f);
+    uint8_t qq[40], ss[2];
+    ASSERT_OK(mm_quant_mx(x, MEGAMOE_DTYPE_BF16, 40, MEGAMOE_DTYPE_FP8_E4M3FN, qq, ss));
+    ASSERT_OK(mm_comm_dequant_mx_f32(qq, ss, MEGAMOE_DTYPE_FP8_E4M3FN, 40, y));
+    for (int i = 0; i < 40; i++) ASSERT_TRUE(y[i] == (float)(i % 8 - 4) * 0.5f);
+    megamoe_log_set_level(MEGAMOE_LOG_OFF);
+    ASSERT_STATUS(mm_comm_dequant_mx_f32(q, NULL, MEGAMOE_DTYPE_FP8_E4M3FN, 4, y), MEGAMOE_INVALID_ARGUMENT);
+    ASSERT_STATUS(mm_comm_dequant_mx_f32(q, sc, MEGAMOE_DTYPE_INT8, 4, y), MEGAMOE_INVALID_ARGUMENT);
+    ASSERT_OK(mm_comm_dequant_mx_f32(NULL, NULL, MEGAMOE_DTYPE_FP8_E5M2, 0, NULL));
+    megamoe_log_set_level(MEGAMOE_LOG_WARN);
 }
 
 MM_TEST(comm_quant_worked_example)

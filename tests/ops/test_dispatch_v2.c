@@ -159,6 +159,72 @@ MM_TEST(identity_round_trip)
     example_free(&ex);
 }
 
+/* What the MX transport (comm_quant_mode 4, docs/ops.md) makes of one bf16 element x of a row
+ * whose largest exponent field is E: fp8_e4m3fn(x * 2^(127 - s)) * 2^(s - 127), s = max(E, 8) - 8. */
+static float mx_e4m3(uint16_t x, unsigned E)
+{
+    unsigned s = (E > 8 ? E : 8) - 8;
+    float r = 1.0f, back = 1.0f;
+    for (unsigned i = 0; i < 127 - s; i++) r *= 2.0f;
+    for (unsigned i = 0; i < 127 - s; i++) back *= 0.5f;
+    return megamoe_fp8_e4m3fn_to_fp32(megamoe_fp32_to_fp8_e4m3fn(megamoe_bf16_to_fp32(x) * r, 1)) * back;
+}
+
+MM_TEST(mx_transport_and_add_rms_norm_comm_alg)
+{
+    ASSERT_TRUE(world() != NULL);
+    example_t ex;
+    memset(&ex, 0, sizeof ex);
+    ASSERT_OK(example_dispatch(&ex, 1));
+    megamoe_combine_add_rms_norm_args_t n = megamoe_combine_add_rms_norm_args_default();
+    megamoe_combine_v2_args_t *c = &n.combine;
+    c->expand_x = ex.a.expand_x;
+    c->expert_ids = ex.a.expert_ids;
+    c->assist_info_for_combine = ex.a.assist_info_for_combine;
+    c->ep_send_counts = ex.a.ep_recv_counts;
+    c->expert_scales = tens(ex.ws, MEGAMOE_DTYPE_FP32, 2, BS, K);
+    c->group_ep = world();
+    c->ep_world_size = 2;
+    c->ep_rank_id = mm_test_rank();
+    c->moe_expert_num = E;
+    c->comm_quant_mode = 4;
+    c->comm_alg = "fullmesh_v1";
+    uint16_t resid[BS * H], gamma[H], y[BS * H], xo[BS * H], out[BS * H];
+    float rstd[BS];
+    for (int i = 0; i < BS * H; i++) resid[i] = megamoe_fp32_to_bf16((float)(i % 5) - 2.0f);
+    for (int i = 0; i < H; i++) gamma[i] = megamoe_fp32_to_bf16(1.0f);
+    n.residual_x = tens(resid, MEGAMOE_DTYPE_BF16, 3, BS, 1);
+    n.residual_x.shape[2] = H;
+    n.gamma = tens(gamma, MEGAMOE_DTYPE_BF16, 1, H, 0);
+    ASSERT_OK(megamoe_combine_add_rms_norm_infer(&n));
+    n.y.data = y;
+    n.rstd.data = rstd;
+    c->x.data = xo;
+    ASSERT_OK(megamoe_combine_add_rms_norm(&n));
+    /* plain combine with the same transport (x of [BS, H]) */
+    megamoe_combine_v2_args_t p = *c;
+    p.x = tens(out, MEGAMOE_DTYPE_BF16, 2, BS, H);
+    ASSERT_OK(megamoe_combine_v2(&p));
+    for (int t = 0; t < BS; t++) {
+        unsigned Emax = 0; /* the token's row is one 16-element block, the same on every expert */
+        for (int h = 0; h < H; h++) {
+            unsigned e = (ex.x[t * H + h] >> 7) & 0xffu;
+            if (e > Emax) Emax = e;
+        }
+        for (int h = 0; h < H; h++) {
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++) {
+                float p1 = mx_e4m3(ex.x[t * H + h], Emax) * ex.ws[t * K + k];
+                acc = acc + p1;
+            }
+            ASSERT_EQ_INT(out[t * H + h], megamoe_fp32_to_bf16(acc));
+            float sres = acc + megamoe_bf16_to_fp32(resid[t * H + h]);
+            ASSERT_EQ_INT(xo[t * H + h], megamoe_fp32_to_bf16(sres));
+        }
+    }
+    example_free(&ex);
+}
+
 MM_TEST(invalid_argument_on_one_rank_reaches_both)
 {
     ASSERT_TRUE(world() != NULL);

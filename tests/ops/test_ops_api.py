@@ -23,8 +23,19 @@ ADD_RMS_NORM = ("expand_x, expert_ids, expand_idx, ep_send_counts, expert_scales
                 "const_expert_alpha_1=None, const_expert_alpha_2=None, const_expert_v=None, "
                 "group_tp='', tp_world_size=0, tp_rank_id=0, expert_shard_type=0, "
                 "shared_expert_num=1, shared_expert_rank_num=0, global_bs=0, out_dtype=0, "
-                "comm_quant_mode=0, group_list_type=0, norm_eps=1e-06, zero_expert_num=0, "
-                "copy_expert_num=0, const_expert_num=0")
+                "comm_quant_mode=0, group_list_type=0, comm_alg='', norm_eps=1e-06, "
+                "zero_expert_num=0, copy_expert_num=0, const_expert_num=0")
+# torch_npu's V1 operators (op-plugin op_plugin_functions.yaml)
+DISPATCH_V1 = ("x, expert_ids, group_ep, ep_world_size, ep_rank_id, moe_expert_num, *, scales=None, "
+               "x_active_mask=None, expert_scales=None, group_tp='', tp_world_size=0, tp_rank_id=0, "
+               "expert_shard_type=0, shared_expert_num=1, shared_expert_rank_num=0, quant_mode=0, "
+               "global_bs=0, expert_token_nums_type=1")
+COMBINE_V1 = ("expand_x, expert_ids, expand_idx, ep_send_counts, expert_scales, group_ep, "
+              "ep_world_size, ep_rank_id, moe_expert_num, *, tp_send_counts=None, "
+              "x_active_mask=None, activation_scale=None, weight_scale=None, group_list=None, "
+              "expand_scales=None, shared_expert_x=None, group_tp='', tp_world_size=0, "
+              "tp_rank_id=0, expert_shard_type=0, shared_expert_num=1, shared_expert_rank_num=0, "
+              "global_bs=0, out_dtype=0, comm_quant_mode=0, group_list_type=0")
 
 
 def _sig(fn):
@@ -35,12 +46,16 @@ def test_signatures_match_torch_npu():
     assert _sig(ops.npu_moe_distribute_dispatch_v2) == DISPATCH
     assert _sig(ops.npu_moe_distribute_combine_v2) == COMBINE
     assert _sig(ops.npu_moe_distribute_combine_add_rms_norm) == ADD_RMS_NORM
+    assert _sig(ops.npu_moe_distribute_dispatch) == DISPATCH_V1
+    assert _sig(ops.npu_moe_distribute_combine) == COMBINE_V1
 
 
 def test_aliases_without_npu_prefix():
     assert ops.moe_distribute_dispatch_v2 is ops.npu_moe_distribute_dispatch_v2
     assert ops.moe_distribute_combine_v2 is ops.npu_moe_distribute_combine_v2
     assert ops.moe_distribute_combine_add_rms_norm is ops.npu_moe_distribute_combine_add_rms_norm
+    assert ops.moe_distribute_dispatch is ops.npu_moe_distribute_dispatch
+    assert ops.moe_distribute_combine is ops.npu_moe_distribute_combine
 
 
 def test_fp8_tokens():

@@ -4,7 +4,8 @@ Keys: W, E, K, H, bs (or bs_list per world rank), S/NS (shared ranks / experts),
 (zero/copy/const experts), tp, quant, yt (int8/e4m3/e5m2), xt (bf16/fp16), scales
 (full/flat/one), mask (1 or 2), ws (dispatch expert_scales), sxx (shared_expert_x), comm_quant,
 elastic, hier (hierarchy group size), alg, ent (expert_token_nums_type), perf, identity,
-arn (combine_add_rms_norm), global_bs.
+arn (combine_add_rms_norm, with comm_alg), global_bs, edge (corner blocks in the expert outputs:
+zeros, tiny, huge, one outlier, signed zeros; for the MX transport, comm_quant 3 / 4).
 """
 
 
@@ -43,6 +44,21 @@ CASES = {
         _c("q4_e5m2_fp16", W=2, E=4, K=2, H=65, bs=4, quant=4, yt="e5m2", xt="fp16"),
         _c("comm_quant2", W=2, E=4, K=2, H=37, bs=6, comm_quant=2),
         _c("comm_quant2_fp16_shared", W=2, E=4, K=2, H=37, bs=6, comm_quant=2, xt="fp16", sxx=True),
+        _c("comm_quant4_mx_e4m3", W=2, E=4, K=2, H=200, bs=6, comm_quant=4, edge=True),
+        _c("comm_quant3_mx_e5m2_fp16_sxx", W=2, E=4, K=3, H=210, bs=6, comm_quant=3, xt="fp16",
+           sxx=True, edge=True),
+        _c("comm_quant4_mx_e4m3_fp16", W=2, E=4, K=2, H=192, bs=6, comm_quant=4, xt="fp16",
+           edge=True),
+        _c("comm_quant4_identity_specials_mask2", W=2, E=4, K=4, H=64, bs=6, comm_quant=4,
+           identity=True, Z=1, Cp=1, Cn=1, mask=2),
+        _c("comm_quant4_q4_dispatch", W=2, E=4, K=2, H=96, bs=5, quant=4, comm_quant=4),
+        _c("add_rms_norm_comm_quant4", W=2, E=4, K=2, H=192, bs=6, arn=True, comm_quant=4,
+           edge=True),
+        _c("add_rms_norm_comm_quant3_fp16", W=2, E=4, K=2, H=40, bs=5, arn=True, comm_quant=3,
+           xt="fp16"),
+        _c("add_rms_norm_hierarchy", W=2, E=4, K=2, H=48, bs=5, arn=True, hier=1, quant=2),
+        _c("add_rms_norm_fullmesh_v2", W=2, E=4, K=2, H=32, bs=5, arn=True, alg="fullmesh_v2"),
+        _c("hierarchy_comm_quant4", W=2, E=4, K=3, H=200, bs=5, hier=1, comm_quant=4, edge=True),
         _c("fullmesh_v1", W=2, E=4, K=2, H=32, bs=5, alg="fullmesh_v1"),
         _c("fullmesh_v2", W=2, E=4, K=2, H=32, bs=5, alg="fullmesh_v2", mask=1),
         _c("perf_info", W=2, E=4, K=2, H=32, bs=5, perf=True),
@@ -61,6 +77,7 @@ CASES = {
         _c("w3_elastic_drop_rank1", W=3, E=6, K=2, H=32, bs=5,
            elastic=[1, 2, 0, 4, 0, -1, 1, 0, 2, 0]),
         _c("w3_hierarchy", W=3, E=6, K=3, H=32, bs=5, hier=2, quant=2, mask=1),
+        _c("w3_shared_comm_quant4", W=3, E=4, K=2, H=192, bs=5, S=1, NS=1, comm_quant=4, edge=True),
     ],
     4: [
         _c("w4_tp2", W=2, tp=2, E=2, K=2, H=32, bs=5),
@@ -68,6 +85,9 @@ CASES = {
         _c("w4_tp2_shared_mask1", W=2, tp=2, E=1, K=1, H=32, bs=6, S=1, NS=1, mask=1),
         _c("w4_tp2_comm_quant_sxx", W=2, tp=2, E=2, K=2, H=24, bs=5, comm_quant=2, sxx=True),
         _c("w4_tp2_arn", W=2, tp=2, E=2, K=2, H=32, bs=4, arn=True),
+        _c("w4_tp2_comm_quant4", W=2, tp=2, E=2, K=2, H=200, bs=4, comm_quant=4, edge=True),
+        _c("w4_arn_hierarchy_comm_quant3", W=4, E=8, K=3, H=192, bs=4, arn=True, hier=2,
+           comm_quant=3, edge=True),
         _c("w4_shared_2x2", W=4, E=4, K=2, H=32, bs=5, S=2, NS=2, quant=2, scales="full"),
         _c("w4_shared_2_ranks_1_expert", W=4, E=4, K=3, H=16, bs=5, S=2, NS=1, mask=2),
         _c("w4_all_quant3_e5m2", W=4, E=8, K=3, H=256, bs=3, quant=3, yt="e5m2"),

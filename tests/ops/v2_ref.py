@@ -121,6 +121,12 @@ def quant_row(xbits, xt, mode, yt, smooth):
             ss.append(s)
         return np.concatenate(qs), np.array(ss, np.float32).view(np.uint8)
     # mode 4: MX
+    return mx_quant(xbits, xt, yt)
+
+
+def mx_quant(xbits, xt, yt):
+    """MX (spec §4.4): fp8 codes [h] and align2(ceil(h/32)) E8M0 scale bytes (pad block 0)."""
+    h = len(xbits)
     emax_elem = 8 if yt == E4M3 else 15
     nb = (h + 31) // 32
     ns = (nb + 1) // 2 * 2
@@ -144,6 +150,32 @@ def quant_row(xbits, xt, mode, yt, smooth):
     return q, sc
 
 
+def fp8_value(codes, t):
+    """fp8 code -> fp32 from the bit fields (e4m3fn: 0x7F/0xFF NaN, no Inf; e5m2: IEEE-like)."""
+    codes = np.asarray(codes, np.uint8).astype(np.int64)
+    ebits, mbits, bias = (4, 3, 7) if t == E4M3 else (5, 2, 15)
+    sign = np.where(codes & 0x80, -1.0, 1.0)
+    e = (codes >> mbits) & ((1 << ebits) - 1)
+    m = codes & ((1 << mbits) - 1)
+    mag = np.where(e == 0, m * 2.0 ** (1 - bias - mbits), (1 + m / 2.0 ** mbits) * 2.0 ** (e - bias))
+    if t == E4M3:
+        mag = np.where((codes & 0x7F) == 0x7F, np.nan, mag)
+    else:
+        top = e == (1 << ebits) - 1
+        mag = np.where(top & (m == 0), np.inf, np.where(top, np.nan, mag))
+    return (sign * mag).astype(np.float32)
+
+
+def mx_dequant(q, sc, t):
+    """The 950 combine's MX dequantisation: fp32 scale = the byte shifted into the fp32 exponent
+    field (byte << 23: 0 -> +0, 0xFF -> +Inf), y' = fl32(fp8 * scale); no rounding to XType."""
+    q = np.asarray(q, np.uint8)
+    scale = (np.asarray(sc, np.uint32) << 23).view(np.float32)
+    blk = scale[np.arange(len(q)) // 32]
+    with np.errstate(all="ignore"):
+        return (fp8_value(q, t) * blk).astype(np.float32)
+
+
 def cq_roundtrip(ybits, xt):
     """Combine int8 transport, blocks of 8: y -> q, sx -> y' (XType bits)."""
     h = len(ybits)
@@ -161,6 +193,19 @@ def cq_roundtrip(ybits, xt):
         p = (q.astype(np.float32) * widen(np.array([sx]), xt)[0]).astype(np.float32)
         out[b:b + 8] = narrow(p, xt)
     return out
+
+
+def cq_value(ybits, xt, cq):
+    """What the source adds for one expert row y (XType bits), as fp32: the row itself (0), the
+    int8 transport rounded back to XType (2), or the MX transport's fp32 dequantisation (3: e5m2,
+    4: e4m3fn, spec §4.4 quantiser)."""
+    if cq == 0:
+        return widen(ybits, xt)
+    if cq == 2:
+        return widen(cq_roundtrip(ybits, xt), xt)
+    t = E5M2 if cq == 3 else E4M3
+    q, sc = mx_quant(ybits, xt, t)
+    return mx_dequant(q, sc, t)
 
 
 # ---- configuration -------------------------------------------------------------------------------
@@ -281,6 +326,28 @@ def dispatch_group(cfg, inp, expert_scales_given):
     return out
 
 
+def expand_idx_v1(ids, mask, E):
+    """torch_npu V1 dispatch's expand_idx [BS * K] (int32), from its docs and the A3 V1 kernel:
+    for pair i = t * K + k, the number of earlier pairs j < i sent to the same expert (the row's
+    place in its (source, expert) block, spec §3.2). Our extension: pairs a mask keeps back are
+    not sent, are not counted and hold 0."""
+    bs, K = ids.shape
+    act = np.ones((bs, K), bool)
+    if mask is not None:
+        m = np.asarray(mask, bool)
+        act = np.repeat(m[:, None], K, axis=1) if m.ndim == 1 else m
+    seen = {}
+    out = np.zeros(bs * K, np.int32)
+    for i in range(bs * K):
+        t, k = divmod(i, K)
+        e = int(ids[t, k])
+        if not act[t, k] or e >= E:
+            continue
+        out[i] = seen.get(e, 0)
+        seen[e] = out[i] + 1
+    return out
+
+
 def dispatch_world(case, world_inputs):
     """All world ranks; returns the seven outputs of each world rank as numpy arrays."""
     cfg = Cfg(case)
@@ -378,7 +445,7 @@ def combine_world(case, world_inputs, disp, expert_out, arn=None):
     KS = K + NS
     gs = cfg.hier
     # expert side: rows after the TP add (and transport quantisation), keyed by destination
-    slots = {}  # (world rank of source, t, k') -> (y' bits, group of the expert rank)
+    slots = {}  # (world rank of source, t, k') -> (fp32 y', group of the expert rank)
     for wr in range(W * T):
         e, p = wr // T, wr % T
         if t1[e] < 0:
@@ -399,9 +466,7 @@ def combine_world(case, world_inputs, disp, expert_out, arn=None):
         my_compact = t1[e]
         for i in range(n_own):
             s, t, k = assist[3 * i:3 * i + 3]
-            y = rows[i]
-            if cfg.cq:
-                y = cq_roundtrip(y, cfg.xt)
+            y = cq_value(rows[i], cfg.xt, cfg.cq)
             src_world = t2[s] * T + p
             slots[(src_world, int(t), int(k))] = (y, my_compact // gs if gs else 0)
     out = {}
@@ -434,8 +499,7 @@ def combine_world(case, world_inputs, disp, expert_out, arn=None):
                         grp = (eS + eid // cfg.L) // gs
                     else:
                         grp = (c % rpse + (kk - K) * rpse) // gs
-                    yb, _ = slots[(wr, t, kk)]
-                    yv = widen(yb, cfg.xt)
+                    yv, _ = slots[(wr, t, kk)]
                     part = parts.setdefault(grp, np.zeros(H, np.float32))
                     if kk < K:
                         parts[grp] = (part + (yv * f32(ws[t, kk])).astype(np.float32)).astype(np.float32)
@@ -451,7 +515,7 @@ def combine_world(case, world_inputs, disp, expert_out, arn=None):
                 if eid < cfg.E:
                     if gs:
                         continue
-                    yv = widen(slots[(wr, t, kk)][0], cfg.xt)
+                    yv = slots[(wr, t, kk)][0]
                     acc = (acc + (yv * w).astype(np.float32)).astype(np.float32)
                 elif eid < cfg.E + cfg.Z:
                     pass
@@ -463,7 +527,7 @@ def combine_world(case, world_inputs, disp, expert_out, arn=None):
                                         inp["const_v"][ci], w, acc)
             if not gs:
                 for j in range(NS):
-                    yv = widen(slots[(wr, t, K + j)][0], cfg.xt)
+                    yv = slots[(wr, t, K + j)][0]
                     acc = (acc + yv).astype(np.float32)
             if inp.get("sxx") is not None:
                 acc = (acc + widen(inp["sxx"][t], cfg.xt)).astype(np.float32)

@@ -137,15 +137,45 @@ def make_inputs(case):
 
 
 def expert_outputs(case, disp, rng):
-    """What the experts computed: random rows, or the dispatched rows themselves (identity)."""
+    """What the experts computed: random rows, or the dispatched rows themselves (identity);
+    "edge" puts the MX transport's corner blocks into every row (see _edge_blocks)."""
     cfg = R.Cfg(case)
     outs = {}
     for wr, o in sorted(disp.items()):
         if case.get("identity"):
             outs[wr] = o["expand_x"].astype(np.uint16)
         else:
-            outs[wr] = R.narrow(rng.normal(0, 1, size=o["expand_x"].shape).astype(np.float32), cfg.xt)
+            v = rng.normal(0, 1, size=o["expand_x"].shape).astype(np.float32)
+            if case.get("edge"):
+                _edge_blocks(v, cfg.xt, rng)
+            outs[wr] = R.narrow(v, cfg.xt)
     return outs
+
+
+def _edge_blocks(v, xt, rng):
+    """Column block b (32 elements, as the MX transport's) of every row gets pattern b % 6: all
+    zeros (scale byte 0); values so small that the largest exponent field is <= 8 (bf16: scale
+    byte 0 although q is not 0) or fp16 subnormals; large values (bf16 1e30 / fp16 3e4: big
+    scale bytes, saturation at the top code); one large element among small ones (the small q
+    flush to 0); signed zeros; unchanged. The same pattern in all rows keeps a token's sum of
+    them visible in its output."""
+    big = 1e30 if xt == R.BF16 else 3.0e4
+    tiny = 2.0 ** -122 if xt == R.BF16 else 2.0 ** -20
+    rows, h = v.shape
+    for b in range(0, h, 32):
+        w = min(32, h - b)
+        p = (b // 32) % 6
+        if p == 0:
+            v[:, b:b + w] = 0
+        elif p == 1:
+            v[:, b:b + w] = rng.normal(0, 1, (rows, w)) * tiny
+        elif p == 2:
+            v[:, b:b + w] = rng.normal(0, 1, (rows, w)) * big
+        elif p == 3:
+            v[:, b:b + w] = rng.normal(0, 1e-4, (rows, w))
+            v[:, b] = big / 3
+        elif p == 4:
+            v[:, b:b + w] = np.where(rng.random((rows, w)) < 0.5, -0.0, 0.0)
 
 
 # ---- one case -------------------------------------------------------------------------------
@@ -234,7 +264,7 @@ def run_case(case):
             expand, ids, outs[2], outs[4], cws,
             bits_tensor(a["residual"], cfg.xt).reshape(-1, 1, cfg.H), bits_tensor(a["gamma"], cfg.xt),
             group_ep, cfg.W, e, cfg.E, norm_eps=a["eps"],
-            **{k: v for k, v in kw.items() if k not in ("comm_alg",)})
+            **kw)
         same("add_rms_norm x", xo.reshape(-1, cfg.H), cref[RANK]["x"])
         same("add_rms_norm y", y.reshape(-1, cfg.H), cref[RANK]["y"])
         same("add_rms_norm rstd", rstd.reshape(-1), cref[RANK]["rstd"])
