@@ -10,7 +10,8 @@
  *
  * Settings come from the parameters, else from the environment (docs/env.md):
  * RANK/WORLD_SIZE (or Open MPI's variables), HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT,
- * HYPER_PARALLEL_SHMEM_HEAP_SIZE, HYPER_PARALLEL_SHMEM_TIMEOUT_SEC, MEGAMOE_JOB_TOKEN.
+ * HYPER_PARALLEL_SHMEM_HEAP_SIZE, HYPER_PARALLEL_SHMEM_TIMEOUT_SEC, MEGAMOE_JOB_TOKEN /
+ * MEGAMOE_JOB_TOKEN_FILE.
  */
 #ifndef MEGAMOE_COMM_H
 #define MEGAMOE_COMM_H
@@ -31,6 +32,10 @@ typedef struct megamoe_comm_params {
     const char *endpoint; /* NULL: HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT ("tcp://host:port") */
     uint64_t heap_size;   /* 0: HYPER_PARALLEL_SHMEM_HEAP_SIZE (bytes per rank) */
     int timeout_sec;      /* 0: HYPER_PARALLEL_SHMEM_TIMEOUT_SEC */
+    /* NULL: MEGAMOE_JOB_TOKEN, else MEGAMOE_JOB_TOKEN_FILE, else (under mpirun) a secret
+     * broadcast over MPI. The same secret on every rank; required when the endpoint is not a
+     * loopback address (unless MEGAMOE_BOOTSTRAP_INSECURE=1). Not kept after start-up. */
+    const char *job_token;
 } megamoe_comm_params_t;
 
 /* All fields "from the environment". */

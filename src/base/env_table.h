@@ -22,7 +22,11 @@
     MM_ENV(LOG_LEVEL, "MEGAMOE_LOG_LEVEL", ENUM, "warn", 0, 0, "trace|debug|info|warn|error|off", \
            "Library log level.") \
     MM_ENV(JOB_TOKEN, "MEGAMOE_JOB_TOKEN", STRING, "", 0, 0, "", \
-           "Secret shared by the ranks of one job (set by megamoe launch); peers prove it at bootstrap.") \
+           "Secret shared by the ranks of one job (set by megamoe launch); peers prove it at bootstrap. Required for a non-loopback endpoint unless mpirun or torchrun carry one.") \
+    MM_ENV(JOB_TOKEN_FILE, "MEGAMOE_JOB_TOKEN_FILE", STRING, "", 0, 0, "", \
+           "File holding the job secret (mode 0600, this user's; used when MEGAMOE_JOB_TOKEN is unset).") \
+    MM_ENV(BOOTSTRAP_INSECURE, "MEGAMOE_BOOTSTRAP_INSECURE", BOOL, "0", 0, 0, "", \
+           "1: start without a job secret even when the bootstrap endpoint is not a loopback address (warned on every rank).") \
     MM_ENV(RANK, "RANK", INT, "", 0, 1048575, "", \
            "This process's rank when no rank is passed to the API (torchrun, megamoe launch).") \
     MM_ENV(WORLD_SIZE, "WORLD_SIZE", INT, "", 1, 1048576, "", \

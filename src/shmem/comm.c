@@ -15,7 +15,7 @@ struct megamoe_comm {
 megamoe_comm_params_t megamoe_comm_params_default(void)
 {
     return (megamoe_comm_params_t){.rank = -1, .world_size = -1, .endpoint = NULL,
-                                   .heap_size = 0, .timeout_sec = 0};
+                                   .heap_size = 0, .timeout_sec = 0, .job_token = NULL};
 }
 
 static int mm_comm_valid(const megamoe_comm_t *c) { return c && c->magic == MM_COMM_MAGIC; }
@@ -38,6 +38,7 @@ megamoe_status_t megamoe_comm_create(const megamoe_comm_params_t *params, megamo
         p.endpoint = params->endpoint;
         p.heap_size = params->heap_size;
         p.timeout_sec = params->timeout_sec;
+        p.job_token = params->job_token;
     }
     megamoe_status_t st = mm_shmem_acquire(&p);
     if (st != MEGAMOE_OK) {

@@ -19,6 +19,7 @@
 #include "base/env.h"
 #include "megamoe/log.h"
 #include "megamoe/version.h"
+#include "boot_secret.h"
 #include "sha256.h"
 #include "shmem_internal.h"
 
@@ -34,7 +35,7 @@ megamoe_status_t mm_shmem_not_running(const char *what)
 mm_shmem_params_t mm_shmem_params_default(void)
 {
     return (mm_shmem_params_t){.rank = -1, .world_size = -1, .endpoint = NULL, .heap_size = 0,
-                               .timeout_sec = 0};
+                               .timeout_sec = 0, .job_token = NULL};
 }
 
 /* ---- parameters: explicit value, else environment, else default ---- */
@@ -249,11 +250,11 @@ static megamoe_status_t mm_shmem_start(const mm_shmem_params_t *params)
     mm_shmem_params_t p;
     mm_endpoint_t ep;
     MM_CHECK(mm_shmem_resolve(params, &p, &ep));
-    const char *token = "";
-    MM_CHECK(mm_env_string(MM_ENV_JOB_TOKEN, &token));
-    if (*token == '\0' && p.world_size > 1)
-        MM_SHMEM_INFO("MEGAMOE_JOB_TOKEN is not set: bootstrap peers are not authenticated "
-                      "(megamoe launch sets it)");
+    static char token[MM_SECRET_MAX];
+    mm_secret_source_t source = MM_SECRET_NONE;
+    megamoe_log_set_rank(p.rank);
+    MM_CHECK(mm_boot_secret_resolve(params ? params->job_token : NULL, &ep, p.world_size, token,
+                                    sizeof token, &source));
     int intra_engine = 0; /* index in "shm|engine" */
     MM_CHECK(mm_env_enum(MM_ENV_SHMEM_INTRA_HOST, &intra_engine));
 
@@ -278,8 +279,9 @@ static megamoe_status_t mm_shmem_start(const mm_shmem_params_t *params)
     cfg.settings.world = (uint32_t)p.world_size;
     snprintf(cfg.settings.version, sizeof cfg.settings.version, "%s", megamoe_version());
     cfg.timeout_ns = g->timeout_ns;
-    megamoe_log_set_rank(p.rank);
-    MM_CHECK(mm_boot_create(&cfg, &g->boot));
+    megamoe_status_t bs = mm_boot_create(&cfg, &g->boot);
+    memset(token, 0, sizeof token); /* the bootstrap keeps no copy either */
+    MM_CHECK(bs);
 
     megamoe_status_t st = MEGAMOE_OK;
     g->peers = calloc((size_t)g->n_pes, sizeof *g->peers);
@@ -339,9 +341,9 @@ static megamoe_status_t mm_shmem_start(const mm_shmem_params_t *params)
     free(info);
     atomic_store_explicit(&g->running, 1, memory_order_release);
     MM_SHMEM_INFO("started: rank %d of %d on host %d of %d, heap %" PRIu64 " bytes (+%u "
-                  "reserved) per rank, bootstrap %s, timeout %d s", g->my_pe, g->n_pes,
-                  g->my_host, g->n_hosts, g->heap_size, (unsigned)MM_SHMEM_RESERVE, g->endpoint,
-                  p.timeout_sec);
+                  "reserved) per rank, bootstrap %s (job secret: %s), timeout %d s", g->my_pe,
+                  g->n_pes, g->my_host, g->n_hosts, g->heap_size, (unsigned)MM_SHMEM_RESERVE,
+                  g->endpoint, mm_secret_source_name(source), p.timeout_sec);
     return MEGAMOE_OK;
 fail:
     free(info);

@@ -40,6 +40,7 @@ typedef struct mm_shmem_params {
     const char *endpoint;  /* NULL: HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT */
     uint64_t heap_size;    /* 0: HYPER_PARALLEL_SHMEM_HEAP_SIZE */
     int timeout_sec;       /* 0: HYPER_PARALLEL_SHMEM_TIMEOUT_SEC */
+    const char *job_token; /* NULL/"": MEGAMOE_JOB_TOKEN, MEGAMOE_JOB_TOKEN_FILE, MPI */
 } mm_shmem_params_t;
 
 mm_shmem_params_t mm_shmem_params_default(void);
