@@ -192,8 +192,12 @@ static void mm_scan_and_clean(const mm_sim_hosts_t *s, unsigned char *used)
         pid_t pid;
         unsigned long long start;
         int slot;
-        if (mm_parse_alias(e->d_name, &pid, &start, &slot) != 0 || pid != atoi(e->d_name + 4))
-            continue; /* not one of ours */
+        if (mm_parse_alias(e->d_name, &pid, &start, &slot) != 0 || pid != atoi(e->d_name + 4)) {
+            /* no alias: a launcher that died between making the bridge and naming it */
+            pid = atoi(e->d_name + 4);
+            if (kill(pid, 0) != 0 && errno == ESRCH && n_dead < MAX_JOBS) dead[n_dead++] = pid;
+            continue;
+        }
         if (mm_start_time(pid) == start) {
             used[slot] = 1;
             if (n_live < MAX_JOBS) live[n_live++] = pid;
@@ -596,9 +600,12 @@ pid_t mm_sim_host_find(const char *name)
     while (found < 0 && (e = readdir(d)) != NULL) {
         if (!isdigit((unsigned char)e->d_name[0])) continue;
         char path[300], comm[64];
+        struct stat sb;
         snprintf(path, sizeof path, "/proc/%s/comm", e->d_name);
-        if (mm_read_text(path, comm, sizeof comm) == 0 && strcmp(comm, name) == 0)
-            found = atoi(e->d_name);
+        if (mm_read_text(path, comm, sizeof comm) != 0 || strcmp(comm, name) != 0) continue;
+        snprintf(path, sizeof path, "/proc/%s/ns/uts", e->d_name);
+        if (stat(path, &sb) == 0) found = atoi(e->d_name); /* not a zombie (a holder whose
+                                                               launcher died, not reaped yet) */
     }
     closedir(d);
     return found;

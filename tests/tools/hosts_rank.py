@@ -1,10 +1,12 @@
 """One rank of the simulated-host tests of `megamoe launch --hosts` (hosts_launch_cases.py).
 
-    hosts_rank.py probe       print one JSON line: hostname, netns, address, the launcher's env
-    hosts_rank.py exchange    rank r on host 0 and rank r + N/2 on host 1 swap 4 MiB over TCP
-    hosts_rank.py heartbeat   a star of TCP heartbeats around rank 0 (every 0.1 s); a peer that
-                              closes is PEER_LOST (exit 3), one silent for 2 s is TIMEOUT (exit 4);
-                              exits 0 after 60 s without a fault
+    hosts_rank.py MODE [--pidfile PATH]   (appends this process's pid to PATH first)
+
+    probe       print one JSON line: hostname, netns, address, the launcher's env
+    exchange    rank r on host 0 and rank r + N/2 on host 1 swap 4 MiB over TCP
+    heartbeat   a star of TCP heartbeats around rank 0 (every 0.1 s); a peer that
+                closes is PEER_LOST (exit 3), one silent for 2 s is TIMEOUT (exit 4); exits 0
+                after 60 s without a fault
 Standard library only, so the tests need no torch.
 """
 import hashlib
@@ -16,7 +18,8 @@ import sys
 import time
 
 ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "NNODES",
-       "MASTER_ADDR", "MASTER_PORT", "HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT", "MEGAMOE_JOB_TOKEN")
+       "MASTER_ADDR", "MASTER_PORT", "HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT", "MEGAMOE_JOB_TOKEN",
+       "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK")
 
 
 def my_ip():
@@ -129,4 +132,7 @@ def heartbeat():
 
 
 if __name__ == "__main__":
+    if "--pidfile" in sys.argv:
+        with open(sys.argv[sys.argv.index("--pidfile") + 1], "a") as f:
+            f.write(f"{os.getpid()}\n")
     {"probe": probe, "exchange": exchange, "heartbeat": heartbeat}[sys.argv[1]]()
