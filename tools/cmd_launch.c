@@ -249,6 +249,13 @@ static int mm_all_exited(const mm_launch_proc_t *procs, int n)
     return 1;
 }
 
+static void mm_free_argv(char **a, int argc)
+{
+    if (a == NULL) return;
+    for (int i = 0; i < argc; i++) free(a[i]);
+    free(a);
+}
+
 /* argv with the {NAME} placeholders replaced (only with --hosts; see the usage text). */
 static char **mm_expand_argv(char **cmd, int argc, const mm_env_list_t *env, const char *hostname,
                              const char *host_ip)
@@ -259,9 +266,14 @@ static char **mm_expand_argv(char **cmd, int argc, const mm_env_list_t *env, con
     char **out = calloc((size_t)argc + 1, sizeof *out);
     if (out == NULL) return NULL;
     for (int i = 0; i < argc; i++) {
-        char buf[4096];
-        size_t o = 0;
-        for (const char *s = cmd[i]; *s && o + 1 < sizeof buf;) {
+        char *buf = NULL;
+        size_t size = 0;
+        FILE *f = open_memstream(&buf, &size);
+        if (f == NULL) {
+            mm_free_argv(out, i);
+            return NULL;
+        }
+        for (const char *s = cmd[i]; *s;) {
             const char *val = NULL;
             size_t klen = 0;
             if (*s == '{') {
@@ -276,24 +288,20 @@ static char **mm_expand_argv(char **cmd, int argc, const mm_env_list_t *env, con
                 }
             }
             if (val) {
-                o += (size_t)snprintf(buf + o, sizeof buf - o, "%s", val);
-                if (o >= sizeof buf) o = sizeof buf - 1;
+                fputs(val, f);
                 s += klen;
             } else {
-                buf[o++] = *s++;
+                fputc(*s++, f);
             }
         }
-        buf[o] = '\0';
-        out[i] = strdup(buf);
+        if (fclose(f) != 0 || buf == NULL) {
+            free(buf);
+            mm_free_argv(out, i);
+            return NULL;
+        }
+        out[i] = buf;
     }
     return out;
-}
-
-static void mm_free_argv(char **a, int argc)
-{
-    if (a == NULL) return;
-    for (int i = 0; i < argc; i++) free(a[i]);
-    free(a);
 }
 
 /* Fork one process: own process group, dies with the launcher, output into pipes, env set,
