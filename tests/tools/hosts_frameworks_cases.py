@@ -123,8 +123,6 @@ def test_bench_layer_and_run_pass_hosts_to_the_launcher():
     assert r.returncode == 0, r.stderr
     rows = _bench_rows(r.stdout)
     assert rows and all(x["hosts"] == 1 for x in rows)
-    r = subprocess.run([MEGAMOE] + args, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and all(x["hosts"] == 1 for x in _bench_rows(r.stdout))
     # two hosts: until the inter-host transport lands the runtime refuses the job, which proves
     # the ranks ran on two hosts; afterwards the rows say so
     r = subprocess.run([MEGAMOE] + args + ["--hosts", "2"], capture_output=True, text=True,
