@@ -386,6 +386,9 @@ static void mm_launch_usage(FILE *out)
             "and MASTER_ADDR / the endpoint name host 0's address. With --hosts, the strings\n"
             "{RANK} {LOCAL_RANK} {WORLD_SIZE} {LOCAL_WORLD_SIZE} {NODE_RANK} {NNODES}\n"
             "{MASTER_ADDR} {MASTER_PORT} {HOSTNAME} {HOST_IP} in CMD's arguments are replaced.\n"
+            "Exit status: 0 when every rank exited 0 (with --fault: every fault injected and\n"
+            "every survivor exited by itself); else the first failing rank's status (128+signal),\n"
+            "124 on timeout, 2 on bad usage or --hosts without root.\n"
             "docs/multinode.md \"Simulated hosts and fault injection\" has the details.\n",
             MM_LAUNCH_MAX_PROCS);
 }
