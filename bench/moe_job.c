@@ -89,7 +89,8 @@ int mm_moe_job_parse_arg(mm_moe_job_opts_t *o, int argc, char **argv, int *i)
     static const char *const known[] = {
         "--ranks", "-n", "--tokens", "--hidden", "--intermediate", "--experts", "--top-k",
         "--capacity-factor", "--swiglu-limit", "--schedule", "--workers", "--routing", "--seed",
-        "--iters", "--warmup", "--verify", "--progress-fd", "--timeout", "--profile-variant"};
+        "--iters", "--warmup", "--verify", "--progress-fd", "--timeout", "--profile-variant",
+        "--hosts"};
     int found = 0;
     for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) found |= strcmp(opt, known[k]) == 0;
     if (!found) return 0;
@@ -130,6 +131,9 @@ int mm_moe_job_parse_arg(mm_moe_job_opts_t *o, int argc, char **argv, int *i)
     } else if (!strcmp(opt, "--warmup")) {
         rc = mm_parse_i64(opt, val, 0, 1000, &v);
         o->warmup = (int)v;
+    } else if (!strcmp(opt, "--hosts")) {
+        rc = mm_parse_i64(opt, val, 1, 64, &v);
+        o->hosts = (int)v;
     } else if (!strcmp(opt, "--progress-fd")) {
         rc = mm_parse_i64(opt, val, -1, 1 << 20, &v);
         o->progress_fd = (int)v;
@@ -522,14 +526,19 @@ int mm_moe_job_launch(const mm_moe_job_opts_t *o, const char *const *subcommand,
     mm_moe_job_opts_t co = *o;
     co.progress_fd = dup(STDERR_FILENO);
     const char *self = mm_bench_self_exe();
-    char *argv[96], store[2048], nbuf[16], tbuf[32];
+    char *argv[96], store[2048], nbuf[16], tbuf[32], hbuf[16];
     int n = 0;
     snprintf(nbuf, sizeof nbuf, "%d", o->ranks);
     snprintf(tbuf, sizeof tbuf, "%.0f", o->timeout_s);
+    snprintf(hbuf, sizeof hbuf, "%d", o->hosts);
     argv[n++] = (char *)self;
     argv[n++] = "launch";
     argv[n++] = "-n";
     argv[n++] = nbuf;
+    if (o->hosts > 0) {
+        argv[n++] = "--hosts";
+        argv[n++] = hbuf;
+    }
     argv[n++] = "--timeout";
     argv[n++] = tbuf;
     argv[n++] = "--";

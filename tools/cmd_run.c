@@ -36,6 +36,8 @@ static void mm_run_usage(FILE *out)
             "  --verify auto|yes|no     compare with the fp32 reference (auto: unless it would\n"
             "                           take more than ~2 minutes)\n"
             "  --timeout S              stop the ranks after S seconds (600)\n"
+            "  --hosts H                put the ranks on H simulated hosts, in blocks (megamoe\n"
+            "                           launch --hosts; needs root; docs/multinode.md)\n"
             "Exit status: 0 verified (or verification skipped), 1 mismatch or failure, 2 usage.\n");
 }
 
@@ -150,6 +152,9 @@ static int mm_run_check_shape(const mm_moe_job_opts_t *o)
         snprintf(msg, sizeof msg, "--capacity-factor %g must be 0 (lossless) or >= 1",
                  o->capacity_factor);
         bad = msg;
+    } else if (o->hosts > 0 && o->ranks % o->hosts != 0) {
+        snprintf(msg, sizeof msg, "--ranks %d must be a multiple of --hosts %d", o->ranks, o->hosts);
+        bad = msg;
     } else if (strcmp(o->schedule, "O0") != 0 && strcmp(o->schedule, "O1") != 0) {
         snprintf(msg, sizeof msg, "--schedule must be O0 or O1, got '%s'", o->schedule);
         bad = msg;
@@ -200,7 +205,9 @@ int mm_cmd_run(int argc, char **argv)
     else snprintf(cap, sizeof cap, "factor %g, %lld rows", o.capacity_factor, (long long)rows);
     megamoe_host_info_t host;
     megamoe_host_info(&host);
-    printf("megamoe run: MegaMoE forward+backward, %d ranks, schedule %s, %s\n", o.ranks,
+    char where[48] = "";
+    if (o.hosts > 0) snprintf(where, sizeof where, " on %d simulated hosts", o.hosts);
+    printf("megamoe run: MegaMoE forward+backward, %d ranks%s, schedule %s, %s\n", o.ranks, where,
            o.schedule, host.cpu);
     printf("shape per rank: T=%lld H=%lld I=%lld E=%lld K=%lld; routing %s; receive capacity %s; "
            "seed %llu\n",
