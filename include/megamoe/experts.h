@@ -183,6 +183,7 @@ typedef struct megamoe_experts_info {
     double initial_capacity_factor, capacity_growth_factor; /* push: resolved; else 0 */
     int64_t max_capacity;    /* rows growth stops at: the lossless bound align128(EP*T*K) */
     int growth_events;       /* capacity growths of the resource group so far */
+    uint64_t shmem_heap_size; /* bytes per rank of the running SHMEM heap (0: not running) */
 } megamoe_experts_info_t;
 
 megamoe_status_t megamoe_experts_get_info(const megamoe_experts_t *experts,

@@ -689,6 +689,11 @@ megamoe_status_t megamoe_experts_get_info(const megamoe_experts_t *x,
     in.capacity_growth_factor = x->cfg.growth;
     in.max_capacity = x->cfg.mode == MM_MOE_PULL ? 0 : mm_moe_bound_rows(&x->cfg);
     in.growth_events = x->group->n_growth;
+    if (mm_shmem_is_running()) {
+        mm_shmem_debug_state_t *ds = malloc(sizeof *ds);
+        if (ds != NULL && mm_shmem_debug_state(ds) == MEGAMOE_OK) in.shmem_heap_size = ds->heap_size;
+        free(ds);
+    }
     in.swiglu_limit = x->cfg.limit;
     snprintf(in.schedule, sizeof in.schedule, "%s", x->cfg.schedule);
     in.workers = x->group->workers;
