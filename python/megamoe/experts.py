@@ -18,6 +18,7 @@ import os
 import torch
 
 from . import _lib
+from . import profiler as _profiler
 from .errors import MegaMoeError, check
 
 __all__ = ["MegaMoeExperts"]
@@ -235,6 +236,7 @@ class _MegaMoeFunction(torch.autograd.Function):
         check(_L.megamoe_experts_forward(layer._handle, ctypes.byref(w), ctypes.byref(inp),
                                          _ptr(out),
                                          ctypes.byref(saved.handle) if saved else None))
+        _profiler._note_invocation()  # an active mega_kernel_profile counts its launches
         ctx.layer = layer
         ctx.saved = saved
         ctx.weights_dtype = topk_weights.dtype
@@ -266,6 +268,7 @@ class _MegaMoeFunction(torch.autograd.Function):
         try:
             check(_L.megamoe_experts_backward(layer._handle, saved.handle, ctypes.byref(w),
                                               _ptr(grad_out), ctypes.byref(grads)))
+            _profiler._note_invocation()
         finally:
             saved.free()  # retain_graph is not supported: the state goes with the backward
         return None, None, g_hidden, None, g_topk, None, g_gate_up, g_down
