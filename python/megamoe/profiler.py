@@ -12,7 +12,7 @@ that Perfetto (https://ui.perfetto.dev) and chrome://tracing open::
         for batch in data:
             loss = model(batch).sum(); loss.backward(); opt.step()
             prof.step()                            # one training step done
-    prof.export_chrome_trace("rank_trace.json")    # the last recorded cycle
+    prof.export_chrome_trace("rank_trace.json")    # the last completed window (also returned)
 
 Then ``megamoe trace merge traces -o merged.json`` puts every rank on one time axis and
 ``megamoe trace summary traces --svg timeline.svg`` prints per-stage statistics and draws the
@@ -22,9 +22,11 @@ The schedule has torch.profiler's semantics: ``skip_first`` steps are ignored, t
 is ``wait`` idle steps, ``warmup`` steps recorded and discarded, and ``active`` recorded steps;
 after the last active step of a cycle the trace is ready (``on_trace_ready(prof)`` is called
 and, with ``dir``, ``<dir>/trace_<rank>.json`` is written — later cycles go to
-``<dir>/cycle_<k>/``). ``repeat=0`` repeats cycles until the context ends. Only one context may
-be active per process (as in the original). Recording costs a few nanoseconds per task; with
-no context (and no MEGAMOE_PROFILE) the executor pays one branch per task.
+``<dir>/cycle_<k>/``). ``repeat=0`` repeats cycles until the context ends; without a schedule
+the whole block is one window. The keyword arguments are HyperParallel's (``schedule``,
+``on_trace_ready``, ``detailed_task_names``, ``max_pending_calls``) plus ``dir``. Only one
+context may be active per process (as in the original). Recording costs a few nanoseconds per
+task; with no context (and no MEGAMOE_PROFILE) the executor pays one branch per task.
 
 :class:`Session` records spans of your own on the same clock (CLOCK_MONOTONIC, as
 ``time.monotonic_ns()``) into the same traces.
