@@ -104,7 +104,9 @@ typedef struct megamoe_experts_input {
     megamoe_dtype_t topk_ids_dtype;      /* INT32 or INT64 */
     const void *topk_weights;            /* [T, K] router weights */
     megamoe_dtype_t topk_weights_dtype;  /* FP32 or BF16 */
-    const void *tokens_per_expert;       /* optional [E] exact local histogram of topk_ids */
+    const void *tokens_per_expert;       /* optional [E] exact local histogram of topk_ids:
+                                            routed by as given (no counting pass); one the ids
+                                            contradict is INVALID_ARGUMENT on every rank */
     megamoe_dtype_t tokens_per_expert_dtype; /* INT32 or INT64 */
 } megamoe_experts_input_t;
 
