@@ -18,6 +18,8 @@ typedef struct mm_moe_job_opts {
     int ranks;
     int64_t T, H, I, E, K;
     double capacity_factor; /* 0 = lossless */
+    char dispatch_mode[8];  /* "" (fixed capacity), "push" or "pull" */
+    double initial_capacity_factor, capacity_growth_factor; /* push: 0 = 1.25 */
     float swiglu_limit;     /* 0 = off */
     char schedule[16];      /* "O1", "O0", or a comparison list "O0,O1" (bench layer) */
     int workers;            /* 0 = default */

@@ -18,6 +18,14 @@ user work (a user-set MEGAMOE_JOB_TOKEN / MEGAMOE_JOB_TOKEN_FILE wins).
 
 Communicators are destroyed by ``shutdown()`` (also registered with atexit); the last destroy
 stops the symmetric-memory runtime, collectively on every rank.
+
+``MegaMoeExperts`` layers do not keep a communicator of their own for the process's life: each
+layer holds a counted reference (``_acquire`` / ``_release``) on the communicators it uses, and
+a communicator that only layers asked for is destroyed when the last layer using it is closed.
+So the SHMEM lifecycle ends with the last close (seed 000), and the next layer starts a new one
+that reads HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT / HYPER_PARALLEL_SHMEM_HEAP_SIZE again. A
+communicator your own code asked for (``world()``, ``for_group()``, ``group_name()``) stays
+until ``shutdown()``.
 """
 import atexit
 import ctypes
@@ -69,6 +77,8 @@ class Comm:
         self._handle = handle
         self.name = name
         self.world_ranks = tuple(world_ranks)
+        self._leases = 0      # MegaMoeExperts layers using it (_acquire / _release)
+        self._user = False    # asked for by the user's own code: kept until shutdown()
 
     @property
     def handle(self):
@@ -137,6 +147,13 @@ def _torch_secret(dist):
 
 def world(endpoint=None, heap_size=0, timeout_sec=0):
     """The world communicator, created on first call (collective over all ranks)."""
+    with _lock:
+        comm = _world_comm(endpoint, heap_size, timeout_sec)
+        comm._user = True
+        return comm
+
+
+def _world_comm(endpoint=None, heap_size=0, timeout_sec=0):
     global _world
     with _lock:
         if _world is not None and _world.alive:
@@ -175,9 +192,22 @@ def _group_ranks(pg):
 
 def for_group(process_group=None):
     """Communicator of a torch.distributed group (None or WORLD gives ``world()``)."""
+    with _lock:
+        comm = _group_comm(process_group)
+        comm._user = True
+        _world._user = True  # the group is a split of it
+        return comm
+
+
+def _is_world(process_group):
     dist = _torch_dist()
-    w = world()
-    if process_group is None or dist is None or process_group is dist.group.WORLD:
+    return process_group is None or dist is None or process_group is dist.group.WORLD
+
+
+def _group_comm(process_group, heap_size=0):
+    dist = _torch_dist()
+    w = _world_comm(heap_size=heap_size)
+    if _is_world(process_group):
         return w
     with _lock:
         key = id(process_group)
@@ -216,6 +246,31 @@ def by_name(name):
         raise MegaMoeError(-1, f"no megamoe communicator named {name!r}; get one from "
                                "megamoe.comm.group_name(process_group)")
     return comm
+
+
+def _acquire(process_group=None, heap_size=0):
+    """For MegaMoeExperts: the communicators a layer over process_group needs (the world, then
+    the group's when it is not the world), each counted once; pass the list to ``_release``.
+    heap_size applies when this call starts the runtime."""
+    with _lock:
+        chain = [_world_comm(heap_size=heap_size)]
+        if not _is_world(process_group):
+            chain.append(_group_comm(process_group))
+        for comm in chain:
+            comm._leases += 1
+        return chain
+
+
+def _release(chain):
+    """Pairs with ``_acquire`` (collective when it destroys: every rank releases its layers in
+    the same order). A communicator no layer uses any more and the user never asked for is
+    destroyed, newest first; the world's last destroy ends the SHMEM lifecycle."""
+    with _lock:
+        for comm in chain:
+            comm._leases -= 1
+        for comm in reversed(chain):
+            if comm._leases == 0 and not comm._user and comm.alive:
+                comm.destroy()
 
 
 def shutdown():

@@ -332,6 +332,8 @@ static int mm_mc_ready(mm_mc_exec_t *x, const mm_mc_task_t *t, mm_mc_tile_t *tl,
     }
     case MM_MC_WGRAD2:
         if (x->null_mode) return 1;
+        if (x->launch.pull)
+            return mm_mc_load(mm_mc_line(x->priv, MM_PV_EXPERT + t->j)) >= x->expert_target;
         for (int s = 0; s < x->ep; s++)
             if (mm_mc_load(mm_mc_arrival(x, t->j, s)) < x->arrival_target) return 0;
         return 1;
@@ -352,6 +354,11 @@ static void mm_mc_describe_wait(mm_mc_exec_t *x, const mm_mc_task_t *t, char *bu
     switch (t->type) {
     case MM_MC_EXPERT:
     case MM_MC_WGRAD2: {
+        if (t->type == MM_MC_WGRAD2 && x->launch.pull) {
+            snprintf(buf, len, "the data-gradient tiles of local expert %d (they fetch its rows)",
+                     t->j);
+            return;
+        }
         int s = t->type == MM_MC_EXPERT ? t->peer : 0;
         for (int q = 0; t->type == MM_MC_WGRAD2 && q < x->ep; q++)
             if (mm_mc_load(mm_mc_arrival(x, t->j, q)) < x->arrival_target) {

@@ -162,6 +162,45 @@ void mm_ep_combine_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, const void
     }
 }
 
+void mm_ep_stage_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, const void *src,
+                      size_t ld, int gather, int64_t p0, int64_t p1)
+{
+    const size_t rb = x->row_bytes;
+    for (int64_t q = p0; q < p1; q++) {
+        const char *s = (const char *)src + (size_t)(gather ? p->perm_slot[q] / p->K : q) * ld;
+        memcpy(mm_ep_stage_dst(x, q), s, rb);
+    }
+}
+
+void mm_ep_pull_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, void *dst, size_t ld,
+                     int64_t r0, int64_t r1)
+{
+    const int ep = p->ep;
+    const size_t rb = x->row_bytes;
+    const int64_t nblk = p->L * ep;
+    for (int64_t b = 0; b < nblk && r0 < r1; b++) {
+        int64_t bo = p->blk_off[b], bn = p->blk_rows[b];
+        if (bn == 0 || bo + bn <= r0) continue;
+        if (bo >= r1) break;
+        int64_t s0 = r0 > bo ? r0 : bo, s1 = r1 < bo + bn ? r1 : bo + bn;
+        /* block (j, s) is source s's rows for expert e, at its permuted position ret_off[b] */
+        const char *sym = (const char *)x->recv + (size_t)(p->ret_off[b] + (s0 - bo)) * rb;
+        const int pe = x->pes[b % ep];
+        const char *mapped = mm_ep_direct((void *)sym, pe);
+        char *out = (char *)dst + (size_t)(s0 - r0) * ld;
+        const size_t n = (size_t)(s1 - s0);
+        if (ld == rb) {
+            if (mapped) memcpy(out, mapped, n * rb);
+            else mm_shmem_get(out, sym, n * rb, pe);
+        } else {
+            for (size_t i = 0; i < n; i++) {
+                if (mapped) memcpy(out + i * ld, mapped + i * rb, rb);
+                else mm_shmem_get(out + i * ld, sym + i * rb, rb, pe);
+            }
+        }
+    }
+}
+
 void mm_ep_done(mm_ep_xbuf_t *x, int dir)
 {
     /* Puts issued through the runtime complete before the signals; direct stores are ordered
