@@ -294,19 +294,21 @@ megamoe_status_t mm_moe_group_fit(mm_moe_group_t *g, const mm_ep_plan_t *plan)
     ev.rows_before = old;
     ev.heap_bytes_before = g->heap_bytes;
     ev.heap_used_before = used;
-    MM_CHECK(mm_shmem_free(g->xbuf->recv));
+    MM_CHECK(mm_shmem_team_free(g->xbuf->team, g->xbuf->recv));
     g->xbuf->recv = NULL;
     void *p = NULL;
-    megamoe_status_t st = mm_shmem_malloc((size_t)rows * g->xbuf->row_bytes, 4096, &p);
+    mm_shmem_team_t *team = g->xbuf->team;
+    megamoe_status_t st = mm_shmem_team_malloc(team, (size_t)rows * g->xbuf->row_bytes, 4096, &p);
     if (st != MEGAMOE_OK && rows > exact) { /* fragmented: the rows this call needs */
         rows = exact;
-        st = mm_shmem_malloc((size_t)rows * g->xbuf->row_bytes, 4096, &p);
+        st = mm_shmem_team_malloc(team, (size_t)rows * g->xbuf->row_bytes, 4096, &p);
     }
     if (st != MEGAMOE_OK) {
         char text[1024];
         snprintf(text, sizeof text, "%s", megamoe_last_error());
         /* the old size fits where the old buffer was: the layer stays usable */
-        megamoe_status_t rs = mm_shmem_malloc((size_t)old * g->xbuf->row_bytes, 4096, &p);
+        megamoe_status_t rs =
+            mm_shmem_team_malloc(team, (size_t)old * g->xbuf->row_bytes, 4096, &p);
         if (rs != MEGAMOE_OK) return rs;
         g->xbuf->recv = p;
         mm_set_last_error(text);
