@@ -473,10 +473,17 @@ static int mm_bd_main(int argc, char **argv)
     const char *out_path = mm_bench_opt(argc, argv, "--out", NULL);
     int reps = atoi(mm_bench_opt(argc, argv, "--reps", "0"));
     int both = !mm_bench_flag(argc, argv, "--zero-fill-only");
+    const char *hosts = mm_bench_opt(argc, argv, "--hosts", NULL);
     if (mm_bench_flag(argc, argv, "--help")) {
         printf("usage: megamoe bench dispatch [--bs 128,4096] [--quant 0,2] [--reps N] "
-               "[--no-mpi] [--no-gloo] [--zero-fill-only]\n");
+               "[--no-mpi] [--no-gloo] [--zero-fill-only] [--hosts H]\n"
+               "--hosts H: every side on H simulated hosts (megamoe launch --hosts; root);\n"
+               "rows carry \"hosts\" (1 without it)\n");
         return 0;
+    }
+    if (hosts && (atoi(hosts) < 1 || MM_BD_W % atoi(hosts) != 0)) {
+        fprintf(stderr, "bench dispatch: --hosts must divide the %d ranks, got '%s'\n", MM_BD_W, hosts);
+        return 2;
     }
     mm_bd_case_t cases[32];
     int ncases = mm_bd_parse_cases(bs_list, quants, reps, both, cases, 32);
@@ -502,16 +509,34 @@ static int mm_bd_main(int argc, char **argv)
     int wslot = n++;
     if (!both) wk[n++] = "--zero-fill-only";
     wk[n] = NULL;
-    char *a1[40] = {(char *)self, "launch", "-n", "2", "--timeout", "1800", "--", (char *)self};
+    /* megamoe launch [--hosts H] -n 2 --timeout 1800 -- (the launcher's line for every side) */
+    char *launch[12] = {(char *)self, "launch"};
+    int nl = 2;
+    if (hosts) {
+        launch[nl++] = "--hosts";
+        launch[nl++] = (char *)hosts;
+    }
+    char *a1[48];
+    char *rest1[] = {"-n", "2", "--timeout", "1800", "--", (char *)self};
+    memcpy(a1, launch, (size_t)nl * sizeof(char *));
+    memcpy(a1 + nl, rest1, sizeof rest1);
     wk[wslot] = "megamoe";
-    memcpy(a1 + 8, wk, (size_t)(n + 1) * sizeof(char *));
+    memcpy(a1 + nl + 6, wk, (size_t)(n + 1) * sizeof(char *));
     int rc = mm_bd_spawn(a1, "4G");
     if (rc) fprintf(stderr, "bench dispatch: the megamoe side failed (status %d)\n", rc);
 #ifdef MEGAMOE_HAVE_MPI
     if (!mm_bench_flag(argc, argv, "--no-mpi")) {
-        char *a2[40] = {"mpirun", "--allow-run-as-root", "-np", "2", "--bind-to", "core", (char *)self};
+        char *a2[48] = {"mpirun", "--allow-run-as-root", "-np", "2", "--bind-to", "core", (char *)self};
+        int na = 7;
+        if (hosts) { /* the same simulated hosts, mpirun started by the launcher */
+            char *via[] = {"--mpirun", "-n", "2", "--mpi-arg", "--bind-to", "--mpi-arg", "core",
+                           "--timeout", "1800", "--", (char *)self};
+            memcpy(a2, launch, (size_t)nl * sizeof(char *));
+            memcpy(a2 + nl, via, sizeof via);
+            na = nl + (int)(sizeof via / sizeof via[0]);
+        }
         wk[wslot] = "mpi";
-        memcpy(a2 + 7, wk, (size_t)(n + 1) * sizeof(char *));
+        memcpy(a2 + na, wk, (size_t)(n + 1) * sizeof(char *));
         if (mm_bd_spawn(a2, NULL)) fprintf(stderr, "bench dispatch: the MPI side failed\n");
     }
 #else
@@ -520,9 +545,11 @@ static int mm_bd_main(int argc, char **argv)
     char script[4096];
     if (!mm_bench_flag(argc, argv, "--no-gloo")) {
         if (mm_bd_script(script, sizeof script) == 0) {
-            char *a3[] = {(char *)self, "launch", "-n", "2", "--timeout", "1800", "--",
-                          "/usr/bin/python3", script, "--bs", (char *)bs_list, "--quant",
-                          (char *)quants, "--out", res, NULL};
+            char *a3[32];
+            char *rest3[] = {"-n", "2", "--timeout", "1800", "--", "/usr/bin/python3", script,
+                             "--bs", (char *)bs_list, "--quant", (char *)quants, "--out", res, NULL};
+            memcpy(a3, launch, (size_t)nl * sizeof(char *));
+            memcpy(a3 + nl, rest3, sizeof rest3);
             if (mm_bd_spawn(a3, NULL)) fprintf(stderr, "bench dispatch: the gloo side failed\n");
         } else {
             fprintf(stderr, "bench dispatch: bench/bench_dispatch_gloo.py not found: no gloo rows\n");
@@ -537,6 +564,7 @@ static int mm_bd_main(int argc, char **argv)
         mm_bench_row();
         mm_bench_str("impl", impl);
         mm_bench_int("ranks", MM_BD_W);
+        mm_bench_int("hosts", hosts ? atoi(hosts) : 1);
         mm_bench_int("bs", bs);
         mm_bench_int("h", MM_BD_H);
         mm_bench_int("k", MM_BD_K);

@@ -64,10 +64,18 @@ static int mm_run_torch(const mm_moe_job_opts_t *o, int threads, const char *scr
     snprintf(a[7], 32, "%d", o->iters);
     snprintf(a[8], 32, "%d", o->warmup);
     snprintf(a[9], 32, "%d", threads);
-    char *argv[] = {(char *)self, "launch", "-n", a[0], "--timeout", "1800", "--",
-                    "/usr/bin/python3", (char *)script, "--tokens", a[1], "--hidden", a[2],
-                    "--intermediate", a[3], "--experts", a[4], "--top-k", a[5], "--seed", a[6],
-                    "--iters", a[7], "--warmup", a[8], "--threads", a[9], "--out", outp, NULL};
+    snprintf(a[10], 32, "%d", o->hosts > 0 ? o->hosts : 1);
+    char *tail[] = {"--timeout", "1800", "--", "/usr/bin/python3", (char *)script, "--tokens",
+                    a[1], "--hidden", a[2], "--intermediate", a[3], "--experts", a[4], "--top-k",
+                    a[5], "--seed", a[6], "--iters", a[7], "--warmup", a[8], "--threads", a[9],
+                    "--out", outp, NULL};
+    char *argv[48] = {(char *)self, "launch", "-n", a[0]};
+    int k = 4;
+    if (o->hosts > 0) { /* the same simulated hosts as the megamoe side */
+        argv[k++] = "--hosts";
+        argv[k++] = a[10];
+    }
+    memcpy(argv + k, tail, sizeof tail);
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();
@@ -135,11 +143,13 @@ static int mm_bench_layer_main(int argc, char **argv)
         if (!strcmp(argv[i], "--help")) {
             printf("usage: megamoe bench layer [--shapes seed,large] [--schedule O0,O1]\n"
                    "       [--workers 1,2] [--routing balanced,zero,skew,single] [--torch yes|no]\n"
-                   "       [--iters N] [--warmup N] [--profile-variant yes|no]\n"
+                   "       [--iters N] [--warmup N] [--profile-variant yes|no] [--hosts H]\n"
                    "MegaMoE forward+backward on 2 ranks, same data: each listed schedule in one\n"
                    "job per (shape, workers, routing) with interleaved iterations, the O1/O0\n"
                    "speed ratio, each O1 worker's wait share (from the trace), the profiling\n"
-                   "overhead (O1+prof), and a pure-PyTorch EP layer per shape (balanced).\n");
+                   "overhead (O1+prof), and a pure-PyTorch EP layer per shape (balanced).\n"
+                   "--hosts H runs both sides on H simulated hosts (megamoe launch --hosts; root);\n"
+                   "every row carries \"hosts\" (1 without it).\n");
             return 0;
         }
         if (!strcmp(argv[i], "--job-dir") && i + 1 < argc) job_dir = argv[++i];
@@ -233,6 +243,7 @@ static int mm_bench_layer_main(int argc, char **argv)
                     mm_bench_str("shape", sh->name);
                     mm_bench_str("routing", routes[ri]);
                     mm_bench_int("ep", jo.ranks);
+                    mm_bench_int("hosts", jo.hosts > 0 ? jo.hosts : 1);
                     mm_bench_int("workers", res[0].workers);
                     mm_bench_num("fwd_bwd_ms", t * 1e3);
                     mm_bench_num("fwd_ms", mm_job_time(res, jo.ranks, v, 1) * 1e3);
@@ -312,6 +323,7 @@ static int mm_bench_layer_main(int argc, char **argv)
             mm_bench_str("shape", sh->name);
             mm_bench_str("routing", "balanced");
             mm_bench_int("ep", jo.ranks);
+            mm_bench_int("hosts", jo.hosts > 0 ? jo.hosts : 1);
             mm_bench_int("workers", threads);
             mm_bench_num("fwd_bwd_ms", t_torch);
             mm_bench_num("tflops", mm_moe_flops(jo.ranks, jo.T, jo.H, jo.I, jo.K) /

@@ -55,6 +55,9 @@ void mm_moe_job_to_args(const mm_moe_job_opts_t *o, char **argv, int *argc_p, ch
     MM_ARG("--experts", "%lld", (long long)o->E);
     MM_ARG("--top-k", "%lld", (long long)o->K);
     MM_ARG("--capacity-factor", "%.17g", o->capacity_factor);
+    MM_ARG("--dispatch-mode", "%s", o->dispatch_mode[0] ? o->dispatch_mode : "none");
+    MM_ARG("--initial-capacity-factor", "%.17g", o->initial_capacity_factor);
+    MM_ARG("--capacity-growth-factor", "%.17g", o->capacity_growth_factor);
     MM_ARG("--swiglu-limit", "%.9g", (double)o->swiglu_limit);
     MM_ARG("--schedule", "%s", o->schedule);
     MM_ARG("--workers", "%d", o->workers);
@@ -89,7 +92,8 @@ int mm_moe_job_parse_arg(mm_moe_job_opts_t *o, int argc, char **argv, int *i)
     static const char *const known[] = {
         "--ranks", "-n", "--tokens", "--hidden", "--intermediate", "--experts", "--top-k",
         "--capacity-factor", "--swiglu-limit", "--schedule", "--workers", "--routing", "--seed",
-        "--iters", "--warmup", "--verify", "--progress-fd", "--timeout", "--profile-variant"};
+        "--iters", "--warmup", "--verify", "--progress-fd", "--timeout", "--profile-variant",
+        "--hosts", "--dispatch-mode", "--initial-capacity-factor", "--capacity-growth-factor"};
     int found = 0;
     for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) found |= strcmp(opt, known[k]) == 0;
     if (!found) return 0;
@@ -130,11 +134,23 @@ int mm_moe_job_parse_arg(mm_moe_job_opts_t *o, int argc, char **argv, int *i)
     } else if (!strcmp(opt, "--warmup")) {
         rc = mm_parse_i64(opt, val, 0, 1000, &v);
         o->warmup = (int)v;
+    } else if (!strcmp(opt, "--hosts")) {
+        rc = mm_parse_i64(opt, val, 1, 64, &v);
+        o->hosts = (int)v;
     } else if (!strcmp(opt, "--progress-fd")) {
         rc = mm_parse_i64(opt, val, -1, 1 << 20, &v);
         o->progress_fd = (int)v;
+    } else if (!strcmp(opt, "--dispatch-mode")) {
+        if (strcmp(val, "push") != 0 && strcmp(val, "pull") != 0 && strcmp(val, "none") != 0) {
+            fprintf(stderr, "megamoe: --dispatch-mode must be push, pull or none, got '%s'\n",
+                    val);
+            return -1;
+        }
+        snprintf(o->dispatch_mode, sizeof o->dispatch_mode, "%s",
+                 strcmp(val, "none") == 0 ? "" : val);
     } else if (!strcmp(opt, "--capacity-factor") || !strcmp(opt, "--swiglu-limit") ||
-               !strcmp(opt, "--timeout")) {
+               !strcmp(opt, "--timeout") || !strcmp(opt, "--initial-capacity-factor") ||
+               !strcmp(opt, "--capacity-growth-factor")) {
         char *end;
         double d = strtod(val, &end);
         if (*end || end == val || !isfinite(d) || d < 0) {
@@ -142,6 +158,8 @@ int mm_moe_job_parse_arg(mm_moe_job_opts_t *o, int argc, char **argv, int *i)
             return -1;
         }
         if (!strcmp(opt, "--capacity-factor")) o->capacity_factor = d;
+        else if (!strcmp(opt, "--initial-capacity-factor")) o->initial_capacity_factor = d;
+        else if (!strcmp(opt, "--capacity-growth-factor")) o->capacity_growth_factor = d;
         else if (!strcmp(opt, "--swiglu-limit")) o->swiglu_limit = (float)d;
         else o->timeout_s = d;
     } else if (!strcmp(opt, "--schedule")) {
@@ -270,6 +288,9 @@ int mm_moe_job_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
     p.num_experts = o->E;
     p.top_k = o->K;
     p.expert_capacity_factor = o->capacity_factor;
+    p.dispatch_mode = o->dispatch_mode[0] ? o->dispatch_mode : NULL;
+    p.initial_capacity_factor = o->initial_capacity_factor;
+    p.capacity_growth_factor = o->capacity_growth_factor;
     p.swiglu_limit = o->swiglu_limit;
     p.schedule = o->schedule;
     p.workers = o->workers;
@@ -522,14 +543,19 @@ int mm_moe_job_launch(const mm_moe_job_opts_t *o, const char *const *subcommand,
     mm_moe_job_opts_t co = *o;
     co.progress_fd = dup(STDERR_FILENO);
     const char *self = mm_bench_self_exe();
-    char *argv[96], store[2048], nbuf[16], tbuf[32];
+    char *argv[96], store[2048], nbuf[16], tbuf[32], hbuf[16];
     int n = 0;
     snprintf(nbuf, sizeof nbuf, "%d", o->ranks);
     snprintf(tbuf, sizeof tbuf, "%.0f", o->timeout_s);
+    snprintf(hbuf, sizeof hbuf, "%d", o->hosts);
     argv[n++] = (char *)self;
     argv[n++] = "launch";
     argv[n++] = "-n";
     argv[n++] = nbuf;
+    if (o->hosts > 0) {
+        argv[n++] = "--hosts";
+        argv[n++] = hbuf;
+    }
     argv[n++] = "--timeout";
     argv[n++] = tbuf;
     argv[n++] = "--";

@@ -18,6 +18,8 @@ typedef struct mm_moe_job_opts {
     int ranks;
     int64_t T, H, I, E, K;
     double capacity_factor; /* 0 = lossless */
+    char dispatch_mode[8];  /* "" (fixed capacity), "push" or "pull" */
+    double initial_capacity_factor, capacity_growth_factor; /* push: 0 = 1.25 */
     float swiglu_limit;     /* 0 = off */
     char schedule[16];      /* "O1", "O0", or a comparison list "O0,O1" (bench layer) */
     int workers;            /* 0 = default */
@@ -27,6 +29,7 @@ typedef struct mm_moe_job_opts {
     int verify;             /* 1 = compare the first iteration with the fp32 reference */
     int progress_fd;        /* rank 0 draws progress here; -1 = none */
     double timeout_s;       /* for the launcher; 0 = none */
+    int hosts;              /* simulated hosts (megamoe launch --hosts); 0 = plain local ranks */
     int profile_variant;    /* comparison: also time O1 with the profiler recording */
 } mm_moe_job_opts_t;
 
@@ -106,7 +109,7 @@ void mm_moe_job_malloc_settings(void);
 int mm_moe_job_write(const char *path, const mm_moe_job_result_t *r);
 int mm_moe_job_read(const char *path, mm_moe_job_result_t *r);
 
-/* Parent side: run `<self> launch -n ranks --timeout s -- <self> <subcommand...> <job args>
+/* Parent side: run `<self> launch -n ranks [--hosts h] --timeout s -- <self> <subcommand...> <job args>
  * --job-dir DIR`, wait, and read every rank's result into results[ranks]. *dir_p gets the
  * temporary directory (removed by mm_moe_job_cleanup). Returns the launcher's exit status
  * (0 when every rank succeeded and wrote its result). */

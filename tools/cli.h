@@ -8,6 +8,7 @@ int mm_cmd_bench(int argc, char **argv);
 int mm_cmd_launch(int argc, char **argv);
 int mm_cmd_info(int argc, char **argv);
 int mm_cmd_trace(int argc, char **argv);
+int mm_cmd_netns_exec(int argc, char **argv);
 
 /* Validate every environment variable; on a bad one print the error and return 2. */
 int mm_cli_check_config(const char *command);

@@ -25,6 +25,11 @@ static void mm_run_usage(FILE *out)
             "  --experts E              global experts, a multiple of the ranks (4)\n"
             "  --top-k K                experts per token (2)\n"
             "  --capacity-factor F      0 = lossless (default); else >= 1\n"
+            "  --dispatch-mode M        none (default: the fixed capacity above), push (the\n"
+            "                           receive capacity grows collectively when a call needs\n"
+            "                           more) or pull (owners fetch rows; no receive buffer)\n"
+            "  --initial-capacity-factor F, --capacity-growth-factor G\n"
+            "                           push: start at F x T*K rows, grow by G (0 = 1.25)\n"
             "  --swiglu-limit L         0 = off (default)\n"
             "  --routing R              balanced | zero | skew | single (balanced)\n"
             "  --schedule S             O1 (default: one fused launch per direction on the\n"
@@ -36,6 +41,8 @@ static void mm_run_usage(FILE *out)
             "  --verify auto|yes|no     compare with the fp32 reference (auto: unless it would\n"
             "                           take more than ~2 minutes)\n"
             "  --timeout S              stop the ranks after S seconds (600)\n"
+            "  --hosts H                put the ranks on H simulated hosts, in blocks (megamoe\n"
+            "                           launch --hosts; needs root; docs/multinode.md)\n"
             "Exit status: 0 verified (or verification skipped), 1 mismatch or failure, 2 usage.\n");
 }
 
@@ -150,6 +157,23 @@ static int mm_run_check_shape(const mm_moe_job_opts_t *o)
         snprintf(msg, sizeof msg, "--capacity-factor %g must be 0 (lossless) or >= 1",
                  o->capacity_factor);
         bad = msg;
+    } else if (o->hosts > 0 && o->ranks % o->hosts != 0) {
+        snprintf(msg, sizeof msg, "--ranks %d must be a multiple of --hosts %d", o->ranks, o->hosts);
+        bad = msg;
+    } else if ((o->initial_capacity_factor != 0 && o->initial_capacity_factor < 1) ||
+               (o->capacity_growth_factor != 0 && o->capacity_growth_factor < 1)) {
+        snprintf(msg, sizeof msg, "--initial-capacity-factor and --capacity-growth-factor must "
+                 "be 0 (1.25) or >= 1");
+        bad = msg;
+    } else if ((o->initial_capacity_factor != 0 || o->capacity_growth_factor != 0) &&
+               strcmp(o->dispatch_mode, "push") != 0) {
+        snprintf(msg, sizeof msg, "--initial-capacity-factor and --capacity-growth-factor need "
+                 "--dispatch-mode push");
+        bad = msg;
+    } else if (o->capacity_factor != 0 && o->dispatch_mode[0]) {
+        snprintf(msg, sizeof msg, "--capacity-factor (a fixed capacity) and --dispatch-mode "
+                 "cannot be combined");
+        bad = msg;
     } else if (strcmp(o->schedule, "O0") != 0 && strcmp(o->schedule, "O1") != 0) {
         snprintf(msg, sizeof msg, "--schedule must be O0 or O1, got '%s'", o->schedule);
         bad = msg;
@@ -196,11 +220,20 @@ int mm_cmd_run(int argc, char **argv)
     if (verify_auto) o.verify = mm_reference_seconds(&o) <= 120.0;
     char cap[64];
     int64_t rows = megamoe_experts_capacity_rows(o.ranks, o.T, o.K, o.capacity_factor);
-    if (o.capacity_factor == 0) snprintf(cap, sizeof cap, "lossless, %lld rows", (long long)rows);
+    if (!strcmp(o.dispatch_mode, "pull"))
+        snprintf(cap, sizeof cap, "none (dispatch mode pull)");
+    else if (!strcmp(o.dispatch_mode, "push"))
+        snprintf(cap, sizeof cap, "push, from %g x T*K growing by %g",
+                 o.initial_capacity_factor ? o.initial_capacity_factor : 1.25,
+                 o.capacity_growth_factor ? o.capacity_growth_factor : 1.25);
+    else if (o.capacity_factor == 0)
+        snprintf(cap, sizeof cap, "lossless, %lld rows", (long long)rows);
     else snprintf(cap, sizeof cap, "factor %g, %lld rows", o.capacity_factor, (long long)rows);
     megamoe_host_info_t host;
     megamoe_host_info(&host);
-    printf("megamoe run: MegaMoE forward+backward, %d ranks, schedule %s, %s\n", o.ranks,
+    char where[48] = "";
+    if (o.hosts > 0) snprintf(where, sizeof where, " on %d simulated hosts", o.hosts);
+    printf("megamoe run: MegaMoE forward+backward, %d ranks%s, schedule %s, %s\n", o.ranks, where,
            o.schedule, host.cpu);
     printf("shape per rank: T=%lld H=%lld I=%lld E=%lld K=%lld; routing %s; receive capacity %s; "
            "seed %llu\n",

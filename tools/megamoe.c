@@ -13,16 +13,17 @@ static const struct {
 } mm_commands[] = {
     {"run", mm_cmd_run, "run the main job: a verified multi-rank MegaMoE forward+backward"},
     {"bench", mm_cmd_bench, "run a benchmark (JSON on stdout, table on stderr); 'bench list'"},
-    {"launch", mm_cmd_launch, "start N local ranks: launch -n N [--timeout S] -- CMD ARGS..."},
+    {"launch", mm_cmd_launch, "start N ranks: launch -n N [--hosts H] [--timeout S] -- CMD ARGS..."},
     {"info", mm_cmd_info, "version, host and configuration (--config [--markdown])"},
     {"trace", mm_cmd_trace, "merge, summarise or draw MegaKernel traces (trace --help)"},
+    {"netns-exec", mm_cmd_netns_exec, "run a command in a simulated host of 'launch --hosts'"},
 };
 
 static void mm_usage(FILE *out)
 {
     fprintf(out, "usage: megamoe <command> [options]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof mm_commands / sizeof mm_commands[0]; i++)
-        fprintf(out, "  %-8s %s\n", mm_commands[i].name, mm_commands[i].help);
+        fprintf(out, "  %-10s %s\n", mm_commands[i].name, mm_commands[i].help);
     fprintf(out, "\n'megamoe <command> --help' describes a command.\n");
 }
 

@@ -15,12 +15,21 @@
  * so grad topk_weights[t,k] = <grad_out[t], y[t,k]>. Data are bf16, every product and sum is
  * accumulated in fp32, activations are stored in bf16.
  *
- * Capacity (rows a rank can receive per call, the symmetric receive buffer):
- * expert_capacity_factor 0 (default) = lossless align128(EP*T*K); a finite factor f >= 1 gives
- * align128(ceil(T*K*f)). When any rank would receive more, every rank returns the same
- * CAPACITY_OVERFLOW before any data moves. Saved activations are sized to the rows actually
- * received, so routing may change from call to call and several forwards may be outstanding
- * before their backwards.
+ * Dispatch modes and capacity (docs/moe.md "Capacity and dispatch modes"); every mode keeps
+ * every token:
+ *  - dispatch_mode NULL (default, the seed): sources push rows into a fixed symmetric receive
+ *    buffer of align128(EP*T*K) rows (expert_capacity_factor 0, lossless) or
+ *    align128(ceil(T*K*f)) rows (a finite f >= 1); when any rank would receive more, every
+ *    rank returns the same CAPACITY_OVERFLOW before any data moves.
+ *  - "push": the receive buffer starts at align128(ceil(min(initial, EP)*T*K)) rows; when the
+ *    exchanged counts say a call needs more, every rank grows it together (a collective
+ *    re-allocation before data moves) to align128(max(need, ceil(capacity*growth))), at most
+ *    the lossless bound, and the call runs. It never shrinks; get_info/get_growth report it.
+ *  - "pull": no receive buffer in the symmetric heap; sources stage their rows in a symmetric
+ *    T*K-row buffer, owners fetch the rows they need into ordinary memory (direct loads from a
+ *    mapped peer, mm_shmem_get otherwise); results return as in push.
+ * Saved activations are sized to the rows actually received, so routing may change from call
+ * to call and several forwards may be outstanding before their backwards.
  *
  * Execution resources (symmetric buffers, worker threads) belong to a resource group; layers
  * of the same configuration can share one with megamoe_experts_share() before their first
@@ -54,7 +63,8 @@ typedef struct megamoe_experts_params {
     int64_t intermediate_size;     /* I >= 1 */
     int64_t num_experts;           /* E: global experts, a positive multiple of EP */
     int64_t top_k;                 /* K in [1, E] */
-    double expert_capacity_factor; /* 0 = lossless (default); else finite and >= 1 */
+    double expert_capacity_factor; /* dispatch_mode NULL only: 0 = lossless (default, the
+                                      sentinel for the seed's None); else finite and >= 1 */
     float swiglu_limit;            /* 0 = no clamp (default); else finite and > 0 */
     const char *schedule;          /* "O1" (default; also when NULL): one persistent launch
                                       per direction on the multicore executor; "O0": one
@@ -67,6 +77,12 @@ typedef struct megamoe_experts_params {
                                       rank with one worker runs both queues on it; n >= 2
                                       workers give max(1, n/4) vector workers. When set, their
                                       sum is the rank's thread count. */
+    const char *dispatch_mode;     /* NULL (default): fixed capacity (expert_capacity_factor);
+                                      "push": growing receive capacity; "pull": owners fetch
+                                      rows (no receive buffer in the symmetric heap) */
+    double initial_capacity_factor; /* "push" only: 0 = 1.25; else finite and >= 1 */
+    double capacity_growth_factor;  /* "push" only: 0 = 1.25; else finite and >= 1 (1 grows to
+                                       exactly the rows the call needs) */
 } megamoe_experts_params_t;
 
 /* All fields zero except schedule = "O1": the caller must set the five shapes. */
@@ -88,7 +104,9 @@ typedef struct megamoe_experts_input {
     megamoe_dtype_t topk_ids_dtype;      /* INT32 or INT64 */
     const void *topk_weights;            /* [T, K] router weights */
     megamoe_dtype_t topk_weights_dtype;  /* FP32 or BF16 */
-    const void *tokens_per_expert;       /* optional [E] exact local histogram of topk_ids */
+    const void *tokens_per_expert;       /* optional [E] exact local histogram of topk_ids:
+                                            routed by as given (no counting pass); one the ids
+                                            contradict is INVALID_ARGUMENT on every rank */
     megamoe_dtype_t tokens_per_expert_dtype; /* INT32 or INT64 */
 } megamoe_experts_input_t;
 
@@ -160,8 +178,8 @@ typedef struct megamoe_experts_info {
     int64_t tokens, hidden, intermediate, num_experts, top_k;
     int ep, rank;
     int64_t local_experts;
-    int64_t capacity;        /* receive capacity in rows */
-    double capacity_factor;
+    int64_t capacity;        /* receive capacity in rows now (pull: 0, no receive buffer) */
+    double capacity_factor;  /* expert_capacity_factor (0: lossless or not the fixed policy) */
     float swiglu_limit;
     char schedule[8];
     int workers;             /* threads per rank (O1: cube + vector workers) */
@@ -170,10 +188,30 @@ typedef struct megamoe_experts_info {
     int closed;
     int64_t last_recv_rows;  /* rows this rank received in the last forward (-1: none yet) */
     int cube_workers, vector_workers; /* O1 roles (O0: workers, 0) */
+    char dispatch_mode[8];   /* "push" (also the default fixed policy) or "pull" */
+    char capacity_policy[8]; /* "fixed" (expert_capacity_factor), "grow" (push), "none" (pull) */
+    double initial_capacity_factor, capacity_growth_factor; /* push: resolved; else 0 */
+    int64_t max_capacity;    /* rows growth stops at: the lossless bound align128(EP*T*K) */
+    int growth_events;       /* capacity growths of the resource group so far */
+    uint64_t shmem_heap_size; /* bytes per rank of the running SHMEM heap (0: not running) */
 } megamoe_experts_info_t;
 
 megamoe_status_t megamoe_experts_get_info(const megamoe_experts_t *experts,
                                           megamoe_experts_info_t *info_p);
+
+/* One growth of the receive capacity ("push"), identical on every rank. */
+typedef struct megamoe_experts_growth {
+    uint64_t forward;            /* the group's forward (1-based) that grew it */
+    int64_t demand;              /* rows the fullest rank had to receive in that call */
+    int64_t rows_before, rows_after;
+    size_t heap_bytes_before, heap_bytes_after; /* the group's symmetric bytes */
+    uint64_t heap_used_before, heap_used_after; /* SHMEM heap bytes in use on this rank */
+} megamoe_experts_growth_t;
+
+/* Growth event index (0 = first) of the layer's resource group; INVALID_ARGUMENT when index is
+ * not below info.growth_events. */
+megamoe_status_t megamoe_experts_get_growth(const megamoe_experts_t *experts, int index,
+                                            megamoe_experts_growth_t *growth_p);
 
 /* The layer's number N in call descriptors and CALL_MISMATCH messages ("layer #N"): layers are
  * numbered in creation order, the same on every rank (0 for NULL). */
@@ -201,7 +239,9 @@ void megamoe_experts_reset_timing(megamoe_experts_t *experts);
 megamoe_profile_t *megamoe_experts_get_profile(const megamoe_experts_t *experts);
 
 /* Symmetric heap bytes one resource group of this configuration needs on every rank:
- * (capacity + T*K) rows of H bf16 plus signal lines, each buffer rounded to 4 KiB. The heap
+ * (capacity + T*K) rows of H bf16 plus signal lines, each buffer rounded to 4 KiB; capacity is
+ * the fixed one, for "push" the lossless bound growth may reach, for "pull" T*K (the staged
+ * source rows). The heap
  * must have that much free at the group's first forward (see docs/moe.md "Heap sizing");
  * a process that starts SHMEM itself can pass align64MiB(sum + 16 MiB) as the heap size.
  * 0 for invalid params. */

@@ -12,11 +12,13 @@ is unset the runtime uses ``tcp://127.0.0.1:8662``, which only works for one job
 time — set a free port per job (``megamoe launch`` does this for you).
 """
 import ctypes
+import math
 import os
 
 import torch
 
 from . import _lib
+from . import profiler as _profiler
 from .errors import MegaMoeError, check, clear_next_call_error, fail_next_call
 
 __all__ = ["MegaMoeExperts"]
@@ -34,7 +36,9 @@ class _Params(ctypes.Structure):
                 ("top_k", _c_int64), ("expert_capacity_factor", ctypes.c_double),
                 ("swiglu_limit", ctypes.c_float), ("schedule", ctypes.c_char_p),
                 ("workers", ctypes.c_int), ("cube_workers", ctypes.c_int),
-                ("vector_workers", ctypes.c_int)]
+                ("vector_workers", ctypes.c_int), ("dispatch_mode", ctypes.c_char_p),
+                ("initial_capacity_factor", ctypes.c_double),
+                ("capacity_growth_factor", ctypes.c_double)]
 
 
 class _Weights(ctypes.Structure):
@@ -60,7 +64,18 @@ class _Info(ctypes.Structure):
                 ("schedule", ctypes.c_char * 8), ("workers", ctypes.c_int),
                 ("heap_bytes", ctypes.c_size_t), ("group_layers", ctypes.c_int),
                 ("closed", ctypes.c_int), ("last_recv_rows", _c_int64),
-                ("cube_workers", ctypes.c_int), ("vector_workers", ctypes.c_int)]
+                ("cube_workers", ctypes.c_int), ("vector_workers", ctypes.c_int),
+                ("dispatch_mode", ctypes.c_char * 8), ("capacity_policy", ctypes.c_char * 8),
+                ("initial_capacity_factor", ctypes.c_double),
+                ("capacity_growth_factor", ctypes.c_double), ("max_capacity", _c_int64),
+                ("growth_events", ctypes.c_int), ("shmem_heap_size", ctypes.c_uint64)]
+
+
+class _Growth(ctypes.Structure):
+    _fields_ = [("forward", ctypes.c_uint64), ("demand", _c_int64), ("rows_before", _c_int64),
+                ("rows_after", _c_int64), ("heap_bytes_before", ctypes.c_size_t),
+                ("heap_bytes_after", ctypes.c_size_t), ("heap_used_before", ctypes.c_uint64),
+                ("heap_used_after", ctypes.c_uint64)]
 
 
 _MAX_PHASES = 20
@@ -92,6 +107,8 @@ _L.megamoe_experts_destroy.restype = None
 _L.megamoe_experts_destroy.argtypes = [_vp]
 _L.megamoe_experts_get_info.restype = ctypes.c_int
 _L.megamoe_experts_get_info.argtypes = [_vp, _P(_Info)]
+_L.megamoe_experts_get_growth.restype = ctypes.c_int
+_L.megamoe_experts_get_growth.argtypes = [_vp, ctypes.c_int, _P(_Growth)]
 _L.megamoe_experts_get_timing.restype = ctypes.c_int
 _L.megamoe_experts_get_timing.argtypes = [_vp, _P(_Timing)]
 _L.megamoe_experts_reset_timing.restype = None
@@ -106,6 +123,51 @@ _L.megamoe_experts_capacity_rows.argtypes = [_c_int64, _c_int64, _c_int64, ctype
 
 def _ptr(t):
     return ctypes.c_void_p(t.data_ptr()) if t is not None else ctypes.c_void_p(None)
+
+
+_DEFAULT_FACTOR = 1.25  # push: initial and growth factor when not given (HyperParallel's)
+
+
+def _factor(name, value):
+    """None, or a finite number >= 1 as float; ValueError otherwise (0 is not 'lossless')."""
+    if value is None:
+        return None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    try:
+        ok = ok and math.isfinite(value) and value >= 1
+    except OverflowError:
+        ok = False
+    if not ok:
+        hint = (" (0 is not a capacity: leave it None for the lossless capacity)"
+                if name == "expert_capacity_factor" and value == 0 else "")
+        raise ValueError(f"{name} must be None or a finite number >= 1, got {value!r}{hint}")
+    return float(value)
+
+
+def _resolve_capacity(expert_capacity_factor, dispatch_mode, initial_capacity_factor,
+                      capacity_growth_factor):
+    """The two spellings (docs/moe.md "Capacity and dispatch modes"): the seed's
+    expert_capacity_factor alone (a fixed receive capacity), or HyperParallel's dispatch_mode
+    with initial/growth factors. Returns (C dispatch_mode or None, factor, initial, growth)."""
+    if dispatch_mode not in (None, "push", "pull"):
+        raise ValueError(f"dispatch_mode must be None, 'push' or 'pull', got {dispatch_mode!r}")
+    factor = _factor("expert_capacity_factor", expert_capacity_factor)
+    initial = _factor("initial_capacity_factor", initial_capacity_factor)
+    growth = _factor("capacity_growth_factor", capacity_growth_factor)
+    if factor is not None and (dispatch_mode is not None or initial is not None or
+                               growth is not None):
+        raise ValueError("expert_capacity_factor (a fixed receive capacity) cannot be combined "
+                         "with dispatch_mode / initial_capacity_factor / capacity_growth_factor "
+                         "(a growing push capacity or pull); use one spelling")
+    if dispatch_mode == "pull":
+        if initial is not None or growth is not None:
+            raise ValueError("initial_capacity_factor and capacity_growth_factor are only "
+                             "supported for dispatch_mode 'push'")
+        return "pull", None, None, None
+    if dispatch_mode == "push" or initial is not None or growth is not None:
+        return ("push", None, _DEFAULT_FACTOR if initial is None else initial,
+                _DEFAULT_FACTOR if growth is None else growth)
+    return None, factor, None, None
 
 
 class _Saved:
@@ -161,11 +223,12 @@ class _MegaMoeFunction(torch.autograd.Function):
     def forward(ctx, layer, grad_enabled, hidden, topk_ids, topk_weights, tokens_per_expert,
                 gate_up, down):
         out = torch.empty_like(hidden)
+        tpe_int64 = tokens_per_expert is not None and tokens_per_expert.dtype == torch.int64
         inp = _Input(_ptr(hidden), _ptr(topk_ids),
                      _INT32 if topk_ids.dtype == torch.int32 else _INT64,
                      _ptr(topk_weights),
                      _FP32 if topk_weights.dtype == torch.float32 else _BF16,
-                     _ptr(tokens_per_expert), _INT32)
+                     _ptr(tokens_per_expert), _INT64 if tpe_int64 else _INT32)
         w = _weights_desc(layer, gate_up, down)
         # (Function.forward runs with grad mode off; needs_input_grad tells what autograd wants,
         # but it ignores an outer torch.no_grad(): grad_enabled is the caller's grad mode, and
@@ -175,6 +238,7 @@ class _MegaMoeFunction(torch.autograd.Function):
         check(_L.megamoe_experts_forward(layer._handle, ctypes.byref(w), ctypes.byref(inp),
                                          _ptr(out),
                                          ctypes.byref(saved.handle) if saved else None))
+        _profiler._note_invocation()  # an active mega_kernel_profile counts its launches
         ctx.layer = layer
         ctx.saved = saved
         ctx.weights_dtype = topk_weights.dtype
@@ -208,6 +272,7 @@ class _MegaMoeFunction(torch.autograd.Function):
         try:
             check(_L.megamoe_experts_backward(layer._handle, saved.handle, ctypes.byref(w),
                                               _ptr(grad_out), ctypes.byref(grads)))
+            _profiler._note_invocation()
         finally:
             saved.free()  # retain_graph is not supported: the state goes with the backward
         return None, None, g_hidden, None, g_topk, None, g_gate_up, g_down
@@ -218,8 +283,13 @@ class MegaMoeExperts(torch.nn.Module):
 
     Args mirror HyperParallel's ``MegaMoeExperts``: ``local_num_tokens`` (T, a multiple of
     128), ``hidden_size`` (H), ``intermediate_size`` (I), ``num_experts`` (E, global, a
-    multiple of ``ep_size``), ``top_k`` (K), ``expert_capacity_factor`` (None = lossless
-    receive capacity align128(EP*T*K); a finite f >= 1 gives align128(ceil(T*K*f))),
+    multiple of ``ep_size``), ``top_k`` (K), ``expert_capacity_factor`` (the seed's fixed
+    receive capacity: None = lossless align128(EP*T*K); a finite f >= 1 gives
+    align128(ceil(T*K*f)) and overflow is an error), or instead HyperParallel's
+    ``dispatch_mode`` ("push": the capacity starts at ``initial_capacity_factor`` (default
+    1.25) x T*K and every rank grows it together by ``capacity_growth_factor`` (default 1.25)
+    when a call needs more; "pull": owners fetch their rows, no receive buffer in the
+    symmetric heap; both keep every token; docs/moe.md "Capacity and dispatch modes"),
     ``swiglu_limit`` (None = no clamp), ``ep_size`` / ``ep_group`` (the whole world),
     ``create_parameters`` (False: assign ``gate_up_weight`` [E/EP, H, 2I] and ``down_weight``
     [E/EP, I, H] yourself), ``schedule`` ("O1", the default: one fused launch per direction
@@ -231,54 +301,74 @@ class MegaMoeExperts(torch.nn.Module):
     def __init__(self, local_num_tokens, hidden_size, intermediate_size, num_experts, top_k,
                  expert_capacity_factor=None, swiglu_limit=None, ep_size=1, ep_group=None,
                  create_parameters=True, schedule="O1", workers=0, cube_workers=0,
-                 vector_workers=0):
+                 vector_workers=0, dispatch_mode=None, initial_capacity_factor=None,
+                 capacity_growth_factor=None):
         super().__init__()
         from . import comm as _comm
         self._handle = ctypes.c_void_p(None)
         self._closed = False
+        self._comm_chain = None
         self._weights_epoch = 0
+        mode, factor, initial, growth = _resolve_capacity(
+            expert_capacity_factor, dispatch_mode, initial_capacity_factor,
+            capacity_growth_factor)
         p = _L.megamoe_experts_params_default()
         p.local_num_tokens = int(local_num_tokens)
         p.hidden_size = int(hidden_size)
         p.intermediate_size = int(intermediate_size)
         p.num_experts = int(num_experts)
         p.top_k = int(top_k)
-        p.expert_capacity_factor = 0.0 if expert_capacity_factor is None else float(
-            expert_capacity_factor)
+        p.expert_capacity_factor = 0.0 if factor is None else factor  # C: 0 = lossless
+        self._mode_bytes = mode.encode() if mode else None
+        p.dispatch_mode = self._mode_bytes
+        p.initial_capacity_factor = initial or 0.0
+        p.capacity_growth_factor = growth or 0.0
         p.swiglu_limit = 0.0 if swiglu_limit is None else float(swiglu_limit)
         self._schedule_bytes = str(schedule).encode()
         p.schedule = self._schedule_bytes
         p.workers = int(workers)
         p.cube_workers = int(cube_workers)
         p.vector_workers = int(vector_workers)
+        heap = 0
         if "HYPER_PARALLEL_SHMEM_HEAP_SIZE" not in os.environ:
             # Heap sizing when the variable is unset (docs/moe.md): the runtime starts with the
-            # first communicator; give it what this layer's resource group needs, rounded up
-            # with slack, and never less than the 1 GiB default (the heap is sparse: only
-            # touched pages cost memory). Ignored when the runtime is already running.
+            # first communicator; give it what this layer's resource group needs (push: up to
+            # its growth bound), rounded up with slack, and never less than the 1 GiB default
+            # (the heap is sparse: only touched pages cost memory). Ignored when the runtime
+            # is already running.
             need = _L.megamoe_experts_heap_bytes(ctypes.byref(p), int(ep_size))
             mib64 = 64 << 20
             heap = max(1 << 30, (need + (16 << 20) + mib64 - 1) // mib64 * mib64)
-            _comm.world(heap_size=heap)
-        if ep_group is not None:
-            self._comm = _comm.for_group(ep_group)
-        else:
-            self._comm = _comm.world()
-        if int(ep_size) != self._comm.size:
-            raise ValueError(f"ep_size={ep_size} but the EP group has {self._comm.size} ranks; "
+        # A counted reference on the communicators, released by close(): the last close ends
+        # the SHMEM lifecycle and the next layer starts a new one with the settings then in
+        # the environment (seed 000 "私有 SHMEM 生命周期").
+        self._comm_chain = _comm._acquire(ep_group, heap_size=heap)
+        self._comm = self._comm_chain[-1]
+        group_size = self._comm.size
+        if int(ep_size) != group_size:
+            self._release_comm()
+            raise ValueError(f"ep_size={ep_size} but the EP group has {group_size} ranks; "
                              "MegaMoeExperts needs EP to cover the whole world")
         self.local_num_tokens = int(local_num_tokens)
         self.hidden_size = int(hidden_size)
         self.intermediate_size = int(intermediate_size)
         self.num_experts = int(num_experts)
         self.top_k = int(top_k)
-        self.expert_capacity_factor = expert_capacity_factor
+        self.expert_capacity_factor = factor
+        self.dispatch_mode = mode or "push"  # the seed's fixed capacity pushes too
+        self.initial_capacity_factor = initial
+        self.capacity_growth_factor = growth
         self.swiglu_limit = swiglu_limit
         self.ep_size = int(ep_size)
         self.schedule = schedule
         self._tk_shape = (self.local_num_tokens, self.top_k)
         handle = ctypes.c_void_p(None)
-        check(_L.megamoe_experts_create(self._comm.handle, ctypes.byref(p), ctypes.byref(handle)))
+        try:
+            check(_L.megamoe_experts_create(self._comm.handle, ctypes.byref(p),
+                                            ctypes.byref(handle)))
+        except MegaMoeError:
+            self._release_comm()  # the failure is agreed: every rank releases alike
+            raise
         self._handle = handle
 
         local = self.num_experts // self.ep_size
@@ -333,8 +423,6 @@ class MegaMoeExperts(torch.nn.Module):
         topk_weights or (in backward) the output gradient (``MEGAMOE_CHECK_FINITE=0`` lets
         those through), and calls made in a different order on another rank
         (CallMismatchError, naming what each rank called)."""
-        if self._closed and self._handle:  # still collective: peers in another call fail too
-            check(_L.megamoe_experts_forward(self._handle, None, None, None, None))
         self._check_open("forward")
         try:
             args = self._forward_args(hidden_states, topk_ids, topk_weights, tokens_per_expert)
@@ -368,9 +456,6 @@ class MegaMoeExperts(torch.nn.Module):
                         ("topk_weights", topk_weights)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if tokens_per_expert is not None and not isinstance(tokens_per_expert, torch.Tensor):
-            raise TypeError("tokens_per_expert must be a torch.Tensor or None, got "
-                            f"{type(tokens_per_expert).__name__}")
         gate_up, down = self._weights()
         t, h, k, e = self.local_num_tokens, self.hidden_size, self.top_k, self.num_experts
         shape = hidden_states.shape
@@ -394,11 +479,18 @@ class MegaMoeExperts(torch.nn.Module):
         probs = topk_weights.contiguous()
         tpe = None
         if tokens_per_expert is not None:
-            if tokens_per_expert.numel() != e:
-                raise ValueError(f"tokens_per_expert must have E={e} entries, got "
-                                 f"{tokens_per_expert.numel()}")
-            # contiguous int32 is used as is; int64 or strided input is converted
-            tpe = tokens_per_expert.reshape(e).to(torch.int32).contiguous()
+            if (not isinstance(tokens_per_expert, torch.Tensor) or tokens_per_expert.dim() != 1
+                    or tokens_per_expert.shape[0] != e
+                    or tokens_per_expert.dtype not in (torch.int32, torch.int64)
+                    or tokens_per_expert.device.type != "cpu"):
+                got = (f"{tokens_per_expert.dtype} {tuple(tokens_per_expert.shape)} on "
+                       f"{tokens_per_expert.device}"
+                       if isinstance(tokens_per_expert, torch.Tensor)
+                       else type(tokens_per_expert).__name__)
+                raise ValueError(f"tokens_per_expert must be the [E={e}] int32/int64 CPU "
+                                 f"histogram of topk_ids (one dimension), got {got}")
+            # the layer routes by it instead of counting the ids again (int32 or int64, as is)
+            tpe = tokens_per_expert.contiguous()
         return shape, x, ids, probs, tpe, gate_up, down
 
     # ---- resources ----------------------------------------------------------------------
@@ -438,6 +530,13 @@ class MegaMoeExperts(torch.nn.Module):
             check(_L.megamoe_experts_close(self._handle))
         self._closed = True
         self._packed_from = None
+        self._release_comm()
+
+    def _release_comm(self):
+        chain, self._comm_chain = self._comm_chain, None
+        if chain:
+            from . import comm as _comm
+            _comm._release(chain)
 
     def __del__(self):
         try:
@@ -455,7 +554,14 @@ class MegaMoeExperts(torch.nn.Module):
         i = _Info()
         check(_L.megamoe_experts_get_info(self._handle, ctypes.byref(i)))
         d = {f: getattr(i, f) for f, _ in _Info._fields_}
-        d["schedule"] = i.schedule.decode()
+        for f in ("schedule", "dispatch_mode", "capacity_policy"):
+            d[f] = getattr(i, f).decode()
+        growth = []
+        for k in range(i.growth_events):
+            g = _Growth()
+            check(_L.megamoe_experts_get_growth(self._handle, k, ctypes.byref(g)))
+            growth.append({f: getattr(g, f) for f, _ in _Growth._fields_})
+        d["growth"] = growth  # one dict per growth of the receive capacity, oldest first
         return d
 
     @property
@@ -476,11 +582,15 @@ class MegaMoeExperts(torch.nn.Module):
 
     @staticmethod
     def capacity_rows(ep, tokens, top_k, expert_capacity_factor=None):
-        f = 0.0 if expert_capacity_factor is None else float(expert_capacity_factor)
-        return int(_L.megamoe_experts_capacity_rows(ep, tokens, top_k, f))
+        """Receive rows of the seed's fixed capacity (None: lossless)."""
+        f = _factor("expert_capacity_factor", expert_capacity_factor)
+        return int(_L.megamoe_experts_capacity_rows(ep, tokens, top_k, f or 0.0))
 
     def extra_repr(self):
         return (f"T={self.local_num_tokens}, H={self.hidden_size}, I={self.intermediate_size}, "
                 f"E={self.num_experts}, K={self.top_k}, ep_size={self.ep_size}, "
                 f"expert_capacity_factor={self.expert_capacity_factor}, "
+                f"dispatch_mode={self.dispatch_mode!r}, "
+                f"initial_capacity_factor={self.initial_capacity_factor}, "
+                f"capacity_growth_factor={self.capacity_growth_factor}, "
                 f"swiglu_limit={self.swiglu_limit}, schedule={self.schedule!r}")

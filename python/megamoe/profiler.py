@@ -12,7 +12,7 @@ that Perfetto (https://ui.perfetto.dev) and chrome://tracing open::
         for batch in data:
             loss = model(batch).sum(); loss.backward(); opt.step()
             prof.step()                            # one training step done
-    prof.export_chrome_trace("rank_trace.json")    # the last recorded cycle
+    prof.export_chrome_trace("rank_trace.json")    # the last completed window (also returned)
 
 Then ``megamoe trace merge traces -o merged.json`` puts every rank on one time axis and
 ``megamoe trace summary traces --svg timeline.svg`` prints per-stage statistics and draws the
@@ -22,16 +22,20 @@ The schedule has torch.profiler's semantics: ``skip_first`` steps are ignored, t
 is ``wait`` idle steps, ``warmup`` steps recorded and discarded, and ``active`` recorded steps;
 after the last active step of a cycle the trace is ready (``on_trace_ready(prof)`` is called
 and, with ``dir``, ``<dir>/trace_<rank>.json`` is written — later cycles go to
-``<dir>/cycle_<k>/``). ``repeat=0`` repeats cycles until the context ends. Only one context may
-be active per process (as in the original). Recording costs a few nanoseconds per task; with
-no context (and no MEGAMOE_PROFILE) the executor pays one branch per task.
+``<dir>/cycle_<k>/``). ``repeat=0`` repeats cycles until the context ends; without a schedule
+the whole block is one window. The keyword arguments are HyperParallel's (``schedule``,
+``on_trace_ready``, ``detailed_task_names``, ``max_pending_calls``) plus ``dir``. Only one
+context may be active per process (as in the original). Recording costs a few nanoseconds per
+task; with no context (and no MEGAMOE_PROFILE) the executor pays one branch per task.
 
 :class:`Session` records spans of your own on the same clock (CLOCK_MONOTONIC, as
 ``time.monotonic_ns()``) into the same traces.
 """
 import ctypes
 import enum
+import json
 import os
+import tempfile
 
 from . import _lib
 from .errors import check
@@ -167,42 +171,204 @@ def trace_handler(dir_name):
 # ---- the context manager -------------------------------------------------------------------
 
 _active_profile = None
+_RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+
+
+def _load_json(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _merge_segments(segments):
+    """One window's trace from the traces drained during it (each numbers its invocations from
+    0, per rank and resource group): metadata once, later segments' invocations renumbered after
+    the earlier ones', counts summed."""
+    if len(segments) == 1:
+        return segments[0]
+    meta_seen, meta, spans, invocations, warnings = set(), [], [], [], []
+    offset = {}  # (rank, group) -> invocations of that session in the earlier segments
+    totals = {"invocationCount": 0, "recordCount": 0, "droppedRecordCount": 0}
+    ranks = {}
+    for seg in segments:
+        m = seg["megaKernelTrace"]
+        group_of = {(e["pid"], e["tid"]): e["args"].get("group", 0) for e in seg["traceEvents"]
+                    if e.get("ph") == "M" and e.get("name") == "thread_name"}
+        for e in seg["traceEvents"]:
+            if e.get("ph") == "M":
+                key = json.dumps(e, sort_keys=True)
+                if key not in meta_seen:
+                    meta_seen.add(key)
+                    meta.append(e)
+                continue
+            off = offset.get((e.get("pid"), group_of.get((e.get("pid"), e.get("tid")), 0)), 0)
+            args = e.get("args", {})
+            if off and "invocation" in args:
+                e = dict(e, args=dict(args, invocation=args["invocation"] + off))
+                if e.get("cat") == "MegaKernelLaunch":
+                    e["name"] = f"{args.get('direction', 'launch')} #{e['args']['invocation']}"
+            spans.append(e)
+        seen = {}
+        for inv in m.get("invocations", []):
+            key = (inv["rank"], inv.get("group", 0))
+            invocations.append(dict(inv, invocation=inv["invocation"] + offset.get(key, 0)))
+            seen[key] = max(seen.get(key, 0), inv["invocation"] + 1)
+        for key, n in seen.items():
+            offset[key] = offset.get(key, 0) + n
+        for k in totals:
+            totals[k] += m.get(k, 0)
+        for r in m.get("ranks", []):
+            acc = ranks.setdefault(r["rank"], dict(r, invocationCount=0, recordCount=0,
+                                                   droppedRecordCount=0))
+            for k in totals:
+                acc[k] += r.get(k, 0)
+        warnings += [w for w in m.get("warnings", []) if w not in warnings]
+    first = segments[0]["megaKernelTrace"]
+    out = dict(segments[0], traceEvents=meta + spans)
+    out["megaKernelTrace"] = dict(first, **totals, warnings=warnings,
+                                  ranks=[ranks[r] for r in sorted(ranks)],
+                                  invocations=invocations)
+    return out
+
+
+def _detailed_names(trace):
+    """detailed_task_names: "expert3_gmm1:compute_task72" instead of "gmm1:compute" (the raw
+    stage, kind, owner and task stay in args)."""
+    for e in trace["traceEvents"]:
+        if e.get("cat") == "MegaKernel":
+            a = e["args"]
+            owner = f"expert{a['owner']}_" if a.get("owner", -1) >= 0 else ""
+            e["name"] = f"{owner}{a['stage']}:{a['kind']}_task{a['task']}"
+    return trace
+
+
+def _trace_summary(trace):
+    """The totals of megamoe_profile_summary_t, computed from a window's trace."""
+    ev = trace["traceEvents"]
+    recs = [e for e in ev if e.get("cat") == "MegaKernel"]
+    ns = lambda us: int(round(us * 1000))  # noqa: E731  (exact: 3 decimals of microseconds)
+    kinds = {"wait": 0, "compute": 0, "signal": 0}
+    for e in recs:
+        kinds[e["args"]["kind"]] = kinds.get(e["args"]["kind"], 0) + ns(e["dur"])
+    tracks = [e for e in ev if e.get("ph") == "M" and e.get("name") == "thread_name"]
+    m = trace["megaKernelTrace"]
+    s = {"wait_ns": kinds["wait"], "compute_ns": kinds["compute"], "signal_ns": kinds["signal"],
+         "wall_ns": (ns(max(e["ts"] + e["dur"] for e in recs)) - ns(min(e["ts"] for e in recs))
+                     if recs else 0),
+         "launch_ns": sum(ns(e["dur"]) for e in ev if e.get("cat") == "MegaKernelLaunch"),
+         "records": len(recs), "dropped": m.get("droppedRecordCount", 0),
+         "invocations": m.get("invocationCount", 0),
+         "workers": sum(1 for e in tracks if e["args"].get("role") in ("cube", "vector")),
+         "sessions": len({(e["pid"], e["args"].get("group", 0)) for e in tracks})}
+    s["wait_share"] = (s["wait_ns"] / (s["launch_ns"] * s["workers"])
+                       if s["launch_ns"] and s["workers"] else 0.0)
+    return s
+
+
+def _note_invocation():
+    """Producers call this after each launch (MegaMoeExperts forward/backward, Session.end):
+    the active context drains every max_pending_calls launches."""
+    prof = _active_profile
+    if prof is not None:
+        prof._after_invocation()
 
 
 class mega_kernel_profile:
-    """Record MegaKernel launches of this process by schedule; see the module docstring."""
+    """Record MegaKernel launches of this process by schedule; see the module docstring.
 
-    def __init__(self, schedule=None, on_trace_ready=None, dir=None):
-        if schedule is None:
-            schedule = globals()["schedule"](wait=0, warmup=0, active=1, repeat=1, skip_first=0)
-        if not callable(schedule):
-            raise TypeError("mega_kernel_profile: schedule must be callable (use "
+    Keyword arguments as HyperParallel's ``mega_kernel_profile``: ``schedule`` (None: every
+    launch in the block is one window, ready when the block ends), ``on_trace_ready``
+    (``callback(prof)`` after each window), ``detailed_task_names`` (event names with the
+    owner expert and task index), ``max_pending_calls`` (launches recorded before the rings are
+    drained into the window, so long windows lose nothing); plus ``dir`` (write
+    ``<dir>/trace_<rank>.json`` per window).
+    """
+
+    def __init__(self, *, schedule=None, on_trace_ready=None, detailed_task_names=False,
+                 max_pending_calls=16, dir=None):
+        if schedule is not None and not callable(schedule):
+            raise TypeError("mega_kernel_profile: schedule must be callable or None (use "
                             "megamoe.profiler.schedule(...))")
         if on_trace_ready is not None and not callable(on_trace_ready):
-            raise TypeError("mega_kernel_profile: on_trace_ready must be callable")
+            raise TypeError("mega_kernel_profile: on_trace_ready must be callable or None")
+        if not isinstance(detailed_task_names, bool):
+            raise TypeError("mega_kernel_profile: detailed_task_names must be bool")
+        if (not isinstance(max_pending_calls, int) or isinstance(max_pending_calls, bool)
+                or max_pending_calls <= 0):
+            raise ValueError("mega_kernel_profile: max_pending_calls must be a positive "
+                             f"integer, got {max_pending_calls!r}")
         self.schedule = schedule
         self.on_trace_ready = on_trace_ready
+        self.detailed_task_names = detailed_task_names
+        self.max_pending_calls = max_pending_calls
         self.dir = os.fspath(dir) if dir is not None else None
         self.step_num = 0
-        self.cycle = 0            # traces made ready so far (the current one while in a handler)
-        self.current_action = ProfilerAction.NONE
+        self.cycle = 0            # windows made ready so far (the current one while in a handler)
         self.traces_ready = 0
+        self.drains = 0           # intermediate drains (max_pending_calls) so far
+        self._segments = []       # traces drained from the rings in the current window
+        self._last_trace = None
+        self._started = False
         self._entered = False
+        self.current_action = self._action(0)
 
-    # -- backend: the process-wide C profiler --
-    @staticmethod
-    def _start():
-        check(_L.megamoe_profiler_start())
+    def _action(self, step):
+        if self.schedule is None:
+            return ProfilerAction.RECORD
+        action = self.schedule(step)
+        if not isinstance(action, ProfilerAction):
+            raise TypeError("mega_kernel_profile: the schedule must return "
+                            f"megamoe.profiler.ProfilerAction, got {type(action).__name__}")
+        return action
+
+    # -- backend: the process-wide C profiler, drained into Python traces --
+    def _set_started(self, on):
+        if on and not self._started:
+            _L.megamoe_profiler_reset()
+            check(_L.megamoe_profiler_start())
+        elif not on and self._started:
+            check(_L.megamoe_profiler_stop())
+        self._started = on
 
     @staticmethod
-    def _stop():
-        check(_L.megamoe_profiler_stop())
+    def _pending():
+        s = _Summary()
+        check(_L.megamoe_profiler_get_summary(ctypes.byref(s)))
+        return s.invocations
 
-    @staticmethod
-    def _reset():
+    def _take_segment(self):
+        fd, path = tempfile.mkstemp(prefix="megamoe_window_", suffix=".json")
+        os.close(fd)
+        try:
+            check(_L.megamoe_profiler_export(os.fsencode(path)))
+            self._segments.append(_load_json(path))
+        finally:
+            os.unlink(path)
         _L.megamoe_profiler_reset()
 
-    def _trace_ready(self):
+    def _discard(self):
+        _L.megamoe_profiler_reset()
+        self._segments.clear()
+
+    def _after_invocation(self):
+        if self.current_action == ProfilerAction.NONE or not self._started:
+            return
+        if self._pending() < self.max_pending_calls:
+            return
+        if self.current_action == ProfilerAction.WARMUP:
+            _L.megamoe_profiler_reset()  # warm-up launches are not part of the trace
+        else:
+            self._take_segment()
+            self.drains += 1
+
+    def _finalize(self):
+        self._take_segment()
+        trace = _merge_segments(self._segments)
+        self._segments = []
+        if self.detailed_task_names:
+            trace = _detailed_names(trace)
+        trace["megaKernelTrace"]["windowIndex"] = self.traces_ready
+        trace["megaKernelTrace"]["detailedTaskNames"] = self.detailed_task_names
+        self._last_trace = trace
         if self.on_trace_ready is not None:
             self.on_trace_ready(self)
         if self.dir is not None:
@@ -210,21 +376,8 @@ class mega_kernel_profile:
         self.traces_ready += 1
         self.cycle += 1
 
-    def _transition(self, prev, cur):
-        A = ProfilerAction
-        recording = (A.RECORD, A.RECORD_AND_SAVE)
-        if prev == A.RECORD_AND_SAVE or (prev == A.RECORD and cur in (A.NONE, A.WARMUP)):
-            self._stop()
-            self._trace_ready()
-            prev = A.NONE
-        if prev == A.NONE and cur in (A.WARMUP,) + recording:
-            self._reset()
-            self._start()
-        elif prev == A.WARMUP and cur in recording:
-            self._reset()  # warm-up launches are not part of the trace
-        elif prev == A.WARMUP and cur == A.NONE:
-            self._stop()
-            self._reset()
+    def _has_data(self):
+        return bool(self._segments) or self._pending() > 0
 
     def __enter__(self):
         global _active_profile
@@ -234,9 +387,9 @@ class mega_kernel_profile:
         _active_profile = self
         self._entered = True
         self.step_num = 0
-        self.current_action = self.schedule(0)
+        self.current_action = self._action(0)
         try:
-            self._transition(ProfilerAction.NONE, self.current_action)
+            self._set_started(self.current_action != ProfilerAction.NONE)
         except BaseException:
             _active_profile = None
             self._entered = False
@@ -244,44 +397,67 @@ class mega_kernel_profile:
         return self
 
     def step(self):
-        """Mark the end of a training step."""
+        """Mark the end of a training step (once per step, not per layer or launch)."""
         if not self._entered:
             raise RuntimeError("mega_kernel_profile.step() outside the 'with' block")
-        prev = self.current_action
+        cur, nxt = self.current_action, self._action(self.step_num + 1)
+        if cur == ProfilerAction.WARMUP:
+            self._discard()
+        elif cur == ProfilerAction.RECORD_AND_SAVE or (cur == ProfilerAction.RECORD and
+                                                        nxt not in _RECORDING):
+            self._finalize()
         self.step_num += 1
-        self.current_action = self.schedule(self.step_num)
-        self._transition(prev, self.current_action)
+        self.current_action = nxt
+        self._set_started(nxt != ProfilerAction.NONE)
 
     def __exit__(self, exc_type, exc, tb):
         global _active_profile
         try:
-            A = ProfilerAction
-            if self.current_action in (A.RECORD, A.RECORD_AND_SAVE):
-                self._stop()
-                self._trace_ready()
-            elif self.current_action == A.WARMUP:
-                self._stop()
-                self._reset()
+            if exc_type is None and self.current_action in _RECORDING and self._has_data():
+                self._finalize()  # the window the block ended in
         finally:
-            self.current_action = ProfilerAction.NONE
-            self._entered = False
-            _active_profile = None
+            try:
+                self._set_started(False)
+            finally:
+                self._segments = []  # an exception discards the partial window
+                _L.megamoe_profiler_reset()
+                self.current_action = ProfilerAction.NONE
+                self._entered = False
+                _active_profile = None
         return False
 
-    # -- results (inside on_trace_ready, or after the block: the last recorded cycle) --
+    # -- results: the last completed window (inside on_trace_ready, or after the block) --
+    def _window(self):
+        if self._last_trace is None:
+            raise RuntimeError("mega_kernel_profile: no completed MegaKernel capture window is "
+                               "available; call step() at the window boundary or leave the "
+                               "context first")
+        return self._last_trace
+
     def export_chrome_trace(self, path):
-        """Write this process's trace (every resource group's tracks) to path."""
-        check(_L.megamoe_profiler_export(os.fsencode(os.fspath(path))))
+        """Write the last completed window's trace (every resource group's tracks) to path
+        (parent directories created) and return it as a dict."""
+        trace = self._window()
+        path = os.fspath(path)
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(trace, f, ensure_ascii=False)
+        os.replace(tmp, path)
+        return trace
 
     def export_chrome_trace_dir(self, dir_name):
         """Write ``<dir>/trace_<rank>.json`` (created if missing)."""
-        check(_L.megamoe_profiler_export_dir(os.fsencode(os.fspath(dir_name))))
+        trace = self._window()
+        rank = trace["megaKernelTrace"].get("rank", 0)
+        return self.export_chrome_trace(os.path.join(os.fspath(dir_name), f"trace_{rank}.json"))
 
     def summary(self):
-        """Totals of the recorded cycle: wait/compute/signal ns, records, dropped, wait_share."""
-        s = _Summary()
-        check(_L.megamoe_profiler_get_summary(ctypes.byref(s)))
-        return _summary_dict(s)
+        """Totals of the last completed window: wait/compute/signal ns, records, dropped,
+        invocations, wait_share."""
+        return _trace_summary(self._window())
 
 
 # ---- your own spans ------------------------------------------------------------------------
@@ -329,6 +505,7 @@ class Session:
 
     def end(self):
         check(_L.megamoe_profile_end(self._h()))
+        _note_invocation()
 
     def record(self, role, worker, kind, stage, start_ns, end_ns, task=-1, owner=-1, peer=-1,
                invocation=0):

@@ -20,7 +20,7 @@
 #include "moe/experts_impl.h"
 #include "moe/moe_rows.h"
 
-enum { BW_PREP, BW_DISPATCH, BW_GMM_DA, BW_GMM_DW2, BW_SWIGLU, BW_GMM_DX, BW_GMM_DW1, BW_COMBINE,
+enum { BW_PREP, BW_DISPATCH, BW_PULL, BW_GMM_DA, BW_GMM_DW2, BW_SWIGLU, BW_GMM_DX, BW_GMM_DW1, BW_COMBINE,
        BW_REDUCE };
 
 typedef struct mm_bwd {
@@ -35,6 +35,7 @@ typedef struct mm_bwd {
     uint16_t *dx;  /* [R, H] */
     float *acc;
     int direct; /* dY written in place into the owners' receive buffers */
+    int pull;   /* dY staged in this rank's own buffer, fetched by the owners (BW_PULL) */
 } mm_bwd_t;
 
 static megamoe_status_t mm_bwd_gemm(mm_bwd_t *b, int worker, int nw)
@@ -119,8 +120,9 @@ static megamoe_status_t mm_bwd_work(void *arg, int worker, int nw)
             while (b->c.plan->src_off[e + 1] <= p) e++;
             int64_t slot = b->c.plan->perm_slot[p];
             const uint16_t *d = b->c.dout + (slot / K) * H;
-            uint16_t *dst = b->direct ? mm_ep_dispatch_dst(b->c.g->xbuf, b->c.plan, p, e)
-                                      : b->dy + p * H;
+            uint16_t *dst = b->pull     ? mm_ep_stage_dst(b->c.g->xbuf, p)
+                            : b->direct ? mm_ep_dispatch_dst(b->c.g->xbuf, b->c.plan, p, e)
+                                        : b->dy + p * H;
             mm_rows_scale(dst, d, b->c.sv->w[slot], (size_t)H);
             if (b->gw) b->gw[slot] = mm_rows_dot(d, b->c.sv->y + p * H, (size_t)H);
         }
@@ -129,6 +131,11 @@ static megamoe_status_t mm_bwd_work(void *arg, int worker, int nw)
     case BW_DISPATCH:
         mm_pool_split(b->c.T * K, worker, nw, 1, &lo, &hi);
         mm_ep_dispatch_rows(b->c.g->xbuf, b->c.plan, b->dy, rb, 0, lo, hi);
+        return MEGAMOE_OK;
+    case BW_PULL:
+        mm_pool_split(b->R, worker, nw, 1, &lo, &hi);
+        if (hi > lo)
+            mm_ep_pull_rows(b->c.g->xbuf, b->c.plan, (uint16_t *)b->c.recv + lo * H, rb, lo, hi);
         return MEGAMOE_OK;
     case BW_GMM_DA:
     case BW_GMM_DW2:
@@ -226,9 +233,15 @@ megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, mm_call_t *call, megam
                 group_rows[j] = sv->plan->group_off[j + 1] - sv->plan->group_off[j];
         b.group_rows = group_rows;
         void *p = NULL;
-        b.direct = mm_ep_dispatch_direct(g->xbuf);
-        if (st == MEGAMOE_OK && !b.direct) st = mm_moe_scratch(g, MM_SCR_DY, TK * (size_t)H * 2, &p);
-        b.dy = p;
+        b.pull = mm_moe_is_pull(&x->cfg);
+        b.direct = !b.pull && mm_ep_dispatch_direct(g->xbuf);
+        if (st == MEGAMOE_OK && b.pull) {
+            st = mm_moe_scratch(g, MM_SCR_RECV, (size_t)Rb * (size_t)H * 2, &p);
+            b.c.recv = p;
+        }
+        if (st == MEGAMOE_OK && !b.direct && !b.pull)
+            st = mm_moe_scratch(g, MM_SCR_DY, TK * (size_t)H * 2, &p);
+        b.dy = b.direct || b.pull ? NULL : p;
         if (st == MEGAMOE_OK) st = mm_moe_scratch(g, MM_SCR_DA, (size_t)Rb * (size_t)I * 2, &p);
         b.da = p;
         if (st == MEGAMOE_OK) st = mm_moe_scratch(g, MM_SCR_DGU, (size_t)Rb * (size_t)(2 * I) * 2, &p);
@@ -257,9 +270,10 @@ megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, mm_call_t *call, megam
     st = mm_bwd_phase(&b, BW_PREP, MM_PH_BWD_PREP);
     if (st != MEGAMOE_OK) later = st;
     uint64_t tw = mm_now_ns();
-    st = b.direct ? MEGAMOE_OK : mm_bwd_phase(&b, BW_DISPATCH, -1);
+    st = b.direct || b.pull ? MEGAMOE_OK : mm_bwd_phase(&b, BW_DISPATCH, -1);
     mm_ep_done(g->xbuf, MM_EP_DISPATCH);
     if (st == MEGAMOE_OK) st = mm_ep_wait(g->xbuf, MM_EP_DISPATCH);
+    if (st == MEGAMOE_OK && b.pull) st = mm_bwd_phase(&b, BW_PULL, -1);
     x->phase_s[MM_PH_BWD_DISPATCH] += (double)(mm_now_ns() - tw) * 1e-9;
     if (st != MEGAMOE_OK) goto broken;
 

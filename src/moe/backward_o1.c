@@ -24,6 +24,8 @@
 typedef struct mm_o1_bwd {
     mm_moe_bwd_ctx_t c;
     int direct;    /* dY rows written in place into the owners' receive buffers */
+    int pull;      /* dY rows staged in place in this rank's own buffer; owners fetch them
+                      into c.recv (ordinary memory) in their EXPERT tasks */
     float *gw;     /* [T*K] grad router weights (fp32), slot order, or NULL */
     uint16_t *dgu; /* [R, 2I] */
 } mm_o1_bwd_t;
@@ -37,11 +39,13 @@ static megamoe_status_t mm_o1_bwd_dispatch(void *ctx, mm_mc_worker_t *w, const m
     for (int64_t i = 0; i < t->rows; i++) {
         int64_t pos = t->row0 + i, slot = p->perm_slot[pos];
         const uint16_t *d = b->c.dout + (slot / K) * H;
-        uint16_t *dst = b->direct ? mm_ep_dispatch_dst(b->c.g->xbuf, p, pos, t->e) : stage + i * H;
+        uint16_t *dst = b->pull     ? mm_ep_stage_dst(b->c.g->xbuf, pos)
+                        : b->direct ? mm_ep_dispatch_dst(b->c.g->xbuf, p, pos, t->e)
+                                    : stage + i * H;
         mm_rows_scale(dst, d, b->c.sv->w[slot], (size_t)H);
         if (b->gw) b->gw[slot] = mm_rows_dot(d, b->c.sv->y + pos * H, (size_t)H);
     }
-    if (!b->direct) { /* the tile's rows are contiguous on the owner */
+    if (!b->direct && !b->pull) { /* the tile's rows are contiguous on the owner */
         int64_t row = p->dst_off[t->e] + (t->row0 - p->src_off[t->e]);
         mm_shmem_put((char *)b->c.g->xbuf->recv + (size_t)row * b->c.g->xbuf->row_bytes, stage,
                      (size_t)t->rows * b->c.g->xbuf->row_bytes, b->c.g->xbuf->pes[t->peer]);
@@ -56,6 +60,9 @@ static megamoe_status_t mm_o1_bwd_expert(void *ctx, mm_mc_worker_t *w, const mm_
     const int64_t H = b->c.H, I = b->c.I, r0 = t->row0, n = t->rows, e = t->e;
     mm_o1_scratch_t s = mm_moe_o1_scratch(&x->cfg, w);
     uint64_t t0 = w->ring ? mm_now_ns() : 0;
+    if (b->pull) /* the tile's dY rows, kept for dW2 (which waits for every tile of j) */
+        mm_ep_pull_rows(b->c.g->xbuf, b->c.plan, (uint16_t *)b->c.recv + r0 * H, (size_t)H * 2,
+                        r0, r0 + n);
     /* dA[n, I] = dY · down[j]ᵀ (the tile's dA lives only in the worker's scratch) */
     MM_CHECK(mm_moe_o1_tile_gemm(MM_GEMM_NT, x->packed.w2t[t->j], n, H, I, b->c.recv + r0 * H,
                                  s.a));
@@ -139,10 +146,15 @@ megamoe_status_t mm_moe_backward_o1(megamoe_experts_t *x, mm_call_t *call, megam
     if (st == MEGAMOE_OK) {
         const int64_t Rb = sv->rows > 0 ? sv->rows : 1;
         mm_moe_bwd_ctx_init(&b.c, x, sv, dout, gr);
-        b.direct = mm_ep_dispatch_direct(g->xbuf) && !mm_ep_force_puts;
+        b.pull = mm_moe_is_pull(&x->cfg);
+        b.direct = !b.pull && mm_ep_dispatch_direct(g->xbuf) && !mm_ep_force_puts;
         void *p = NULL;
         st = mm_moe_scratch(g, MM_SCR_DGU, (size_t)Rb * (size_t)(2 * I) * 2, &p);
         b.dgu = p;
+        if (st == MEGAMOE_OK && b.pull) {
+            st = mm_moe_scratch(g, MM_SCR_RECV, (size_t)Rb * (size_t)x->cfg.H * 2, &p);
+            b.c.recv = p;
+        }
         if (st == MEGAMOE_OK && gr->topk_weights != NULL) {
             st = mm_moe_scratch(g, MM_SCR_F32, TK * sizeof(float), &p);
             b.gw = p;
@@ -161,6 +173,7 @@ megamoe_status_t mm_moe_backward_o1(megamoe_experts_t *x, mm_call_t *call, megam
     l.route = sv->plan;
     l.local = MEGAMOE_OK;
     l.tag = sv->gen;
+    l.pull = mm_moe_is_pull(&x->cfg);
     l.tag_what = "backward needs the saved state of the same forward call on every rank "
                  "(forward launch numbers differ)";
     l.body.ctx = &b;

@@ -62,6 +62,28 @@ int64_t megamoe_experts_capacity_rows(int64_t ep, int64_t tokens, int64_t top_k,
     return ((int64_t)rows + 127) / 128 * 128;
 }
 
+/* The dispatch mode of params (MM_MOE_*), -1 when it names none. */
+static int mm_moe_mode_of(const megamoe_experts_params_t *p)
+{
+    if (p->dispatch_mode == NULL) return MM_MOE_FIXED;
+    if (strcmp(p->dispatch_mode, "push") == 0) return MM_MOE_PUSH;
+    if (strcmp(p->dispatch_mode, "pull") == 0) return MM_MOE_PULL;
+    return -1;
+}
+
+#define MM_MOE_DEFAULT_FACTOR 1.25 /* push: initial and growth factor (HyperParallel's) */
+
+/* Initial receive rows of a valid configuration (push: min(initial, EP) * T*K, the original's
+ * rule; pull: none). */
+static int64_t mm_moe_initial_rows(int mode, int64_t ep, int64_t T, int64_t K, double factor,
+                                   double initial)
+{
+    if (mode == MM_MOE_PULL) return 0;
+    if (mode == MM_MOE_FIXED) return megamoe_experts_capacity_rows(ep, T, K, factor);
+    double f = initial < (double)ep ? initial : (double)ep;
+    return megamoe_experts_capacity_rows(ep, T, K, f);
+}
+
 size_t megamoe_experts_heap_bytes(const megamoe_experts_params_t *p, int ep)
 {
     if (p == NULL || ep < 1) return 0;
@@ -71,9 +93,15 @@ size_t megamoe_experts_heap_bytes(const megamoe_experts_params_t *p, int ep)
     c.H = p->hidden_size;
     c.K = p->top_k;
     c.ep = ep;
-    c.capacity = megamoe_experts_capacity_rows(ep, c.T, c.K, p->expert_capacity_factor);
-    if (c.capacity == 0 || c.H < 1) return 0;
-    return mm_moe_heap_need(&c);
+    c.mode = mm_moe_mode_of(p);
+    if (c.mode < 0 || c.T < 1 || c.K < 1 || c.H < 1) return 0;
+    if (c.mode == MM_MOE_FIXED) {
+        c.capacity = megamoe_experts_capacity_rows(ep, c.T, c.K, p->expert_capacity_factor);
+        if (c.capacity == 0) return 0;
+    } else {
+        c.capacity = mm_moe_bound_rows(&c); /* push: what growth may reach; pull: unused */
+    }
+    return mm_moe_heap_need(&c, c.capacity);
 }
 
 /* Local validation: the rules of seed 000 "输入与权重", each error naming its rule. */
@@ -115,6 +143,34 @@ static megamoe_status_t mm_moe_validate(const megamoe_experts_params_t *p, int e
                         "expert_capacity_factor = %g must be unset/0 (lossless) or a finite "
                         "number >= 1",
                         f);
+    const int mode = mm_moe_mode_of(p);
+    if (mode < 0)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "dispatch_mode \"%.16s\" is unknown; use \"push\" (growing receive "
+                        "capacity), \"pull\" (owners fetch rows) or leave it unset (the fixed "
+                        "capacity of expert_capacity_factor)",
+                        p->dispatch_mode);
+    const double gf[2] = {p->initial_capacity_factor, p->capacity_growth_factor};
+    const char *const gn[2] = {"initial_capacity_factor", "capacity_growth_factor"};
+    for (int i = 0; i < 2; i++) {
+        if (gf[i] != 0 && mode != MM_MOE_PUSH)
+            return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                            "%s = %g applies to dispatch_mode \"push\" only (dispatch_mode is "
+                            "%s%s%s)",
+                            gn[i], gf[i], p->dispatch_mode ? "\"" : "",
+                            p->dispatch_mode ? p->dispatch_mode : "unset",
+                            p->dispatch_mode ? "\"" : "");
+        if (!(gf[i] == 0 || (isfinite(gf[i]) && gf[i] >= 1)))
+            return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                            "%s = %g must be 0 (the default 1.25) or a finite number >= 1", gn[i],
+                            gf[i]);
+    }
+    if (f != 0 && mode != MM_MOE_FIXED)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "expert_capacity_factor = %g sets a fixed receive capacity, which "
+                        "dispatch_mode \"%s\" does not have; use initial_capacity_factor / "
+                        "capacity_growth_factor with \"push\", or leave dispatch_mode unset",
+                        f, p->dispatch_mode);
     if (!(p->swiglu_limit == 0 || (isfinite(p->swiglu_limit) && p->swiglu_limit > 0)))
         return mm_error(MEGAMOE_INVALID_ARGUMENT,
                         "swiglu_limit = %g must be unset/0 (no clamp) or a finite number > 0",
@@ -184,6 +240,9 @@ static megamoe_status_t mm_moe_agree_config(mm_shmem_team_t *team, const mm_moe_
         MM_CMP_I(ep, "ep_size")
         MM_CMP_F(factor, "expert_capacity_factor")
         MM_CMP_F(limit, "swiglu_limit")
+        MM_CMP_I(mode, "dispatch_mode (0 unset, 1 push, 2 pull)")
+        MM_CMP_F(initial, "initial_capacity_factor")
+        MM_CMP_F(growth, "capacity_growth_factor")
         if (!field && strcmp(a->schedule, b->schedule) != 0) {
             field = "schedule";
             snprintf(va, sizeof va, "%s", a->schedule);
@@ -216,17 +275,9 @@ megamoe_status_t megamoe_experts_create(megamoe_comm_t *comm, const megamoe_expe
         st = mm_error(MEGAMOE_INVALID_ARGUMENT,
                       "params is NULL; start from megamoe_experts_params_default() and set the "
                       "shapes");
-    if (st == MEGAMOE_OK && ep != mm_shmem_n_pes())
-        st = mm_error(MEGAMOE_UNSUPPORTED,
-                      "the EP communicator has %d ranks but the world has %d: MegaMoeExperts "
-                      "needs EP to cover the whole default world (seed: EP 必须覆盖整个默认 world)",
-                      ep, mm_shmem_n_pes());
-    for (int i = 0; st == MEGAMOE_OK && i < ep; i++)
-        if (mm_shmem_team_world_pe(team, i) != i)
-            st = mm_error(MEGAMOE_UNSUPPORTED,
-                          "the EP communicator must list the world's ranks in order (member %d "
-                          "is world rank %d)",
-                          i, mm_shmem_team_world_pe(team, i));
+    /* The EP communicator may be any group of ranks (the current HyperParallel accepts an EP
+     * subgroup, e.g. 2 data-parallel replicas x EP 2): its symmetric buffers and collectives
+     * are the group's own, so ranks outside it never call into it. */
     if (st == MEGAMOE_OK) st = mm_moe_validate(p, ep);
     int workers = 0, cube = 0, vector = 0;
     const int o1 = st == MEGAMOE_OK && (p->schedule == NULL || strcmp(p->schedule, "O1") == 0);
@@ -260,7 +311,14 @@ megamoe_status_t megamoe_experts_create(megamoe_comm_t *comm, const megamoe_expe
     c.ep = ep;
     c.factor = p->expert_capacity_factor;
     c.limit = p->swiglu_limit;
-    c.capacity = megamoe_experts_capacity_rows(ep, c.T, c.K, c.factor);
+    c.mode = mm_moe_mode_of(p);
+    if (c.mode == MM_MOE_PUSH) {
+        c.initial = p->initial_capacity_factor != 0 ? p->initial_capacity_factor
+                                                    : MM_MOE_DEFAULT_FACTOR;
+        c.growth = p->capacity_growth_factor != 0 ? p->capacity_growth_factor
+                                                  : MM_MOE_DEFAULT_FACTOR;
+    }
+    c.capacity = mm_moe_initial_rows(c.mode, ep, c.T, c.K, c.factor, c.initial);
     snprintf(c.schedule, sizeof c.schedule, "%s", p->schedule ? p->schedule : "O1");
     uint64_t number = atomic_load(&mm_moe_layer_count) + 1;
     st = mm_moe_agree_config(team, &c, &number);
@@ -325,7 +383,8 @@ megamoe_status_t megamoe_experts_share(megamoe_experts_t *const *layers, size_t 
         } else if (memcmp(&x->cfg, &first->cfg, sizeof x->cfg) != 0) {
             st = mm_error(MEGAMOE_INVALID_ARGUMENT,
                           "layer %zu has a different configuration than layer 0 (T, H, I, E, K, "
-                          "EP, expert_capacity_factor, swiglu_limit and schedule must match to "
+                          "EP, expert_capacity_factor, swiglu_limit, schedule, dispatch_mode, "
+                          "initial_capacity_factor and capacity_growth_factor must match to "
                           "share execution resources)",
                           i);
         }
@@ -533,7 +592,8 @@ void mm_moe_fwd_ctx_init(mm_moe_fwd_ctx_t *c, megamoe_experts_t *x, const mm_ep_
     c->I = x->cfg.I;
     c->K = x->cfg.K;
     c->hidden = in->hidden_states;
-    c->recv = x->group->xbuf->recv;
+    /* pull: the schedule fetches the rows into ordinary memory and points recv there */
+    c->recv = mm_moe_is_pull(&x->cfg) ? NULL : x->group->xbuf->recv;
     c->ret = x->group->xbuf->ret;
     c->out = output;
     if (sv != NULL) {
@@ -559,7 +619,7 @@ void mm_moe_bwd_ctx_init(mm_moe_bwd_ctx_t *c, megamoe_experts_t *x,
     c->I = x->cfg.I;
     c->K = x->cfg.K;
     c->dout = dout;
-    c->recv = x->group->xbuf->recv;
+    c->recv = mm_moe_is_pull(&x->cfg) ? NULL : x->group->xbuf->recv;
     c->ret = x->group->xbuf->ret;
     c->dhidden = gr->hidden_states;
     c->dw1 = gr->gate_up;
@@ -684,8 +744,20 @@ megamoe_status_t megamoe_experts_get_info(const megamoe_experts_t *x,
     in.ep = x->ep;
     in.rank = x->me;
     in.local_experts = x->L;
-    in.capacity = x->cfg.capacity;
+    in.capacity = x->group->capacity;
     in.capacity_factor = x->cfg.factor;
+    static const char *const modes[3][2] = {{"push", "fixed"}, {"push", "grow"}, {"pull", "none"}};
+    snprintf(in.dispatch_mode, sizeof in.dispatch_mode, "%s", modes[x->cfg.mode][0]);
+    snprintf(in.capacity_policy, sizeof in.capacity_policy, "%s", modes[x->cfg.mode][1]);
+    in.initial_capacity_factor = x->cfg.initial;
+    in.capacity_growth_factor = x->cfg.growth;
+    in.max_capacity = x->cfg.mode == MM_MOE_PULL ? 0 : mm_moe_bound_rows(&x->cfg);
+    in.growth_events = x->group->n_growth;
+    if (mm_shmem_is_running()) {
+        mm_shmem_debug_state_t *ds = malloc(sizeof *ds);
+        if (ds != NULL && mm_shmem_debug_state(ds) == MEGAMOE_OK) in.shmem_heap_size = ds->heap_size;
+        free(ds);
+    }
     in.swiglu_limit = x->cfg.limit;
     snprintf(in.schedule, sizeof in.schedule, "%s", x->cfg.schedule);
     in.workers = x->group->workers;
@@ -696,6 +768,19 @@ megamoe_status_t megamoe_experts_get_info(const megamoe_experts_t *x,
     in.closed = x->closed;
     in.last_recv_rows = x->last_recv_rows;
     *info_p = in;
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t megamoe_experts_get_growth(const megamoe_experts_t *x, int index,
+                                            megamoe_experts_growth_t *growth_p)
+{
+    if (x == NULL || growth_p == NULL)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "get_growth: NULL argument");
+    if (index < 0 || index >= x->group->n_growth)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "get_growth: event %d does not exist (the resource group grew %d times)",
+                        index, x->group->n_growth);
+    *growth_p = x->group->growth[index];
     return MEGAMOE_OK;
 }
 

@@ -19,17 +19,28 @@
 #include "ops/ep_route.h"
 #include "shmem/shmem.h"
 
+/* Capacity policy / dispatch mode (docs/moe.md "Capacity and dispatch modes"). */
+enum { MM_MOE_FIXED = 0, MM_MOE_PUSH = 1, MM_MOE_PULL = 2 };
+
 /* Everything that must be equal on every rank and between layers sharing a group. */
 typedef struct mm_moe_config {
     int64_t T, H, I, E, K;
     int64_t ep;
-    double factor;
+    double factor;   /* MM_MOE_FIXED: expert_capacity_factor (0 = lossless) */
     float limit;
-    int64_t capacity;
+    int64_t capacity; /* initial receive rows (pull: 0) */
     char schedule[8];
+    int32_t mode;    /* MM_MOE_* */
+    double initial, growth; /* MM_MOE_PUSH: resolved factors (else 0) */
 } mm_moe_config_t;
 
 static inline int mm_moe_is_o1(const mm_moe_config_t *c) { return c->schedule[1] == '1'; }
+static inline int mm_moe_is_pull(const mm_moe_config_t *c) { return c->mode == MM_MOE_PULL; }
+/* The lossless bound align128(EP*T*K): no rank can receive more. */
+static inline int64_t mm_moe_bound_rows(const mm_moe_config_t *c)
+{
+    return (c->ep * c->T * c->K + 127) / 128 * 128;
+}
 
 /* Phases timed per layer (names in experts.c). */
 enum {
@@ -60,8 +71,8 @@ enum {
 /* Per-call scratch that is not saved for backward; grown on demand, shared by the layers of a
  * group (they run serially). */
 typedef struct mm_moe_scratch {
-    void *buf[8];
-    size_t bytes[8];
+    void *buf[9];
+    size_t bytes[9];
 } mm_moe_scratch_t;
 enum {
     MM_SCR_GU,  /* [R, 2I] bf16 (inference forward) */
@@ -72,6 +83,7 @@ enum {
     MM_SCR_DGU, /* [R, 2I] bf16 d[gate|up] */
     MM_SCR_ACC, /* [workers, H] fp32 accumulators */
     MM_SCR_F32, /* [T*K] fp32 router weights / their gradients */
+    MM_SCR_RECV, /* pull: [R, H] bf16 rows fetched from the sources (inference X, dY) */
 };
 
 /* One resource group: symmetric exchange buffers, the worker pool, the SHMEM reference. */
@@ -88,8 +100,14 @@ typedef struct mm_moe_group {
     int ready;       /* SHMEM acquired, buffers allocated, pool running */
     int broken;      /* a collective step failed half-way: only close() is allowed */
     uint64_t fwd_gen; /* O0: successful forwards of the group (equal on every rank) */
-    size_t heap_bytes;
-    mm_ep_xbuf_t *xbuf;
+    uint64_t forwards; /* forwards of the group that passed their first exchange (both
+                          schedules; the same on every rank; names growth events) */
+    size_t heap_bytes;   /* symmetric bytes the group holds now */
+    size_t heap_reserve; /* what heap sizing reserves for it (push: its growth bound) */
+    int64_t capacity;    /* receive rows now (push grows it; pull: 0) */
+    megamoe_experts_growth_t *growth; /* growth events, oldest first */
+    int n_growth, cap_growth;
+    mm_ep_xbuf_t *xbuf; /* pull: recv is the T*K-row staging buffer of this rank's sources */
     mm_pool_t *pool;
     mm_mc_plan_t *plan; /* O1 static plan and executor */
     mm_mc_exec_t *exec;
@@ -149,8 +167,12 @@ megamoe_status_t mm_moe_group_detach(mm_moe_group_t *g);
 void mm_moe_group_unref(mm_moe_group_t *g);
 /* Grow scratch buffer `which` to at least bytes. */
 megamoe_status_t mm_moe_scratch(mm_moe_group_t *g, int which, size_t bytes, void **ptr_p);
-/* Heap bytes a group of this configuration needs. */
-size_t mm_moe_heap_need(const mm_moe_config_t *cfg);
+/* Heap bytes a group of this configuration needs with `rows` receive rows (pull: ignored). */
+size_t mm_moe_heap_need(const mm_moe_config_t *cfg, int64_t rows);
+/* Collective, after the routing exchange of a forward (plan identical on every rank in what it
+ * says about the team): "push" grows the receive buffer when plan->max_recv exceeds it
+ * (OUT_OF_MEMORY on every rank, buffer kept, when the heap has no room); else a no-op. */
+megamoe_status_t mm_moe_group_fit(mm_moe_group_t *g, const mm_ep_plan_t *plan);
 
 /* ---- experts.c ---- */
 /* A call descriptor of kind for layer x (call_order.h): its group's sequence, its number. */
@@ -239,6 +261,7 @@ typedef struct mm_o1_scratch {
     uint16_t *a;    /* [128, I]  SwiGLU output (inference) / dA (backward) */
     uint16_t *rows; /* [128, H]  rows for peers that are not load/store reachable */
     float *acc;     /* [H]       reduce accumulator */
+    uint16_t *x;    /* [128, H]  pull: a fetched tile of received rows (inference); else NULL */
 } mm_o1_scratch_t;
 mm_o1_scratch_t mm_moe_o1_scratch(const mm_moe_config_t *cfg, const mm_mc_worker_t *w);
 /* Where a product writes rows [row, row + n) of source src's return buffer: the peer's

@@ -18,7 +18,7 @@
 #include "moe/moe_buffers.h"
 #include "moe/moe_rows.h"
 
-enum { FW_DISPATCH, FW_GMM1, FW_SWIGLU, FW_GMM2, FW_COMBINE, FW_REDUCE };
+enum { FW_DISPATCH, FW_PULL, FW_GMM1, FW_SWIGLU, FW_GMM2, FW_COMBINE, FW_REDUCE };
 
 typedef struct mm_fwd {
     mm_moe_fwd_ctx_t c;        /* gu, a: scratch [R, 2I], [R, I] for inference */
@@ -65,12 +65,20 @@ static megamoe_status_t mm_fwd_work(void *arg, int worker, int nw)
     const size_t rb = (size_t)f->c.H * 2;
     int64_t b, e;
     switch (f->phase) {
-    case FW_DISPATCH:
+    case FW_DISPATCH: /* push: into the owners' receive rows; pull: into the own staging rows */
         mm_pool_split(f->c.T * f->c.K, worker, nw, 1, &b, &e);
-        mm_ep_dispatch_rows(f->c.g->xbuf, f->c.plan, f->c.hidden, rb, 1, b, e);
+        if (mm_moe_is_pull(&f->c.x->cfg))
+            mm_ep_stage_rows(f->c.g->xbuf, f->c.plan, f->c.hidden, rb, 1, b, e);
+        else
+            mm_ep_dispatch_rows(f->c.g->xbuf, f->c.plan, f->c.hidden, rb, 1, b, e);
+        return MEGAMOE_OK;
+    case FW_PULL: /* pull: fetch the received rows from their sources */
+        mm_pool_split(f->R, worker, nw, 1, &b, &e);
+        if (e > b)
+            mm_ep_pull_rows(f->c.g->xbuf, f->c.plan, (uint16_t *)f->c.recv + b * f->c.H, rb, b, e);
         return MEGAMOE_OK;
     case FW_GMM1:
-        if (f->c.xsave) { /* keep the received tokens for dW1 = Xᵀ·dGU */
+        if (f->c.xsave && f->c.xsave != f->c.recv) { /* keep the received tokens for dW1 */
             mm_pool_split(f->R, worker, nw, 1, &b, &e);
             if (e > b) memcpy(f->c.xsave + b * f->c.H, f->c.recv + b * f->c.H, (size_t)(e - b) * rb);
         }
@@ -144,7 +152,10 @@ megamoe_status_t mm_moe_forward_begin(megamoe_experts_t *x, mm_call_t *call,
         if (cs != MEGAMOE_OK && cs != MEGAMOE_NOT_FOUND) st = cs;
     }
     mm_ep_plan_t *plan = NULL;
-    mm_ep_shape_t shape = {x->ep, x->me, x->cfg.T, x->cfg.K, x->cfg.E, x->cfg.capacity,
+    /* push and pull cannot overflow: the route checks against the lossless bound */
+    mm_ep_shape_t shape = {x->ep, x->me, x->cfg.T, x->cfg.K, x->cfg.E,
+                           x->cfg.mode == MM_MOE_FIXED ? x->cfg.capacity
+                                                       : mm_moe_bound_rows(&x->cfg),
                            x->cfg.factor};
     if (st == MEGAMOE_OK) st = mm_ep_plan_create(&shape, &plan);
     uint64_t t1 = mm_now_ns();
@@ -157,6 +168,10 @@ megamoe_status_t mm_moe_forward_begin(megamoe_experts_t *x, mm_call_t *call,
                          check, st);
     else /* no plan: still take part in the exchange so peers do not wait */
         st = mm_call_exchange(call, x->team, st, NULL, 0);
+    /* counted once the call's exchange passed: the same number on every rank */
+    if (st == MEGAMOE_OK) x->group->forwards++;
+    /* push: grow the receive buffer now if the exchanged counts say so (collective) */
+    if (st == MEGAMOE_OK) st = mm_moe_group_fit(x->group, plan);
     x->phase_s[MM_PH_FWD_ROUTE] += (double)(mm_now_ns() - t1) * 1e-9;
     if (st != MEGAMOE_OK) {
         mm_ep_plan_destroy(plan);
@@ -209,6 +224,13 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, mm_call_t *call, megamo
         }
     }
     void *p = NULL;
+    if (st == MEGAMOE_OK && mm_moe_is_pull(&x->cfg)) {
+        /* pull: the rows are fetched into ordinary memory, the saved copy when training */
+        if (sv != NULL) f.c.recv = sv->x;
+        else if ((st = mm_moe_scratch(g, MM_SCR_RECV, (size_t)Rb * (size_t)H * 2, &p)) ==
+                 MEGAMOE_OK)
+            f.c.recv = p;
+    }
     if (st == MEGAMOE_OK) st = mm_moe_scratch(g, MM_SCR_Y, (size_t)Rb * (size_t)H * 2, &p);
     f.y = p;
     if (st == MEGAMOE_OK)
@@ -234,6 +256,7 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, mm_call_t *call, megamo
     st = mm_fwd_phase(&f, FW_DISPATCH, -1);
     mm_ep_done(g->xbuf, MM_EP_DISPATCH);
     if (st == MEGAMOE_OK) st = mm_ep_wait(g->xbuf, MM_EP_DISPATCH);
+    if (st == MEGAMOE_OK && mm_moe_is_pull(&x->cfg)) st = mm_fwd_phase(&f, FW_PULL, -1);
     x->phase_s[MM_PH_FWD_DISPATCH] += (double)(mm_now_ns() - tw) * 1e-9;
     if (st != MEGAMOE_OK) goto broken;
 

@@ -22,13 +22,14 @@
 #include "moe/moe_buffers.h"
 #include "moe/moe_rows.h"
 
-static size_t mm_o1_layout(const mm_moe_config_t *c, size_t off[4])
+static size_t mm_o1_layout(const mm_moe_config_t *c, size_t off[5])
 {
     const size_t tile = MM_MC_TILE;
-    size_t sizes[4] = {tile * (size_t)(2 * c->I) * 2, tile * (size_t)c->I * 2,
-                       tile * (size_t)c->H * 2, (size_t)c->H * 4};
+    size_t sizes[5] = {tile * (size_t)(2 * c->I) * 2, tile * (size_t)c->I * 2,
+                       tile * (size_t)c->H * 2, (size_t)c->H * 4,
+                       mm_moe_is_pull(c) ? tile * (size_t)c->H * 2 : 0};
     size_t total = 0;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         off[i] = total;
         total += mm_align_up(sizes[i], 64);
     }
@@ -37,17 +38,18 @@ static size_t mm_o1_layout(const mm_moe_config_t *c, size_t off[4])
 
 size_t mm_moe_o1_scratch_bytes(const mm_moe_config_t *c)
 {
-    size_t off[4];
+    size_t off[5];
     return mm_o1_layout(c, off);
 }
 
 mm_o1_scratch_t mm_moe_o1_scratch(const mm_moe_config_t *c, const mm_mc_worker_t *w)
 {
-    size_t off[4];
+    size_t off[5];
     mm_o1_layout(c, off);
     char *b = w->scratch;
     mm_o1_scratch_t s = {(uint16_t *)(void *)(b + off[0]), (uint16_t *)(void *)(b + off[1]),
-                         (uint16_t *)(void *)(b + off[2]), (float *)(void *)(b + off[3])};
+                         (uint16_t *)(void *)(b + off[2]), (float *)(void *)(b + off[3]),
+                         mm_moe_is_pull(c) ? (uint16_t *)(void *)(b + off[4]) : NULL};
     return s;
 }
 
@@ -60,8 +62,14 @@ static megamoe_status_t mm_o1_fwd_dispatch(void *ctx, mm_mc_worker_t *w, const m
 {
     (void)w;
     mm_o1_fwd_t *f = ctx;
-    mm_ep_dispatch_rows(f->c.g->xbuf, f->c.plan, f->c.hidden, (size_t)f->c.H * 2, 1, t->row0,
-                        t->row0 + t->rows);
+    /* push: into the owner's receive rows; pull: into this rank's staging rows, which the
+     * owner's EXPERT task fetches once the arrival signal is there */
+    if (mm_moe_is_pull(&f->c.x->cfg))
+        mm_ep_stage_rows(f->c.g->xbuf, f->c.plan, f->c.hidden, (size_t)f->c.H * 2, 1, t->row0,
+                         t->row0 + t->rows);
+    else
+        mm_ep_dispatch_rows(f->c.g->xbuf, f->c.plan, f->c.hidden, (size_t)f->c.H * 2, 1,
+                            t->row0, t->row0 + t->rows);
     return MEGAMOE_OK;
 }
 
@@ -116,10 +124,17 @@ static megamoe_status_t mm_o1_fwd_expert(void *ctx, mm_mc_worker_t *w, const mm_
     const int64_t e = t->e;
     mm_o1_scratch_t s = mm_moe_o1_scratch(&f->c.x->cfg, w);
     uint64_t t0 = w->ring ? mm_now_ns() : 0;
-    const uint16_t *xin = f->c.recv + r0 * H;
-    if (f->c.xsave) { /* kept for dW1 = Xᵀ·dGU; GMM1 then reads the copy, hot in cache */
-        memcpy(f->c.xsave + r0 * H, xin, (size_t)(n * H) * 2);
-        xin = f->c.xsave + r0 * H;
+    const uint16_t *xin;
+    if (mm_moe_is_pull(&f->c.x->cfg)) { /* fetch the tile: into the saved rows or a tile */
+        uint16_t *dst = f->c.xsave ? f->c.xsave + r0 * H : s.x;
+        mm_ep_pull_rows(f->c.g->xbuf, f->c.plan, dst, (size_t)H * 2, r0, r0 + n);
+        xin = dst;
+    } else {
+        xin = f->c.recv + r0 * H;
+        if (f->c.xsave) { /* kept for dW1 = Xᵀ·dGU; GMM1 then reads the copy, hot in cache */
+            memcpy(f->c.xsave + r0 * H, xin, (size_t)(n * H) * 2);
+            xin = f->c.xsave + r0 * H;
+        }
     }
     uint16_t *gu = f->c.gu ? f->c.gu + r0 * 2 * I : s.gu;
     uint16_t *a = f->c.a ? f->c.a + r0 * I : s.a;
@@ -185,6 +200,7 @@ megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, mm_call_t *call, megamo
     l.dir = MM_MC_FWD;
     l.route = plan;
     l.local = st;
+    l.pull = mm_moe_is_pull(&x->cfg);
     l.body.ctx = &f;
     l.body.dispatch = mm_o1_fwd_dispatch;
     l.body.expert = mm_o1_fwd_expert;

@@ -11,6 +11,7 @@
  * by the variable, or started earlier) and too small, the error names the variable and the
  * size needed.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,9 +29,11 @@
 static pthread_mutex_t mm_moe_registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static mm_moe_group_t *mm_moe_registry;
 
-size_t mm_moe_heap_need(const mm_moe_config_t *c)
+size_t mm_moe_heap_need(const mm_moe_config_t *c, int64_t rows)
 {
-    size_t need = mm_ep_xbuf_heap_bytes((int)c->ep, c->capacity, c->T * c->K, (size_t)c->H * 2);
+    const int64_t tk = c->T * c->K;
+    if (mm_moe_is_pull(c)) rows = tk; /* the sources' staging buffer replaces the receive one */
+    size_t need = mm_ep_xbuf_heap_bytes((int)c->ep, rows, tk, (size_t)c->H * 2);
     if (mm_moe_is_o1(c)) need += mm_mc_heap_bytes((int)c->ep, c->E / c->ep);
     return need;
 }
@@ -41,7 +44,7 @@ static uint64_t mm_moe_heap_request(void)
     size_t total = 0;
     pthread_mutex_lock(&mm_moe_registry_lock);
     for (mm_moe_group_t *g = mm_moe_registry; g; g = g->next)
-        if (g->open_layers > 0) total += g->heap_bytes;
+        if (g->open_layers > 0) total += g->heap_reserve;
     pthread_mutex_unlock(&mm_moe_registry_lock);
     return mm_align_up(total + MM_MOE_HEAP_SLACK, MM_MOE_HEAP_ROUND);
 }
@@ -62,7 +65,11 @@ megamoe_status_t mm_moe_group_create(const mm_moe_config_t *cfg, mm_shmem_team_t
     g->vector = vector;
     g->layers = 1;
     g->open_layers = 1;
-    g->heap_bytes = mm_moe_heap_need(cfg);
+    g->capacity = cfg->capacity;
+    g->heap_bytes = mm_moe_heap_need(cfg, cfg->capacity);
+    /* push: room for growth up to the lossless bound when this process sizes the heap */
+    g->heap_reserve = cfg->mode == MM_MOE_PUSH ? mm_moe_heap_need(cfg, mm_moe_bound_rows(cfg))
+                                               : g->heap_bytes;
     atomic_init(&g->busy, 0);
     pthread_mutex_lock(&mm_moe_registry_lock);
     g->next = mm_moe_registry;
@@ -94,6 +101,7 @@ static void mm_moe_group_free(mm_moe_group_t *g)
     mm_call_group_unregister(&g->calls);
     for (int i = 0; i < (int)(sizeof g->scratch.buf / sizeof g->scratch.buf[0]); i++)
         mm_aligned_free(g->scratch.buf[i]);
+    free(g->growth);
     free(g);
 }
 
@@ -117,16 +125,21 @@ static megamoe_status_t mm_moe_heap_check(const mm_moe_group_t *g)
             char want[32];
             mm_moe_fmt_bytes(mm_align_up(ds->bytes_used + need + MM_MOE_HEAP_SLACK, MM_MOE_HEAP_ROUND),
                              want, sizeof want);
+            const int pull = mm_moe_is_pull(&g->cfg);
             st = mm_error(MEGAMOE_OUT_OF_MEMORY,
                           "the SHMEM heap is too small for this MegaMoeExperts resource group: it "
-                          "needs %llu bytes (receive capacity %lld rows + T*K %lld rows of H %lld "
+                          "needs %llu bytes (%s %lld rows + T*K %lld rows of H %lld "
                           "bf16) but only %llu of %llu bytes are free; set "
                           "HYPER_PARALLEL_SHMEM_HEAP_SIZE=%s (or larger) on every rank before the "
                           "SHMEM runtime starts%s",
-                          (unsigned long long)need, (long long)g->cfg.capacity,
+                          (unsigned long long)need, pull ? "staged source" : "receive capacity",
+                          (long long)(pull ? g->cfg.T * g->cfg.K : g->capacity),
                           (long long)(g->cfg.T * g->cfg.K), (long long)g->cfg.H,
                           (unsigned long long)free_bytes, (unsigned long long)ds->heap_size, want,
-                          g->cfg.factor == 0 ? ", or set a finite expert_capacity_factor" : "");
+                          g->cfg.mode == MM_MOE_FIXED && g->cfg.factor == 0
+                              ? ", or set a finite expert_capacity_factor"
+                          : g->cfg.mode == MM_MOE_PUSH ? ", or lower initial_capacity_factor"
+                                                       : "");
         }
     }
     free(ds);
@@ -145,8 +158,9 @@ megamoe_status_t mm_moe_group_prepare(mm_moe_group_t *g)
     if (st == MEGAMOE_OK) st = mm_pool_create(g->workers, &g->pool);
     st = mm_shmem_team_agree(g->team, st);
     if (st == MEGAMOE_OK)
-        st = mm_ep_xbuf_create(g->team, g->cfg.capacity, g->cfg.T * g->cfg.K,
-                               (size_t)g->cfg.H * 2, &g->xbuf);
+        st = mm_ep_xbuf_create(g->team,
+                               mm_moe_is_pull(&g->cfg) ? g->cfg.T * g->cfg.K : g->capacity,
+                               g->cfg.T * g->cfg.K, (size_t)g->cfg.H * 2, &g->xbuf);
     if (st == MEGAMOE_OK && mm_moe_is_o1(&g->cfg)) {
         /* O1: the static plan and the executor's signal area (collective) */
         mm_mc_shape_t sh = {mm_shmem_team_n_pes(g->team), mm_shmem_team_my_pe(g->team),
@@ -215,6 +229,110 @@ void mm_moe_group_unref(mm_moe_group_t *g)
     if (--g->layers > 0) return;
     if (g->open_layers > 0) return; /* never closed: resources stay (documented) */
     mm_moe_group_free(g);
+}
+
+/* Heap bytes in use now and the heap's size (identical on every rank: symmetric allocation). */
+static megamoe_status_t mm_moe_heap_state(uint64_t *used_p, uint64_t *size_p)
+{
+    mm_shmem_debug_state_t *ds = malloc(sizeof *ds);
+    if (ds == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "cannot allocate the SHMEM state");
+    megamoe_status_t st = mm_shmem_debug_state(ds);
+    *used_p = ds->bytes_used;
+    *size_p = ds->heap_size;
+    free(ds);
+    return st;
+}
+
+static size_t mm_moe_recv_block(const mm_moe_group_t *g, int64_t rows)
+{
+    return mm_align_up((size_t)rows * g->xbuf->row_bytes, 4096);
+}
+
+/* Growth (push): decided from the gathered counts, so every rank takes the same branch and
+ * makes the same allocations (the allocator is deterministic). Nothing reads or writes the
+ * receive buffer here: every peer finished the previous exchange before the count all-gather
+ * of this call (ep_exchange.h "Buffer reuse"), and none starts this one before the collective
+ * allocation below. */
+megamoe_status_t mm_moe_group_fit(mm_moe_group_t *g, const mm_ep_plan_t *plan)
+{
+    if (g->cfg.mode != MM_MOE_PUSH || plan->max_recv <= g->capacity) return MEGAMOE_OK;
+    const int64_t bound = mm_moe_bound_rows(&g->cfg), old = g->capacity;
+    const int64_t exact = (plan->max_recv + 127) / 128 * 128;
+    double grown = ceil((double)old * g->cfg.growth);
+    int64_t rows = grown > (double)plan->max_recv ? (int64_t)grown : plan->max_recv;
+    rows = (rows + 127) / 128 * 128;
+    if (rows > bound) rows = bound;
+    if (g->n_growth == g->cap_growth) {
+        int n = g->cap_growth ? 2 * g->cap_growth : 4;
+        megamoe_experts_growth_t *a = realloc(g->growth, (size_t)n * sizeof *a);
+        megamoe_status_t st = a ? MEGAMOE_OK
+                                : mm_error(MEGAMOE_OUT_OF_MEMORY, "growth event table");
+        /* (a host allocation can fail on one rank only: agree before the collective part) */
+        st = mm_shmem_team_agree(g->team, st);
+        if (st != MEGAMOE_OK) return st;
+        g->growth = a;
+        g->cap_growth = n;
+    }
+    uint64_t used = 0, heap = 0;
+    MM_CHECK(mm_shmem_team_agree(g->team, mm_moe_heap_state(&used, &heap)));
+    /* free bytes once the old buffer is given back; one page of slack for alignment */
+    const uint64_t room = heap - used + mm_moe_recv_block(g, old);
+    if (rows > exact && room < mm_moe_recv_block(g, rows) + 4096) rows = exact;
+    if (room < mm_moe_recv_block(g, rows) + 4096) {
+        char want[32];
+        mm_moe_fmt_bytes(mm_align_up(used + mm_moe_recv_block(g, rows) + MM_MOE_HEAP_SLACK,
+                                     MM_MOE_HEAP_ROUND),
+                         want, sizeof want);
+        return mm_error(MEGAMOE_OUT_OF_MEMORY,
+                        "MegaMoeExperts (dispatch_mode \"push\") must grow its receive capacity "
+                        "from %lld to %lld rows (rank %d receives %lld rows in this call) but the "
+                        "SHMEM heap has only %llu of %llu bytes free for it; set "
+                        "HYPER_PARALLEL_SHMEM_HEAP_SIZE=%s (or larger) on every rank before the "
+                        "SHMEM runtime starts, or raise initial_capacity_factor",
+                        (long long)old, (long long)rows, plan->max_recv_rank,
+                        (long long)plan->max_recv, (unsigned long long)room,
+                        (unsigned long long)heap, want);
+    }
+    megamoe_experts_growth_t ev;
+    memset(&ev, 0, sizeof ev);
+    ev.forward = g->forwards;
+    ev.demand = plan->max_recv;
+    ev.rows_before = old;
+    ev.heap_bytes_before = g->heap_bytes;
+    ev.heap_used_before = used;
+    MM_CHECK(mm_shmem_team_free(g->xbuf->team, g->xbuf->recv));
+    g->xbuf->recv = NULL;
+    void *p = NULL;
+    mm_shmem_team_t *team = g->xbuf->team;
+    megamoe_status_t st = mm_shmem_team_malloc(team, (size_t)rows * g->xbuf->row_bytes, 4096, &p);
+    if (st != MEGAMOE_OK && rows > exact) { /* fragmented: the rows this call needs */
+        rows = exact;
+        st = mm_shmem_team_malloc(team, (size_t)rows * g->xbuf->row_bytes, 4096, &p);
+    }
+    if (st != MEGAMOE_OK) {
+        char text[1024];
+        snprintf(text, sizeof text, "%s", megamoe_last_error());
+        /* the old size fits where the old buffer was: the layer stays usable */
+        megamoe_status_t rs =
+            mm_shmem_team_malloc(team, (size_t)old * g->xbuf->row_bytes, 4096, &p);
+        if (rs != MEGAMOE_OK) return rs;
+        g->xbuf->recv = p;
+        mm_set_last_error(text);
+        return st;
+    }
+    g->xbuf->recv = p;
+    g->xbuf->capacity = rows;
+    g->capacity = rows;
+    g->heap_bytes = mm_moe_heap_need(&g->cfg, rows);
+    ev.rows_after = rows;
+    ev.heap_bytes_after = g->heap_bytes;
+    if (mm_moe_heap_state(&ev.heap_used_after, &heap) != MEGAMOE_OK) ev.heap_used_after = 0;
+    g->growth[g->n_growth++] = ev;
+    MM_INFO("MegaMoeExperts: receive capacity grew from %lld to %lld rows (forward %llu needed "
+            "%lld rows on rank %d)",
+            (long long)old, (long long)rows, (unsigned long long)ev.forward,
+            (long long)plan->max_recv, plan->max_recv_rank);
+    return MEGAMOE_OK;
 }
 
 megamoe_status_t mm_moe_scratch(mm_moe_group_t *g, int which, size_t bytes, void **ptr_p)

@@ -141,7 +141,7 @@ megamoe_status_t mm_mc_exec_create(const mm_mc_plan_t *plan, mm_shmem_team_t *te
     /* The symmetric allocation is collective: agree first so every rank takes part or none. */
     st = mm_shmem_team_agree(team, st);
     if (st == MEGAMOE_OK) {
-        st = mm_shmem_malloc(mm_mc_heap_bytes(ep, plan->L), 4096, &x->sym);
+        st = mm_shmem_team_malloc(team, mm_mc_heap_bytes(ep, plan->L), 4096, &x->sym);
         if (st == MEGAMOE_OK) {
             memset(x->sym, 0, mm_mc_heap_bytes(ep, plan->L));
             x->arrival = x->sym;
@@ -153,7 +153,7 @@ megamoe_status_t mm_mc_exec_create(const mm_mc_plan_t *plan, mm_shmem_team_t *te
     }
     if (st != MEGAMOE_OK) {
         if (x) {
-            if (x->sym) mm_shmem_free(x->sym); /* every rank got here the same way */
+            if (x->sym) mm_shmem_team_free(x->team, x->sym); /* every rank got here the same way */
             x->sym = NULL;
             mm_mc_exec_destroy(x);
         }
@@ -167,7 +167,7 @@ megamoe_status_t mm_mc_exec_destroy(mm_mc_exec_t *x)
 {
     if (x == NULL) return MEGAMOE_OK;
     megamoe_status_t st = MEGAMOE_OK;
-    if (x->sym) st = mm_shmem_free(x->sym);
+    if (x->sym) st = mm_shmem_team_free(x->team, x->sym);
     if (x->prof) {
         mm_prof_retire(x->prof); /* exports to MEGAMOE_PROFILE when set */
         x->prof = NULL;
@@ -334,6 +334,8 @@ static int mm_mc_ready(mm_mc_exec_t *x, const mm_mc_task_t *t, mm_mc_tile_t *tl,
     }
     case MM_MC_WGRAD2:
         if (x->null_mode) return 1;
+        if (x->launch.pull)
+            return mm_mc_load(mm_mc_line(x->priv, MM_PV_EXPERT + t->j)) >= x->expert_target;
         for (int s = 0; s < x->ep; s++)
             if (mm_mc_load(mm_mc_arrival(x, t->j, s)) < x->arrival_target) return 0;
         return 1;
@@ -354,6 +356,11 @@ static void mm_mc_describe_wait(mm_mc_exec_t *x, const mm_mc_task_t *t, char *bu
     switch (t->type) {
     case MM_MC_EXPERT:
     case MM_MC_WGRAD2: {
+        if (t->type == MM_MC_WGRAD2 && x->launch.pull) {
+            snprintf(buf, len, "the data-gradient tiles of local expert %d (they fetch its rows)",
+                     t->j);
+            return;
+        }
         int s = t->type == MM_MC_EXPERT ? t->peer : 0;
         for (int q = 0; t->type == MM_MC_WGRAD2 && q < x->ep; q++)
             if (mm_mc_load(mm_mc_arrival(x, t->j, q)) < x->arrival_target) {

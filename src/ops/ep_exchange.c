@@ -42,6 +42,7 @@ megamoe_status_t mm_ep_xbuf_create(mm_shmem_team_t *team, int64_t capacity, int6
         free(pes);
         return mm_error(MEGAMOE_OUT_OF_MEMORY, "cannot allocate exchange buffer descriptors");
     }
+    x->team = team;
     x->ep = ep;
     x->me = mm_shmem_team_my_pe(team);
     x->pes = pes;
@@ -53,9 +54,9 @@ megamoe_status_t mm_ep_xbuf_create(mm_shmem_team_t *team, int64_t capacity, int6
     size_t recv_bytes = (size_t)(capacity > 0 ? capacity : 1) * row_bytes;
     size_t ret_bytes = (size_t)(ret_rows > 0 ? ret_rows : 1) * row_bytes;
     size_t sig_bytes = (size_t)2 * (size_t)ep * 64;
-    megamoe_status_t st = mm_shmem_malloc(recv_bytes, 4096, &x->recv);
-    if (st == MEGAMOE_OK) st = mm_shmem_malloc(ret_bytes, 4096, &x->ret);
-    if (st == MEGAMOE_OK) st = mm_shmem_malloc(sig_bytes, 4096, (void **)&x->sig);
+    megamoe_status_t st = mm_shmem_team_malloc(team, recv_bytes, 4096, &x->recv);
+    if (st == MEGAMOE_OK) st = mm_shmem_team_malloc(team, ret_bytes, 4096, &x->ret);
+    if (st == MEGAMOE_OK) st = mm_shmem_team_malloc(team, sig_bytes, 4096, (void **)&x->sig);
     if (st == MEGAMOE_OK) {
         memset(x->sig, 0, sig_bytes);
         st = mm_shmem_team_barrier(team);
@@ -74,9 +75,10 @@ megamoe_status_t mm_ep_xbuf_destroy(mm_ep_xbuf_t *x)
     if (x == NULL) return MEGAMOE_OK;
     megamoe_status_t st = MEGAMOE_OK, s;
     /* Reverse order of allocation. */
-    if (x->sig && (s = mm_shmem_free(x->sig)) != MEGAMOE_OK && st == MEGAMOE_OK) st = s;
-    if (x->ret && (s = mm_shmem_free(x->ret)) != MEGAMOE_OK && st == MEGAMOE_OK) st = s;
-    if (x->recv && (s = mm_shmem_free(x->recv)) != MEGAMOE_OK && st == MEGAMOE_OK) st = s;
+    if (x->sig && (s = mm_shmem_team_free(x->team, x->sig)) != MEGAMOE_OK && st == MEGAMOE_OK) st = s;
+    if (x->ret && (s = mm_shmem_team_free(x->team, x->ret)) != MEGAMOE_OK && st == MEGAMOE_OK) st = s;
+    if (x->recv && (s = mm_shmem_team_free(x->team, x->recv)) != MEGAMOE_OK && st == MEGAMOE_OK)
+        st = s;
     free(x->pes);
     free(x);
     return st;
@@ -157,6 +159,45 @@ void mm_ep_combine_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, const void
         int src = (int)(b % ep);
         mm_ep_put_rows(x->ret, p->ret_off[b] + (s0 - bo), (const char *)rows + (size_t)s0 * ld,
                        ld, s1 - s0, x->row_bytes, x->pes[src]);
+    }
+}
+
+void mm_ep_stage_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, const void *src,
+                      size_t ld, int gather, int64_t p0, int64_t p1)
+{
+    const size_t rb = x->row_bytes;
+    for (int64_t q = p0; q < p1; q++) {
+        const char *s = (const char *)src + (size_t)(gather ? p->perm_slot[q] / p->K : q) * ld;
+        memcpy(mm_ep_stage_dst(x, q), s, rb);
+    }
+}
+
+void mm_ep_pull_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, void *dst, size_t ld,
+                     int64_t r0, int64_t r1)
+{
+    const int ep = p->ep;
+    const size_t rb = x->row_bytes;
+    const int64_t nblk = p->L * ep;
+    for (int64_t b = 0; b < nblk && r0 < r1; b++) {
+        int64_t bo = p->blk_off[b], bn = p->blk_rows[b];
+        if (bn == 0 || bo + bn <= r0) continue;
+        if (bo >= r1) break;
+        int64_t s0 = r0 > bo ? r0 : bo, s1 = r1 < bo + bn ? r1 : bo + bn;
+        /* block (j, s) is source s's rows for expert e, at its permuted position ret_off[b] */
+        const char *sym = (const char *)x->recv + (size_t)(p->ret_off[b] + (s0 - bo)) * rb;
+        const int pe = x->pes[b % ep];
+        const char *mapped = mm_ep_direct((void *)sym, pe);
+        char *out = (char *)dst + (size_t)(s0 - r0) * ld;
+        const size_t n = (size_t)(s1 - s0);
+        if (ld == rb) {
+            if (mapped) memcpy(out, mapped, n * rb);
+            else mm_shmem_get(out, sym, n * rb, pe);
+        } else {
+            for (size_t i = 0; i < n; i++) {
+                if (mapped) memcpy(out + i * ld, mapped + i * rb, rb);
+                else mm_shmem_get(out + i * ld, sym + i * rb, rb, pe);
+            }
+        }
     }
 }
 

@@ -35,6 +35,7 @@
 enum { MM_EP_DISPATCH = 0, MM_EP_COMBINE = 1 };
 
 typedef struct mm_ep_xbuf {
+    mm_shmem_team_t *team; /* owns the symmetric buffers */
     int ep, me;
     int *pes;           /* [ep] world PE of team member i */
     size_t row_bytes;   /* bytes per row (H * 2 for bf16) */
@@ -46,15 +47,15 @@ typedef struct mm_ep_xbuf {
     uint64_t gen[2];    /* exchanges begun per direction */
 } mm_ep_xbuf_t;
 
-/* Tests: when set, rows always travel through mm_shmem_put (the path for peers that are not
- * load/store reachable), even when the peer's buffer is mapped here. Set it on every rank
- * between calls, never during one. */
+/* Tests: when set, rows always travel through mm_shmem_put / mm_shmem_get (the path for
+ * peers that are not load/store reachable), even when the peer's buffer is mapped here. Set
+ * it on every rank between calls, never during one. */
 extern int mm_ep_force_puts;
 
 /* Symmetric heap bytes mm_ep_xbuf_create allocates (for heap sizing). */
 size_t mm_ep_xbuf_heap_bytes(int ep, int64_t capacity, int64_t ret_rows, size_t row_bytes);
 
-/* Collective over the world (symmetric allocation; team must span it in the same order on
+/* Collective over the team (symmetric allocation over its members; team must span it in the same order on
  * every PE): allocate and zero the buffers, then barrier so no peer signals before every rank
  * has zeroed its signals. */
 megamoe_status_t mm_ep_xbuf_create(mm_shmem_team_t *team, int64_t capacity, int64_t ret_rows,
@@ -84,6 +85,26 @@ void *mm_ep_dispatch_dst(const mm_ep_xbuf_t *x, const mm_ep_plan_t *plan, int64_
  * back into their sources' return buffers. Thread-safe for disjoint ranges. */
 void mm_ep_combine_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *plan, const void *rows,
                         size_t ld, int64_t r0, int64_t r1);
+
+/* Pull dispatch (the owner fetches, nothing is pushed into it): the receive buffer is then
+ * this rank's symmetric staging buffer of T*K rows in its own permuted order (create the xbuf
+ * with capacity = T*K), and the signals of MM_EP_DISPATCH mean "my rows are staged".
+ *
+ * Stage this rank's permuted rows [p0, p1) into its own staging buffer (gather as in
+ * mm_ep_dispatch_rows). Thread-safe for disjoint ranges. */
+void mm_ep_stage_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *plan, const void *src,
+                      size_t ld, int gather, int64_t p0, int64_t p1);
+/* Address of this rank's staged row of permuted position p (a producer writes it in place). */
+static inline void *mm_ep_stage_dst(const mm_ep_xbuf_t *x, int64_t p)
+{
+    return (char *)x->recv + (size_t)p * x->row_bytes;
+}
+/* Fetch receive-order rows [r0, r1) (receive order as in push: local expert, source, source
+ * order) from their sources' staging buffers into dst (ordinary memory; row r0 at dst, rows
+ * ld bytes apart): a direct load from a mapped peer, else mm_shmem_get. Call after
+ * mm_ep_wait(MM_EP_DISPATCH), or once the rows' source signalled them. Thread-safe. */
+void mm_ep_pull_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *plan, void *dst, size_t ld,
+                     int64_t r0, int64_t r1);
 
 /* All rows of the current exchange of direction dir are written (by every writer thread of
  * this rank): signal every peer. */

@@ -121,10 +121,44 @@ static megamoe_status_t mm_ep_check_hist(const mm_ep_plan_t *p, const int32_t *h
     return MEGAMOE_OK;
 }
 
-/* Stable counting sort of slots by expert (source side). */
-static void mm_ep_permute(mm_ep_plan_t *p, const void *ids, megamoe_dtype_t dt)
+uint64_t mm_ep_count_passes;
+
+/* The caller's histogram as this rank's counts (no pass over the ids): every entry in
+ * [0, T*K] and the sum T*K; whether it matches the ids is checked by the permutation. */
+static megamoe_status_t mm_ep_take_hist(mm_ep_plan_t *p, const void *tpe, megamoe_dtype_t dt)
 {
-    const int32_t *hist = p->counts + (size_t)p->me * (size_t)p->E; /* == p->hist */
+    if (dt != MEGAMOE_DTYPE_INT32 && dt != MEGAMOE_DTYPE_INT64)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "tokens_per_expert must be int32 or int64, got %s",
+                        megamoe_dtype_name(dt));
+    const int64_t tk = p->T * p->K;
+    int64_t sum = 0;
+    for (int64_t e = 0; e < p->E; e++) {
+        int64_t v = dt == MEGAMOE_DTYPE_INT32 ? ((const int32_t *)tpe)[e]
+                                              : ((const int64_t *)tpe)[e];
+        if (v < 0 || v > tk)
+            return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                            "tokens_per_expert[%lld] = %lld is not a slot count in [0, T*K = "
+                            "%lld]; pass the exact local histogram of topk_ids or omit it",
+                            (long long)e, (long long)v, (long long)tk);
+        p->hist[e] = (int32_t)v;
+        sum += v;
+    }
+    if (sum != tk)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "tokens_per_expert sums to %lld but topk_ids has T*K = %lld slots; pass "
+                        "the exact local histogram of topk_ids or omit it",
+                        (long long)sum, (long long)tk);
+    return MEGAMOE_OK;
+}
+
+/* Stable counting sort of slots by expert (source side) from this rank's histogram.
+ * checked != 0 (a histogram the ids were not counted for): ids outside [0, E) and an expert
+ * receiving more slots than its count are INVALID_ARGUMENT; since the counts sum to T*K, no
+ * overflow anywhere means every count is exact. */
+static megamoe_status_t mm_ep_permute(mm_ep_plan_t *p, const void *ids, megamoe_dtype_t dt,
+                                      int checked)
+{
+    const int32_t *hist = p->hist;
     p->src_off[0] = 0;
     for (int64_t e = 0; e < p->E; e++) p->src_off[e + 1] = p->src_off[e] + hist[e];
     int64_t n = p->T * p->K;
@@ -132,10 +166,23 @@ static void mm_ep_permute(mm_ep_plan_t *p, const void *ids, megamoe_dtype_t dt)
     for (int64_t e = 0; e < p->E; e++) next[e] = p->src_off[e];
     for (int64_t i = 0; i < n; i++) {
         int64_t e = dt == MEGAMOE_DTYPE_INT32 ? ((const int32_t *)ids)[i] : ((const int64_t *)ids)[i];
+        if (checked && MM_UNLIKELY(e < 0 || e >= p->E))
+            return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                            "topk_ids[%lld][%lld] = %lld is not a global expert id in [0, %lld)",
+                            (long long)(i / p->K), (long long)(i % p->K), (long long)e,
+                            (long long)p->E);
+        if (checked && MM_UNLIKELY(next[e] >= p->src_off[e + 1]))
+            return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                            "tokens_per_expert[%lld] = %d but topk_ids route more slots to expert "
+                            "%lld (the first extra one is topk_ids[%lld][%lld]); pass the exact "
+                            "local histogram or omit it (MEGAMOE_CHECK=1 compares every entry)",
+                            (long long)e, (int)hist[e], (long long)e, (long long)(i / p->K),
+                            (long long)(i % p->K));
         int64_t pos = next[e]++;
         p->perm_slot[pos] = (int32_t)i;
         p->slot_pos[i] = (int32_t)pos;
     }
+    return MEGAMOE_OK;
 }
 
 /* Offsets from the gathered counts (identical on every rank). */
@@ -190,12 +237,17 @@ megamoe_status_t mm_ep_route(mm_ep_plan_t *p, mm_shmem_team_t *team, mm_call_t *
     megamoe_status_t st = local_status;
     if (st == MEGAMOE_OK && ids == NULL)
         st = mm_error(MEGAMOE_INVALID_ARGUMENT, "topk_ids is NULL");
-    if (st == MEGAMOE_OK) st = mm_ep_count(p, ids, ids_dtype, hist);
-    if (st == MEGAMOE_OK && tpe != NULL && check) st = mm_ep_check_hist(p, hist, tpe, tpe_dtype);
-    if (st == MEGAMOE_OK && tpe != NULL && !check && tpe_dtype != MEGAMOE_DTYPE_INT32 &&
-        tpe_dtype != MEGAMOE_DTYPE_INT64)
-        st = mm_error(MEGAMOE_INVALID_ARGUMENT, "tokens_per_expert must be int32 or int64, got %s",
-                      megamoe_dtype_name(tpe_dtype));
+    if (st == MEGAMOE_OK && tpe != NULL && !check) {
+        /* the router's exact histogram spares the counting pass (seed 000): the permutation
+         * is the only pass over the ids, and it refuses a histogram they contradict */
+        st = mm_ep_take_hist(p, tpe, tpe_dtype);
+        if (st == MEGAMOE_OK) st = mm_ep_permute(p, ids, ids_dtype, 1);
+    } else if (st == MEGAMOE_OK) {
+        mm_ep_count_passes++;
+        st = mm_ep_count(p, ids, ids_dtype, hist);
+        if (st == MEGAMOE_OK && tpe != NULL) st = mm_ep_check_hist(p, hist, tpe, tpe_dtype);
+        if (st == MEGAMOE_OK) st = mm_ep_permute(p, ids, ids_dtype, 0);
+    }
     /* One exchange: the call's descriptor and every rank's status with the counts, so calls
      * made out of order and a failure of any rank stop every rank before data moves. */
     const size_t cb = (size_t)p->E * sizeof *hist;
@@ -203,7 +255,6 @@ megamoe_status_t mm_ep_route(mm_ep_plan_t *p, mm_shmem_team_t *team, mm_call_t *
     for (int s = 0; s < p->ep; s++)
         memcpy(p->counts + (size_t)s * (size_t)p->E, mm_call_payload(call, s), cb);
 
-    mm_ep_permute(p, ids, ids_dtype);
     mm_ep_offsets(p);
     if (p->max_recv > p->capacity) {
         int64_t tk = p->T * p->K;

@@ -75,17 +75,24 @@ void mm_ep_plan_destroy(mm_ep_plan_t *plan);
 
 /* Collective over team (ep members, this rank = plan->me): build the plan for topk_ids
  * [T, K] (INT32 or INT64 global ids). tokens_per_expert ([E], INT32 or INT64, may be NULL)
- * is the caller's local histogram: the permutation needs a counting pass over the ids anyway,
- * which gives the exact histogram, and that is what is exchanged (so a wrong histogram can
- * never move data out of bounds); with check != 0 a supplied histogram that differs from the
- * ids is INVALID_ARGUMENT on every rank. A failure of the caller's own earlier step can be
- * passed as local_status so that every rank returns the same error without deadlock. The
- * count exchange is the first exchange of call (call_order.h): calls made out of order are
- * CALL_MISMATCH on every rank before anything else. */
+ * is the caller's exact local histogram. Without it the ids are counted first (one pass), then
+ * permuted (a second); with it the histogram is exchanged as given and the permutation is the
+ * only pass over the ids, which also proves the histogram right: entries outside [0, T*K], a
+ * sum other than T*K or an expert getting more slots than its entry are INVALID_ARGUMENT on
+ * every rank before the exchange, so a wrong histogram can never move data out of bounds.
+ * check != 0 (MEGAMOE_CHECK=1) counts anyway and names the first entry that differs. A failure
+ * of the caller's own earlier step can be passed as local_status so that every rank returns
+ * the same error without deadlock. The count exchange is the first exchange of call
+ * (call_order.h): calls made out of order are CALL_MISMATCH on every rank before anything
+ * else. */
 megamoe_status_t mm_ep_route(mm_ep_plan_t *plan, mm_shmem_team_t *team, mm_call_t *call,
                              const void *topk_ids, megamoe_dtype_t ids_dtype,
                              const void *tokens_per_expert,
                              megamoe_dtype_t tpe_dtype, int check, megamoe_status_t local_status);
+
+/* Tests: counting passes over topk_ids made by mm_ep_route on this process (none when a
+ * histogram is given and check is 0). */
+extern uint64_t mm_ep_count_passes;
 
 /* Global expert of permuted position p on the source side (binary search over src_off). */
 int64_t mm_ep_expert_of_pos(const mm_ep_plan_t *plan, int64_t p);

@@ -9,6 +9,7 @@
 
 #include "moe_check.h"
 #include "ops/ep_exchange.h"
+#include "ops/ep_route.h"
 
 #define T_ 128
 #define H_ 64
@@ -499,16 +500,32 @@ MM_TEST(bad_inputs_fail_on_every_rank_before_data_moves)
     for (int i = 0; i < T_ * H_; i++) ASSERT_EQ_INT(out[i], 0);
     mm_input_free(&ib);
     mm_moe_problem_route(&P, MM_ROUTE_BALANCED, 8);
-    /* a wrong histogram: trusted normally (the layer counts anyway), refused with MEGAMOE_CHECK */
+    /* a wrong histogram on one rank: the layer routes by it, so it is refused on every rank
+     * before data moves even without MEGAMOE_CHECK (which names the first differing entry) */
     mm_call_opts_t o = {0, 0, 1};
     ASSERT_EQ_INT(mm_input_make(&P, me, &o, &ib), 0);
-    ((int32_t *)ib.tpe)[0] += 1;
-    ((int32_t *)ib.tpe)[1] -= 1;
-    ASSERT_OK(megamoe_experts_forward(x, &w, &ib.in, out, NULL));
+    if (me == ep - 1) {
+        ((int32_t *)ib.tpe)[0] += 1;
+        ((int32_t *)ib.tpe)[1] -= 1;
+    }
+    ASSERT_STATUS(megamoe_experts_forward(x, &w, &ib.in, out, NULL), MEGAMOE_INVALID_ARGUMENT);
+    ASSERT_CONTAINS(megamoe_last_error(), "tokens_per_expert[1]");
+    ASSERT_CONTAINS(megamoe_last_error(), "route more slots to expert 1");
+    for (int i = 0; i < T_ * H_; i++) ASSERT_EQ_INT(out[i], 0);
     setenv("MEGAMOE_CHECK", "1", 1);
     ASSERT_STATUS(megamoe_experts_forward(x, &w, &ib.in, out, NULL), MEGAMOE_INVALID_ARGUMENT);
-    ASSERT_CONTAINS(megamoe_last_error(), "tokens_per_expert");
+    ASSERT_CONTAINS(megamoe_last_error(), "tokens_per_expert[0]");
+    ASSERT_CONTAINS(megamoe_last_error(), "MEGAMOE_CHECK=1");
     unsetenv("MEGAMOE_CHECK");
+    /* entries that cannot be counts, and a sum other than T*K */
+    const int32_t keep0 = ((int32_t *)ib.tpe)[0];
+    ((int32_t *)ib.tpe)[0] = me == ep - 1 ? -1 : keep0;
+    ASSERT_STATUS(megamoe_experts_forward(x, &w, &ib.in, out, NULL), MEGAMOE_INVALID_ARGUMENT);
+    ASSERT_CONTAINS(megamoe_last_error(), "tokens_per_expert[0] = -1 is not a slot count");
+    ((int32_t *)ib.tpe)[0] = keep0 + (me == ep - 1 ? 5 : 0);
+    ASSERT_STATUS(megamoe_experts_forward(x, &w, &ib.in, out, NULL), MEGAMOE_INVALID_ARGUMENT);
+    ASSERT_CONTAINS(megamoe_last_error(), "tokens_per_expert sums to");
+    for (int i = 0; i < T_ * H_; i++) ASSERT_EQ_INT(out[i], 0);
     mm_input_free(&ib);
     /* missing weights */
     ASSERT_EQ_INT(mm_input_make(&P, me, NULL, &ib), 0);
@@ -519,6 +536,47 @@ MM_TEST(bad_inputs_fail_on_every_rank_before_data_moves)
     ASSERT_OK(megamoe_experts_forward(x, &w, &ib.in, out, NULL));
     mm_input_free(&ib);
     free(out);
+    ASSERT_OK(megamoe_experts_close(x));
+    megamoe_experts_destroy(x);
+    mm_moe_problem_free(&P);
+}
+
+/* A given histogram is used instead of counting the ids again (the seed: the router's exact
+ * histogram spares the bincount): no counting pass, the same bits as without it; with
+ * MEGAMOE_CHECK=1 the ids are counted to verify it. */
+MM_TEST(tokens_per_expert_is_used_instead_of_counting)
+{
+    const int ep = mm_test_world(), me = mm_test_rank();
+    megamoe_comm_t *comm = mm_test_comm();
+    mm_moe_problem_t P;
+    ASSERT_EQ_INT(mm_moe_problem_create(&P, ep, T_, H_, I_, E_, K_, MM_ROUTE_SKEW, 12), 0);
+    megamoe_experts_params_t prm = mm_params(0);
+    megamoe_experts_t *x = NULL;
+    ASSERT_OK(megamoe_experts_create(comm, &prm, &x));
+    megamoe_experts_weights_t w = mm_local_weights(&P, me, 1);
+    uint16_t *o[3];
+    for (int i = 0; i < 3; i++) o[i] = calloc((size_t)T_ * H_, 2);
+    mm_input_buf_t plain, with32, with64;
+    mm_call_opts_t o32 = {0, 0, 1}, o64 = {1, 0, 2};
+    ASSERT_EQ_INT(mm_input_make(&P, me, NULL, &plain), 0);
+    ASSERT_EQ_INT(mm_input_make(&P, me, &o32, &with32), 0);
+    ASSERT_EQ_INT(mm_input_make(&P, me, &o64, &with64), 0);
+    uint64_t n0 = mm_ep_count_passes;
+    ASSERT_OK(megamoe_experts_forward(x, &w, &plain.in, o[0], NULL));
+    ASSERT_EQ_U64(mm_ep_count_passes, n0 + 1); /* counted */
+    ASSERT_OK(megamoe_experts_forward(x, &w, &with32.in, o[1], NULL));
+    ASSERT_OK(megamoe_experts_forward(x, &w, &with64.in, o[2], NULL));
+    ASSERT_EQ_U64(mm_ep_count_passes, n0 + 1); /* used as given */
+    setenv("MEGAMOE_CHECK", "1", 1);
+    ASSERT_OK(megamoe_experts_forward(x, &w, &with32.in, o[1], NULL));
+    unsetenv("MEGAMOE_CHECK");
+    ASSERT_EQ_U64(mm_ep_count_passes, n0 + 2); /* verified by counting */
+    ASSERT_TRUE(memcmp(o[0], o[1], (size_t)T_ * H_ * 2) == 0);
+    ASSERT_TRUE(memcmp(o[0], o[2], (size_t)T_ * H_ * 2) == 0);
+    for (int i = 0; i < 3; i++) free(o[i]);
+    mm_input_free(&plain);
+    mm_input_free(&with32);
+    mm_input_free(&with64);
     ASSERT_OK(megamoe_experts_close(x));
     megamoe_experts_destroy(x);
     mm_moe_problem_free(&P);

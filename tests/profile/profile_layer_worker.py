@@ -1,7 +1,8 @@
 """One rank of the end-to-end profiling test (test_profile_layer.py, under torchrun with gloo):
 a small MegaMoeExperts (schedule O1, one cube and one vector worker) trains 4 steps inside
-megamoe.profiler.mega_kernel_profile(schedule(wait=1, warmup=0, active=2, repeat=1), dir=OUT)
-so steps 1 and 2 are recorded; after the block the rank exports the same cycle again to
+megamoe.profiler.mega_kernel_profile(schedule(wait=1, warmup=0, active=2, repeat=1), dir=OUT,
+max_pending_calls=1, detailed_task_names=True) so steps 1 and 2 are recorded (drained after
+each launch); after the block the rank exports the same cycle again to
 OUT/after_<rank>.json. Usage: profile_layer_worker.py OUT"""
 import sys
 
@@ -27,7 +28,10 @@ def main():
     ids = torch.stack([(torch.arange(T) + k) % E for k in range(K)], 1).int()
     w = torch.softmax(torch.rand(T, K, generator=g), 1)
     sched = profiler.schedule(wait=1, warmup=0, active=2, repeat=1)
-    with profiler.mega_kernel_profile(schedule=sched, dir=out) as prof:
+    # max_pending_calls=1: the rings are drained into the window after every launch;
+    # detailed_task_names: event names carry the owner expert and the task index
+    with profiler.mega_kernel_profile(schedule=sched, dir=out, max_pending_calls=1,
+                                      detailed_task_names=True) as prof:
         for _ in range(4):
             xi = x.clone().requires_grad_()
             layer(xi, ids, w).float().sum().backward()
@@ -39,7 +43,7 @@ def main():
     layer.close()
     megamoe.comm.shutdown()
     dist.destroy_process_group()
-    sys.exit(0 if s["invocations"] == 4 and s["records"] > 0 else 1)
+    sys.exit(0 if s["invocations"] == 4 and s["records"] > 0 and prof.drains == 4 else 1)
 
 
 if __name__ == "__main__":

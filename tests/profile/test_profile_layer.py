@@ -39,6 +39,8 @@ def test_profiled_training_steps_on_two_ranks(tmp_path, megamoe_bin):
         assert meta["rank"] == rank and meta["droppedRecordCount"] == 0, meta["warnings"]
         assert [i["direction"] for i in meta["invocations"]] == [
             "forward", "backward", "forward", "backward"]
+        # drained after every launch, renumbered into one window
+        assert [i["invocation"] for i in meta["invocations"]] == [0, 1, 2, 3]
         assert meta["warnings"] == []
         names = {e["args"]["name"] for e in t["traceEvents"]
                  if e.get("ph") == "M" and e["name"] == "thread_name"}
@@ -50,6 +52,9 @@ def test_profiled_training_steps_on_two_ranks(tmp_path, megamoe_bin):
             ts, dur = round(e["ts"] * 1000), round(e["dur"] * 1000)
             spans[e["tid"]].append((ts, ts + dur))
             assert 0 <= e["args"]["invocation"] < 4
+            a = e["args"]  # detailed_task_names
+            owner = f"expert{a['owner']}_" if a["owner"] >= 0 else ""
+            assert e["name"] == f"{owner}{a['stage']}:{a['kind']}_task{a['task']}", e
         for v in spans.values():
             v.sort()
             assert all(a[1] <= b[0] for a, b in zip(v, v[1:]))

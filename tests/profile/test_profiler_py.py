@@ -1,5 +1,6 @@
 """megamoe.profiler: the schedule (against torch.profiler.schedule), the context manager
 driving the process-wide C profiler with a synthetic producer, exports, MEGAMOE_PROFILE."""
+import json
 import os
 import subprocess
 import sys
@@ -84,7 +85,8 @@ def test_context_records_only_active_steps(tmp_path):
             prof.step()
         assert not profiler.is_recording()
     prod.close()
-    assert [r[0] for r in ready] == [4, 8]
+    # the callback runs at the window's last step (HyperParallel's step_num there)
+    assert [r[0] for r in ready] == [3, 7]
     # cycle 0: steps 2, 3 recorded (step 1 was warm-up, discarded); cycle 1: steps 6, 7
     assert steps_in(load(ready[0][1])) == [2, 3]
     assert steps_in(load(ready[1][1])) == [6, 7]
@@ -95,17 +97,22 @@ def test_context_records_only_active_steps(tmp_path):
         assert summary["dropped"] == 0 and 0 < summary["wait_share"] < 1
 
 
-def test_default_schedule_records_the_first_step_and_dir_export(tmp_path):
+def test_default_schedule_keeps_every_call_of_the_block_and_dir_export(tmp_path):
+    # HyperParallel: without a schedule every call in the context is retained, one window
     prod = Producer()
-    with profiler.mega_kernel_profile(dir=tmp_path / "out") as prof:
+    ready = []
+    with profiler.mega_kernel_profile(dir=tmp_path / "out", on_trace_ready=ready.append) as prof:
         assert profiler.is_recording()
         for _ in range(3):
             prod.train_step()
             prof.step()
-    assert steps_in(load(tmp_path / "out" / "trace_0.json")) == [0]
-    # After the block the last cycle is still there to export.
-    prof.export_chrome_trace(tmp_path / "after.json")
-    assert steps_in(load(tmp_path / "after.json")) == [0]
+        assert ready == []  # ready when the block ends
+    assert ready == [prof]
+    assert steps_in(load(tmp_path / "out" / "trace_0.json")) == [0, 1, 2]
+    # After the block the last window is still there to export, and export returns it.
+    trace = prof.export_chrome_trace(tmp_path / "sub" / "after.json")
+    assert steps_in(load(tmp_path / "sub" / "after.json")) == [0, 1, 2]
+    assert trace["megaKernelTrace"]["invocationCount"] == 3
     prod.close()
 
 
@@ -151,12 +158,82 @@ def test_only_one_context_and_step_outside(tmp_path):
 
 
 def test_exception_in_the_block_still_cleans_up():
+    prod = Producer()
     with pytest.raises(KeyError):
-        with profiler.mega_kernel_profile():
+        with profiler.mega_kernel_profile() as prof:
+            prod.train_step()
             raise KeyError("x")
     assert not profiler.is_recording()
+    with pytest.raises(RuntimeError, match="no completed MegaKernel capture window"):
+        prof.export_chrome_trace("never.json")  # a failed block leaves no half trace
     with profiler.mega_kernel_profile():
         pass
+    prod.close()
+
+
+def test_original_keyword_arguments_are_validated():
+    with pytest.raises(TypeError):
+        profiler.mega_kernel_profile(profiler.schedule(wait=0, warmup=0, active=1))  # keywords
+    with pytest.raises(TypeError, match="detailed_task_names"):
+        profiler.mega_kernel_profile(detailed_task_names=1)
+    for bad in (0, -1, True, 1.5, "4"):
+        with pytest.raises(ValueError, match="max_pending_calls"):
+            profiler.mega_kernel_profile(max_pending_calls=bad)
+    with pytest.raises(TypeError, match="ProfilerAction"):
+        profiler.mega_kernel_profile(schedule=lambda step: "RECORD")
+    with pytest.raises(RuntimeError, match="no completed"):
+        profiler.mega_kernel_profile().export_chrome_trace("x.json")
+
+
+def test_detailed_task_names_keep_the_raw_fields(tmp_path):
+    traces = {}
+    for detailed in (False, True):
+        prod = Producer()
+        with profiler.mega_kernel_profile(detailed_task_names=detailed) as prof:
+            prod.train_step()
+        traces[detailed] = prof.export_chrome_trace(tmp_path / f"{detailed}.json")
+        prod.close()
+    plain, detailed = records(traces[False]), records(traces[True])
+    assert [e["args"] for e in plain] == [e["args"] for e in detailed]
+    for p_, d in zip(plain, detailed):
+        a = d["args"]
+        assert p_["name"] == f"{a['stage']}:{a['kind']}"
+        assert d["name"] == f"expert{a['owner']}_{a['stage']}:{a['kind']}_task{a['task']}"
+    assert traces[True]["megaKernelTrace"]["detailedTaskNames"] is True
+
+
+def test_max_pending_calls_drains_so_long_windows_lose_nothing(tmp_path, megamoe_bin):
+    # rings of 16 records per worker; each launch records 6 per worker: a 6-launch window
+    # overflows them unless the context drains every max_pending_calls launches
+    got = {}
+    for pending in (16, 2):
+        s = profiler.Session(STAGES, rank=0, records_per_worker=16)
+        with profiler.mega_kernel_profile(max_pending_calls=pending) as prof:
+            for step in range(3):
+                record_launches(s, 2, 2, step=step)
+                prof.step()
+        path = tmp_path / f"pending{pending}.json"
+        got[pending] = prof.export_chrome_trace(path)
+        s.close()
+        assert prof.drains == (0 if pending == 16 else 3), prof.drains  # after launch 2, 4, 6
+    assert got[16]["megaKernelTrace"]["droppedRecordCount"] > 0
+    t = got[2]
+    m = t["megaKernelTrace"]
+    assert m["droppedRecordCount"] == 0 and m["invocationCount"] == 6
+    assert m["recordCount"] == len(records(t)) == 6 * 2 * 6
+    assert sorted(i["invocation"] for i in m["invocations"]) == list(range(6))
+    launches = sorted(e["name"] for e in t["traceEvents"] if e.get("cat") == "MegaKernelLaunch")
+    assert launches == sorted(f"{'backward' if i % 2 else 'forward'} #{i}" for i in range(6))
+    assert sorted({e["args"]["invocation"] for e in records(t)}) == list(range(6))
+    assert steps_in(t) == [0, 1, 2]
+    summary = prof.summary()
+    assert summary["invocations"] == 6 and summary["records"] == 72 and summary["dropped"] == 0
+    # the merged window is a valid trace for the tools
+    r = subprocess.run([megamoe_bin, "trace", "summary", str(tmp_path / "pending2.json"),
+                        "--json"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rank0 = json.loads(r.stdout)["ranks"][0]
+    assert (rank0["invocations"], rank0["records"], rank0["dropped"]) == (6, 72, 0)
 
 
 def test_session_errors_are_exceptions():

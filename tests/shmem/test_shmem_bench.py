@@ -20,12 +20,13 @@ def test_bench_shmem_quick_rows(megamoe_bin):
         got = {row["size_bytes"]: row for row in rows if row["impl"] == impl}
         assert sorted(got) == sizes, impl
         for row in got.values():
-            assert set(row) == {"impl", "size_bytes", "GBps"}
-            assert row["GBps"] > 0
+            assert set(row) == {"impl", "hosts", "size_bytes", "GBps"}
+            assert row["GBps"] > 0 and row["hosts"] == 1
     rtt = [row for row in rows if row["impl"] == "signal_rtt"]
     bar = [row for row in rows if row["impl"] == "barrier"]
-    assert len(rtt) == 1 and set(rtt[0]) == {"impl", "us"} and rtt[0]["us"] > 0
+    assert len(rtt) == 1 and set(rtt[0]) == {"impl", "hosts", "us"} and rtt[0]["us"] > 0
     assert len(bar) == 1 and bar[0]["ranks"] == 2 and bar[0]["us"] > 0
+    assert rtt[0]["hosts"] == bar[0]["hosts"] == 1
     assert "signal round trip" in r.stderr  # the target summary on stderr
 
 

@@ -110,3 +110,51 @@ def test_timeout_must_be_a_finite_number(megamoe_bin):
         r = run_megamoe(["launch", "-n", "1", "--timeout", bad, "--", "true"], timeout=20)
         assert r.returncode == 2, (bad, r.returncode, r.stderr)
         assert "--timeout" in r.stderr
+
+
+def test_user_endpoint_and_token_are_kept(megamoe_bin):
+    code = ("import os; print('env', os.environ['HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT'], "
+            "os.environ['MEGAMOE_JOB_TOKEN'])")
+    r = run_megamoe(["launch", "-n", "2", "--", PY, "-c", code],
+                    env_extra={"HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT": "tcp://127.0.0.1:39111",
+                               "MEGAMOE_JOB_TOKEN": "my-token"})
+    assert r.returncode == 0, r.stderr
+    lines = sorted(l for l in r.stdout.splitlines() if " env " in l)
+    assert lines == ["[rank 0] env tcp://127.0.0.1:39111 my-token",
+                     "[rank 1] env tcp://127.0.0.1:39111 my-token"]
+    # unset (or empty): the launcher picks a free loopback port and a fresh token per job
+    r = run_megamoe(["launch", "-n", "1", "--", PY, "-c", code],
+                    env_extra={"HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT": "", "MEGAMOE_JOB_TOKEN": ""})
+    parts = r.stdout.split()
+    assert r.returncode == 0 and parts[3].startswith("tcp://127.0.0.1:") and len(parts[4]) == 64
+
+
+def test_user_token_authenticates_a_real_job(megamoe_bin):
+    # a job whose ranks authenticate with the token the user set (launch keeps it)
+    r = run_megamoe(["run", "--iters", "1", "--warmup", "0", "--verify", "no"],
+                    env_extra={"MEGAMOE_JOB_TOKEN": "0123456789abcdef0123456789abcdef"}, timeout=300)
+    assert r.returncode == 0, r.stderr
+
+
+def test_hosts_options_are_checked_before_anything_is_created(megamoe_bin):
+    cases = [
+        (["--per-host", "--", "true"], "--per-host needs --hosts"),
+        (["-n", "2", "--mpirun", "--", "true"], "--mpirun needs --hosts"),
+        (["-n", "2", "--fault", "kill-host:0@1", "--timeout", "5", "--", "true"], "--fault needs --hosts"),
+        (["--hosts", "2", "-n", "3", "--", "true"], "multiple of --hosts 2"),
+        (["--hosts", "2", "-n", "2", "--fault", "kill-host:0@1", "--", "true"], "--fault needs --timeout"),
+        (["--hosts", "2", "-n", "2", "--timeout", "5", "--fault", "kill-host:2@1", "--", "true"],
+         "names host 2"),
+        (["--hosts", "2", "-n", "2", "--timeout", "5", "--fault", "drop-host:0@1", "--", "true"],
+         "expected kill-host:I@S"),
+        (["--hosts", "2", "-n", "2", "--timeout", "5", "--fault", "cut-host:0@x", "--", "true"],
+         "expected kill-host:I@S"),
+        (["--hosts", "2", "--per-host", "-n", "2", "--", "true"], "not -n"),
+        (["--hosts", "2", "--per-host", "--mpirun", "--", "true"], "exclude each other"),
+        (["--hosts", "0", "-n", "2", "--", "true"], "--hosts must be an integer"),
+        (["--hosts", "2", "-n", "2", "--mpi-arg", "-v", "--", "true"], "--mpi-arg needs --mpirun"),
+    ]
+    for args, message in cases:
+        r = run_megamoe(["launch"] + args, timeout=20)
+        assert r.returncode == 2, (args, r.stderr)
+        assert message in r.stderr, (args, r.stderr)

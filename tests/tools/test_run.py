@@ -21,12 +21,26 @@ def test_small_run_is_verified(megamoe_bin):
     (["--capacity-factor", "0.5"], "--capacity-factor"),
     (["--schedule", "O2"], "--schedule"),
     (["--schedule", "O0,O1"], "--schedule"),
+    (["--dispatch-mode", "sideways"], "--dispatch-mode"),
+    (["--dispatch-mode", "pull", "--capacity-growth-factor", "2"], "need --dispatch-mode push"),
+    (["--dispatch-mode", "push", "--capacity-factor", "2"], "cannot be combined"),
 ])
 def test_invalid_shapes_are_usage_errors(megamoe_bin, args, rule):
     r = run_megamoe(["run"] + SMALL + args, timeout=60)
     assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
     assert rule in r.stderr
     assert "[rank" not in r.stderr  # refused before any rank started
+
+
+@pytest.mark.parametrize("mode", [["--dispatch-mode", "pull"],
+                                  ["--dispatch-mode", "push", "--initial-capacity-factor", "1",
+                                   "--routing", "single"]])
+def test_dispatch_modes_are_verified(megamoe_bin, mode):
+    # push from 1 x T*K must grow for "single" routing (no overflow error), pull fetches rows
+    r = run_megamoe(["run"] + SMALL + mode, timeout=180)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "PASSED" in r.stdout
+    assert mode[1] in r.stdout  # the capacity line names the mode
 
 
 def test_capacity_overflow_fails_with_status_1(megamoe_bin):
