@@ -163,9 +163,14 @@ megamoe_status_t mm_moe_group_prepare(mm_moe_group_t *g)
                                g->cfg.T * g->cfg.K, (size_t)g->cfg.H * 2, &g->xbuf);
     if (st == MEGAMOE_OK && mm_moe_is_o1(&g->cfg)) {
         /* O1: the static plan and the executor's signal area (collective) */
-        mm_mc_shape_t sh = {mm_shmem_team_n_pes(g->team), mm_shmem_team_my_pe(g->team),
-                            g->cfg.T, g->cfg.H, g->cfg.I, g->cfg.E, g->cfg.K, g->cube, g->vector};
+        int n = mm_shmem_team_n_pes(g->team);
+        int *host = malloc(sizeof(int) * (size_t)n);
+        for (int i = 0; host && i < n; i++)
+            host[i] = mm_shmem_host_of(mm_shmem_team_world_pe(g->team, i));
+        mm_mc_shape_t sh = {n, mm_shmem_team_my_pe(g->team), g->cfg.T, g->cfg.H, g->cfg.I,
+                            g->cfg.E, g->cfg.K, g->cube, g->vector, host};
         megamoe_status_t ps = mm_mc_plan_create(&sh, &g->plan);
+        free(host);
         ps = mm_shmem_team_agree(g->team, ps);
         if (ps == MEGAMOE_OK)
             ps = mm_mc_exec_create(g->plan, g->team, g->pool, mm_moe_o1_scratch_bytes(&g->cfg),
