@@ -25,6 +25,11 @@ __attribute__((constructor)) static void mm_long_shmem_timeout(void)
     setenv("HYPER_PARALLEL_SHMEM_TIMEOUT_SEC", "300", 0);
 }
 
+/* The EP group of the running case: the world, or a subgroup (ep_groups_keep_their_own_order). */
+static int mm_ep_size = 0, mm_ep_rank = 0;
+static int mm_ep(void) { return mm_ep_size ? mm_ep_size : mm_test_world(); }
+static int mm_me(void) { return mm_ep_size ? mm_ep_rank : mm_test_rank(); }
+
 static megamoe_experts_params_t mm_params(int64_t H, int64_t E)
 {
     megamoe_experts_params_t p = megamoe_experts_params_default();
@@ -50,7 +55,7 @@ typedef struct mm_case {
 
 static int mm_case_make(mm_case_t *c, int64_t H, int64_t E, uint64_t seed)
 {
-    const int ep = mm_test_world(), me = mm_test_rank();
+    const int ep = mm_ep(), me = mm_me();
     memset(c, 0, sizeof *c);
     if (mm_moe_problem_create(&c->P, ep, T_, H, I_, E, K_, MM_ROUTE_SKEW, seed) != 0) return -1;
     if (mm_ref_compute(&c->P, 0.0f, &c->ref) != 0) return -1;
@@ -104,7 +109,7 @@ static int mm_marked(const uint16_t *buf, int64_t H)
 /* Forward (training) + backward of x on c, checked against the reference. */
 static int mm_correct_step(megamoe_experts_t *x, mm_case_t *c, const char *what)
 {
-    const int me = mm_test_rank();
+    const int me = mm_me();
     megamoe_experts_saved_t *sv = NULL;
     if (megamoe_experts_forward(x, &c->w, &c->ib.in, c->out, &sv) != MEGAMOE_OK) return 0;
     megamoe_experts_grads_t g = mm_grads(c);
@@ -426,3 +431,47 @@ MM_TEST(bad_argument_on_one_rank_is_every_ranks_error)
     mm_case_free(&c);
 }
 
+/* EP subgroups (4 ranks: EP groups {0, 1} and {2, 3}, run by test_call_order_ep_groups): in
+ * group {0, 1} two shared layers are called in swapped order (CALL_MISMATCH on both of its
+ * ranks, naming world ranks 0 and 1), while group {2, 3} runs the same layers in order at the
+ * same time, unaffected; then both groups run in order. */
+MM_TEST(ep_groups_keep_their_own_order)
+{
+    if (mm_test_world() != 4) { /* a 4-rank case: CTest test_call_order_ep_groups runs it */
+        printf("ep_groups_keep_their_own_order: needs 4 ranks, run by test_call_order_ep_groups\n");
+        return;
+    }
+    const int rank = mm_test_rank(), first = rank < 2 ? 0 : 2;
+    const int members[2] = {first, first + 1};
+    megamoe_comm_t *ep = NULL;
+    ASSERT_OK(megamoe_comm_create_group(mm_test_comm(), members, 2, &ep));
+    mm_ep_size = 2;
+    mm_ep_rank = rank - first;
+    megamoe_experts_params_t p = mm_params(H_, E_);
+    megamoe_experts_t *x[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) ASSERT_OK(megamoe_experts_create(ep, &p, &x[i]));
+    ASSERT_OK(megamoe_experts_share(x, 2));
+    mm_case_t c[2];
+    for (int i = 0; i < 2; i++) ASSERT_EQ_INT(mm_case_make(&c[i], H_, E_, 95 + i), 0);
+    if (first == 0) {
+        for (int step = 0; step < 2; step++) {
+            int i = mm_ep_rank == 0 ? step : 1 - step;
+            mm_mark(c[i].out, H_);
+            ASSERT_ERROR(megamoe_experts_forward(x[i], &c[i].w, &c[i].ib.in, c[i].out, NULL),
+                         MEGAMOE_CALL_MISMATCH, "rank 0 called forward", "rank 1 called forward");
+            ASSERT_TRUE(mm_marked(c[i].out, H_));
+        }
+    } else {
+        ASSERT_TRUE(mm_correct_step(x[0], &c[0], "group {2, 3}: a"));
+        ASSERT_TRUE(mm_correct_step(x[1], &c[1], "group {2, 3}: b"));
+    }
+    ASSERT_TRUE(mm_correct_step(x[0], &c[0], "a in order"));
+    ASSERT_TRUE(mm_correct_step(x[1], &c[1], "b in order"));
+    for (int i = 0; i < 2; i++) {
+        ASSERT_OK(megamoe_experts_close(x[i]));
+        megamoe_experts_destroy(x[i]);
+        mm_case_free(&c[i]);
+    }
+    mm_ep_size = 0;
+    ASSERT_OK(megamoe_comm_destroy(ep));
+}
