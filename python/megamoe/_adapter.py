@@ -46,9 +46,11 @@ def _candidates():
 
 
 def _load():
-    mode = os.environ.get("MEGAMOE_TORCH_ADAPTER", "auto").strip().lower() or "auto"
+    text = os.environ.get("MEGAMOE_TORCH_ADAPTER", "")
+    mode = text.lower() or "auto"
     if mode not in _MODES:
-        raise ImportError(f"MEGAMOE_TORCH_ADAPTER={mode!r}: expected one of {'|'.join(_MODES)}")
+        raise ImportError(f"MEGAMOE_TORCH_ADAPTER='{text}' is not accepted; use one of "
+                          f"{'|'.join(_MODES)}")
     if mode == "off":
         return None, None
     problems = []
