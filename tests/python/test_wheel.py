@@ -77,3 +77,24 @@ def test_pip_install_into_a_venv(tmp_path, megamoe_bin):
                        cwd=str(work), env=run_env, capture_output=True, text=True, timeout=150)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     check_worker_results(prefix, 2, native, os.path.join(native, "libmegamoe_torch.so"))
+
+
+def test_local_native_payload(tmp_path, megamoe_bin):
+    """`cmake --install` into a prefix is the other delivery: the Python package in a checkout
+    pointed at the installed library (MEGAMOE_LIB) finds the adapter installed beside it."""
+    prefix = str(tmp_path / "prefix")
+    subprocess.run(["cmake", "--install", BUILD, "--prefix", prefix], check=True,
+                   stdout=subprocess.DEVNULL)
+    libdir = os.path.dirname(next(
+        os.path.join(d, f) for d, _, files in os.walk(prefix) for f in files
+        if f == "libmegamoe_torch.so"))
+    env = _clean_env(os.path.join(prefix))
+    env.update(PYTHONPATH=os.path.join(REPO, "python"),
+               MEGAMOE_LIB=os.path.join(libdir, f"libmegamoe.so.{_lib.ABI_VERSION}"))
+    r = subprocess.run(["/usr/bin/python3", "-c", PROBE], cwd=str(tmp_path), env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["library"] == env["MEGAMOE_LIB"], got
+    assert got["adapter"] == os.path.join(libdir, "libmegamoe_torch.so"), got
+    assert got["backend"] == "torch" and got["cli"] == os.path.join(prefix, "bin", "megamoe"), got
