@@ -96,11 +96,14 @@ def _translate(exc):
 
 
 def call(fn, *args, **kwargs):
-    """Run an adapter op; library errors raise MegaMoeError as on the ctypes path."""
+    """Run an adapter op; library errors raise MegaMoeError and arguments of the wrong kind
+    TypeError, as on the ctypes path."""
     try:
         return fn(*args, **kwargs)
     except RuntimeError as exc:
         err = _translate(exc)
+        if err is exc and "Expected a value of type" in str(exc):  # the schema's binder
+            err = TypeError(str(exc))
         if err is exc:
             raise
         raise err from None

@@ -79,6 +79,19 @@ def test_library_errors_become_megamoe_errors(adapter):
     assert _adapter._translate(other) is other
 
 
+@pytest.mark.parametrize("path", ["torch", "ctypes"])
+def test_local_argument_errors_match_on_both_paths(adapter, path):
+    """Errors found before any collective (the wrong kind of argument, a tensor not on the CPU)
+    raise the same exception types on both backends."""
+    fn = ops.npu_moe_distribute_dispatch_v2
+    fn = fn if path == "torch" else fn.ctypes_path
+    ids = torch.zeros(2, 1, dtype=torch.int32)
+    with pytest.raises(TypeError):
+        fn([[1.0, 2.0]], ids, "", 2, 0, 2)
+    with pytest.raises(ValueError, match="x must be a CPU tensor"):
+        fn(torch.empty(2, 4, dtype=torch.bfloat16, device="meta"), ids, "", 2, 0, 2)
+
+
 def check_worker_results(prefix, ranks, library_dir, adapter_path):
     for rank in range(ranks):
         path = f"{prefix}.{rank}.json"
