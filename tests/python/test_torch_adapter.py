@@ -102,7 +102,8 @@ def check_worker_results(prefix, ranks, library_dir, adapter_path):
         assert res.pop("adapter") == adapter_path
         bad = {k: v for k, v in res.items() if v != "ok"}
         assert not bad, f"rank {rank}: " + "\n".join(f"{k}: {v}" for k, v in bad.items())
-        assert set(res) == {"dispatch", "round_trip", "add_rms_norm", "experts", "error"}
+        assert set(res) == {"dispatch", "round_trip", "performance_info", "add_rms_norm",
+                            "experts", "error"}
 
 
 def test_torchscript_equals_ctypes_on_two_ranks(adapter, tmp_path, megamoe_bin):

@@ -85,6 +85,15 @@ def check_dispatch(group):
         same(got, want, f"dispatch quant_mode={quant_mode} y_dtype={y}")
 
 
+def check_performance_info(group):
+    """performance_info accumulates in place on both paths, also through a strided view."""
+    x, ids, scales = inputs(7)
+    for fn in (ops.npu_moe_distribute_dispatch_v2, ops.npu_moe_distribute_dispatch_v2.ctypes_path):
+        base = torch.full((2 * WORLD,), 5, dtype=torch.int64)
+        fn(x, ids, group, WORLD, RANK, E, expert_scales=scales, performance_info=base[::2])
+        assert bool((base[::2] >= 5).all()) and bool((base[1::2] == 5).all()), base.tolist()
+
+
 def check_round_trip(group):
     x, ids, scales = inputs(4)
     got = scripted_round_trip(x, ids, scales, group, WORLD, RANK, E)
@@ -166,6 +175,7 @@ def main():
     group = mcomm.group_name(None)
     for name, fn in (("dispatch", lambda: check_dispatch(group)),
                      ("round_trip", lambda: check_round_trip(group)),
+                     ("performance_info", lambda: check_performance_info(group)),
                      ("add_rms_norm", lambda: check_add_rms_norm(group)),
                      ("experts", check_experts),
                      ("error", lambda: check_error(group))):
