@@ -198,7 +198,8 @@ def _group_name(group):
 
 
 _operator = _adapter.operator({"group_ep": _group_name, "group_tp": _group_name,
-                               "y_dtype": _y_code})
+                               "y_dtype": _y_code,
+                               "expand_idx": lambda t: _v2_assist(t)})  # V1's, see below
 
 
 def _perf(call, desc, performance_info):

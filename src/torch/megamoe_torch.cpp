@@ -316,8 +316,8 @@ std::tuple<Tensor, Tensor, Tensor> combine_add_rms_norm(
     const Opt &const_expert_v, c10::string_view group_tp, int64_t tp_world_size,
     int64_t tp_rank_id, int64_t expert_shard_type, int64_t shared_expert_num,
     int64_t shared_expert_rank_num, int64_t global_bs, int64_t out_dtype,
-    int64_t comm_quant_mode, int64_t group_list_type, double norm_eps, int64_t zero_expert_num,
-    int64_t copy_expert_num, int64_t const_expert_num)
+    int64_t comm_quant_mode, int64_t group_list_type, c10::string_view comm_alg, double norm_eps,
+    int64_t zero_expert_num, int64_t copy_expert_num, int64_t const_expert_num)
 {
     megamoe_combine_add_rms_norm_args_t a = megamoe_combine_add_rms_norm_args_default();
     Call call;
@@ -327,7 +327,8 @@ std::tuple<Tensor, Tensor, Tensor> combine_add_rms_norm(
                   expand_scales, shared_expert_x, elastic_info, ori_x, const_expert_alpha_1,
                   const_expert_alpha_2, const_expert_v, group_tp, tp_world_size, tp_rank_id,
                   expert_shard_type, shared_expert_num, shared_expert_rank_num, global_bs,
-                  comm_quant_mode, "", zero_expert_num, copy_expert_num, const_expert_num});
+                  comm_quant_mode, std::string(comm_alg.data(), comm_alg.size()),
+                  zero_expert_num, copy_expert_num, const_expert_num});
     // reserved inputs: the library rejects them when present
     call.in(a.combine.activation_scale, activation_scale, "activation_scale");
     call.in(a.combine.weight_scale, weight_scale, "weight_scale");
@@ -497,7 +498,8 @@ TORCH_LIBRARY(megamoe, m)
           "Tensor? const_expert_alpha_2=None, Tensor? const_expert_v=None, str group_tp=\"\", "
           "int tp_world_size=0, int tp_rank_id=0, int expert_shard_type=0, "
           "int shared_expert_num=1, int shared_expert_rank_num=0, int global_bs=0, "
-          "int out_dtype=0, int comm_quant_mode=0, int group_list_type=0, float norm_eps=1e-06, "
+          "int out_dtype=0, int comm_quant_mode=0, int group_list_type=0, str comm_alg=\"\", "
+          "float norm_eps=1e-06, "
           "int zero_expert_num=0, int copy_expert_num=0, int const_expert_num=0) "
           "-> (Tensor, Tensor, Tensor)",
           &combine_add_rms_norm);
