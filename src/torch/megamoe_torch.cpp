@@ -14,11 +14,11 @@
 //  * the tensor <-> descriptor marshalling: here for this backend, in ops.py for ctypes.
 //
 // A failing call throws c10::Error "[megamoe <STATUS> <code>] <library message>"; the Python
-// wrappers turn it back into megamoe.MegaMoeError. Adding an operator (e.g. the V1 dispatch /
-// combine) is one function plus one m.def() line at the bottom.
+// wrappers turn it back into megamoe.MegaMoeError. Adding an operator the C library implements
+// is one function plus one m.def() line at the bottom, and @_operator on its megamoe.ops wrapper
+// (the V1 pair needs neither: it is a Python mapping onto the V2 operators).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
 #include <c10/util/Exception.h>
 #include <c10/util/string_view.h>
 #include <torch/library.h>
