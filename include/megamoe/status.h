@@ -11,9 +11,12 @@
 #ifndef MEGAMOE_STATUS_H
 #define MEGAMOE_STATUS_H
 
+#include "megamoe/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+MEGAMOE_API_BEGIN
 
 /* XX(name, value, description) */
 #define MEGAMOE_STATUS_MAP(XX)                                                              \
@@ -61,6 +64,7 @@ void megamoe_clear_last_error(void);
 megamoe_status_t megamoe_fail_next_call(megamoe_status_t status, const char *message);
 void megamoe_clear_next_call_error(void);
 
+MEGAMOE_API_END
 #ifdef __cplusplus
 }
 #endif
