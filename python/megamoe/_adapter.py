@@ -149,6 +149,12 @@ def operator(normalize):
                 warnings.warn(f"megamoe: torch.ops.megamoe.{fn.__name__} does not match "
                               f"megamoe.ops ({problem}); using ctypes for it", RuntimeWarning)
                 op = None
+        # tensor parameters: a value that is no CPU tensor is refused by the ctypes body on
+        # every rank together (it still makes the collective call, docs/ops.md); the adapter
+        # would raise on this rank only, so such a call takes the ctypes body
+        tensors = [x.name for x in op.default._schema.arguments
+                   if str(x.type) in ("Tensor", "Tensor?", "Optional[Tensor]")] if op else []
+
         def make(run):
             @functools.wraps(fn)
             def wrapper(*args, **kwargs):
@@ -158,7 +164,12 @@ def operator(normalize):
                 for name, norm in normalize.items():
                     if name in a:
                         a[name] = norm(a[name])
-                return run(*[a[n] for n in positional], **{n: a[n] for n in keyword})
+                go = run
+                if run is not fn and any(
+                        a[n] is not None and (not isinstance(a[n], torch.Tensor)
+                                              or a[n].device.type != "cpu") for n in tensors):
+                    go = fn
+                return go(*[a[n] for n in positional], **{n: a[n] for n in keyword})
             return wrapper
 
         wrapper = make((lambda *a, **k: call(op, *a, **k)) if op is not None else fn)
