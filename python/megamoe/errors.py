@@ -2,9 +2,10 @@
 
 Every error is a :class:`MegaMoeError` (``status``, ``name``, the library's message naming the
 fix). Two statuses have their own subclasses: ``INVALID_ARGUMENT`` is also a ``ValueError``
-(:class:`InvalidArgumentError`), ``CALL_MISMATCH`` — the ranks made different collective calls
-(forward, backward, close, share_execution_resources, the operators) or made them in a
-different order — is :class:`CallMismatchError`.
+(:class:`InvalidArgumentError`; on the rank that passed an argument of the wrong kind also a
+``TypeError``, :class:`InvalidArgumentTypeError`), ``CALL_MISMATCH`` — the ranks made different
+collective calls (forward, backward, close, share_execution_resources, the operators) or made
+them in a different order — is :class:`CallMismatchError`.
 """
 from . import _lib
 
@@ -39,6 +40,11 @@ class MegaMoeError(RuntimeError):
 
 class InvalidArgumentError(MegaMoeError, ValueError):
     """INVALID_ARGUMENT: an argument of this or another rank broke a rule (named in the text)."""
+
+
+class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
+    """INVALID_ARGUMENT for an argument of the wrong kind (not a tensor): on the rank that
+    passed it also a TypeError."""
 
 
 class CallMismatchError(MegaMoeError):

@@ -19,7 +19,8 @@ import torch
 
 from . import _adapter, _lib
 from . import profiler as _profiler
-from .errors import MegaMoeError, check, clear_next_call_error, fail_next_call
+from .errors import (INVALID_ARGUMENT, InvalidArgumentTypeError, MegaMoeError, check,
+                     clear_next_call_error, fail_next_call)
 
 __all__ = ["MegaMoeExperts"]
 
@@ -459,6 +460,8 @@ class MegaMoeExperts(torch.nn.Module):
                 st = _L.megamoe_experts_backward(self._handle, None, None, None, None)
         finally:
             clear_next_call_error()  # not consumed when the layer refused before its exchange
+        if st == INVALID_ARGUMENT and isinstance(exc, TypeError):
+            raise InvalidArgumentTypeError(st) from exc  # also the TypeError it was here
         if st < 0:
             raise MegaMoeError(st) from exc
         raise exc  # pragma: no cover - the library always reports the error

@@ -29,7 +29,9 @@ import torch
 from . import _adapter, _lib
 from . import comm as _comm
 from ._fp8 import Float8Dtype, float8_e4m3fn, float8_e5m2
-from .errors import MegaMoeError, check, clear_next_call_error, fail_next_call
+from .errors import (CALL_MISMATCH, INVALID_ARGUMENT, InvalidArgumentError,
+                     InvalidArgumentTypeError, MegaMoeError, check, clear_next_call_error,
+                     fail_next_call)
 
 __all__ = ["npu_moe_distribute_dispatch_v2", "npu_moe_distribute_combine_v2",
            "npu_moe_distribute_combine_add_rms_norm", "moe_distribute_dispatch_v2",
@@ -142,10 +144,12 @@ class _Call:
         if t is None:
             return None
         if not isinstance(t, torch.Tensor):
-            self.error = self.error or f"{name} must be a torch.Tensor, got {type(t).__name__}"
+            self.error = self.error or (TypeError,
+                                        f"{name} must be a torch.Tensor, got {type(t).__name__}")
             return None
         if t.device.type != "cpu":
-            self.error = self.error or f"{name} must be a CPU tensor (got device {t.device})"
+            self.error = self.error or (ValueError,
+                                        f"{name} must be a CPU tensor (got device {t.device})")
             return None
         t = t.contiguous()
         self.keep.append(t)
@@ -159,13 +163,24 @@ class _Call:
 
     def run(self, fn, args):
         """The C operator call; with a refused argument it takes part in its first exchange
-        with that error, so every rank raises the same InvalidArgumentError at once."""
-        if self.error is not None:
-            fail_next_call(self.error)
-        try:
+        with that error, so every rank raises the same InvalidArgumentError at once (on this
+        rank also the TypeError/ValueError it is). Without a runtime to tell (no collective
+        possible) this rank's own error is raised."""
+        if self.error is None:
             check(fn(ctypes.byref(args)))
+            return
+        kind, message = self.error
+        fail_next_call(message)
+        try:
+            st = fn(ctypes.byref(args))
         finally:
             clear_next_call_error()
+        if st == INVALID_ARGUMENT:
+            cls = InvalidArgumentTypeError if kind is TypeError else InvalidArgumentError
+            raise cls(st)
+        if st == CALL_MISMATCH:
+            check(st)
+        raise kind(message)
 
 
 _EMPTY = ctypes.create_string_buffer(64)  # data pointer of empty (but present) tensors

@@ -139,6 +139,9 @@ def case_bad_tensor_on_one_rank():
     for name, (who, call, needle) in bad.items():
         ok &= expect(call, InvalidArgumentError, f"rank {who}: INVALID_ARGUMENT: {needle}")
         ok &= expect(call, ValueError, needle)  # the same error is also a ValueError
+    # not a tensor: on the rank that passed it also the TypeError it is
+    ok &= expect(bad["type"][1], TypeError if RANK == 0 else ValueError,
+                 "topk_weights must be a torch.Tensor")
     # a weight that is not contiguous on rank 1 only
     keep = layer.gate_up_weight.data
     if RANK == 1:
