@@ -59,6 +59,27 @@ static pthread_mutex_t mm_call_lock = PTHREAD_MUTEX_INITIALIZER;
 mm_call_group_t mm_call_operators = {MM_CALL_GROUP_OPERATORS, 0, NULL, NULL, 1};
 static mm_call_group_t *mm_call_groups = &mm_call_operators;
 
+/* Numbers seen in records for groups not registered here (yet): a group created later on
+ * this rank — an operator scope made by the first operator call of THIS rank, while its peers
+ * called one already — starts from the number its peers used. Bounded; oldest forgotten. */
+#define MM_CALL_SEEN 64
+static struct {
+    uint64_t id, calls;
+} mm_call_seen[MM_CALL_SEEN];
+static unsigned mm_call_seen_next;
+
+static void mm_call_seen_note(uint64_t id, uint64_t calls) /* lock held */
+{
+    for (int i = 0; i < MM_CALL_SEEN; i++)
+        if (mm_call_seen[i].id == id) {
+            if (mm_call_seen[i].calls < calls) mm_call_seen[i].calls = calls;
+            return;
+        }
+    mm_call_seen[mm_call_seen_next % MM_CALL_SEEN].id = id;
+    mm_call_seen[mm_call_seen_next % MM_CALL_SEEN].calls = calls;
+    mm_call_seen_next++;
+}
+
 void mm_call_group_register(mm_call_group_t *g)
 {
     pthread_mutex_lock(&mm_call_lock);
@@ -66,7 +87,18 @@ void mm_call_group_register(mm_call_group_t *g)
         g->next = mm_call_groups;
         mm_call_groups = g;
         g->registered = 1;
+        for (int i = 0; i < MM_CALL_SEEN; i++)
+            if (mm_call_seen[i].id == g->id && g->calls < mm_call_seen[i].calls)
+                g->calls = mm_call_seen[i].calls;
     }
+    pthread_mutex_unlock(&mm_call_lock);
+}
+
+void mm_call_forget_seen(void)
+{
+    pthread_mutex_lock(&mm_call_lock);
+    memset(mm_call_seen, 0, sizeof mm_call_seen);
+    mm_call_seen_next = 0;
     pthread_mutex_unlock(&mm_call_lock);
 }
 
@@ -91,8 +123,13 @@ static void mm_call_resync(const mm_call_t *c)
         const mm_call_wire_t *r = (const mm_call_wire_t *)(const void *)(c->records +
                                                                         (size_t)i * c->rec_bytes);
         if (!mm_call_valid(r)) continue;
+        int found = 0;
         for (mm_call_group_t *g = mm_call_groups; g; g = g->next)
-            if (g->id == r->group && g->calls < r->seq) g->calls = r->seq;
+            if (g->id == r->group) {
+                found = 1;
+                if (g->calls < r->seq) g->calls = r->seq;
+            }
+        if (!found) mm_call_seen_note(r->group, r->seq);
     }
     pthread_mutex_unlock(&mm_call_lock);
 }

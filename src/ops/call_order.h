@@ -82,6 +82,8 @@ extern mm_call_group_t mm_call_operators;
  * every group it saw. Idempotent; thread-safe. */
 void mm_call_group_register(mm_call_group_t *g);
 void mm_call_group_unregister(mm_call_group_t *g);
+/* Forget the numbers seen for groups this rank does not have (a new SHMEM lifecycle). */
+void mm_call_forget_seen(void);
 
 #define MM_CALL_WHAT 96
 

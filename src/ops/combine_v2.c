@@ -265,10 +265,12 @@ static megamoe_status_t mm_v2c_tp(mm_v2_combine_t *c)
     uint8_t *buf = mm_v2_seg(&c->call, MM_V2C_TPDATA);
     const uint8_t *ex = c->a->expand_x.data;
     if (c->n_peer > 0)
-        mm_shmem_put(buf + 64, ex + (size_t)c->n_own * xrow, (size_t)c->n_peer * xrow, peer);
+        mm_shmem_put(buf + 64, ex + (size_t)c->n_own * xrow, (size_t)c->n_peer * xrow,
+                     mm_v2_wpe(&c->call, peer));
     int64_t head = c->n_peer;
     uint64_t *sig = mm_v2_sig(&c->call, MM_V2C_SIG, 3 * c->n);
-    mm_shmem_put_signal(buf, &head, 8, sig, c->call.gen, MM_SHMEM_SIGNAL_SET, peer);
+    mm_shmem_put_signal(buf, &head, 8, sig, c->call.gen, MM_SHMEM_SIGNAL_SET,
+                        mm_v2_wpe(&c->call, peer));
     MM_CHECK(mm_v2_wait(&c->call, sig, "the TP peer's partial rows", peer, NULL));
     int64_t got;
     memcpy(&got, buf, 8);
@@ -309,20 +311,21 @@ static megamoe_status_t mm_v2c_send(mm_v2_combine_t *c)
             continue;
         }
         int pe = mm_v2c_pe(c, s);
-        uint8_t *direct = mm_shmem_ptr(to, pe); /* same host: write straight into the peer */
+        uint8_t *direct = mm_shmem_ptr(to,
+            mm_v2_wpe(&c->call, pe)); /* same host: write straight into the peer */
         if (direct) {
             mm_v2_copy(direct, p, c->pay, stream);
             memcpy(direct + stamp_off, &gen, 8);
         } else {
-            mm_shmem_put(to, p, c->pay, pe);
-            mm_shmem_put(to + stamp_off, &gen, 8, pe);
+            mm_shmem_put(to, p, c->pay, mm_v2_wpe(&c->call, pe));
+            mm_shmem_put(to + stamp_off, &gen, 8, mm_v2_wpe(&c->call, pe));
         }
     }
     mm_shmem_fence();
     for (int64_t s = 0; s < g->eW; s++)
         if (s != g->erank)
             mm_shmem_signal_op(mm_v2_sig(&c->call, MM_V2C_SIG, c->call.me), gen,
-                               MM_SHMEM_SIGNAL_SET, mm_v2c_pe(c, s));
+                               MM_SHMEM_SIGNAL_SET, mm_v2_wpe(&c->call, mm_v2c_pe(c, s)));
     return MEGAMOE_OK;
 }
 
@@ -416,7 +419,9 @@ static megamoe_status_t mm_v2c_run(mm_v2_combine_t *c, int op)
     if (local == MEGAMOE_OK) local = mm_v2c_local(c, op);
     const mm_v2_cfg_t *g = &c->c;
     int tp2 = local == MEGAMOE_OK && g->tp == 2;
-    MM_CHECK(mm_v2_call_begin(&c->call, MM_V2_WS_COMBINE, a->group_ep, tp2 ? a->group_tp : NULL));
+    int uses_tp = a->tp_world_size > 1 || a->group_tp != NULL; /* same answer on a bad rank */
+    MM_CHECK(mm_v2_call_begin(&c->call, MM_V2_WS_COMBINE, a->group_ep, tp2 ? a->group_tp : NULL,
+                              uses_tp));
     c->n = c->call.n_world;
     if (local == MEGAMOE_OK) {
         c->pay = g->comm_quant ? mm_v2_cq_bytes((int)g->comm_quant, g->h, g->xsize) : (size_t)g->h * g->xsize;

@@ -88,8 +88,8 @@ static void mm_v2h_forward(mm_v2_dispatch_t *d, int64_t s, const uint8_t *unit)
             memcpy(to, unit, d->meta_off);
             memcpy(to + d->meta_off, &meta, sizeof meta);
         } else {
-            mm_shmem_put(to, unit, d->meta_off, pe);
-            mm_shmem_put(to + d->meta_off, &meta, sizeof meta, pe);
+            mm_shmem_put(to, unit, d->meta_off, mm_v2_wpe(&d->call, pe));
+            mm_shmem_put(to + d->meta_off, &meta, sizeof meta, mm_v2_wpe(&d->call, pe));
         }
     }
 }
@@ -104,7 +104,7 @@ static void mm_v2h_signal_group(mm_v2_dispatch_t *d, int64_t s)
     for (int64_t dst = g0; dst < g0 + gs && dst < c->eW; dst++)
         if (dst != s)
             mm_shmem_signal_op(mm_v2_sig(&d->call, MM_V2D_SIG, line), d->call.gen,
-                               MM_SHMEM_SIGNAL_SET, mm_v2d_pe(d, dst));
+                               MM_SHMEM_SIGNAL_SET, mm_v2_wpe(&d->call, mm_v2d_pe(d, dst)));
 }
 
 megamoe_status_t mm_v2d_hier_send(mm_v2_dispatch_t *d)
@@ -147,7 +147,7 @@ megamoe_status_t mm_v2d_hier_send(mm_v2_dispatch_t *d)
                 }
                 uint8_t *to = mm_v2_seg(&d->call, MM_V2D_STAGE) + (size_t)(region[g] + next[g]++) * hs;
                 mm_shmem_put(to, unit, d->meta_off + sizeof head + (size_t)nt * sizeof(mm_v2h_target_t),
-                             mm_v2d_pe(d, g * gs));
+                             mm_v2_wpe(&d->call, mm_v2d_pe(d, g * gs)));
             }
         }
     }
@@ -156,7 +156,7 @@ megamoe_status_t mm_v2d_hier_send(mm_v2_dispatch_t *d)
     for (int64_t g = 0; g < ng; g++)
         if (g * gs != me)
             mm_shmem_signal_op(mm_v2_sig(&d->call, MM_V2D_SIG, hop1), d->call.gen,
-                               MM_SHMEM_SIGNAL_SET, mm_v2d_pe(d, g * gs));
+                               MM_SHMEM_SIGNAL_SET, mm_v2_wpe(&d->call, mm_v2d_pe(d, g * gs)));
     megamoe_status_t st = MEGAMOE_OK;
     if (me % gs == 0) {
         mm_v2h_signal_group(d, me); /* this leader's own rows are all in place */

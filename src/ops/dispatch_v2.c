@@ -225,7 +225,8 @@ static megamoe_status_t mm_v2d_send_counts(mm_v2_dispatch_t *d)
         if (dst == c->erank) continue;
         mm_shmem_put_signal(box, d->cnt + dst * d->Lmax,
                             (size_t)mm_v2_local_experts(c, dst) * 4, mm_v2d_sig(d, me),
-                            d->call.gen, MM_SHMEM_SIGNAL_SET, mm_v2d_pe(d, dst));
+                            d->call.gen, MM_SHMEM_SIGNAL_SET,
+                                mm_v2_wpe(&d->call, mm_v2d_pe(d, dst)));
     }
     return MEGAMOE_OK;
 }
@@ -238,15 +239,16 @@ static void mm_v2d_put_unit(const mm_v2_dispatch_t *d, int pe, int64_t slot,
     uint8_t *to = mm_v2_seg(&d->call, MM_V2D_RECV) + (size_t)slot * d->ustride;
     size_t n = d->c.quant ? d->meta_off : d->c.row_bytes;
     size_t tb = (size_t)head->n * sizeof *tg;
-    uint8_t *direct = mm_shmem_ptr(to, pe); /* same host: write straight into the peer */
+    uint8_t *direct = mm_shmem_ptr(to,
+        mm_v2_wpe(&d->call, pe)); /* same host: write straight into the peer */
     if (direct) {
         mm_v2_copy(direct, payload, n, d->stream);
         memcpy(direct + d->meta_off, head, sizeof *head);
         memcpy(direct + d->meta_off + sizeof *head, tg, tb);
     } else {
-        mm_shmem_put(to, payload, n, pe);
-        mm_shmem_put(to + d->meta_off, head, sizeof *head, pe);
-        mm_shmem_put(to + d->meta_off + sizeof *head, tg, tb, pe);
+        mm_shmem_put(to, payload, n, mm_v2_wpe(&d->call, pe));
+        mm_shmem_put(to + d->meta_off, head, sizeof *head, mm_v2_wpe(&d->call, pe));
+        mm_shmem_put(to + d->meta_off + sizeof *head, tg, tb, mm_v2_wpe(&d->call, pe));
     }
 }
 
@@ -302,7 +304,8 @@ static megamoe_status_t mm_v2d_send_rows(mm_v2_dispatch_t *d, const mm_v2d_out_t
     int me = d->call.me;
     for (int64_t dst = 0; dst < c->eW; dst++)
         if (dst != c->erank)
-            mm_shmem_signal_op(mm_v2d_sig(d, d->n + me), d->call.gen, MM_SHMEM_SIGNAL_SET, pes[dst]);
+            mm_shmem_signal_op(mm_v2d_sig(d, d->n + me), d->call.gen, MM_SHMEM_SIGNAL_SET,
+                               mm_v2_wpe(&d->call, pes[dst]));
     return MEGAMOE_OK;
 }
 
@@ -427,15 +430,17 @@ static megamoe_status_t mm_v2d_tp(mm_v2_dispatch_t *d, const mm_v2d_out_t *o, in
     uint8_t *tpd = mm_v2_seg(&d->call, MM_V2D_TPDATA);
     int32_t *meta = (int32_t *)mm_v2_seg(&d->call, MM_V2D_TPMETA);
     for (int64_t i = 0; i < d->n_own; i++) {
-        mm_shmem_put(tpd + (size_t)i * d->stride, o->xo + (size_t)i * c->row_bytes, c->row_bytes, peer);
+        mm_shmem_put(tpd + (size_t)i * d->stride, o->xo + (size_t)i * c->row_bytes, c->row_bytes,
+                     mm_v2_wpe(&d->call, peer));
         if (o->so)
             mm_shmem_put(tpd + (size_t)i * d->stride + d->scale_off,
-                         o->so + (size_t)i * c->scale_bytes, c->scale_bytes, peer);
+                         o->so + (size_t)i * c->scale_bytes, c->scale_bytes,
+                             mm_v2_wpe(&d->call, peer));
     }
     int32_t head = (int32_t)d->n_own;
-    mm_shmem_put(meta, &head, 4, peer);
+    mm_shmem_put(meta, &head, 4, mm_v2_wpe(&d->call, peer));
     mm_shmem_put_signal(meta + 16, a->ep_recv_counts.data, (size_t)c->W * 4, sig, d->call.gen,
-                        MM_SHMEM_SIGNAL_SET, peer);
+                        MM_SHMEM_SIGNAL_SET, mm_v2_wpe(&d->call, peer));
     MM_CHECK(mm_v2_wait(&d->call, sig, "the TP peer's rows", peer, NULL));
     int64_t n_peer = meta[0];
     if (d->n_own + n_peer > a->expand_x.shape[0])
@@ -550,8 +555,9 @@ megamoe_status_t megamoe_dispatch_v2(const megamoe_dispatch_v2_args_t *a)
     d.a = a;
     if (local == MEGAMOE_OK) local = mm_v2d_local(&d);
     int tp2 = local == MEGAMOE_OK && d.c.tp == 2;
+    int uses_tp = a->tp_world_size > 1 || a->group_tp != NULL; /* same answer on a bad rank */
     megamoe_status_t st = mm_v2_call_begin(&d.call, MM_V2_WS_DISPATCH, a->group_ep,
-                                           tp2 ? a->group_tp : NULL);
+                                           tp2 ? a->group_tp : NULL, uses_tp);
     if (st != MEGAMOE_OK) {
         mm_v2d_free(&d);
         return st;

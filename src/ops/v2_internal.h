@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "megamoe/ops.h"
+#include "ops/call_order.h"
 
 #include "shmem/comm_impl.h"
 #include "shmem/shmem.h"
@@ -120,24 +121,51 @@ int64_t mm_v2_active_tokens(const mm_v2_cfg_t *cfg, const uint8_t *mask, uint8_t
 enum { MM_V2_WS_DISPATCH = 0, MM_V2_WS_COMBINE = 1, MM_V2_WS_COUNT = 2 };
 #define MM_V2_MAX_SEGS 8
 
+/* ---- scopes (v2_scope.c): the ranks a call involves, their team, call order and pools ---- */
+#define MM_V2_MAX_SCOPES 32
+
+typedef struct mm_v2_scope {
+    mm_shmem_team_t *team;       /* NULL: free slot; the EP communicator's team (or the world) */
+    uint64_t uid;                /* the cache key: the team's id */
+    int n, me;                   /* members, this rank's index */
+    int *wpe;                    /* [n] world rank of member i */
+    int *idx;                    /* [world] member index of a world rank, -1 outside */
+    mm_call_group_t calls;       /* the call order of the operators on a subgroup scope */
+    mm_call_group_t *order;      /* &calls, or the process's operators group on the world */
+    void *base[MM_V2_WS_COUNT];  /* workspace pools (symmetric over the scope's team) */
+    uint64_t size[MM_V2_WS_COUNT];
+    uint64_t gen[MM_V2_WS_COUNT];
+} mm_v2_scope_t;
+
+/* The scope of a team (the EP communicator's, or the world's for TP calls): cached; local. */
+megamoe_status_t mm_v2_scope_get(mm_shmem_team_t *team, mm_v2_scope_t **scope_p);
+/* For a call that cannot name its groups (args NULL): the scope of this rank's last call, else
+ * the world's if it exists (NULL: the caller makes the world's, the common job's). */
+mm_v2_scope_t *mm_v2_scope_guess(void);
+/* Free every scope's pools and team (collective per scope; the last release). */
+megamoe_status_t mm_v2_scopes_release(void);
+
 typedef struct mm_v2_record {
     int32_t status;      /* local status (MEGAMOE_OK when this rank can proceed) */
-    int32_t ep_leader;   /* world PE of EP rank 0 (-1 unknown) */
+    int32_t ep_leader;   /* scope member index of EP rank 0 (-1 unknown) */
     int32_t ep_rank, ep_size;
     int32_t tp_leader, tp_rank, tp_size;
-    int32_t pad;
+    int32_t pad;         /* scope member index of the TP peer */
     int64_t attrs[MM_V2_NATTR];
     int64_t tp_attrs[4]; /* H, ytype, quant, A: must match between TP peers */
     int64_t bs;
     uint64_t ws_size;    /* this rank's current pool size (lockstep check) */
     uint64_t seg[MM_V2_MAX_SEGS];
     int64_t aux[4];      /* operator-specific small values */
-    /* followed by int32 counts[2 * n_world]: rows to each PE, hop-1 units to each PE */
+    /* followed by int32 counts[2 * n_world]: rows to each member, hop-1 units to each */
 } mm_v2_record_t;
 
+/* A call. Its "PEs" are the scope's member indices (0..n_world-1): records, counts and signal
+ * lines are indexed by them; mm_v2_wpe() turns one into the world rank the SHMEM calls take. */
 typedef struct mm_v2_call {
     int kind;                   /* MM_V2_WS_* */
-    int n_world, me;            /* world size and my world PE */
+    int n_world, me;            /* members of the scope and my index */
+    mm_v2_scope_t *scope;
     mm_shmem_team_t *ep, *tp;   /* NULL when absent */
     size_t rec_bytes;
     uint8_t *records;           /* n_world records (malloc) */
@@ -155,9 +183,10 @@ static inline int32_t *mm_v2_rec_counts(const mm_v2_call_t *call, int pe)
     return (int32_t *)((uint8_t *)mm_v2_rec(call, pe) + sizeof(mm_v2_record_t));
 }
 
-/* Start a call: requires the runtime to run. Fills n_world/me and allocates the records. */
+/* Start a call: requires the runtime to run. Finds the scope (uses_tp: the world, else ep's
+ * team), fills n_world/me and allocates the records. */
 megamoe_status_t mm_v2_call_begin(mm_v2_call_t *call, int kind, megamoe_comm_t *ep,
-                                  megamoe_comm_t *tp);
+                                  megamoe_comm_t *tp, int uses_tp);
 /* Exchange the records (mine = mm_v2_rec(call, call->me), filled by the caller) as the first
  * exchange of a call of call_kind (MM_CALL_DISPATCH_V2, ... in ops/call_order.h: the call
  * order is checked with it, CALL_MISMATCH), decide collectively: the first failing rank's
@@ -189,9 +218,11 @@ megamoe_status_t mm_v2_wait(const mm_v2_call_t *call, uint64_t *sig, const char 
 /* Fill the attribute fields of a record from a configuration. */
 void mm_v2_record_attrs(const mm_v2_cfg_t *cfg, mm_v2_record_t *rec);
 
-/* World PE of EP rank r / of the TP peer. */
+/* Scope member index of EP rank r / of the TP peer. */
 int mm_v2_ep_pe(const mm_v2_call_t *call, int64_t ep_rank);
 int mm_v2_tp_peer_pe(const mm_v2_call_t *call, int64_t tp_rank);
+/* World rank of scope member i (what mm_shmem_put & co. take). */
+static inline int mm_v2_wpe(const mm_v2_call_t *call, int i) { return call->scope->wpe[i]; }
 
 /* ---- per-call scratch ------------------------------------------------------------------
  * Everything a call needs after the agreement is reserved before it, so a rank can never fail

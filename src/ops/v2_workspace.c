@@ -1,12 +1,13 @@
 /* Agreement and symmetric workspaces of the v2 operators (see v2_internal.h).
  *
- * Symmetric allocation is collective over the world, so the workspaces are process-wide pools
- * (one per operator kind), not per communicator: every world rank calls the operators in the
- * same order, each call starts with one world allgather of a fixed-size record, and every rank
- * derives the same decisions from the same records — in particular whether a pool must grow
- * and to what size (the world maximum of what any rank needs), so repeated calls with the same
- * sizes never allocate. Segment 0 of a pool holds the signal lines; they are zeroed when a pool
- * is (re)allocated and otherwise only ever raised to the call generation.
+ * A call's ranks are its scope (v2_scope.c: the EP group, with TP its members' TP peers too).
+ * The workspaces are pools of the scope (one per operator kind), allocated on the scope's
+ * team: its members call the operators in the same order, each call starts with one allgather
+ * of a fixed-size record over the scope, and every member derives the same decisions from the
+ * same records — in particular whether a pool must grow and to what size (the scope's maximum
+ * of what any member needs), so repeated calls with the same sizes never allocate. Segment 0
+ * of a pool holds the signal lines; they are zeroed when a pool is (re)allocated and otherwise
+ * only ever raised to the call generation.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,12 +21,6 @@
 
 static megamoe_status_t mm_v2_release_hook(void *arg);
 
-static struct {
-    void *base[MM_V2_WS_COUNT];
-    uint64_t size[MM_V2_WS_COUNT];
-    uint64_t gen[MM_V2_WS_COUNT];
-} mm_v2_pool;
-
 static const char *const mm_v2_attr_names[MM_V2_NATTR] = {
     "operator",        "ep_world_size",    "moe_expert_num",    "shared_expert_num",
     "shared_expert_rank_num", "expert_shard_type", "K (expert_ids dim 1)", "H",
@@ -35,35 +30,44 @@ static const char *const mm_v2_attr_names[MM_V2_NATTR] = {
     "MEGAMOE_RANKS_PER_NODE"};
 
 megamoe_status_t mm_v2_call_begin(mm_v2_call_t *call, int kind, megamoe_comm_t *ep,
-                                  megamoe_comm_t *tp)
+                                  megamoe_comm_t *tp, int uses_tp)
 {
     memset(call, 0, sizeof *call);
     call->kind = kind;
     if (!mm_shmem_is_running())
         return mm_error(MEGAMOE_INVALID_STATE, "the communication runtime is not running: create "
                         "a communicator (megamoe_comm_create) before calling the operators");
-    call->n_world = mm_shmem_n_pes();
-    call->me = mm_shmem_my_pe();
+    mm_shmem_team_t *tp_team = tp ? mm_comm_team(tp) : NULL;
+    mm_shmem_team_t *ep_team = ep ? mm_comm_team(ep) : NULL;
+    /* a refused call or a dead group_ep: the groups are unknown; the scope of this rank's last
+     * call (else the world's) is the best place to report the error to the others */
+    if (!uses_tp && ep_team == NULL) call->scope = mm_v2_scope_guess();
+    if (call->scope == NULL)
+        MM_CHECK(mm_v2_scope_get(uses_tp || ep_team == NULL ? mm_shmem_team_world() : ep_team,
+                                 &call->scope));
+    call->n_world = call->scope->n;
+    call->me = call->scope->me;
     call->rec_bytes = mm_align_up(sizeof(mm_v2_record_t) + 8u * (size_t)call->n_world, 8);
     call->records = calloc((size_t)call->n_world, call->rec_bytes);
     if (call->records == NULL)
         return mm_error(MEGAMOE_OUT_OF_MEMORY, "no memory for %d agreement records", call->n_world);
     call->ep = ep ? mm_comm_team(ep) : NULL;
-    call->tp = tp ? mm_comm_team(tp) : NULL;
+    call->tp = tp_team && mm_shmem_team_n_pes(tp_team) == 2 ? tp_team : NULL;
     mm_v2_record_t *r = mm_v2_rec(call, call->me);
     r->status = MEGAMOE_OK;
     r->ep_leader = r->tp_leader = -1;
     r->ep_rank = r->tp_rank = -1;
+    r->pad = -1;
     if (call->ep) {
-        r->ep_leader = mm_shmem_team_world_pe(call->ep, 0);
+        r->ep_leader = mm_v2_ep_pe(call, 0);
         r->ep_rank = mm_shmem_team_my_pe(call->ep);
         r->ep_size = mm_shmem_team_n_pes(call->ep);
     }
-    if (call->tp && mm_shmem_team_n_pes(call->tp) == 2) {
-        r->tp_leader = mm_shmem_team_world_pe(call->tp, 0);
+    if (call->tp) {
         r->tp_rank = mm_shmem_team_my_pe(call->tp);
+        r->tp_leader = call->scope->idx[mm_shmem_team_world_pe(call->tp, 0)];
         r->tp_size = 2;
-        r->pad = mm_shmem_team_world_pe(call->tp, 1 - r->tp_rank); /* the peer's world PE */
+        r->pad = mm_v2_tp_peer_pe(call, r->tp_rank); /* the peer's member index */
     }
     return MEGAMOE_OK;
 }
@@ -79,14 +83,14 @@ megamoe_status_t mm_v2_call_agree(mm_v2_call_t *call, int call_kind)
     const char *op_name = mm_call_kind_name(call_kind);
     mm_v2_record_t *mine = mm_v2_rec(call, call->me);
     int kind = call->kind;
-    mine->ws_size = mm_v2_pool.size[kind];
-    /* 1. the call order and every rank's local status, in the one world exchange of the
+    mine->ws_size = call->scope->size[kind];
+    /* 1. the call order and every rank's local status, in the one scope exchange of the
      *    records (the descriptor travels with them): a failing rank keeps its own message,
      *    the others get "rank R: <its message>", before data moves */
     mm_call_t c;
-    mm_call_begin(&c, &mm_call_operators, call_kind, 0, 0);
+    mm_call_begin(&c, call->scope->order, call_kind, 0, 0);
     c.keep_own_error = 1;
-    megamoe_status_t st = mm_call_exchange(&c, mm_shmem_team_world(),
+    megamoe_status_t st = mm_call_exchange(&c, call->scope->team,
                                            (megamoe_status_t)mine->status, mine, call->rec_bytes);
     for (int p = 0; st == MEGAMOE_OK && p < call->n_world; p++)
         memcpy(call->records + (size_t)p * call->rec_bytes, mm_call_payload(&c, p),
@@ -100,37 +104,41 @@ megamoe_status_t mm_v2_call_agree(mm_v2_call_t *call, int call_kind)
         if (r->ws_size != mine->ws_size)
             return mm_error(MEGAMOE_CONFIG_MISMATCH, "%s: the operator workspaces differ between "
                             "world ranks %d and %d: every rank must call the operators in the same "
-                            "order", op_name, p, call->me);
+                            "order", op_name, mm_v2_wpe(call, p), mm_v2_wpe(call, call->me));
     }
     /* 3. attributes equal inside every EP group, TP peers compatible (checked for all groups,
      *    so every rank reaches the same verdict) */
     for (int p = 0; p < n; p++) {
         mm_v2_record_t *r = mm_v2_rec(call, p);
         if (r->ep_leader < 0 || r->ep_leader >= n)
-            return mm_error(MEGAMOE_INTERNAL, "%s: world rank %d has no EP group", op_name, p);
+            return mm_error(MEGAMOE_INTERNAL, "%s: world rank %d has no EP group", op_name,
+                            mm_v2_wpe(call, p));
         mm_v2_record_t *l = mm_v2_rec(call, r->ep_leader);
         if (l->ep_leader != r->ep_leader || l->ep_size != r->ep_size)
             return mm_error(MEGAMOE_CONFIG_MISMATCH, "%s: world ranks %d and %d disagree about "
                             "their EP group (group_ep must be the same communicator on its ranks)",
-                            op_name, p, r->ep_leader);
+                            op_name, mm_v2_wpe(call, p), mm_v2_wpe(call, r->ep_leader));
         for (int i = 0; i < MM_V2_NATTR; i++)
             if (r->attrs[i] != l->attrs[i])
                 return mm_error(MEGAMOE_CONFIG_MISMATCH, "%s: %s differs inside an EP group: "
                                 "world rank %d has %lld, world rank %d has %lld; pass the same "
-                                "value on every rank", op_name, mm_v2_attr_names[i], p,
-                                (long long)r->attrs[i], r->ep_leader, (long long)l->attrs[i]);
+                                "value on every rank", op_name, mm_v2_attr_names[i],
+                                mm_v2_wpe(call, p), (long long)r->attrs[i],
+                                mm_v2_wpe(call, r->ep_leader), (long long)l->attrs[i]);
         if (r->tp_size == 2) {
             int q = r->pad;
             mm_v2_record_t *o = (q >= 0 && q < n) ? mm_v2_rec(call, q) : NULL;
             if (o == NULL || o->tp_size != 2 || o->pad != p)
                 return mm_error(MEGAMOE_CONFIG_MISMATCH, "%s: world rank %d and its TP peer %d "
-                                "disagree about group_tp", op_name, p, q);
+                                "disagree about group_tp", op_name, mm_v2_wpe(call, p),
+                                q >= 0 && q < n ? mm_v2_wpe(call, q) : -1);
             static const char *const tp_names[4] = {"H", "expand_x dtype", "quant_mode", "A"};
             for (int i = 0; i < 4; i++)
                 if (r->tp_attrs[i] != o->tp_attrs[i])
                     return mm_error(MEGAMOE_CONFIG_MISMATCH, "%s: %s differs between TP peers "
-                                    "(world ranks %d: %lld, %d: %lld)", op_name, tp_names[i], p,
-                                    (long long)r->tp_attrs[i], q, (long long)o->tp_attrs[i]);
+                                    "(world ranks %d: %lld, %d: %lld)", op_name, tp_names[i],
+                                    mm_v2_wpe(call, p), (long long)r->tp_attrs[i],
+                                    mm_v2_wpe(call, q), (long long)o->tp_attrs[i]);
         }
     }
     return MEGAMOE_OK;
@@ -182,31 +190,32 @@ megamoe_status_t mm_v2_call_layout(mm_v2_call_t *call, int nseg, const uint64_t 
         call->seg_off[s] = off;
         off += mm_align_up(seg_bytes[s] ? seg_bytes[s] : 64, 4096);
     }
-    if (off > mm_v2_pool.size[kind]) {
-        /* grow: same decision on every rank (world maxima, same history) */
-        uint64_t want = mm_v2_pool.size[kind] + mm_v2_pool.size[kind] / 2;
+    mm_v2_scope_t *sc = call->scope;
+    if (off > sc->size[kind]) {
+        /* grow: same decision on every member (the scope's maxima, same history) */
+        uint64_t want = sc->size[kind] + sc->size[kind] / 2;
         if (want < off) want = off;
         want = mm_align_up(want, 2u << 20);
-        if (mm_v2_pool.base[kind]) {
-            MM_CHECK(mm_shmem_free(mm_v2_pool.base[kind]));
-            mm_v2_pool.base[kind] = NULL;
-            mm_v2_pool.size[kind] = 0;
+        if (sc->base[kind]) {
+            MM_CHECK(mm_shmem_team_free(sc->team, sc->base[kind]));
+            sc->base[kind] = NULL;
+            sc->size[kind] = 0;
         }
         void *p = NULL;
-        megamoe_status_t st = mm_shmem_malloc(want, 4096, &p);
+        megamoe_status_t st = mm_shmem_team_malloc(sc->team, want, 4096, &p);
         if (st != MEGAMOE_OK)
             return mm_error(st, "%s; the dispatch/combine workspace needs %llu bytes of symmetric "
                             "heap: raise HYPER_PARALLEL_SHMEM_HEAP_SIZE", megamoe_last_error(),
                             (unsigned long long)want);
-        mm_v2_pool.base[kind] = p;
-        mm_v2_pool.size[kind] = want;
+        sc->base[kind] = p;
+        sc->size[kind] = want;
         /* The last SHMEM release frees the workspaces itself (no explicit call needed). */
         MM_CHECK(mm_shmem_add_release_hook(mm_v2_release_hook, NULL));
         memset(p, 0, call->seg_off[1] ? call->seg_off[1] : 4096); /* signal lines */
-        MM_CHECK(mm_shmem_barrier_all());
+        MM_CHECK(mm_shmem_team_barrier(sc->team));
     }
-    call->base = mm_v2_pool.base[kind];
-    call->gen = ++mm_v2_pool.gen[kind];
+    call->base = sc->base[kind];
+    call->gen = ++sc->gen[kind];
     return MEGAMOE_OK;
 }
 
@@ -216,20 +225,20 @@ megamoe_status_t mm_v2_wait(const mm_v2_call_t *call, uint64_t *sig, const char 
     uint64_t t0 = waited_us ? mm_now_ns() : 0;
     megamoe_status_t st = mm_shmem_signal_wait_until(sig, MM_SHMEM_CMP_GE, call->gen, NULL);
     if (st != MEGAMOE_OK)
-        return mm_error(st, "waiting for %s from world rank %d: %s", what, peer,
-                        megamoe_last_error());
+        return mm_error(st, "waiting for %s from world rank %d: %s", what,
+                        mm_v2_wpe(call, peer), megamoe_last_error());
     if (waited_us) *waited_us += (int64_t)((mm_now_ns() - t0) / 1000);
     return MEGAMOE_OK;
 }
 
 int mm_v2_ep_pe(const mm_v2_call_t *call, int64_t ep_rank)
 {
-    return mm_shmem_team_world_pe(call->ep, (int)ep_rank);
+    return call->scope->idx[mm_shmem_team_world_pe(call->ep, (int)ep_rank)];
 }
 
 int mm_v2_tp_peer_pe(const mm_v2_call_t *call, int64_t tp_rank)
 {
-    return mm_shmem_team_world_pe(call->tp, (int)(1 - tp_rank));
+    return call->scope->idx[mm_shmem_team_world_pe(call->tp, (int)(1 - tp_rank))];
 }
 
 static megamoe_status_t mm_v2_release_hook(void *arg)
@@ -240,21 +249,12 @@ static megamoe_status_t mm_v2_release_hook(void *arg)
 
 megamoe_status_t megamoe_ops_release(void)
 {
-    megamoe_status_t st = MEGAMOE_OK;
     mm_v2_scratch_release();
-    for (int k = 0; k < MM_V2_WS_COUNT; k++) {
-        if (mm_v2_pool.base[k] && mm_shmem_is_running()) {
-            megamoe_status_t s = mm_shmem_free(mm_v2_pool.base[k]);
-            if (st == MEGAMOE_OK) st = s;
-        }
-        mm_v2_pool.base[k] = NULL;
-        mm_v2_pool.size[k] = 0;
-        /* Generations restart with the next pool, whose signal lines start at 0 on every rank
-         * (a peer process that joins a later lifecycle starts at 0 too). */
-        mm_v2_pool.gen[k] = 0;
-    }
-    /* likewise the operators' call numbers (call_order.h; collective: every rank resets) */
+    /* every scope's pools and team (collective per scope); generations and call numbers
+     * restart with the next scope, whose signal lines start at 0 on every member */
+    megamoe_status_t st = mm_v2_scopes_release();
     mm_call_operators.calls = 0;
+    mm_call_forget_seen();
     return st;
 }
 
@@ -264,7 +264,7 @@ megamoe_status_t mm_v2_call_refuse(int call_kind, megamoe_status_t st)
     char text[1024];
     snprintf(text, sizeof text, "%s", megamoe_last_error());
     mm_v2_call_t call;
-    megamoe_status_t bs = mm_v2_call_begin(&call, MM_V2_WS_DISPATCH, NULL, NULL);
+    megamoe_status_t bs = mm_v2_call_begin(&call, MM_V2_WS_DISPATCH, NULL, NULL, 0);
     if (bs != MEGAMOE_OK) return bs;
     mm_set_last_error(text);
     mm_v2_rec(&call, call.me)->status = st;

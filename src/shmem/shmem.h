@@ -183,10 +183,18 @@ megamoe_status_t mm_shmem_team_split(mm_shmem_team_t *parent, int color, int key
  * CONFIG_MISMATCH on every member); the calling PE must be in it. */
 megamoe_status_t mm_shmem_team_create(const int *world_pes, int n, mm_shmem_team_t **team_p);
 /* Collective over the members; INVALID_STATE on every member (the team stays) while it still
- * owns symmetric allocations. */
+ * owns symmetric allocations. The team-destroy hooks run first (below). */
 megamoe_status_t mm_shmem_team_destroy(mm_shmem_team_t *team);
+/* Hooks run at the start of every mm_shmem_team_destroy, on every member (destroy is
+ * collective): a layer above frees what it allocated on that team (collectively) and forgets
+ * the team. Idempotent registration, at most 8; they stay for later lifecycles. */
+typedef megamoe_status_t (*mm_shmem_team_hook_t)(mm_shmem_team_t *team, void *arg);
+megamoe_status_t mm_shmem_add_team_destroy_hook(mm_shmem_team_hook_t fn, void *arg);
 int mm_shmem_team_my_pe(const mm_shmem_team_t *team);
 int mm_shmem_team_n_pes(const mm_shmem_team_t *team);
+/* A process-unique id of the team (never reused after destroy, unlike its address); 0 for a
+ * dead handle. */
+uint64_t mm_shmem_team_uid(const mm_shmem_team_t *team);
 /* World PE of team member i (-1 when out of range). */
 int mm_shmem_team_world_pe(const mm_shmem_team_t *team, int i);
 

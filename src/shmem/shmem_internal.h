@@ -65,6 +65,7 @@ struct mm_shmem_team {
     uint64_t bar_gen;  /* barriers done (generation numbers, monotone) */
     uint64_t coll_gen; /* collectives done (outbox parity) */
     uint64_t alloc_seq; /* symmetric allocations and frees done on this team */
+    uint64_t uid;       /* unique in this process (never reused, unlike the address) */
     megamoe_status_t failed; /* a barrier of this team did not complete: the team is done */
     int is_world;
     struct mm_shmem_team *next; /* live non-world teams */
@@ -230,6 +231,8 @@ static inline int mm_shmem_cmp(uint64_t v, int cmp, uint64_t value)
 size_t mm_shmem_live_table(char *out, size_t len, int max_rows);
 
 /* ---- team.c ---- */
+/* A fresh process-unique team id. */
+uint64_t mm_shmem_team_next_uid(void);
 /* Set up the world team (slot 0) for a new lifecycle. */
 void mm_shmem_team_world_init(void);
 /* Free every team structure (teardown). */

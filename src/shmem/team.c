@@ -29,6 +29,15 @@ static megamoe_status_t mm_team_check(const mm_shmem_team_t *t, const char *op)
     return MEGAMOE_OK;
 }
 
+static atomic_ullong mm_team_uids;
+
+uint64_t mm_shmem_team_next_uid(void) { return atomic_fetch_add(&mm_team_uids, 1) + 1; }
+
+uint64_t mm_shmem_team_uid(const mm_shmem_team_t *t)
+{
+    return t && t->magic == MM_SHMEM_TEAM_MAGIC ? t->uid : 0;
+}
+
 void mm_shmem_team_world_init(void)
 {
     mm_shmem_global_t *g = &mm_shmem_g;
@@ -36,7 +45,8 @@ void mm_shmem_team_world_init(void)
                                       .n = g->n_pes,
                                       .me = g->my_pe,
                                       .slot = 0,
-                                      .is_world = 1};
+                                      .is_world = 1,
+                                      .uid = mm_shmem_team_next_uid()};
     g->teams = NULL;
     g->slots_used = 1;
 }
@@ -305,6 +315,7 @@ megamoe_status_t mm_shmem_team_split(mm_shmem_team_t *parent, int color, int key
             st = mm_error(MEGAMOE_OUT_OF_MEMORY, "mm_shmem_team_split: out of memory");
         } else {
             t->magic = MM_SHMEM_TEAM_MAGIC;
+            t->uid = mm_shmem_team_next_uid();
             t->n = k;
             t->slot = slot_of[parent->me];
             t->pes = pes;
@@ -349,12 +360,43 @@ void mm_shmem_team_destroy_local(mm_shmem_team_t *t)
     free(t);
 }
 
+#define MM_TEAM_MAX_HOOKS 8
+typedef struct mm_team_hook {
+    mm_shmem_team_hook_t fn;
+    void *arg;
+} mm_team_hook_t;
+static mm_team_hook_t mm_team_hooks[MM_TEAM_MAX_HOOKS];
+static int mm_team_hook_count;
+static pthread_mutex_t mm_team_hook_lock = PTHREAD_MUTEX_INITIALIZER;
+
+megamoe_status_t mm_shmem_add_team_destroy_hook(mm_shmem_team_hook_t fn, void *arg)
+{
+    megamoe_status_t st = MEGAMOE_OK;
+    pthread_mutex_lock(&mm_team_hook_lock);
+    int found = 0;
+    for (int i = 0; i < mm_team_hook_count; i++)
+        found |= mm_team_hooks[i].fn == fn && mm_team_hooks[i].arg == arg;
+    if (!found && mm_team_hook_count == MM_TEAM_MAX_HOOKS)
+        st = mm_error(MEGAMOE_INVALID_STATE, "mm_shmem_add_team_destroy_hook: all %d slots are "
+                      "used", MM_TEAM_MAX_HOOKS);
+    else if (!found)
+        mm_team_hooks[mm_team_hook_count++] = (mm_team_hook_t){fn, arg};
+    pthread_mutex_unlock(&mm_team_hook_lock);
+    return st;
+}
+
 megamoe_status_t mm_shmem_team_destroy(mm_shmem_team_t *t)
 {
     MM_CHECK(mm_team_check(t, "mm_shmem_team_destroy"));
     if (t->is_world)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_team_destroy: the world team lives "
                         "as long as the runtime");
+    pthread_mutex_lock(&mm_team_hook_lock);
+    int nh = mm_team_hook_count;
+    mm_team_hook_t hooks[MM_TEAM_MAX_HOOKS];
+    memcpy(hooks, mm_team_hooks, sizeof hooks);
+    pthread_mutex_unlock(&mm_team_hook_lock);
+    for (int i = 0; i < nh; i++) hooks[i].fn(t, hooks[i].arg); /* failures: the check below */
     /* Allocations of a team keep its slot as their owner: refuse while any live (the members
      * hold the same ones, but agree so that the verdict is the same everywhere). */
     int live = mm_shmem_team_live_allocations(t);
@@ -449,6 +491,7 @@ megamoe_status_t mm_shmem_team_create(const int *world_pes, int n, mm_shmem_team
     }
     memcpy(pes, world_pes, sizeof(int) * (size_t)n);
     t->magic = MM_SHMEM_TEAM_MAGIC;
+    t->uid = mm_shmem_team_next_uid();
     t->n = n;
     t->me = me;
     t->slot = slot;
