@@ -25,7 +25,11 @@ a communicator that only layers asked for is destroyed when the last layer using
 So the SHMEM lifecycle ends with the last close (seed 000), and the next layer starts a new one
 that reads HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT / HYPER_PARALLEL_SHMEM_HEAP_SIZE again. A
 communicator your own code asked for (``world()``, ``for_group()``, ``group_name()``) stays
-until ``shutdown()``.
+until ``shutdown()``. Layers on an EP subgroup end their group's communicator with the group's
+last close (collective over the group's members only), but not the world's: ending the
+lifecycle is a collective of every rank, which data-parallel replicas running on their own
+schedules never reach together, so after a subgroup layer the lifecycle lasts until
+``shutdown()`` (collective) or process exit.
 """
 import atexit
 import ctypes
@@ -78,6 +82,7 @@ class Comm:
         self.name = name
         self.world_ranks = tuple(world_ranks)
         self._leases = 0      # MegaMoeExperts layers using it (_acquire / _release)
+        self._pinned = False  # the world once a layer used an EP subgroup: kept until shutdown
         self._user = False    # asked for by the user's own code: kept until shutdown()
         _adapter.register_group(name, handle.value)  # torch.ops.megamoe resolves it by name
 
@@ -255,9 +260,16 @@ def _acquire(process_group=None, heap_size=0):
     the group's when it is not the world), each counted once; pass the list to ``_release``.
     heap_size applies when this call starts the runtime."""
     with _lock:
-        chain = [_world_comm(heap_size=heap_size)]
-        if not _is_world(process_group):
-            chain.append(_group_comm(process_group))
+        world_comm = _world_comm(heap_size=heap_size)
+        if _is_world(process_group):
+            chain = [world_comm]
+        else:
+            # An EP subgroup: the group's communicator ends with the group's last layer (a
+            # collective of its members only), but the world's end is a collective of every
+            # rank, which replicas on their own schedules never reach together: the world (and
+            # with it the SHMEM lifecycle) stays until shutdown() or exit.
+            world_comm._pinned = True
+            chain = [_group_comm(process_group)]
         for comm in chain:
             comm._leases += 1
         return chain
@@ -271,7 +283,7 @@ def _release(chain):
         for comm in chain:
             comm._leases -= 1
         for comm in reversed(chain):
-            if comm._leases == 0 and not comm._user and comm.alive:
+            if comm._leases == 0 and not comm._user and not comm._pinned and comm.alive:
                 comm.destroy()
 
 
