@@ -35,7 +35,9 @@ def bench_steps(quick, layer_help):
         ("shmem", "SHMEM", ["shmem"] + (["--quick"] if quick else [])),
         ("dispatch", "dispatch+combine over decode batch sizes",
          ["dispatch", "--bs", ",".join(map(str, DECODE_BS_QUICK if quick else DECODE_BS_FULL)),
-          "--zero-fill-only"] + (["--quant", "0", "--reps", "3"] if quick else ["--quant", "0,2"])),
+          "--zero-fill-only"] +
+         # quick: no gloo side (tens of seconds per call at BS 4096) and no int8 transport
+         (["--quant", "0", "--reps", "3", "--no-gloo"] if quick else ["--quant", "0,2"])),
     ]
     # the layer benchmark itself: every routing pattern (the skew figure)
     layer = ["layer", "--workers", "1", "--routing", "balanced,zero,skew,single"]

@@ -115,7 +115,7 @@ def machine_section(docs, machine):
                          f"({big >> 20} MiB buffers)" if big else "")
                       + " (memory roofs count read + write: 2x these)"))
     vers = machine.get("versions", {})
-    return {"facts": facts, "versions": sorted(vers.items())}
+    return {"facts": facts, "versions": list(vers.items())}
 
 
 def load_note(machine):
@@ -131,7 +131,7 @@ def load_note(machine):
                 f"{fmt(start)} before the run and up to {fmt(max(ls))} during it on {cores} "
                 "cores (the benchmarks themselves use at most "
                 f"{cores}). Absolute times and % of peak are pessimistic; same-run ratios "
-                "less so. Regenerate on a quiet machine with the command below.")
+                "less so. Regenerate on a quiet machine with `megamoe bench report --out DIR`.")
     return ""
 
 
