@@ -132,8 +132,9 @@ def run_step(megamoe, argv, log_path, timeout):
         docs = []
     if r.returncode != 0 or not docs:
         with open(log_path) as f:
-            tail = [ln.strip() for ln in f.read().splitlines() if ln.strip()][-3:]
-        return docs, f"exit status {r.returncode}: " + " | ".join(tail)
+            lines = [ln.strip() for ln in f.read().splitlines() if ln.strip()]
+        said = [ln for ln in lines if re.search(r"error|fail|not found|cannot", ln, re.I)]
+        return docs, f"exit status {r.returncode}: " + " | ".join(said[-1:] or lines[-2:])
     return docs, None
 
 

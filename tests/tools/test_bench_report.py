@@ -151,6 +151,34 @@ def test_report_missing_bench_is_named(report_dir, tmp_path):
     assert "missing: tokens: no benchmark output" in r.stderr
 
 
+def test_report_picks_up_hosts_and_replicas_rows(report_dir, tmp_path):
+    """Rows carrying "hosts" (bench layer --hosts) and "replicas" (bench layer --replicas) are
+    drawn where they belong. This build cannot run either, so real layer rows are relabelled."""
+    d = tmp_path / "in"
+    shutil.copytree(report_dir / "data", d)
+    with open(d / "scaling.json") as f:
+        doc = json.loads(f.read().splitlines()[-1])  # the 2-rank run
+    for r in doc["rows"]:
+        r["hosts"] = 2
+    with open(d / "scaling.json", "a") as f:
+        f.write(json.dumps(doc) + "\n")
+    with open(d / "layer.json") as f:
+        doc = json.loads(f.read().splitlines()[0])
+    doc["rows"] = [dict(r, replicas=2) for r in doc["rows"] if r["routing"] == "skew"]
+    with open(d / "layer.json", "a") as f:
+        f.write(json.dumps(doc) + "\n")
+    out = tmp_path / "o"
+    r = run_megamoe(["bench", "report", "--from", str(d), "--out", str(out)], timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    page = check_page(out, {"scaling": 3, "skew": 3})
+    scaling = page.split("<h2 id='scaling'>")[1].split("<h2 ")[0]
+    assert "<tr><td>2</td><td>2</td><td>128</td>" in scaling  # 2 ranks on 2 hosts
+    assert "not available" not in scaling
+    skew = page.split("<h2 id='skew'>")[1].split("<h2 ")[0]
+    assert "skew + 2 replicas" in skew and "not available" not in skew
+    assert "EP2 2 hosts" in page and "replicas 2" in page  # roofline points
+
+
 @pytest.mark.parametrize("args,message", [
     ([], "--out"),
     (["--out", "/tmp/x", "--from", "/nonexistent/dir"], "no such directory"),
