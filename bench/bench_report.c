@@ -28,17 +28,17 @@ int mm_bench_report_main(int argc, char **argv)
         return 2;
     }
     char *args[64];
+    if (argc - 1 > 64 - 5) {
+        fprintf(stderr, "megamoe bench report: too many arguments\n");
+        return 2;
+    }
     int n = 0;
     args[n++] = MM_REPORT_PYTHON;
     args[n++] = script;
     args[n++] = "--megamoe";
     args[n++] = (char *)mm_bench_self_exe();
-    for (int i = 1; i < argc && n < 63; i++) args[n++] = argv[i];
+    for (int i = 1; i < argc; i++) args[n++] = argv[i];
     args[n] = NULL;
-    if (argc - 1 > 63 - 4) {
-        fprintf(stderr, "megamoe bench report: too many arguments\n");
-        return 2;
-    }
     fflush(stdout);
     fflush(stderr);
     execv(MM_REPORT_PYTHON, args);
