@@ -37,7 +37,8 @@ def parse_args(argv):
                          "outputs (gemm, shmem, dispatch, layer, tokens, scaling; several "
                          "runs may be appended to one file)")
     ap.add_argument("--note", action="append", default=[], metavar="TEXT",
-                    help="a sentence to show at the top of the page (repeatable)")
+                    help="a sentence to show at the top of the page (repeatable; kept in "
+                         "data/machine.json, replaced by --note on a re-render)")
     ap.add_argument("--step-timeout", type=int, default=3600, metavar="S",
                     help="seconds one benchmark may run (default 3600)")
     return ap.parse_args(argv)
@@ -78,14 +79,14 @@ def main(argv):
     if not os.access(args.megamoe, os.X_OK):
         sys.exit(f"megamoe bench report: {args.megamoe} is not executable")
     out_dir = os.path.abspath(args.out)
-    os.makedirs(os.path.join(out_dir, "logs"), exist_ok=True)
+    os.makedirs(os.path.join(out_dir, "data" if args.from_dir else "logs"), exist_ok=True)
     t0 = time.time()
 
     def log(msg):
         print(f"[report {time.time() - t0:5.0f} s] {msg}", file=sys.stderr, flush=True)
 
     docs, machine, failures = report_run.main_collect(args, out_dir, log)
-    path, figs, failures = render(out_dir, docs, machine, failures, args.note)
+    path, figs, failures = render(out_dir, docs, machine, failures, machine.get("notes", []))
     drawn = [f for f in figs.values() if f]
     log(f"wrote {path} ({len(drawn)} figures: {', '.join(drawn)})")
     for f in failures:

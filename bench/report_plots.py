@@ -33,8 +33,16 @@ def _plain_log(ax, axis="y", values=None):
         dense = lo > 0 and hi / lo <= 1e3
         a.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0) if dense else (1.0,)))
         a.set_minor_locator(ticker.LogLocator(base=10, subs=tuple(range(1, 10))))
-    a.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    a.set_major_formatter(ticker.FuncFormatter(_plain))
     a.set_minor_formatter(ticker.NullFormatter())
+
+
+def _plain(v, _=None):
+    """1, 20, 500, 2K, 10K, 1M: short labels for log axes."""
+    for div, unit in ((1e6, "M"), (1e3, "K")):
+        if v >= div and (v / div) == int(v / div):
+            return f"{v / div:g}{unit}"
+    return f"{v:.0f}" if v >= 1 else f"{v:g}"
 
 
 def _bar_values(ax, xs, vals, fmt="{:.2f}"):
@@ -131,7 +139,7 @@ def scaling(sec, out_dir):
         a.set_xticklabels(labels, fontsize=8)
         a.grid(True, axis="y", alpha=0.25)
     for i, p in enumerate(pts):
-        a1.annotate(f"{p['us_per_token']:.3g} us, {p['cores']} core"
+        a1.annotate(f"{p['us_per_token']:.0f} us, {p['cores']} core"
                     f"{'s' if p['cores'] > 1 else ''}", (i, p["us_per_token"]),
                     ha="center", va="bottom", fontsize=7)
     _bar_values(a2, xs, [p["pct"] for p in pts], "{:.0f} %")

@@ -275,6 +275,8 @@ def main_collect(args, out_dir, log):
         machine["copy"] = measure_copy(machine["cores"], args.quick or bool(args.from_dir))
         log(f"copy bandwidth measured in {time.time() - t0:.0f} s")
     machine.setdefault("quick", bool(args.quick))
+    if args.note:  # kept with the data, so a re-render shows them; --note again replaces them
+        machine["notes"] = list(args.note)
     if not args.from_dir:
         machine["started"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         layer_help = _cmd([args.megamoe, "bench", "layer", "--help"])

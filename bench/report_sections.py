@@ -17,11 +17,17 @@ import math
 LAYER_SHAPES = {"seed": (1024, 512, 128, 4, 2), "large": (4096, 2048, 1024, 8, 2)}
 
 
+# measured figures: floats even when the JSON wrote them without a fraction (117162)
+MEASURED = ("fwd_bwd_ms", "fwd_ms", "bwd_ms", "tflops", "gflops", "dispatch_us", "combine_us",
+            "GBps", "us", "cpu_ms")
+
+
 def rows(docs, name):
     out = []
     for d in docs.get(name, []):
         for r in d.get("rows", []):
-            r = dict(r)
+            r = {k: float(v) if k in MEASURED and isinstance(v, int) else v
+                 for k, v in r.items()}
             r["_step"] = d.get("report_step", name)
             out.append(r)
     return out

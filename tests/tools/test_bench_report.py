@@ -133,7 +133,7 @@ def test_report_from_bench_json(bench_json, report_dir):
     t128 = [r for r in _rows(bench_json / "tokens.json")
             if r["impl"] == "megamoe" and r["tokens"] == 128][0]
     tokens_sec = page.split("<h2 id='tokens'>")[1].split("<h2 ")[0]
-    assert f"<td>128</td><td>{fmt(t128['fwd_bwd_ms'])}</td>" in tokens_sec
+    assert f"<td>128</td><td>{fmt(float(t128['fwd_bwd_ms']))}</td>" in tokens_sec
     assert "AMD" in page or "Intel" in page or "CPU" in page
     # rows that are not there are said to be missing, not hidden
     scaling = page.split("<h2 id='scaling'>")[1].split("<h2 ")[0]
