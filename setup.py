@@ -7,6 +7,8 @@ wheel made after `make build` reuses that build. Into the wheel go
     megamoe/_native/libmegamoe.so.<ABI>   the library, under its SONAME (megamoe/_lib.py loads it)
     megamoe/_native/libmegamoe_torch.so   the Torch adapter, when built (RUNPATH $ORIGIN)
     <venv>/bin/megamoe                    the CLI (a wheel data file for the scripts directory)
+    <venv>/share/megamoe/bench/*.py       the benchmarks' Python parts (baselines, bench report),
+                                          where the CLI looks beside itself (docs/bench_report.md)
 """
 import glob
 import os
@@ -92,6 +94,7 @@ setup(
     cmdclass={"build_py": BuildWithNative},
     distclass=BinaryDistribution,
     # the CLI goes to the environment's bin/ (data files install relative to sys.prefix)
-    data_files=[("bin", [os.path.join(STAGE, "bin", "megamoe")])],
+    data_files=[("bin", [os.path.join(STAGE, "bin", "megamoe")]),
+                ("share/megamoe/bench", sorted(glob.glob(os.path.join("bench", "*.py"))))],
     options={"build": {"build_base": WORK}, "egg_info": {"egg_base": WORK}},
 )

@@ -15,5 +15,8 @@
 int megamoe_bench_run(const char *name, int argc, char **argv);
 /* List the registered benchmarks with one line of help each. */
 void megamoe_bench_list(FILE *out);
+/* `megamoe bench report` (bench_report.c): runs the benchmarks and sweeps, writes an HTML page
+ * with plots. Not a row-printing benchmark, so not part of "all". argv[0] = "report". */
+int mm_bench_report_main(int argc, char **argv);
 
 #endif

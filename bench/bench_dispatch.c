@@ -430,17 +430,7 @@ static int mm_bd_spawn(char *const argv[], const char *heap)
 
 static int mm_bd_script(char *out, size_t len)
 {
-    char dir[3072];
-    snprintf(dir, sizeof dir, "%s", mm_bench_self_exe());
-    for (int up = 0; up < 4; up++) {
-        char *slash = strrchr(dir, '/');
-        if (slash == NULL) break;
-        *slash = '\0';
-        snprintf(out, len, "%.3000s/bench/bench_dispatch_gloo.py", dir);
-        if (access(out, R_OK) == 0) return 0;
-    }
-    snprintf(out, len, "bench/bench_dispatch_gloo.py");
-    return access(out, R_OK) == 0 ? 0 : -1;
+    return mm_bench_script("bench_dispatch_gloo.py", out, len);
 }
 
 static int mm_bd_parse_cases(const char *bs_list, const char *quants, int reps, int zero_fill_both,

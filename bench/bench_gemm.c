@@ -347,6 +347,7 @@ static int mm_bench_gemm_main(int argc, char **argv)
                 mm_bench_num("pct_amx_peak", peak.amx_gflops > 0 ? 100.0 * g / (peak.amx_gflops * t) : NAN);
                 mm_bench_num("pct_peak", peak.gflops > 0 ? 100.0 * g / (peak.gflops * t) : NAN);
                 mm_bench_str("peak_unit", peak.unit);
+                mm_bench_num("peak_gflops", peak.gflops > 0 ? peak.gflops : NAN); /* per core */
                 mm_bench_num("gflops_best", flop / best * 1e-9);
                 mm_bench_num("ms", med * 1e3);
                 mm_bench_int("calls", n[i]);

@@ -5,7 +5,9 @@
  * and the profiling overhead; beside a pure-PyTorch expert-parallel MoE layer (torch 1.13 bf16
  * matmuls + gloo all_to_all_single, autograd) per shape. Times are the slowest rank's median.
  * TFLOP/s counts 18*H*I flops per (token, choice) over the whole job (forward 6HI, backward
- * 12HI). Public headers only. */
+ * 12HI). --tokens T1,T2,... runs each listed shape at every listed token count per rank
+ * instead of its own (the token sweep of `megamoe bench report`); rows carry "tokens".
+ * Public headers only. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,21 +30,10 @@ static const mm_layer_shape_t mm_layer_shapes[] = {
     {"large", 4096, 2048, 1024, 8, 2},
 };
 
-/* <repo>/bench/torch_moe_layer.py from <repo>/build/<preset>/bin/megamoe, else ./bench/... */
+/* bench/torch_moe_layer.py: installed, in the source tree, or ./bench (mm_bench_script) */
 static int mm_torch_script(char *out, size_t len)
 {
-    const char *self = mm_bench_self_exe();
-    char dir[3072];
-    snprintf(dir, sizeof dir, "%s", self);
-    for (int up = 0; up < 4; up++) {
-        char *slash = strrchr(dir, '/');
-        if (slash == NULL) break;
-        *slash = '\0';
-        snprintf(out, len, "%.3000s/bench/torch_moe_layer.py", dir);
-        if (access(out, R_OK) == 0) return 0;
-    }
-    snprintf(out, len, "bench/torch_moe_layer.py");
-    return access(out, R_OK) == 0 ? 0 : -1;
+    return mm_bench_script("torch_moe_layer.py", out, len);
 }
 
 /* Run the PyTorch baseline on 2 ranks; fills ms (fwd+bwd) and checksum. 0 on success. */
@@ -122,6 +113,15 @@ static double mm_job_time(const mm_moe_job_result_t *res, int ranks, int v, int 
     return t;
 }
 
+/* The layer's dimensions in a row (tokens per rank precede them), for figures made from rows. */
+static void mm_bench_dims(const mm_moe_job_opts_t *o)
+{
+    mm_bench_int("hidden", o->H);
+    mm_bench_int("intermediate", o->I);
+    mm_bench_int("experts", o->E);
+    mm_bench_int("top_k", o->K);
+}
+
 typedef struct mm_target_row {
     char label[96];
     double ratio, target;
@@ -137,6 +137,7 @@ static int mm_bench_layer_main(int argc, char **argv)
     snprintf(o.schedule, sizeof o.schedule, "O0,O1");
     const char *job_dir = NULL, *shapes = "seed,large", *torch = "yes";
     char workers_list[64] = "1,2", routing_list[96] = "balanced,zero,skew,single";
+    char tokens_list[160] = ""; /* empty: each shape's own T */
     for (int i = 1; i + 1 < argc; i++) /* a job's rank: every option is the job's own */
         if (!strcmp(argv[i], "--job-dir")) job_dir = argv[i + 1];
     for (int i = 1; i < argc; i++) {
@@ -144,10 +145,12 @@ static int mm_bench_layer_main(int argc, char **argv)
             printf("usage: megamoe bench layer [--shapes seed,large] [--schedule O0,O1]\n"
                    "       [--workers 1,2] [--routing balanced,zero,skew,single] [--torch yes|no]\n"
                    "       [--iters N] [--warmup N] [--profile-variant yes|no] [--hosts H]\n"
+                   "       [--ranks N] [--tokens T1,T2,...]\n"
                    "MegaMoE forward+backward on 2 ranks, same data: each listed schedule in one\n"
                    "job per (shape, workers, routing) with interleaved iterations, the O1/O0\n"
                    "speed ratio, each O1 worker's wait share (from the trace), the profiling\n"
                    "overhead (O1+prof), and a pure-PyTorch EP layer per shape (balanced).\n"
+                   "--tokens runs every listed shape at each token count per rank (a sweep).\n"
                    "--hosts H runs both sides on H simulated hosts (megamoe launch --hosts; root);\n"
                    "every row carries \"hosts\" (1 without it).\n");
             return 0;
@@ -159,6 +162,8 @@ static int mm_bench_layer_main(int argc, char **argv)
             snprintf(workers_list, sizeof workers_list, "%s", argv[++i]);
         else if (!job_dir && !strcmp(argv[i], "--routing") && i + 1 < argc)
             snprintf(routing_list, sizeof routing_list, "%s", argv[++i]);
+        else if (!job_dir && !strcmp(argv[i], "--tokens") && i + 1 < argc)
+            snprintf(tokens_list, sizeof tokens_list, "%s", argv[++i]);
         else {
             int rc = mm_moe_job_parse_arg(&o, argc, argv, &i);
             if (rc <= 0) {
@@ -178,6 +183,16 @@ static int mm_bench_layer_main(int argc, char **argv)
     char *workers[8], *routes[8], sched_copy[16];
     int n_workers = mm_split_list(workers_list, workers, 8);
     int n_routes = mm_split_list(routing_list, routes, 8);
+    char *token_items[16];
+    int64_t tokens[16];
+    int n_tokens = tokens_list[0] ? mm_split_list(tokens_list, token_items, 16) : 0;
+    for (int i = 0; i < n_tokens; i++) { /* the job's own rule for --tokens, before any rank */
+        char *tok_argv[] = {"--tokens", token_items[i]};
+        int at = 0;
+        mm_moe_job_opts_t t = o;
+        if (mm_moe_job_parse_arg(&t, 2, tok_argv, &at) != 1) return 2;
+        tokens[i] = t.T;
+    }
     snprintf(sched_copy, sizeof sched_copy, "%s", o.schedule);
     if (strchr(o.schedule, ',') == NULL) { /* a single schedule: still a comparison job */
         snprintf(o.schedule, sizeof o.schedule, "%.14s,", sched_copy);
@@ -197,17 +212,19 @@ static int mm_bench_layer_main(int argc, char **argv)
     mm_bench_begin("layer");
     const int n_shapes = (int)(sizeof mm_layer_shapes / sizeof mm_layer_shapes[0]);
     int total = 0, step = 0, rc = 0;
+    const int n_points = n_tokens ? n_tokens : 1; /* token counts per shape */
     for (int s = 0; s < n_shapes; s++)
-        if (strstr(shapes, mm_layer_shapes[s].name)) total += n_workers * n_routes + with_torch;
+        if (strstr(shapes, mm_layer_shapes[s].name)) total += n_points * (n_workers * n_routes + with_torch);
     mm_target_row_t targets[64];
     int n_targets = 0;
-    for (int s = 0; s < n_shapes; s++) {
-        const mm_layer_shape_t *sh = &mm_layer_shapes[s];
+    for (int sp = 0; sp < n_shapes * n_points; sp++) { /* (shape, token count) pairs */
+        const mm_layer_shape_t *sh = &mm_layer_shapes[sp / n_points];
+        const int64_t T = n_tokens ? tokens[sp % n_points] : sh->T;
         if (!strstr(shapes, sh->name)) continue;
         for (int wi = 0; wi < n_workers; wi++)
             for (int ri = 0; ri < n_routes; ri++) {
                 mm_moe_job_opts_t jo = o;
-                jo.T = sh->T;
+                jo.T = T;
                 jo.H = sh->H;
                 jo.I = sh->I;
                 jo.E = sh->E;
@@ -216,8 +233,8 @@ static int mm_bench_layer_main(int argc, char **argv)
                 jo.route = (mm_route_pattern_t)mm_route_parse(routes[ri]);
                 double flops = mm_moe_flops(jo.ranks, jo.T, jo.H, jo.I, jo.K);
                 char label[128];
-                snprintf(label, sizeof label, "megamoe %s shape, %s workers, %s", sh->name,
-                         workers[wi], routes[ri]);
+                snprintf(label, sizeof label, "megamoe %s shape T=%lld, %s workers, %s", sh->name,
+                         (long long)T, workers[wi], routes[ri]);
                 mm_bench_progress(++step, total, label);
                 mm_moe_job_result_t res[64];
                 const char *sub[] = {"bench", "layer", NULL};
@@ -241,6 +258,8 @@ static int mm_bench_layer_main(int argc, char **argv)
                     mm_bench_str("impl", "megamoe");
                     mm_bench_str("schedule", res[0].variant[v].name);
                     mm_bench_str("shape", sh->name);
+                    mm_bench_int("tokens", jo.T);
+                    mm_bench_dims(&jo);
                     mm_bench_str("routing", routes[ri]);
                     mm_bench_int("ep", jo.ranks);
                     mm_bench_int("hosts", jo.hosts > 0 ? jo.hosts : 1);
@@ -263,8 +282,8 @@ static int mm_bench_layer_main(int argc, char **argv)
                         mm_bench_bool("same_output_as_o0", same);
                         if (n_targets < 64) {
                             mm_target_row_t *tr = &targets[n_targets++];
-                            snprintf(tr->label, sizeof tr->label, "%s %s, %d worker%s/rank",
-                                     sh->name, routes[ri], res[0].workers,
+                            snprintf(tr->label, sizeof tr->label, "%s T=%lld %s, %d worker%s/rank",
+                                     sh->name, (long long)T, routes[ri], res[0].workers,
                                      res[0].workers == 1 ? "" : "s");
                             tr->ratio = ratio;
                             tr->target = res[0].workers != 1 ? 0
@@ -300,7 +319,7 @@ static int mm_bench_layer_main(int argc, char **argv)
             }
         if (with_torch) {
             mm_moe_job_opts_t jo = o;
-            jo.T = sh->T;
+            jo.T = T;
             jo.H = sh->H;
             jo.I = sh->I;
             jo.E = sh->E;
@@ -308,7 +327,7 @@ static int mm_bench_layer_main(int argc, char **argv)
             jo.route = MM_ROUTE_BALANCED;
             int threads = atoi(workers[0]) > 0 ? atoi(workers[0]) : 1;
             char label[96];
-            snprintf(label, sizeof label, "torch %s shape", sh->name);
+            snprintf(label, sizeof label, "torch %s shape T=%lld", sh->name, (long long)T);
             mm_bench_progress(++step, total, label);
             double t_torch = 0, checksum = 0;
             if (mm_run_torch(&jo, threads, script, &t_torch, &checksum) != 0) {
@@ -321,6 +340,8 @@ static int mm_bench_layer_main(int argc, char **argv)
             mm_bench_str("impl", "torch");
             mm_bench_str("schedule", "-");
             mm_bench_str("shape", sh->name);
+            mm_bench_int("tokens", jo.T);
+            mm_bench_dims(&jo);
             mm_bench_str("routing", "balanced");
             mm_bench_int("ep", jo.ranks);
             mm_bench_int("hosts", jo.hosts > 0 ? jo.hosts : 1);

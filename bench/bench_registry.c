@@ -30,6 +30,8 @@ void megamoe_bench_list(FILE *out)
     for (size_t i = 0; i < MM_BENCH_COUNT; i++)
         fprintf(out, "  %-10s %s\n", mm_benches[i]->name, mm_benches[i]->help);
     fprintf(out, "  %-10s run every benchmark above in turn\n", "all");
+    fprintf(out, "  %-10s plots and tables of all of them on one HTML page: report --out DIR "
+                 "[--quick] [--from DIR]\n", "report");
 }
 
 int megamoe_bench_run(const char *name, int argc, char **argv)
@@ -46,6 +48,7 @@ int megamoe_bench_run(const char *name, int argc, char **argv)
         }
         return rc;
     }
+    if (strcmp(name, "report") == 0) return mm_bench_report_main(argc, argv);
     for (size_t i = 0; i < MM_BENCH_COUNT; i++)
         if (strcmp(name, mm_benches[i]->name) == 0) return mm_benches[i]->main(argc, argv);
     fprintf(stderr, "megamoe bench: unknown benchmark '%s'\n", name);

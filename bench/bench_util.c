@@ -186,6 +186,28 @@ const char *mm_bench_self_exe(void)
     return path;
 }
 
+int mm_bench_script(const char *name, char *out, size_t len)
+{
+    char dir[3072];
+    snprintf(dir, sizeof dir, "%s", mm_bench_self_exe());
+    char *slash = strrchr(dir, '/');
+    if (slash) { /* the installed layout first: <prefix>/bin/megamoe -> <prefix>/share/... */
+        *slash = '\0';
+        snprintf(out, len, "%.3000s/../share/megamoe/bench/%s", dir, name);
+        if (access(out, R_OK) == 0) return 0;
+        *slash = '/';
+    }
+    for (int up = 0; up < 4; up++) { /* the source tree above the build directory */
+        slash = strrchr(dir, '/');
+        if (slash == NULL) break;
+        *slash = '\0';
+        snprintf(out, len, "%.3000s/bench/%s", dir, name);
+        if (access(out, R_OK) == 0) return 0;
+    }
+    snprintf(out, len, "bench/%s", name);
+    return access(out, R_OK) == 0 ? 0 : -1;
+}
+
 const char *mm_bench_opt(int argc, char **argv, const char *name, const char *def)
 {
     for (int i = 1; i + 1 < argc; i++)

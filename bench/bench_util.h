@@ -36,6 +36,12 @@ double mm_bench_median_of(double *values, int n);
 /* Path of the running megamoe executable (for benches that start their own ranks). */
 const char *mm_bench_self_exe(void);
 
+/* Find a script shipped with the benchmarks (torch_moe_layer.py, report.py, ...): installed
+ * beside the CLI's data (<prefix>/share/megamoe/bench/<name>, from <prefix>/bin/megamoe), in
+ * the source tree (<repo>/bench/<name>, from <repo>/build/<preset>/bin/megamoe), else
+ * ./bench/<name>. Returns 0 with the path in out, -1 when none is readable. */
+int mm_bench_script(const char *name, char *out, size_t len);
+
 /* Option parsing helpers: "--name value" lookups in argv; return the default when absent. */
 const char *mm_bench_opt(int argc, char **argv, const char *name, const char *def);
 int mm_bench_flag(int argc, char **argv, const char *name);

@@ -67,6 +67,11 @@ def test_pip_install_into_a_venv(tmp_path, megamoe_bin):
     cli = os.path.join(venv, "bin", "megamoe")
     info = subprocess.run([cli, "info"], env=env, capture_output=True, text=True, timeout=60)
     assert info.returncode == 0 and info.stdout.startswith(f"megamoe {got['version']} "), info.stdout
+    # the benchmarks' Python parts beside the CLI: `megamoe bench report` finds its script
+    assert os.path.isfile(os.path.join(venv, "share", "megamoe", "bench", "report.py"))
+    rep = subprocess.run([cli, "bench", "report", "--help"], cwd=str(work), env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert rep.returncode == 0 and "--from" in rep.stdout, rep.stderr
 
     worker = str(work / "torch_adapter_worker.py")
     shutil.copy(WORKER, worker)
