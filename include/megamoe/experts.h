@@ -47,12 +47,14 @@
 
 #include "megamoe/comm.h"
 #include "megamoe/dtype.h"
+#include "megamoe/export.h"
 #include "megamoe/prof.h"
 #include "megamoe/status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+MEGAMOE_API_BEGIN
 
 typedef struct megamoe_experts megamoe_experts_t;      /* one layer */
 typedef struct megamoe_experts_saved megamoe_experts_saved_t; /* one forward's saved state */
@@ -239,6 +241,7 @@ size_t megamoe_experts_heap_bytes(const megamoe_experts_params_t *params, int ep
 int64_t megamoe_experts_capacity_rows(int64_t ep, int64_t tokens, int64_t top_k,
                                       double capacity_factor);
 
+MEGAMOE_API_END
 #ifdef __cplusplus
 }
 #endif

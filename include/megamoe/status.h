@@ -11,9 +11,12 @@
 #ifndef MEGAMOE_STATUS_H
 #define MEGAMOE_STATUS_H
 
+#include "megamoe/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+MEGAMOE_API_BEGIN
 
 /* XX(name, value, description) */
 #define MEGAMOE_STATUS_MAP(XX)                                                              \
@@ -50,6 +53,7 @@ const char *megamoe_last_error(void);
 /* Forget the calling thread's last error. */
 void megamoe_clear_last_error(void);
 
+MEGAMOE_API_END
 #ifdef __cplusplus
 }
 #endif

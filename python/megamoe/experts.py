@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from . import _lib
+from . import _adapter, _lib
 from . import profiler as _profiler
 from .errors import MegaMoeError, check
 
@@ -233,9 +233,16 @@ class _MegaMoeFunction(torch.autograd.Function):
         # without it nothing keeps the saved state, so the forward should not make one)
         training = grad_enabled and any(ctx.needs_input_grad[i] for i in (2, 4, 6, 7))
         saved = _Saved() if training else None
-        check(_L.megamoe_experts_forward(layer._handle, ctypes.byref(w), ctypes.byref(inp),
-                                         _ptr(out),
-                                         ctypes.byref(saved.handle) if saved else None))
+        if _adapter.ops is not None:  # torch.ops.megamoe: the same arguments as the C call
+            handle = _adapter.call(_adapter.ops.experts_forward, layer._handle.value, hidden,
+                                   topk_ids, topk_weights, tokens_per_expert, gate_up, down,
+                                   _adapter.signed64(w.version), out, saved is not None)
+            if saved is not None:
+                saved.handle = ctypes.c_void_p(handle)
+        else:
+            check(_L.megamoe_experts_forward(layer._handle, ctypes.byref(w), ctypes.byref(inp),
+                                             _ptr(out),
+                                             ctypes.byref(saved.handle) if saved else None))
         _profiler._note_invocation()  # an active mega_kernel_profile counts its launches
         ctx.layer = layer
         ctx.saved = saved
@@ -266,8 +273,13 @@ class _MegaMoeFunction(torch.autograd.Function):
         grads = _Grads(_ptr(g_hidden), _ptr(g_topk), _ptr(g_gate_up), _ptr(g_down), _BF16)
         w = _weights_desc(layer, gate_up, down)
         try:
-            check(_L.megamoe_experts_backward(layer._handle, saved.handle, ctypes.byref(w),
-                                              _ptr(grad_out), ctypes.byref(grads)))
+            if _adapter.ops is not None:  # torch.ops.megamoe: the same arguments as the C call
+                _adapter.call(_adapter.ops.experts_backward, layer._handle.value,
+                              saved.handle.value, gate_up, down, _adapter.signed64(w.version),
+                              grad_out, g_hidden, g_topk, g_gate_up, g_down)
+            else:
+                check(_L.megamoe_experts_backward(layer._handle, saved.handle, ctypes.byref(w),
+                                                  _ptr(grad_out), ctypes.byref(grads)))
             _profiler._note_invocation()
         finally:
             saved.free()  # retain_graph is not supported: the state goes with the backward

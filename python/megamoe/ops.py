@@ -26,7 +26,7 @@ import ctypes
 
 import torch
 
-from . import _lib
+from . import _adapter, _lib
 from . import comm as _comm
 from ._fp8 import Float8Dtype, float8_e4m3fn, float8_e5m2
 from .errors import MegaMoeError, check
@@ -164,28 +164,42 @@ def _alloc(desc):
 
 
 def _comm_handle(group, what):
-    """Handle of a group (name, Comm or torch ProcessGroup); None when absent or unknown, which
-    the library reports as an invalid argument on every rank."""
-    if group is None or group == "":
+    """Handle of the communicator a group name (see _group_name) names; None when absent or
+    unknown, which the library reports as an invalid argument on every rank."""
+    if not group:
         return None
-    if isinstance(group, _comm.Comm):
-        return group.handle if group.alive else None
-    if isinstance(group, str):
-        try:
-            return _comm.by_name(group).handle
-        except MegaMoeError:
-            return None
-    return _comm.for_group(group).handle  # a torch.distributed ProcessGroup
+    try:
+        return _comm.by_name(group).handle
+    except MegaMoeError:
+        return None
 
 
 def _y_code(y_dtype):
-    if y_dtype is None:
-        return None
+    if y_dtype is None or type(y_dtype) is int:  # None, or already a megamoe dtype code
+        return y_dtype
     if isinstance(y_dtype, Float8Dtype):
         return y_dtype.code
     if y_dtype in (torch.int8, torch.bfloat16, torch.float16):
         return _FROM_TORCH[y_dtype]
     return _FP32  # never a valid expand_x type: the library names the rule
+
+
+# ---- backend seam (python/megamoe/_adapter.py) ------------------------------------------------
+# Every operator below is called with its arguments normalised once, here, and then runs either
+# torch.ops.megamoe.<name> (the Torch adapter, when built) or its own ctypes body.
+
+def _group_name(group):
+    """A group as both backends take it: the communicator's name ("" when absent or dead)."""
+    if group is None or isinstance(group, str):
+        return group or ""
+    if isinstance(group, _comm.Comm):
+        return group.name if group.alive else ""
+    return _comm.for_group(group).name  # a torch.distributed ProcessGroup
+
+
+_operator = _adapter.operator({"group_ep": _group_name, "group_tp": _group_name,
+                               "y_dtype": _y_code,
+                               "expand_idx": lambda t: _v2_assist(t)})  # V1's, see below
 
 
 def _perf(call, desc, performance_info):
@@ -203,6 +217,7 @@ def _perf_back(performance_info, t):
 
 # ---- MoeDistributeDispatchV2 ---------------------------------------------------------------
 
+@_operator
 def npu_moe_distribute_dispatch_v2(x, expert_ids, group_ep, ep_world_size, ep_rank_id,
                                    moe_expert_num, *, scales=None, x_active_mask=None,
                                    expert_scales=None, elastic_info=None, performance_info=None,
@@ -281,6 +296,7 @@ def _combine_args(a, call, expand_x, expert_ids, assist_info_for_combine, ep_sen
     a.comm_alg = alg
 
 
+@_operator
 def npu_moe_distribute_combine_v2(expand_x, expert_ids, assist_info_for_combine, ep_send_counts,
                                   expert_scales, group_ep, ep_world_size, ep_rank_id,
                                   moe_expert_num, *, tp_send_counts=None, x_active_mask=None,
@@ -314,6 +330,7 @@ def _combine(kw):
     return x
 
 
+@_operator
 def npu_moe_distribute_combine_add_rms_norm(expand_x, expert_ids, expand_idx, ep_send_counts,
                                             expert_scales, residual_x, gamma, group_ep,
                                             ep_world_size, ep_rank_id, moe_expert_num, *,
