@@ -12,8 +12,8 @@
  * progress too.
  *
  * Semantics the runtime needs and how they are kept:
- *  - put: the source is reusable on return. Up to MM_UCX_STAGE_MAX bytes are copied into a
- *    staging ring and sent from there (non-blocking: a row-by-row dispatch pipelines); larger
+ *  - put: the source is reusable on return. Puts below 1 MiB are copied into a staging ring
+ *    and sent from there (non-blocking: a row-by-row dispatch or an O1 tile pipelines); larger
  *    puts go zero-copy from the caller's buffer and wait for completion.
  *  - a signal (atomic) is never visible before the data it covers: UCP's fence does not order
  *    operations on different lanes (TCP puts may stripe over several), so an atomic to a PE
@@ -40,7 +40,10 @@
 #include "base/env.h"
 #include "shmem_internal.h"
 
-#define MM_UCX_STAGE_MAX (256u << 10)   /* puts up to this size are staged */
+/* Puts below this size are staged: an O1 tile of rows (128 x H x 2 bytes, 512 KiB at H 2048)
+ * then leaves the worker at once and drains while it computes the next tile; from 1 MiB on
+ * the copy would cost more than the wait it saves, so those go zero-copy. */
+#define MM_UCX_STAGE_MAX ((1u << 20) - 1)
 #define MM_UCX_RING_BYTES (32u << 20)   /* staging ring */
 #define MM_UCX_RING_RECS 16384u         /* staged puts in flight */
 #define MM_UCX_ATOMIC_RECS 8192u        /* atomics in flight or queued */
