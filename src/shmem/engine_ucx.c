@@ -562,7 +562,11 @@ static megamoe_status_t mm_ucx_fence_wait(mm_ucx_engine_t *e, int pe)
 static int mm_ucx_progress(mm_shmem_engine_t *se)
 {
     mm_ucx_engine_t *e = &se->u;
+#if defined(__SANITIZE_THREAD__)
+    pthread_mutex_lock(&e->lock); /* TSan builds: wait for a progress in flight (see wait.c) */
+#else
     if (pthread_mutex_trylock(&e->lock) != 0) return 0; /* somebody progresses already */
+#endif
     int any = mm_ucx_progress_locked(e);
     pthread_mutex_unlock(&e->lock);
     return any;
