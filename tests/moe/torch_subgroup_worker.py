@@ -3,6 +3,8 @@
     torch_subgroup_worker.py alone DIR     2 ranks, EP = the world: config a, then config b
     torch_subgroup_worker.py groups DIR    4 ranks: EP groups {0,1} {2,3} (new_group), results
                                            in DIR/block, then EP groups {0,2} {1,3} in DIR/strided
+    torch_subgroup_worker.py lifecycle DIR 4 ranks, EP groups {0,1} {2,3}: group 0 runs config a
+                                           twice (two layers, one after the other), group 1 once b
 
 In a 4-rank job group 0 runs config a (3 calls) and group 1 config b (2 calls, other shapes);
 every megamoe call is made by the group's members only. Each call (forward + backward with
@@ -83,6 +85,15 @@ def main():
         assert world == 2
         ok = all([run_config("a", dist.group.WORLD, rank, out_dir),
                   run_config("b", dist.group.WORLD, rank, out_dir)])
+    elif mode == "lifecycle":
+        # replica 0 closes a layer and builds the next while replica 1 still trains
+        assert world == 4
+        groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        g = rank // 2
+        ok = run_config("a", groups[0], rank, out_dir) if g == 0 else \
+            run_config("b", groups[1], rank - 2, out_dir)
+        if g == 0:
+            ok &= run_config("a", groups[0], rank, out_dir)
     else:  # both layouts, one after the other, in one job
         assert world == 4 and mode == "groups"
         ok = True
