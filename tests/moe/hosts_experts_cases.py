@@ -179,7 +179,7 @@ FAULT_RE = re.compile(r"\[rank (\d+) @\S+\] fault result: (\w+) in (forward|back
 @pytest.mark.parametrize("phase", ["fwd", "bwd"])
 @pytest.mark.parametrize("sched", ["O0", "O1"])
 def test_host_fault_in_the_middle_of_a_call(kind, phase, sched):
-    at = 3.0  # the ranks are in their loop of calls by then (start-up takes well under 1 s)
+    at = 4.0  # the ranks are in their loop of calls by then (start-up takes well under 1 s)
     r = launch(["--hosts", "2", "-n", "4", "--timeout", "60", "--json", "--fault",
                 f"{kind}:1@{at}", "--", PROG, "fault", phase, sched, "40"],
                {"HYPER_PARALLEL_SHMEM_TIMEOUT_SEC": str(TIMEOUT_SEC)}, timeout=90)
