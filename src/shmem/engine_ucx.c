@@ -289,10 +289,32 @@ static megamoe_status_t mm_ucx_atomic_post(mm_ucx_engine_t *e, mm_ucx_atomic_t *
 
 static void mm_ucx_flush_start(mm_ucx_engine_t *e, int pe);
 
+/* The queued atomics to pe can never be ordered (its flush failed, or its endpoint is closed):
+ * drop them (the peer is lost or the engine is going away). */
+static void mm_ucx_drop_queue(mm_ucx_engine_t *e, int pe)
+{
+    mm_ucx_peer_t *p = &e->peers[pe];
+    while (p->q_head) {
+        mm_ucx_atomic_t *a = p->q_head;
+        p->q_head = a->next;
+        a->next = e->free_atomics;
+        e->free_atomics = a;
+        e->queued_atomics--;
+    }
+    p->q_tail = NULL;
+    p->flush_inflight = 0;
+}
+
 /* The flush covering flush_gen completed: post the queued atomics it covers, in order. */
 static void mm_ucx_flush_complete(mm_ucx_engine_t *e, int pe)
 {
     mm_ucx_peer_t *p = &e->peers[pe];
+    if (p->ep == NULL) {
+        /* fini closed the endpoint and ucp_worker_destroy is completing the flushes still
+         * pending: posting to the closed endpoint would crash */
+        mm_ucx_drop_queue(e, pe);
+        return;
+    }
     if (p->flush_gen > p->done_gen) p->done_gen = p->flush_gen;
     p->flush_inflight = 0;
     while (p->q_head && p->q_head->gen <= p->done_gen) {
@@ -313,17 +335,7 @@ static void mm_ucx_flush_cb(void *request, ucs_status_t status, void *user_data)
     ucp_request_free(request);
     if (status != UCS_OK) {
         mm_ucx_status(status, c->pe, "an inter-host flush");
-        /* the queued atomics can never be ordered: drop them (the peer is lost) */
-        mm_ucx_peer_t *p = &c->e->peers[c->pe];
-        while (p->q_head) {
-            mm_ucx_atomic_t *a = p->q_head;
-            p->q_head = a->next;
-            a->next = c->e->free_atomics;
-            c->e->free_atomics = a;
-            c->e->queued_atomics--;
-        }
-        p->q_tail = NULL;
-        p->flush_inflight = 0;
+        mm_ucx_drop_queue(c->e, c->pe); /* the queued atomics can never be ordered */
         return;
     }
     mm_ucx_flush_complete(c->e, c->pe);
@@ -565,7 +577,11 @@ static megamoe_status_t mm_ucx_fence_wait(mm_ucx_engine_t *e, int pe)
 static int mm_ucx_progress(mm_shmem_engine_t *se)
 {
     mm_ucx_engine_t *e = &se->u;
+#if defined(__SANITIZE_THREAD__)
+    pthread_mutex_lock(&e->lock); /* TSan builds: wait for a progress in flight (see wait.c) */
+#else
     if (pthread_mutex_trylock(&e->lock) != 0) return 0; /* somebody progresses already */
+#endif
     int any = mm_ucx_progress_locked(e);
     pthread_mutex_unlock(&e->lock);
     return any;

@@ -10,7 +10,9 @@ import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
-from hosts_util import PY, Launch, assert_nothing_left, needs_root  # noqa: E402
+from hosts_util import PY, Launch, assert_nothing_left, needs_python_library, needs_root  # noqa: E402
+
+pytestmark = needs_python_library
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SAMPLE = os.path.join(ROOT, "examples", "python", "seed_two_rank.py")

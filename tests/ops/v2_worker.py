@@ -181,12 +181,17 @@ def _edge_blocks(v, xt, rng):
 # ---- one case -------------------------------------------------------------------------------
 
 def run_case(case):
+    if case.get("hier") == "host":
+        # hierarchy with MEGAMOE_RANKS_PER_NODE unset: the groups are the hosts (the model's
+        # group size is the launcher's ranks per host)
+        case = dict(case, hier=int(os.environ["LOCAL_WORLD_SIZE"]))
+        os.environ.pop("MEGAMOE_RANKS_PER_NODE", None)
+    elif case.get("hier"):
+        os.environ["MEGAMOE_RANKS_PER_NODE"] = str(case["hier"])
     cfg = R.Cfg(case)
     T = cfg.T
     if cfg.W * T != WORLD:
         raise AssertionError(f"case needs {cfg.W * T} ranks, world has {WORLD}")
-    if cfg.hier:
-        os.environ["MEGAMOE_RANKS_PER_NODE"] = str(cfg.hier)
     group_ep, group_tp = groups(T)
     inputs, rng = make_inputs(case)
     ref = R.dispatch_world(case, inputs)

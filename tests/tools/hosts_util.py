@@ -17,6 +17,26 @@ PY = "/usr/bin/python3"
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root (CI is root)")
 
 
+def _sanitizer():
+    """MEGAMOE_SANITIZE of the build under test ('' for release/debug)."""
+    try:
+        with open(os.path.join(BUILD, "CMakeCache.txt")) as f:
+            for line in f:
+                if line.startswith("MEGAMOE_SANITIZE:"):
+                    return line.split("=", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+SANITIZER = _sanitizer()
+# /usr/bin/python3 cannot load an ASan/TSan-instrumented libmegamoe (the sanitizer runtime must
+# come first in the process); the cases that run Python ranks run against the release build
+# under `make test`, and the sanitizer suites keep the C ranks.
+needs_python_library = pytest.mark.skipif(
+    SANITIZER != "", reason=f"Python ranks cannot load the {SANITIZER} build; make test runs this")
+
+
 class Launch:
     """One finished `megamoe launch`: exit status, output, the launcher's pid."""
 
