@@ -53,7 +53,7 @@ enum { MM_BE_UCX, MM_BE_RMA, MM_BE_TWO, MM_BE_MEGAMOE, MM_BE_N };
 static const char *const mm_be_names[MM_BE_N] = {"ucx", "mpi_rma", "two_sided", "megamoe"};
 
 static const size_t mm_be_sizes[] = {64u << 10, 256u << 10, 1u << 20, 4u << 20, 16u << 20, 64u << 20};
-static const size_t mm_be_sizes_quick[] = {64u << 10, 1u << 20, 16u << 20};
+static const size_t mm_be_sizes_quick[] = {64u << 10, 1u << 20};
 
 /* tags of the two-sided emulation: data tags carry the target offset in 64-byte lines */
 #define MM_BE_TAG_FLUSH 0x7ffff0
@@ -497,7 +497,7 @@ static int mm_be_worker(unsigned mask, int quick)
     b.peer = 1 - b.me;
     b.mask = mask;
     b.quick = quick;
-    b.trials = quick ? 3 : 7;
+    b.trials = quick ? 2 : 7;
     if ((mask & (1u << MM_BE_TWO)) && prov < MPI_THREAD_MULTIPLE) {
         fprintf(stderr, "bench engines: MPI gives thread level %d, the agent needs "
                 "MPI_THREAD_MULTIPLE\n", prov);
@@ -515,8 +515,8 @@ static int mm_be_worker(unsigned mask, int quick)
         return 1;
     }
     const size_t *sizes = quick ? mm_be_sizes_quick : mm_be_sizes;
-    int n_sizes = quick ? 3 : 6;
-    size_t trial_bytes = quick ? 8u << 20 : 32u << 20;
+    int n_sizes = quick ? 2 : 6;
+    size_t trial_bytes = quick ? 4u << 20 : 32u << 20;
     double *gb = malloc(sizeof(double) * (size_t)b.trials), *eff = malloc(sizeof(double) * (size_t)b.trials);
     for (int c = 0; c < MM_BE_N && rc == 0; c++) {
         if (!(b.mask & (1u << c))) continue;
@@ -546,7 +546,7 @@ static int mm_be_worker(unsigned mask, int quick)
         if (c == MM_BE_TWO) mm_be_agent_stop(&b);
     }
     /* round trips */
-    long iters = quick ? 50 : 300;
+    long iters = quick ? 20 : 300;
     for (int c = 0; c < MM_BE_N && rc == 0; c++) {
         if (!(b.mask & (1u << c))) continue;
         if (c == MM_BE_TWO) mm_be_agent_start(&b);
@@ -715,7 +715,7 @@ static int mm_be_main(int argc, char **argv)
     rmdir(dir);
     mm_bench_begin("engines");
     const size_t *sizes = quick ? mm_be_sizes_quick : mm_be_sizes;
-    int n_sizes = quick ? 3 : 6;
+    int n_sizes = quick ? 2 : 6;
     static const char *const busy_names[] = {"none", "ucx", "ucx+thread", "mpi_rma", "two_sided", "megamoe"};
     for (int i = 0; i < n_osc; i++) {
         const char *t = texts[i];
