@@ -12,6 +12,7 @@
 #include <ucp/api/ucp.h>
 
 #include "base/clock.h"
+#include "base/env.h"
 #include "bench_ucx.h"
 
 #define MM_BUCX_FLAGS 256 /* flag values in flight */
@@ -59,9 +60,16 @@ mm_bucx_t *mm_bucx_create(const char *net_device, void *base, size_t len)
         free(u);
         return NULL;
     }
-    const char *tls = getenv("UCX_TLS"), *devs = getenv("UCX_NET_DEVICES");
-    if (!tls || !*tls) ucp_config_modify(cfg, "TLS", "^sm"); /* megamoe's engine default */
-    if ((!devs || !*devs) && net_device && *net_device) ucp_config_modify(cfg, "NET_DEVICES", net_device);
+    /* megamoe's engine defaults where the user set nothing (engine_ucx.c, mm_ucx_config) */
+    const char *tls = "", *devs = "", *tx = "", *rx = "";
+    mm_env_string(MM_ENV_UCX_TLS, &tls);
+    mm_env_string(MM_ENV_UCX_NET_DEVICES, &devs);
+    mm_env_string(MM_ENV_UCX_TCP_TX_SEG_SIZE, &tx);
+    mm_env_string(MM_ENV_UCX_TCP_RX_SEG_SIZE, &rx);
+    if (!*tls) ucp_config_modify(cfg, "TLS", "^sm");
+    if (!*devs && net_device && *net_device) ucp_config_modify(cfg, "NET_DEVICES", net_device);
+    if (!*tx) ucp_config_modify(cfg, "TX_SEG_SIZE", "64k"); /* UCX applies a transport's key by its own name */
+    if (!*rx) ucp_config_modify(cfg, "RX_SEG_SIZE", "256k");
     ucp_params_t prm;
     memset(&prm, 0, sizeof prm);
     prm.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
@@ -94,9 +102,10 @@ mm_bucx_t *mm_bucx_create(const char *net_device, void *base, size_t len)
     }
     u->base = (uint64_t)(uintptr_t)base;
     u->len = len;
-    snprintf(u->desc, sizeof u->desc, "UCX %s ucp_put_nbx, transports %s, device %s",
-             ucp_get_version_string(), tls && *tls ? tls : "^sm",
-             devs && *devs ? devs : net_device && *net_device ? net_device : "any");
+    snprintf(u->desc, sizeof u->desc, "UCX %s ucp_put_nbx, %s, device %s, TCP segments %s/%s",
+             ucp_get_version_string(), *tls ? tls : "^sm",
+             *devs ? devs : net_device && *net_device ? net_device : "any", *tx ? tx : "64k",
+             *rx ? rx : "256k");
     return u;
 }
 

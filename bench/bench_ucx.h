@@ -5,8 +5,8 @@
  * address and remote key exchanged by the caller (any allgather), then puts (ucp_put_nbx,
  * pipelined: every put is posted before any completes), a flush per endpoint, and 8-byte flag
  * puts for signals. The configuration is megamoe's engine default: no shared-memory
- * transports (UCX_TLS, when set, is used as given) and the network device named by the
- * caller (UCX_NET_DEVICES, when set, wins). On TCP a put lands only while the target
+ * transports (UCX_TLS, when set, is used as given), the network device named by the caller
+ * (UCX_NET_DEVICES, when set, wins) and its TCP segment sizes (UCX_TCP_TX/RX_SEG_SIZE win). On TCP a put lands only while the target
  * progresses its worker: a waiting rank progresses (mm_bucx_wait_word), or a progress thread
  * does (mm_bucx_thread_start .. mm_bucx_thread_stop: the worker is SERIALIZED, so the caller
  * makes no other mm_bucx call in between). */

@@ -35,6 +35,8 @@ def test_bench_shmem_across_hosts_puts_through_the_engine_beside_ucx_and_tcp():
             assert x["GBps"] > 0 and x["GB_per_cpu_s"] > 0, x
     via = {x["impl"]: x["via"] for x in rows if "via" in x and "size_bytes" in x}
     assert via["put"].startswith("UCX ") and "ucp_put_nbx" in via["engine"]
+    # megamoe's TCP segment sizes (engine_ucx.c), mirrored by the engine baseline
+    assert "TCP segments 64k/256k" in via["put"] and "TCP segments 64k/256k" in via["engine"]
     assert "osc ucx" in via["mpi_put"]
     memcpy = [x for x in rows if x["impl"] == "memcpy"]
     assert len(memcpy) == 1 and memcpy[0]["GBps"] is None and "not mapped" in memcpy[0]["note"]
