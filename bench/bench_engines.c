@@ -621,14 +621,17 @@ static int mm_be_run_job(const char *hosts, const char *osc, const char *cands, 
                          const char *gemm_ms, const char *out_path)
 {
     const char *self = mm_bench_self_exe();
-    char *av[48] = {(char *)self, "launch", "--hosts", (char *)hosts, "--mpirun", "-n", "2",
+    char *av[56] = {(char *)self, "launch", "--hosts", (char *)hosts, "--mpirun", "-n", "2",
                     "--mpi-arg", "--bind-to", "--mpi-arg", "core", "--mpi-arg", "--mca",
                     "--mpi-arg", "osc", "--mpi-arg", (char *)osc,
-                    /* UCX (osc ucx, and ours) on the network, not its shared-memory transports */
-                    "--mpi-arg", "-x", "--mpi-arg", "UCX_TLS=^sm", "--timeout", "1200", "--",
+                    /* UCX (osc ucx, and ours) on the network, not its shared-memory transports,
+                     * with megamoe's TCP segment sizes for every UCX user (engine_ucx.c) */
+                    "--mpi-arg", "-x", "--mpi-arg", "UCX_TLS=^sm", "--mpi-arg", "-x", "--mpi-arg",
+                    "UCX_TCP_TX_SEG_SIZE=64k", "--mpi-arg", "-x", "--mpi-arg",
+                    "UCX_TCP_RX_SEG_SIZE=256k", "--timeout", "1200", "--",
                     (char *)self, "bench", "engines", "--worker", (char *)cands, "--gemm-ms",
                     (char *)gemm_ms};
-    int n = 31;
+    int n = 39;
     if (quick) av[n++] = "--quick";
     av[n] = NULL;
     fflush(stdout);

@@ -612,8 +612,11 @@ static int mm_bench_shmem_main(int argc, char **argv)
         na = (int)(sizeof head / sizeof head[0]);
         if (osc) { /* Open MPI 4.1's default (osc rdma) cannot make a window over btl tcp */
             char *mca[] = {"--mpi-arg", "--mca", "--mpi-arg", "osc", "--mpi-arg", (char *)osc,
-                           /* the network, not UCX's shared-memory transports, as megamoe's engine */
-                           "--mpi-arg", "-x", "--mpi-arg", "UCX_TLS=^sm"};
+                           /* the network, not UCX's shared-memory transports, and megamoe's
+                            * TCP segment sizes (engine_ucx.c) for osc ucx too */
+                           "--mpi-arg", "-x", "--mpi-arg", "UCX_TLS=^sm", "--mpi-arg", "-x",
+                           "--mpi-arg", "UCX_TCP_TX_SEG_SIZE=64k", "--mpi-arg", "-x", "--mpi-arg",
+                           "UCX_TCP_RX_SEG_SIZE=256k"};
             memcpy(av + na, mca, sizeof mca);
             na += (int)(sizeof mca / sizeof mca[0]);
         }
