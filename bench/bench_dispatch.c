@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "megamoe/comm.h"
@@ -91,12 +92,21 @@ static void mm_bd_pin(int rank)
     sched_setaffinity(0, sizeof set, &set);
 }
 
+/* This process's CPU time (every thread: the engine's progress thread too), seconds. */
+static double mm_bd_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static void mm_bd_result(FILE *f, const char *impl, const mm_bd_case_t *c, double d_us,
-                         double c_us, double bytes)
+                         double c_us, double bytes, double cpu_us)
 {
     /* the megamoe side's rows name their comm_alg: "megamoe:hierarchy" */
-    fprintf(f, "%s%s%s %d %d %d %.3f %.3f %.0f\n", impl, strcmp(impl, "megamoe") ? "" : ":",
-            strcmp(impl, "megamoe") ? "" : c->alg, c->bs, c->quant, c->zero_fill, d_us, c_us, bytes);
+    fprintf(f, "%s%s%s %d %d %d %.3f %.3f %.0f %.3f\n", impl, strcmp(impl, "megamoe") ? "" : ":",
+            strcmp(impl, "megamoe") ? "" : c->alg, c->bs, c->quant, c->zero_fill, d_us, c_us, bytes,
+            cpu_us);
     fflush(f);
 }
 
@@ -185,27 +195,33 @@ static int mm_bd_megamoe_case(megamoe_comm_t *world, int rank, const mm_bd_case_
     cb.x = mm_bd_t(xo, MEGAMOE_DTYPE_BF16, 2, bs, MM_BD_H);
     int n = c->reps + 2, rc = 0;
     double *td = calloc((size_t)n, sizeof(double)), *tc = calloc((size_t)n, sizeof(double));
+    double *tu = calloc((size_t)n, sizeof(double));
     for (int r = 0; r < n && rc == 0; r++) {
         megamoe_comm_barrier(world);
+        double u0 = mm_bd_cpu_s();
         uint64_t t0 = mm_now_ns();
         if (megamoe_dispatch_v2(&a) != MEGAMOE_OK) rc = 1;
         uint64_t t1 = mm_now_ns();
+        double u1 = mm_bd_cpu_s();
         megamoe_comm_barrier(world);
+        double u2 = mm_bd_cpu_s();
         uint64_t t2 = mm_now_ns();
         if (rc == 0 && megamoe_combine_v2(&cb) != MEGAMOE_OK) rc = 1;
         uint64_t t3 = mm_now_ns();
         td[r] = (double)(t1 - t0) * 1e-3;
         tc[r] = (double)(t3 - t2) * 1e-3;
+        tu[r] = (u1 - u0 + mm_bd_cpu_s() - u2) * 1e6;
     }
     if (rc == 0 && rank == 0) {
         int64_t recv = ((int32_t *)a.ep_recv_counts.data)[MM_BD_E / MM_BD_W * MM_BD_W - 1];
         double row = (double)MM_BD_H * (c->quant ? 1 : 2) + (c->quant ? 4 : 0);
         double bytes = (double)recv * row + (double)recv * MM_BD_H * 2;
         mm_bd_result(out, "megamoe", c, mm_bd_median(td + 2, c->reps), mm_bd_median(tc + 2, c->reps),
-                     bytes);
+                     bytes, mm_bd_median(tu + 2, c->reps));
     }
     free(td);
     free(tc);
+    free(tu);
     if (c->quant) mm_aligned_free(eo);
     for (int i = 0; i < 7; i++) mm_aligned_free(bufs[i]);
     mm_aligned_free(x);
@@ -407,26 +423,32 @@ static int mm_bd_mpi_worker(const mm_bd_case_t *cases, int ncases, const char *o
         mm_bd_fill(m.x, (int64_t)c->bs * MM_BD_H, rank);
         int n = c->reps + 2;
         double *td = calloc((size_t)n, sizeof(double)), *tc = calloc((size_t)n, sizeof(double));
+        double *tu = calloc((size_t)n, sizeof(double));
         for (int r = 0; r < n; r++) {
             MPI_Barrier(MPI_COMM_WORLD);
+            double u0 = mm_bd_cpu_s();
             double t0 = MPI_Wtime();
             mm_bd_mpi_dispatch(&m, c->zero_fill);
             double t1 = MPI_Wtime();
+            double u1 = mm_bd_cpu_s();
             MPI_Barrier(MPI_COMM_WORLD);
+            double u2 = mm_bd_cpu_s();
             double t2 = MPI_Wtime();
             mm_bd_mpi_combine(&m, c->quant ? eo : (const uint16_t *)m.expand);
             double t3 = MPI_Wtime();
             td[r] = (t1 - t0) * 1e6;
             tc[r] = (t3 - t2) * 1e6;
+            tu[r] = (u1 - u0 + mm_bd_cpu_s() - u2) * 1e6;
         }
         if (rank == 0) {
             double row = (double)m.row + (c->quant ? 4 : 0);
             double bytes = (double)m.recv * row + (double)m.recv * (double)hr;
             mm_bd_result(out, "mpi_alltoallv", c, mm_bd_median(td + 2, c->reps),
-                         mm_bd_median(tc + 2, c->reps), bytes);
+                         mm_bd_median(tc + 2, c->reps), bytes, mm_bd_median(tu + 2, c->reps));
         }
         free(td);
         free(tc);
+        free(tu);
         free(m.ids);
         free(m.w);
         free(m.order);
@@ -608,7 +630,11 @@ static int mm_bd_main(int argc, char **argv)
     } mm_bd_row_t;
     mm_bd_row_t rows[128];
     int n_rows = 0;
-    while (f && fscanf(f, "%47s %d %d %d %lf %lf %lf", impl, &bs, &q, &zf, &d, &c, &bytes) == 7) {
+    char line[512];
+    while (f && fgets(line, sizeof line, f)) {
+        double cpu = 0.0 / 0.0; /* the gloo script's lines have no CPU time */
+        if (sscanf(line, "%47s %d %d %d %lf %lf %lf %lf", impl, &bs, &q, &zf, &d, &c, &bytes, &cpu) < 7)
+            continue;
         char *alg = strchr(impl, ':');
         if (alg) *alg++ = '\0';
         if (n_rows < 128) {
@@ -630,6 +656,7 @@ static int mm_bd_main(int argc, char **argv)
         mm_bench_num("dispatch_us", d);
         mm_bench_num("combine_us", c);
         mm_bench_num("GBps", bytes / ((d + c) * 1e-6) * 1e-9);
+        mm_bench_num("cpu_us", cpu); /* the rank's CPU time in dispatch + combine, all threads */
     }
     if (f) fclose(f);
     mm_bench_end();
