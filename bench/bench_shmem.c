@@ -358,7 +358,9 @@ static int mm_worker(int quick)
         if (mm_shmem_barrier_all() != MEGAMOE_OK) return mm_fail("barrier");
         mm_bucx_thread_stop(b.ucx);
         volatile uint64_t *mine = mm_flag(&b, MM_FLAG_PING);
-        uint64_t base = *mine, t1 = mm_now_ns();
+        /* the flag's value so far is the same count on both ranks (reading the word instead
+         * would race with the peer's first ping, which the progress thread may have landed) */
+        uint64_t base = (uint64_t)t * (uint64_t)plan.rtt_iters, t1 = mm_now_ns();
         int bad = 0;
         for (long i = 1; i <= plan.rtt_iters && !bad; i++) {
             if (me == 0)
