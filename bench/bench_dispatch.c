@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "megamoe/comm.h"
@@ -44,6 +45,7 @@
 
 typedef struct {
     int bs, quant, zero_fill, reps;
+    const char *alg; /* comm_alg of the megamoe side ("fullmesh_v1", "hierarchy", ...) */
 } mm_bd_case_t;
 
 /* ---- workload (the gloo script reproduces it exactly) ------------------------------------ */
@@ -90,15 +92,45 @@ static void mm_bd_pin(int rank)
     sched_setaffinity(0, sizeof set, &set);
 }
 
-static void mm_bd_result(FILE *f, const char *impl, const mm_bd_case_t *c, double d_us,
-                         double c_us, double bytes)
+/* This process's CPU time (every thread: the engine's progress thread too), seconds. */
+static double mm_bd_cpu_s(void)
 {
-    fprintf(f, "%s %d %d %d %.3f %.3f %.0f\n", impl, c->bs, c->quant, c->zero_fill, d_us, c_us,
-            bytes);
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void mm_bd_result(FILE *f, const char *impl, const mm_bd_case_t *c, double d_us,
+                         double c_us, double bytes, double cpu_us)
+{
+    /* the megamoe side's rows name their comm_alg: "megamoe:hierarchy" */
+    fprintf(f, "%s%s%s %d %d %d %.3f %.3f %.0f %.3f\n", impl, strcmp(impl, "megamoe") ? "" : ":",
+            strcmp(impl, "megamoe") ? "" : c->alg, c->bs, c->quant, c->zero_fill, d_us, c_us, bytes,
+            cpu_us);
     fflush(f);
 }
 
 /* ---- megamoe side ---------------------------------------------------------------------- */
+
+/* --comm-alg: the algorithms the megamoe side runs, each case in turn */
+static char mm_bd_alg_buf[128];
+static const char *mm_bd_algs[4];
+static int mm_bd_n_algs;
+
+static int mm_bd_parse_algs(const char *list)
+{
+    snprintf(mm_bd_alg_buf, sizeof mm_bd_alg_buf, "%s", list);
+    mm_bd_n_algs = 0;
+    for (char *t = strtok(mm_bd_alg_buf, ","); t; t = strtok(NULL, ",")) {
+        if (strcmp(t, "fullmesh_v1") && strcmp(t, "fullmesh_v2") && strcmp(t, "hierarchy")) {
+            fprintf(stderr, "bench dispatch: --comm-alg takes fullmesh_v1, fullmesh_v2 and "
+                    "hierarchy, got '%s'\n", t);
+            return -1;
+        }
+        if (mm_bd_n_algs < 4) mm_bd_algs[mm_bd_n_algs++] = t;
+    }
+    return mm_bd_n_algs ? 0 : -1;
+}
 
 static megamoe_tensor_t mm_bd_t(void *data, megamoe_dtype_t t, int ndim, int64_t d0, int64_t d1)
 {
@@ -130,6 +162,7 @@ static int mm_bd_megamoe_case(megamoe_comm_t *world, int rank, const mm_bd_case_
     a.moe_expert_num = MM_BD_E;
     a.quant_mode = c->quant;
     a.zero_fill = c->zero_fill;
+    a.comm_alg = c->alg;
     if (megamoe_dispatch_v2_infer(&a) != MEGAMOE_OK) return 1;
     void *bufs[7];
     megamoe_tensor_t *outs[7] = {&a.expand_x, &a.dynamic_scales, &a.assist_info_for_combine,
@@ -158,30 +191,37 @@ static int mm_bd_megamoe_case(megamoe_comm_t *world, int rank, const mm_bd_case_
     cb.ep_rank_id = rank;
     cb.moe_expert_num = MM_BD_E;
     cb.zero_fill = c->zero_fill;
+    cb.comm_alg = c->alg;
     cb.x = mm_bd_t(xo, MEGAMOE_DTYPE_BF16, 2, bs, MM_BD_H);
     int n = c->reps + 2, rc = 0;
     double *td = calloc((size_t)n, sizeof(double)), *tc = calloc((size_t)n, sizeof(double));
+    double *tu = calloc((size_t)n, sizeof(double));
     for (int r = 0; r < n && rc == 0; r++) {
         megamoe_comm_barrier(world);
+        double u0 = mm_bd_cpu_s();
         uint64_t t0 = mm_now_ns();
         if (megamoe_dispatch_v2(&a) != MEGAMOE_OK) rc = 1;
         uint64_t t1 = mm_now_ns();
+        double u1 = mm_bd_cpu_s();
         megamoe_comm_barrier(world);
+        double u2 = mm_bd_cpu_s();
         uint64_t t2 = mm_now_ns();
         if (rc == 0 && megamoe_combine_v2(&cb) != MEGAMOE_OK) rc = 1;
         uint64_t t3 = mm_now_ns();
         td[r] = (double)(t1 - t0) * 1e-3;
         tc[r] = (double)(t3 - t2) * 1e-3;
+        tu[r] = (u1 - u0 + mm_bd_cpu_s() - u2) * 1e6;
     }
     if (rc == 0 && rank == 0) {
         int64_t recv = ((int32_t *)a.ep_recv_counts.data)[MM_BD_E / MM_BD_W * MM_BD_W - 1];
         double row = (double)MM_BD_H * (c->quant ? 1 : 2) + (c->quant ? 4 : 0);
         double bytes = (double)recv * row + (double)recv * MM_BD_H * 2;
         mm_bd_result(out, "megamoe", c, mm_bd_median(td + 2, c->reps), mm_bd_median(tc + 2, c->reps),
-                     bytes);
+                     bytes, mm_bd_median(tu + 2, c->reps));
     }
     free(td);
     free(tc);
+    free(tu);
     if (c->quant) mm_aligned_free(eo);
     for (int i = 0; i < 7; i++) mm_aligned_free(bufs[i]);
     mm_aligned_free(x);
@@ -202,11 +242,16 @@ static int mm_bd_megamoe_worker(const mm_bd_case_t *cases, int ncases, const cha
     mm_bd_pin(rank);
     FILE *out = rank == 0 ? fopen(out_path, "a") : NULL;
     int rc = 0;
-    for (int i = 0; i < ncases && rc == 0; i++) {
-        if (rank == 0) mm_bench_progress(i + 1, ncases, "megamoe");
-        rc = mm_bd_megamoe_case(world, rank, &cases[i], out);
-        if (rc) fprintf(stderr, "bench dispatch: %s\n", megamoe_last_error());
-    }
+    for (int i = 0; i < ncases && rc == 0; i++)
+        for (int j = 0; j < mm_bd_n_algs && rc == 0; j++) {
+            char label[64];
+            snprintf(label, sizeof label, "megamoe %s", mm_bd_algs[j]);
+            if (rank == 0) mm_bench_progress(i * mm_bd_n_algs + j + 1, ncases * mm_bd_n_algs, label);
+            mm_bd_case_t c = cases[i];
+            c.alg = mm_bd_algs[j];
+            rc = mm_bd_megamoe_case(world, rank, &c, out);
+            if (rc) fprintf(stderr, "bench dispatch: %s\n", megamoe_last_error());
+        }
     if (out) fclose(out);
     megamoe_ops_release();
     megamoe_comm_destroy(world);
@@ -378,26 +423,32 @@ static int mm_bd_mpi_worker(const mm_bd_case_t *cases, int ncases, const char *o
         mm_bd_fill(m.x, (int64_t)c->bs * MM_BD_H, rank);
         int n = c->reps + 2;
         double *td = calloc((size_t)n, sizeof(double)), *tc = calloc((size_t)n, sizeof(double));
+        double *tu = calloc((size_t)n, sizeof(double));
         for (int r = 0; r < n; r++) {
             MPI_Barrier(MPI_COMM_WORLD);
+            double u0 = mm_bd_cpu_s();
             double t0 = MPI_Wtime();
             mm_bd_mpi_dispatch(&m, c->zero_fill);
             double t1 = MPI_Wtime();
+            double u1 = mm_bd_cpu_s();
             MPI_Barrier(MPI_COMM_WORLD);
+            double u2 = mm_bd_cpu_s();
             double t2 = MPI_Wtime();
             mm_bd_mpi_combine(&m, c->quant ? eo : (const uint16_t *)m.expand);
             double t3 = MPI_Wtime();
             td[r] = (t1 - t0) * 1e6;
             tc[r] = (t3 - t2) * 1e6;
+            tu[r] = (u1 - u0 + mm_bd_cpu_s() - u2) * 1e6;
         }
         if (rank == 0) {
             double row = (double)m.row + (c->quant ? 4 : 0);
             double bytes = (double)m.recv * row + (double)m.recv * (double)hr;
             mm_bd_result(out, "mpi_alltoallv", c, mm_bd_median(td + 2, c->reps),
-                         mm_bd_median(tc + 2, c->reps), bytes);
+                         mm_bd_median(tc + 2, c->reps), bytes, mm_bd_median(tu + 2, c->reps));
         }
         free(td);
         free(tc);
+        free(tu);
         free(m.ids);
         free(m.w);
         free(m.order);
@@ -412,7 +463,7 @@ static int mm_bd_mpi_worker(const mm_bd_case_t *cases, int ncases, const char *o
 
 /* ---- driver ---------------------------------------------------------------------------- */
 
-static int mm_bd_spawn(char *const argv[], const char *heap)
+static int mm_bd_spawn(char *const argv[], const char *heap, const char *ranks_per_node)
 {
     fflush(stdout);
     fflush(stderr);
@@ -420,6 +471,8 @@ static int mm_bd_spawn(char *const argv[], const char *heap)
     if (pid == 0) {
         dup2(2, 1); /* workers talk on stderr; stdout carries only the JSON */
         if (heap) setenv("HYPER_PARALLEL_SHMEM_HEAP_SIZE", heap, 1);
+        /* hierarchy groups = hosts, unless the user chose */
+        if (ranks_per_node) setenv("MEGAMOE_RANKS_PER_NODE", ranks_per_node, 0);
         execvp(argv[0], argv);
         _exit(127);
     }
@@ -464,13 +517,21 @@ static int mm_bd_main(int argc, char **argv)
     int reps = atoi(mm_bench_opt(argc, argv, "--reps", "0"));
     int both = !mm_bench_flag(argc, argv, "--zero-fill-only");
     const char *hosts = mm_bench_opt(argc, argv, "--hosts", NULL);
+    int multi_host = hosts && atoi(hosts) > 1;
+    const char *algs = mm_bench_opt(argc, argv, "--comm-alg",
+                                    multi_host ? "fullmesh_v1,hierarchy" : "fullmesh_v1");
     if (mm_bench_flag(argc, argv, "--help")) {
         printf("usage: megamoe bench dispatch [--bs 128,4096] [--quant 0,2] [--reps N] "
                "[--no-mpi] [--no-gloo] [--zero-fill-only] [--hosts H]\n"
+               "                              [--comm-alg fullmesh_v1,fullmesh_v2,hierarchy]\n"
                "--hosts H: every side on H simulated hosts (megamoe launch --hosts; root);\n"
-               "rows carry \"hosts\" (1 without it)\n");
+               "rows carry \"hosts\" (1 without it)\n"
+               "--comm-alg: the megamoe side runs each case with each listed algorithm (rows\n"
+               "carry \"comm_alg\"; default fullmesh_v1, and hierarchy too across hosts, with\n"
+               "MEGAMOE_RANKS_PER_NODE = ranks per host unless set)\n");
         return 0;
     }
+    if (mm_bd_parse_algs(algs) != 0) return 2;
     if (hosts && (atoi(hosts) < 1 || MM_BD_W % atoi(hosts) != 0)) {
         fprintf(stderr, "bench dispatch: --hosts must divide the %d ranks, got '%s'\n", MM_BD_W, hosts);
         return 2;
@@ -491,10 +552,10 @@ static int mm_bd_main(int argc, char **argv)
     snprintf(rs, sizeof rs, "%d", reps);
     const char *self = mm_bench_self_exe();
     /* worker arguments: argv[skip..] of each launcher line, worker name in slot `wslot` */
-    char *wk[24];
+    char *wk[26];
     int n = 0;
     char *opts[] = {"bench", "dispatch", "--bs", (char *)bs_list, "--quant", (char *)quants,
-                    "--reps", rs, "--out", res, "--worker"};
+                    "--reps", rs, "--comm-alg", (char *)algs, "--out", res, "--worker"};
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) wk[n++] = opts[i];
     int wslot = n++;
     if (!both) wk[n++] = "--zero-fill-only";
@@ -512,7 +573,9 @@ static int mm_bd_main(int argc, char **argv)
     memcpy(a1 + nl, rest1, sizeof rest1);
     wk[wslot] = "megamoe";
     memcpy(a1 + nl + 6, wk, (size_t)(n + 1) * sizeof(char *));
-    int rc = mm_bd_spawn(a1, "4G");
+    char rpn[16];
+    snprintf(rpn, sizeof rpn, "%d", hosts ? MM_BD_W / atoi(hosts) : MM_BD_W);
+    int rc = mm_bd_spawn(a1, "4G", hosts ? rpn : NULL);
     if (rc) fprintf(stderr, "bench dispatch: the megamoe side failed (status %d)\n", rc);
 #ifdef MEGAMOE_HAVE_MPI
     if (!mm_bench_flag(argc, argv, "--no-mpi")) {
@@ -527,7 +590,7 @@ static int mm_bd_main(int argc, char **argv)
         }
         wk[wslot] = "mpi";
         memcpy(a2 + na, wk, (size_t)(n + 1) * sizeof(char *));
-        if (mm_bd_spawn(a2, NULL)) fprintf(stderr, "bench dispatch: the MPI side failed\n");
+        if (mm_bd_spawn(a2, NULL, NULL)) fprintf(stderr, "bench dispatch: the MPI side failed\n");
     }
 #else
     fprintf(stderr, "bench dispatch: built without MPI (MEGAMOE_WITH_MPI=OFF): no mpi_alltoallv rows\n");
@@ -540,19 +603,38 @@ static int mm_bd_main(int argc, char **argv)
                              "--bs", (char *)bs_list, "--quant", (char *)quants, "--out", res, NULL};
             memcpy(a3, launch, (size_t)nl * sizeof(char *));
             memcpy(a3 + nl, rest3, sizeof rest3);
-            if (mm_bd_spawn(a3, NULL)) fprintf(stderr, "bench dispatch: the gloo side failed\n");
+            if (mm_bd_spawn(a3, NULL, NULL)) fprintf(stderr, "bench dispatch: the gloo side failed\n");
         } else {
             fprintf(stderr, "bench dispatch: bench/bench_dispatch_gloo.py not found: no gloo rows\n");
         }
     }
     mm_bench_begin("dispatch");
     FILE *f = fopen(res, "r");
-    char impl[32];
+    char impl[48];
     int bs, q, zf;
     double d, c, bytes;
-    while (f && fscanf(f, "%31s %d %d %d %lf %lf %lf", impl, &bs, &q, &zf, &d, &c, &bytes) == 7) {
+    typedef struct {
+        char impl[112];
+        int bs, q, zf;
+        double us;
+    } mm_bd_row_t;
+    mm_bd_row_t rows[128];
+    int n_rows = 0;
+    char line[512];
+    while (f && fgets(line, sizeof line, f)) {
+        double cpu = 0.0 / 0.0; /* the gloo script's lines have no CPU time */
+        if (sscanf(line, "%47s %d %d %d %lf %lf %lf %lf", impl, &bs, &q, &zf, &d, &c, &bytes, &cpu) < 7)
+            continue;
+        char *alg = strchr(impl, ':');
+        if (alg) *alg++ = '\0';
+        if (n_rows < 128) {
+            mm_bd_row_t *r = &rows[n_rows++];
+            snprintf(r->impl, sizeof r->impl, "%s%s%s", impl, alg ? " " : "", alg ? alg : "");
+            r->bs = bs, r->q = q, r->zf = zf, r->us = d + c;
+        }
         mm_bench_row();
         mm_bench_str("impl", impl);
+        if (alg) mm_bench_str("comm_alg", alg);
         mm_bench_int("ranks", MM_BD_W);
         mm_bench_int("hosts", hosts ? atoi(hosts) : 1);
         mm_bench_int("bs", bs);
@@ -564,9 +646,27 @@ static int mm_bd_main(int argc, char **argv)
         mm_bench_num("dispatch_us", d);
         mm_bench_num("combine_us", c);
         mm_bench_num("GBps", bytes / ((d + c) * 1e-6) * 1e-9);
+        mm_bench_num("cpu_us", cpu); /* the rank's CPU time in dispatch + combine, all threads */
     }
     if (f) fclose(f);
     mm_bench_end();
+    /* target (issue 12, across hosts): dispatch+combine >= 1.5 x MPI_Alltoallv */
+    int header = 0;
+    for (int i = 0; i < n_rows; i++) {
+        if (strncmp(rows[i].impl, "megamoe", 7) != 0) continue;
+        for (int j = 0; j < n_rows; j++) {
+            if (strcmp(rows[j].impl, "mpi_alltoallv") || rows[j].bs != rows[i].bs ||
+                rows[j].q != rows[i].q || rows[j].zf != rows[i].zf)
+                continue;
+            if (!header++)
+                fprintf(stderr, "\nmegamoe speed over MPI_Alltoallv (dispatch+combine)%s:\n",
+                        multi_host ? "; target across hosts >= 1.5x" : "");
+            double ratio = rows[j].us / rows[i].us;
+            fprintf(stderr, "  %-22s bs %5d quant %d zero_fill %d: %.2fx%s\n", rows[i].impl,
+                    rows[i].bs, rows[i].q, rows[i].zf, ratio,
+                    multi_host ? (ratio >= 1.5 ? " met" : " NOT met") : "");
+        }
+    }
     unlink(res);
     rmdir(dir);
     return rc;

@@ -152,7 +152,9 @@ static int mm_bench_layer_main(int argc, char **argv)
                    "overhead (O1+prof), and a pure-PyTorch EP layer per shape (balanced).\n"
                    "--tokens runs every listed shape at each token count per rank (a sweep).\n"
                    "--hosts H runs both sides on H simulated hosts (megamoe launch --hosts; root);\n"
-                   "every row carries \"hosts\" (1 without it).\n");
+                   "every row carries \"hosts\" (1 without it). With H > 1 each megamoe job also\n"
+                   "runs on one host first, and the H-host rows carry over_single_host (their\n"
+                   "fwd+bwd time over the single-host one's).\n");
             return 0;
         }
         if (!strcmp(argv[i], "--job-dir") && i + 1 < argc) job_dir = argv[++i];
@@ -214,109 +216,129 @@ static int mm_bench_layer_main(int argc, char **argv)
     int total = 0, step = 0, rc = 0;
     const int n_points = n_tokens ? n_tokens : 1; /* token counts per shape */
     for (int s = 0; s < n_shapes; s++)
-        if (strstr(shapes, mm_layer_shapes[s].name)) total += n_points * (n_workers * n_routes + with_torch);
-    mm_target_row_t targets[64];
-    int n_targets = 0;
+        if (strstr(shapes, mm_layer_shapes[s].name)) total += n_points * (n_workers * n_routes * (o.hosts > 1 ? 2 : 1) + with_torch);
+    mm_target_row_t targets[64], host_targets[64];
+    int n_targets = 0, n_host_targets = 0;
+    const int n_host_runs = o.hosts > 1 ? 2 : 1; /* across hosts: also the single-host job */
+    double single[MM_JOB_MAX_VARIANTS];
     for (int sp = 0; sp < n_shapes * n_points; sp++) { /* (shape, token count) pairs */
         const mm_layer_shape_t *sh = &mm_layer_shapes[sp / n_points];
         const int64_t T = n_tokens ? tokens[sp % n_points] : sh->T;
         if (!strstr(shapes, sh->name)) continue;
         for (int wi = 0; wi < n_workers; wi++)
-            for (int ri = 0; ri < n_routes; ri++) {
-                mm_moe_job_opts_t jo = o;
-                jo.T = T;
-                jo.H = sh->H;
-                jo.I = sh->I;
-                jo.E = sh->E;
-                jo.K = sh->K;
-                jo.workers = atoi(workers[wi]);
-                jo.route = (mm_route_pattern_t)mm_route_parse(routes[ri]);
-                double flops = mm_moe_flops(jo.ranks, jo.T, jo.H, jo.I, jo.K);
-                char label[128];
-                snprintf(label, sizeof label, "megamoe %s shape T=%lld, %s workers, %s", sh->name,
-                         (long long)T, workers[wi], routes[ri]);
-                mm_bench_progress(++step, total, label);
-                mm_moe_job_result_t res[64];
-                const char *sub[] = {"bench", "layer", NULL};
-                if (jo.ranks > 64 || mm_moe_job_launch(&jo, sub, res) != 0) {
-                    fprintf(stderr, "megamoe bench layer: the job failed for %s:", label);
-                    for (int r = 0; r < jo.ranks && r < 64; r++)
-                        if (res[r].error[0]) fprintf(stderr, " rank %d: %s;", r, res[r].error);
-                    fprintf(stderr, "\n");
-                    rc = 1;
-                    continue;
-                }
-                int v0 = -1, v1 = -1, vp = -1;
-                for (int v = 0; v < res[0].n_variants; v++) {
-                    if (!strcmp(res[0].variant[v].name, "O0")) v0 = v;
-                    if (!strcmp(res[0].variant[v].name, "O1")) v1 = v;
-                    if (!strcmp(res[0].variant[v].name, "O1+prof")) vp = v;
-                }
-                for (int v = 0; v < res[0].n_variants; v++) {
-                    double t = mm_job_time(res, jo.ranks, v, 0);
-                    mm_bench_row();
-                    mm_bench_str("impl", "megamoe");
-                    mm_bench_str("schedule", res[0].variant[v].name);
-                    mm_bench_str("shape", sh->name);
-                    mm_bench_int("tokens", jo.T);
-                    mm_bench_dims(&jo);
-                    mm_bench_str("routing", routes[ri]);
-                    mm_bench_int("ep", jo.ranks);
-                    mm_bench_int("hosts", jo.hosts > 0 ? jo.hosts : 1);
-                    mm_bench_int("workers", res[0].workers);
-                    mm_bench_num("fwd_bwd_ms", t * 1e3);
-                    mm_bench_num("fwd_ms", mm_job_time(res, jo.ranks, v, 1) * 1e3);
-                    mm_bench_num("bwd_ms", mm_job_time(res, jo.ranks, v, 2) * 1e3);
-                    mm_bench_num("tflops", flops / t * 1e-12);
-                    double cpu = 0; /* the busiest rank's CPU time per iteration */
-                    for (int r = 0; r < jo.ranks; r++)
-                        if (res[r].variant[v].cpu_median_s > cpu) cpu = res[r].variant[v].cpu_median_s;
-                    mm_bench_num("cpu_ms", cpu * 1e3);
-                    if (v == v1 && v0 >= 0) {
-                        double ratio = mm_job_time(res, jo.ranks, v0, 0) / t;
-                        mm_bench_num("o1_over_o0_speed", ratio);
-                        /* bit-identical outputs give identical sums on every rank */
-                        int same = 1;
-                        for (int r = 0; r < jo.ranks; r++)
-                            same &= res[r].variant[v1].checksum == res[r].variant[v0].checksum;
-                        mm_bench_bool("same_output_as_o0", same);
-                        if (n_targets < 64) {
-                            mm_target_row_t *tr = &targets[n_targets++];
-                            snprintf(tr->label, sizeof tr->label, "%s T=%lld %s, %d worker%s/rank",
-                                     sh->name, (long long)T, routes[ri], res[0].workers,
-                                     res[0].workers == 1 ? "" : "s");
-                            tr->ratio = ratio;
-                            tr->target = res[0].workers != 1 ? 0
-                                         : jo.route == MM_ROUTE_BALANCED ? 1.15
-                                         : jo.route == MM_ROUTE_SKEW     ? 1.30
-                                                                         : 0;
-                        }
+            for (int ri = 0; ri < n_routes; ri++)
+                for (int hr = 0; hr < n_host_runs; hr++) {
+                    mm_moe_job_opts_t jo = o;
+                    /* across hosts, the same job on one host first: the reference of the ratio */
+                    jo.hosts = n_host_runs == 2 && hr == 0 ? 0 : o.hosts;
+                    jo.T = T;
+                    jo.H = sh->H;
+                    jo.I = sh->I;
+                    jo.E = sh->E;
+                    jo.K = sh->K;
+                    jo.workers = atoi(workers[wi]);
+                    jo.route = (mm_route_pattern_t)mm_route_parse(routes[ri]);
+                    double flops = mm_moe_flops(jo.ranks, jo.T, jo.H, jo.I, jo.K);
+                    char label[128];
+                    snprintf(label, sizeof label, "megamoe %s shape T=%lld, %s workers, %s, %d host%s",
+                             sh->name, (long long)T, workers[wi], routes[ri], jo.hosts > 0 ? jo.hosts : 1, jo.hosts > 1 ? "s" : "");
+                    mm_bench_progress(++step, total, label);
+                    mm_moe_job_result_t res[64];
+                    const char *sub[] = {"bench", "layer", NULL};
+                    if (jo.ranks > 64 || mm_moe_job_launch(&jo, sub, res) != 0) {
+                        fprintf(stderr, "megamoe bench layer: the job failed for %s:", label);
+                        for (int r = 0; r < jo.ranks && r < 64; r++)
+                            if (res[r].error[0]) fprintf(stderr, " rank %d: %s;", r, res[r].error);
+                        fprintf(stderr, "\n");
+                        rc = 1;
+                        continue;
                     }
-                    if (v == v1) {
-                        /* share of launch time each O1 worker waited (all ranks' workers) */
-                        char detail[96] = "";
-                        double sum = 0, mx = 0;
-                        int n = 0;
+                    if (hr == 0)
+                        for (int v = 0; v < MM_JOB_MAX_VARIANTS; v++) single[v] = 0;
+                    int v0 = -1, v1 = -1, vp = -1;
+                    for (int v = 0; v < res[0].n_variants; v++) {
+                        if (!strcmp(res[0].variant[v].name, "O0")) v0 = v;
+                        if (!strcmp(res[0].variant[v].name, "O1")) v1 = v;
+                        if (!strcmp(res[0].variant[v].name, "O1+prof")) vp = v;
+                    }
+                    for (int v = 0; v < res[0].n_variants; v++) {
+                        double t = mm_job_time(res, jo.ranks, v, 0);
+                        mm_bench_row();
+                        mm_bench_str("impl", "megamoe");
+                        mm_bench_str("schedule", res[0].variant[v].name);
+                        mm_bench_str("shape", sh->name);
+                        mm_bench_int("tokens", jo.T);
+                        mm_bench_dims(&jo);
+                        mm_bench_str("routing", routes[ri]);
+                        mm_bench_int("ep", jo.ranks);
+                        mm_bench_int("hosts", jo.hosts > 0 ? jo.hosts : 1);
+                        mm_bench_int("workers", res[0].workers);
+                        mm_bench_num("fwd_bwd_ms", t * 1e3);
+                        mm_bench_num("fwd_ms", mm_job_time(res, jo.ranks, v, 1) * 1e3);
+                        mm_bench_num("bwd_ms", mm_job_time(res, jo.ranks, v, 2) * 1e3);
+                        mm_bench_num("tflops", flops / t * 1e-12);
+                        double cpu = 0; /* the busiest rank's CPU time per iteration */
                         for (int r = 0; r < jo.ranks; r++)
-                            for (int k = 0; k < res[r].n_wait; k++) {
-                                double ws = res[r].wait_share[k];
-                                sum += ws;
-                                if (ws > mx) mx = ws;
-                                n++;
-                                size_t len = strlen(detail);
-                                snprintf(detail + len, sizeof detail - len, "%sr%d.%s=%.2f",
-                                         len ? " " : "", r, res[r].wait_name[k], ws);
+                            if (res[r].variant[v].cpu_median_s > cpu) cpu = res[r].variant[v].cpu_median_s;
+                        mm_bench_num("cpu_ms", cpu * 1e3);
+                        if (hr == 1 && v < MM_JOB_MAX_VARIANTS && single[v] > 0) {
+                            mm_bench_num("over_single_host", t / single[v]);
+                            if (n_host_targets < 64) {
+                                mm_target_row_t *tr = &host_targets[n_host_targets++];
+                                snprintf(tr->label, sizeof tr->label, "%s %s %s, %d worker%s/rank",
+                                         sh->name, routes[ri], res[0].variant[v].name, res[0].workers,
+                                         res[0].workers == 1 ? "" : "s");
+                                tr->ratio = t / single[v];
+                                tr->target = 1.15;
                             }
-                        if (n) {
-                            mm_bench_num("wait_share", sum / n);
-                            mm_bench_num("wait_share_max", mx);
-                            mm_bench_str("wait_share_workers", detail);
                         }
+                        if (n_host_runs == 2 && hr == 0 && v < MM_JOB_MAX_VARIANTS) single[v] = t;
+                        if (v == v1 && v0 >= 0) {
+                            double ratio = mm_job_time(res, jo.ranks, v0, 0) / t;
+                            mm_bench_num("o1_over_o0_speed", ratio);
+                            /* bit-identical outputs give identical sums on every rank */
+                            int same = 1;
+                            for (int r = 0; r < jo.ranks; r++)
+                                same &= res[r].variant[v1].checksum == res[r].variant[v0].checksum;
+                            mm_bench_bool("same_output_as_o0", same);
+                            if (n_targets < 64) {
+                                mm_target_row_t *tr = &targets[n_targets++];
+                                snprintf(tr->label, sizeof tr->label, "%s T=%lld %s, %d worker%s/rank, %d host%s",
+                                         sh->name, (long long)T, routes[ri], res[0].workers,
+                                         res[0].workers == 1 ? "" : "s", jo.hosts > 0 ? jo.hosts : 1,
+                                         jo.hosts > 1 ? "s" : "");
+                                tr->ratio = ratio;
+                                tr->target = res[0].workers != 1 ? 0
+                                             : jo.route == MM_ROUTE_BALANCED ? 1.15
+                                             : jo.route == MM_ROUTE_SKEW     ? 1.30
+                                                                             : 0;
+                            }
+                        }
+                        if (v == v1) {
+                            /* share of launch time each O1 worker waited (all ranks' workers) */
+                            char detail[96] = "";
+                            double sum = 0, mx = 0;
+                            int n = 0;
+                            for (int r = 0; r < jo.ranks; r++)
+                                for (int k = 0; k < res[r].n_wait; k++) {
+                                    double ws = res[r].wait_share[k];
+                                    sum += ws;
+                                    if (ws > mx) mx = ws;
+                                    n++;
+                                    size_t len = strlen(detail);
+                                    snprintf(detail + len, sizeof detail - len, "%sr%d.%s=%.2f",
+                                             len ? " " : "", r, res[r].wait_name[k], ws);
+                                }
+                            if (n) {
+                                mm_bench_num("wait_share", sum / n);
+                                mm_bench_num("wait_share_max", mx);
+                                mm_bench_str("wait_share_workers", detail);
+                            }
+                        }
+                        if (v == vp && v1 >= 0)
+                            mm_bench_num("profiling_overhead", t / mm_job_time(res, jo.ranks, v1, 0) - 1);
                     }
-                    if (v == vp && v1 >= 0)
-                        mm_bench_num("profiling_overhead", t / mm_job_time(res, jo.ranks, v1, 0) - 1);
                 }
-            }
         if (with_torch) {
             mm_moe_job_opts_t jo = o;
             jo.T = T;
@@ -363,6 +385,15 @@ static int mm_bench_layer_main(int argc, char **argv)
                         t->target, t->ratio >= t->target ? "met" : "NOT met");
             else
                 fprintf(stderr, "  %-40s %5.2fx\n", t->label, t->ratio);
+        }
+    }
+    if (n_host_targets) {
+        fprintf(stderr, "\nfwd+bwd on %d hosts x %d rank%s over the same job on 1 host (slowest rank; "
+                "target <= 1.15x):\n", o.hosts, o.ranks / o.hosts, o.ranks / o.hosts == 1 ? "" : "s");
+        for (int i = 0; i < n_host_targets; i++) {
+            const mm_target_row_t *t = &host_targets[i];
+            fprintf(stderr, "  %-40s %5.2fx  %s\n", t->label, t->ratio,
+                    t->ratio <= t->target ? "met" : "NOT met");
         }
     }
     return rc;

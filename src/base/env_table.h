@@ -47,6 +47,10 @@
            "UCX's own transport list, used by the inter-host engine as given; unset: megamoe excludes UCX's shared-memory transports (same-host peers are mapped directly).") \
     MM_ENV(UCX_NET_DEVICES, "UCX_NET_DEVICES", STRING, "", 0, 0, "", \
            "UCX's own device list, used as given; unset: megamoe picks the interface that carries the bootstrap connection to rank 0.") \
+    MM_ENV(UCX_TCP_TX_SEG_SIZE, "UCX_TCP_TX_SEG_SIZE", STRING, "", 0, 0, "", \
+           "UCX's own TCP send segment size, used as given; unset: the inter-host engine uses 64k (UCX's default 8k costs about twice the CPU per byte).") \
+    MM_ENV(UCX_TCP_RX_SEG_SIZE, "UCX_TCP_RX_SEG_SIZE", STRING, "", 0, 0, "", \
+           "UCX's own TCP receive segment size, used as given; unset: the inter-host engine uses 256k (UCX's default 64k).") \
     MM_ENV(GEMM, "MEGAMOE_GEMM", ENUM, "auto", 0, 0, "auto|amx|avx512|onednn|ref", \
            "BF16 GEMM backend; auto: oneDNN where built, big packed weights on the own avx512 kernel when the CPU has no AMX (docs/kernels.md).") \
     MM_ENV(THREADS, "MEGAMOE_THREADS", INT, "0", 0, 4096, "", \

@@ -623,17 +623,26 @@ static void mm_ucx_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 /* UCX options megamoe chooses when the user did not: no shared-memory transports (same-host
  * peers are mapped by the runtime; and between simulated hosts UCX would take shared memory
  * and bypass the network), the network device of the bootstrap connection, no memory-type
- * cache hooks (host memory only). */
+ * cache hooks (host memory only), and TCP segments of 64 KiB to send and 256 KiB to receive
+ * instead of UCX's 8 KiB / 64 KiB: fewer system calls per byte, which on TCP is what a put
+ * costs (about 2x the GB per CPU-second, docs/shmem.md "Choosing the engine"). */
 static megamoe_status_t mm_ucx_config(ucp_config_t *cfg, const char *net_device)
 {
-    const char *tls = "", *devs = "";
+    const char *tls = "", *devs = "", *tx = "", *rx = "";
     MM_CHECK(mm_env_string(MM_ENV_UCX_TLS, &tls));
     MM_CHECK(mm_env_string(MM_ENV_UCX_NET_DEVICES, &devs));
+    MM_CHECK(mm_env_string(MM_ENV_UCX_TCP_TX_SEG_SIZE, &tx));
+    MM_CHECK(mm_env_string(MM_ENV_UCX_TCP_RX_SEG_SIZE, &rx));
     if (*tls == '\0' && ucp_config_modify(cfg, "TLS", "^sm") != UCS_OK)
         return mm_error(MEGAMOE_INTERNAL, "UCX refused the transport selection");
     if (*devs == '\0' && net_device && *net_device &&
         ucp_config_modify(cfg, "NET_DEVICES", net_device) != UCS_OK)
         return mm_error(MEGAMOE_INTERNAL, "UCX refused the network device %s", net_device);
+    /* UCX hands these to each transport's configuration under the transport's own field name
+     * ("TX_SEG_SIZE", not "TCP_TX_SEG_SIZE"); only TCP has them. On TCP a put is an active
+     * message, sent in TX_SEG_SIZE fragments. */
+    if (*tx == '\0') ucp_config_modify(cfg, "TX_SEG_SIZE", "64k");
+    if (*rx == '\0') ucp_config_modify(cfg, "RX_SEG_SIZE", "256k");
     ucp_config_modify(cfg, "MEMTYPE_CACHE", "n"); /* absent in some versions: best effort */
     return MEGAMOE_OK;
 }
@@ -730,11 +739,14 @@ static megamoe_status_t mm_ucx_init(const mm_engine_init_t *in, mm_shmem_engine_
             st = mm_error(MEGAMOE_IO, "inter-host engine: eventfd: %s", strerror(errno));
     }
     if (st == MEGAMOE_OK) {
-        const char *tls = "";
+        const char *tls = "", *tx = "", *rx = "";
         mm_env_string(MM_ENV_UCX_TLS, &tls);
-        snprintf(e->desc, sizeof e->desc, "UCX %s (transports %s, device %s)",
+        mm_env_string(MM_ENV_UCX_TCP_TX_SEG_SIZE, &tx);
+        mm_env_string(MM_ENV_UCX_TCP_RX_SEG_SIZE, &rx);
+        snprintf(e->desc, sizeof e->desc, "UCX %s (transports %s, device %s, TCP segments %s/%s)",
                  ucp_get_version_string(), *tls ? tls : "not shared memory",
-                 in->net_device && *in->net_device ? in->net_device : "any");
+                 in->net_device && *in->net_device ? in->net_device : "any", *tx ? tx : "64k",
+                 *rx ? rx : "256k");
     }
     if (st != MEGAMOE_OK) {
         mm_ucx_fini(se);
