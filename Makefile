@@ -5,11 +5,15 @@ PY := /usr/bin/python3
 BUILD := build/release
 APT_PACKAGES := cmake make gcc g++ libdnnl-dev libopenmpi-dev openmpi-bin libucx-dev pkg-config \
                 python3-torch python3-numpy python3-pytest iproute2 \
-                libtorch-dev python3-pip python3-venv python3-setuptools python3-wheel
+                libtorch-dev python3-pip python3-venv python3-setuptools python3-wheel \
+                clang libclang-rt-14-dev
 # Labels of the C tests that also run under ThreadSanitizer (runtime and executor).
 TSAN_LABELS ?= shmem|multicore|tsan
+# `make fuzz`: seconds per libFuzzer target (docs/reliability.md).
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?=
 
-.PHONY: deps build run test test-c test-python test-asan test-tsan bench docs clean
+.PHONY: deps build run test test-c test-python test-asan test-tsan fuzz bench docs clean
 
 deps:
 	@missing=""; \
@@ -52,6 +56,11 @@ test-tsan: deps
 	cmake --preset tsan >/dev/null
 	cmake --build --preset tsan -j $(JOBS)
 	ctest --preset tsan -j $(JOBS) -L "$(TSAN_LABELS)"
+
+fuzz: deps
+	cmake --preset fuzz >/dev/null
+	cmake --build --preset fuzz -j $(JOBS)
+	tests/fuzz/run_fuzz.sh build/fuzz $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 bench: deps build
 	$(BUILD)/bin/megamoe bench all
