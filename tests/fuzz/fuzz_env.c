@@ -216,6 +216,17 @@ static void mm_check_endpoint(const char *text)
 static char *mm_saved[64];
 static int mm_saved_set[64];
 
+/* setenv() keeps every distinct value it was given (glibc never frees them): millions of
+ * fuzz inputs would grow the process without bound. putenv() of one buffer per variable
+ * reuses the memory. */
+static char mm_env_buf[64][400];
+
+static void mm_setenv(size_t index, const char *name, const char *value)
+{
+    snprintf(mm_env_buf[index], sizeof mm_env_buf[index], "%s=%s", name, value);
+    putenv(mm_env_buf[index]);
+}
+
 static void mm_init_once(void)
 {
     static int done;
@@ -238,7 +249,7 @@ static void mm_restore_env(void)
     for (size_t i = 0; i < megamoe_config_count(); i++) {
         megamoe_config_entry_t e;
         megamoe_config_entry(i, &e);
-        if (mm_saved_set[i]) setenv(e.name, mm_saved[i], 1);
+        if (mm_saved_set[i]) mm_setenv(i, e.name, mm_saved[i]);
         else unsetenv(e.name);
     }
 }
@@ -267,7 +278,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         megamoe_config_entry(index, &e);
         switch (action) {
         case 0:
-            setenv(e.name, text, 1);
+            mm_setenv(index, e.name, text);
             mm_check_getter(index, text);
             break;
         case 1:
