@@ -15,6 +15,7 @@
 
 #include "megamoe/megamoe.h"
 
+#include "bench_mem.h"
 #include "bench_util.h"
 #include "moe_job.h"
 
@@ -253,6 +254,7 @@ static int mm_bench_layer_main(int argc, char **argv)
                     for (int r = 0; r < jo.ranks; r++)
                         if (res[r].variant[v].cpu_median_s > cpu) cpu = res[r].variant[v].cpu_median_s;
                     mm_bench_num("cpu_ms", cpu * 1e3);
+                    mm_bench_mem_fields(res, jo.ranks); /* job-wide: every schedule in one process */
                     if (v == v1 && v0 >= 0) {
                         double ratio = mm_job_time(res, jo.ranks, v0, 0) / t;
                         mm_bench_num("o1_over_o0_speed", ratio);
