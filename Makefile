@@ -13,7 +13,7 @@ TSAN_LABELS ?= shmem|multicore|tsan
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?=
 
-.PHONY: deps build run test test-c test-python test-asan test-tsan fuzz bench docs clean
+.PHONY: deps build run test test-c test-python test-asan test-tsan fuzz fuzz-coverage bench docs clean
 
 deps:
 	@missing=""; \
@@ -61,6 +61,10 @@ fuzz: deps
 	cmake --preset fuzz >/dev/null
 	cmake --build --preset fuzz -j $(JOBS)
 	tests/fuzz/run_fuzz.sh build/fuzz $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+# Line coverage of the fuzzed files by the corpora (after `make fuzz`).
+fuzz-coverage: deps
+	tests/fuzz/coverage.sh $(FUZZ_TARGETS)
 
 bench: deps build
 	$(BUILD)/bin/megamoe bench all

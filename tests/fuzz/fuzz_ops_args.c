@@ -442,6 +442,8 @@ typedef struct mm_fz_seed_tensor {
     int ndim;
     int64_t shape[4];
     int64_t base, step, mod; /* mode 3 */
+    const void *raw;         /* mode 1: the bytes */
+    size_t raw_len;
 } mm_fz_st_t;
 
 static void mm_put_tensor(mm_fz_buf_t *b, mm_fz_st_t t)
@@ -455,19 +457,20 @@ static void mm_put_tensor(mm_fz_buf_t *b, mm_fz_st_t t)
         mm_fz_put_int(b, t.step);
         mm_fz_put_int(b, t.mod);
     }
+    if (t.present && t.mode == 1) mm_fz_put_bytes(b, t.raw, t.raw_len);
 }
 
-static const mm_fz_st_t mm_absent = {0, 0, MEGAMOE_DTYPE_FP32, -1, {0}, 0, 0, 0};
+static const mm_fz_st_t mm_absent = {0, 0, MEGAMOE_DTYPE_FP32, -1, {0}, 0, 0, 0, NULL, 0};
 
 static mm_fz_st_t mm_t2(megamoe_dtype_t d, int64_t a, int64_t b)
 {
-    return (mm_fz_st_t){1, 0, d, 2, {a, b}, 0, 0, 0};
+    return (mm_fz_st_t){1, 0, d, 2, {a, b}, 0, 0, 0, NULL, 0};
 }
 
 static mm_fz_st_t mm_iota(megamoe_dtype_t d, int ndim, int64_t a, int64_t b, int64_t step,
                           int64_t mod)
 {
-    return (mm_fz_st_t){1, 3, d, ndim, {a, b}, 0, step, mod};
+    return (mm_fz_st_t){1, 3, d, ndim, {a, b}, 0, step, mod, NULL, 0};
 }
 
 static void mm_put_attr(mm_fz_buf_t *b, int usual, int64_t v)
@@ -485,7 +488,12 @@ typedef struct mm_fz_seed {
     int op, W, me, hier;
     int64_t E, quant, tp, S, NS, Z, Cp, Cn, comm_quant;
     int mask, expert_scales, scales, elastic, perf, mutate;
+    int64_t gbs; /* global_bs (0: BS * W) */
 } mm_fz_seed_t;
+
+/* elastic_info [4 + 2W] for W = 4, E = 8: isScaled, 2 ranks left (0 and 2), no shared ranks,
+ * 4 experts (2 per rank, unchanged), table 1 (physical -> compact), table 2 (inverse). */
+static const int32_t mm_elastic_w4[12] = {1, 2, 0, 4, 0, -1, 1, -1, 0, 2, 0, 0};
 
 static void mm_seed_header(mm_fz_buf_t *b, const mm_fz_seed_t *s)
 {
@@ -521,7 +529,7 @@ static void mm_seed_dispatch(mm_fz_buf_t *b, const mm_fz_seed_t *s)
     const int64_t BS = 8, H = 64, K = 2, total = s->E + s->Z + s->Cp + s->Cn;
     mm_seed_header(b, s);
     mm_put_attr(b, s->quant == 0, s->quant);  /* quant_mode */
-    mm_put_attr(b, 1, 0);                     /* global_bs */
+    mm_put_attr(b, s->gbs == 0, s->gbs);      /* global_bs */
     mm_put_attr(b, 1, 0);                     /* expert_token_nums_type */
     mm_fz_put_u8(b, s->hier ? 3 : 0);         /* comm_alg */
     mm_put_attr(b, s->Z == 0, s->Z);
@@ -529,14 +537,17 @@ static void mm_seed_dispatch(mm_fz_buf_t *b, const mm_fz_seed_t *s)
     mm_put_attr(b, s->Cn == 0, s->Cn);
     mm_fz_put_u8(b, 1);                       /* zero_fill */
     mm_put_tensor(b, mm_t2(MEGAMOE_DTYPE_BF16, BS, H));
-    mm_put_tensor(b, mm_iota(MEGAMOE_DTYPE_INT32, 2, BS, K, 1, total));
+    mm_put_tensor(b, mm_iota(MEGAMOE_DTYPE_INT32, 2, BS, K, 1, s->elastic == 2 ? 4 : total));
     mm_put_tensor(b, s->scales ? mm_t2(MEGAMOE_DTYPE_FP32, (s->S ? s->NS : 0) + s->E, H) : mm_absent);
-    mm_fz_st_t mask = {1, 0, MEGAMOE_DTYPE_BOOL, 1, {BS}, 0, 0, 0};
-    mm_put_tensor(b, s->mask ? mask : mm_absent);
+    mm_fz_st_t mask = {1, 0, MEGAMOE_DTYPE_BOOL, 1, {BS}, 0, 0, 0, NULL, 0};
+    mm_fz_st_t mask2 = {1, 3, MEGAMOE_DTYPE_BOOL, 2, {BS, K}, 0, 1, 2, NULL, 0};
+    mm_put_tensor(b, s->mask == 2 ? mask2 : s->mask ? mask : mm_absent);
     mm_put_tensor(b, s->expert_scales ? mm_iota(MEGAMOE_DTYPE_FP32, 2, BS, K, 1, 0) : mm_absent);
-    mm_fz_st_t el = {1, 0, MEGAMOE_DTYPE_INT32, 1, {4 + 2 * s->W}, 0, 0, 0};
+    mm_fz_st_t el = {1, 0, MEGAMOE_DTYPE_INT32, 1, {4 + 2 * s->W}, 0, 0, 0, NULL, 0};
+    if (s->elastic == 2) el = (mm_fz_st_t){1, 1, MEGAMOE_DTYPE_INT32, 1, {12}, 0, 0, 0,
+                                           mm_elastic_w4, sizeof mm_elastic_w4};
     mm_put_tensor(b, s->elastic ? el : mm_absent);
-    mm_fz_st_t perf = {1, 0, MEGAMOE_DTYPE_INT64, 1, {s->W}, 0, 0, 0};
+    mm_fz_st_t perf = {1, 0, MEGAMOE_DTYPE_INT64, 1, {s->W}, 0, 0, 0, NULL, 0};
     mm_put_tensor(b, s->perf ? perf : mm_absent);
     mm_fz_put_u8(b, 0); /* outputs from infer */
     mm_seed_tail(b, s);
@@ -557,27 +568,31 @@ static void mm_seed_combine(mm_fz_buf_t *b, const mm_fz_seed_t *s)
     mm_put_attr(b, s->Cn == 0, s->Cn);
     mm_fz_put_u8(b, 1);                       /* zero_fill */
     mm_put_tensor(b, mm_t2(MEGAMOE_DTYPE_BF16, A, H));                          /* expand_x */
-    mm_put_tensor(b, mm_iota(MEGAMOE_DTYPE_INT32, 2, BS, K, 1, s->E + s->Z + s->Cp + s->Cn));
+    mm_put_tensor(b, mm_iota(MEGAMOE_DTYPE_INT32, 2, BS, K, 1,
+                             s->elastic == 2 ? 4 : s->E + s->Z + s->Cp + s->Cn));
     mm_put_tensor(b, mm_iota(MEGAMOE_DTYPE_INT32, 1, 128 * A, 0, 1, 2));       /* assist */
     mm_put_tensor(b, mm_iota(MEGAMOE_DTYPE_INT32, 1, ncounts, 0, 1, 0));       /* send counts */
     mm_put_tensor(b, mm_iota(MEGAMOE_DTYPE_FP32, 2, BS, K, 1, 0));             /* expert_scales */
-    mm_fz_st_t tpc = {1, 0, MEGAMOE_DTYPE_INT32, 1, {2}, 0, 0, 0};
+    mm_fz_st_t tpc = {1, 0, MEGAMOE_DTYPE_INT32, 1, {2}, 0, 0, 0, NULL, 0};
     mm_put_tensor(b, s->tp == 2 ? tpc : mm_absent);                            /* tp_send_counts */
-    mm_fz_st_t mask = {1, 0, MEGAMOE_DTYPE_BOOL, 1, {BS}, 0, 0, 0};
-    mm_put_tensor(b, s->mask ? mask : mm_absent);
+    mm_fz_st_t mask = {1, 0, MEGAMOE_DTYPE_BOOL, 1, {BS}, 0, 0, 0, NULL, 0};
+    mm_fz_st_t mask2 = {1, 3, MEGAMOE_DTYPE_BOOL, 2, {BS, K}, 0, 1, 2, NULL, 0};
+    mm_put_tensor(b, s->mask == 2 ? mask2 : s->mask ? mask : mm_absent);
     mm_put_tensor(b, mm_absent);                                               /* expand_scales */
     mm_put_tensor(b, mm_absent);                                               /* shared_expert_x */
-    mm_put_tensor(b, mm_absent);                                               /* elastic_info */
+    mm_fz_st_t el = {1, 1, MEGAMOE_DTYPE_INT32, 1, {12}, 0, 0, 0, mm_elastic_w4,
+                     sizeof mm_elastic_w4};
+    mm_put_tensor(b, s->elastic == 2 ? el : mm_absent);                        /* elastic_info */
     mm_put_tensor(b, s->Cp + s->Cn ? mm_t2(MEGAMOE_DTYPE_BF16, BS, H) : mm_absent); /* ori_x */
     for (int i = 0; i < 3; i++)
         mm_put_tensor(b, s->Cn ? mm_t2(MEGAMOE_DTYPE_BF16, s->Cn, H) : mm_absent);
-    mm_fz_st_t perf = {1, 0, MEGAMOE_DTYPE_INT64, 1, {W}, 0, 0, 0};
+    mm_fz_st_t perf = {1, 0, MEGAMOE_DTYPE_INT64, 1, {W}, 0, 0, 0, NULL, 0};
     mm_put_tensor(b, s->perf ? perf : mm_absent);
     for (int i = 0; i < 3; i++) mm_put_tensor(b, mm_absent);                  /* reserved */
     if (s->op == 2) {
-        mm_fz_st_t res = {1, 0, MEGAMOE_DTYPE_BF16, 3, {BS, 1, H}, 0, 0, 0};
+        mm_fz_st_t res = {1, 0, MEGAMOE_DTYPE_BF16, 3, {BS, 1, H}, 0, 0, 0, NULL, 0};
         mm_put_tensor(b, res);
-        mm_fz_st_t gamma = {1, 0, MEGAMOE_DTYPE_BF16, 1, {H}, 0, 0, 0};
+        mm_fz_st_t gamma = {1, 0, MEGAMOE_DTYPE_BF16, 1, {H}, 0, 0, 0, NULL, 0};
         mm_put_tensor(b, gamma);
         mm_fz_put_le(b, 0, 8);
         mm_fz_put_u8(b, 0); /* keep the default eps */
@@ -589,25 +604,30 @@ static void mm_seed_combine(mm_fz_buf_t *b, const mm_fz_seed_t *s)
 int mm_fuzz_write_seeds(const char *dir)
 {
     static const mm_fz_seed_t seeds[] = {
-        {"dispatch_plain", 0, 2, 0, 0, 4, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-        {"dispatch_rank1_w4", 0, 4, 1, 0, 8, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-        {"dispatch_int8", 0, 2, 0, 0, 4, 2, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 1, 0},
-        {"dispatch_mx", 0, 2, 0, 0, 4, 4, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0},
-        {"dispatch_group", 0, 2, 1, 0, 4, 3, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0},
-        {"dispatch_static", 0, 2, 0, 0, 4, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0},
-        {"dispatch_shared", 0, 4, 0, 0, 3, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-        {"dispatch_special", 0, 2, 0, 0, 4, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0},
-        {"dispatch_hier", 0, 4, 2, 1, 8, 2, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-        {"dispatch_tp2", 0, 4, 0, 0, 4, 0, 2, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-        {"dispatch_elastic_off", 0, 2, 0, 0, 4, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0},
-        {"dispatch_mutated_peer", 0, 2, 0, 0, 4, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
-        {"combine_plain", 1, 2, 0, 0, 4, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-        {"combine_cq", 1, 2, 1, 0, 4, 0, 0, 0, 1, 0, 0, 0, 2, 1, 0, 0, 0, 1, 0},
-        {"combine_special", 1, 2, 0, 0, 4, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0},
-        {"combine_hier", 1, 4, 1, 1, 8, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-        {"combine_tp2", 1, 4, 0, 0, 4, 0, 2, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-        {"combine_mutated_peer", 1, 2, 1, 0, 4, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
-        {"add_rms_norm", 2, 2, 0, 0, 4, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"dispatch_plain", 0, 2, 0, 0, 4, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"dispatch_rank1_w4", 0, 4, 1, 0, 8, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"dispatch_int8", 0, 2, 0, 0, 4, 2, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 1, 0, 0},
+        {"dispatch_mx", 0, 2, 0, 0, 4, 4, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0},
+        {"dispatch_group", 0, 2, 1, 0, 4, 3, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0},
+        {"dispatch_static", 0, 2, 0, 0, 4, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0},
+        {"dispatch_shared", 0, 4, 0, 0, 3, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"dispatch_special", 0, 2, 0, 0, 4, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"dispatch_hier", 0, 4, 2, 1, 8, 2, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"dispatch_tp2", 0, 4, 0, 0, 4, 0, 2, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"dispatch_elastic_off", 0, 2, 0, 0, 4, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0},
+        {"dispatch_mutated_peer", 0, 2, 0, 0, 4, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0},
+        {"combine_plain", 1, 2, 0, 0, 4, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"combine_cq", 1, 2, 1, 0, 4, 0, 0, 0, 1, 0, 0, 0, 2, 1, 0, 0, 0, 1, 0, 0},
+        {"combine_special", 1, 2, 0, 0, 4, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"combine_hier", 1, 4, 1, 1, 8, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"combine_tp2", 1, 4, 0, 0, 4, 0, 2, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"combine_mutated_peer", 1, 2, 1, 0, 4, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0},
+        {"add_rms_norm", 2, 2, 0, 0, 4, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"dispatch_elastic_scaled", 0, 4, 0, 0, 8, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0},
+        {"dispatch_mask_2d", 0, 2, 1, 0, 4, 2, 0, 0, 1, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0},
+        {"dispatch_uneven_bs", 0, 2, 0, 0, 4, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32},
+        {"combine_elastic_scaled", 1, 4, 0, 0, 8, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0},
+        {"combine_mask_2d", 1, 2, 0, 0, 4, 0, 0, 0, 1, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0},
     };
     int count = 0;
     for (size_t i = 0; i < sizeof seeds / sizeof *seeds; i++) {

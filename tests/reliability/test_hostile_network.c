@@ -72,7 +72,7 @@ static int mm_rank_main(const char *dir)
     o.T = 256;
     o.H = 256;
     o.I = 128;
-    o.iters = 20;
+    o.iters = 10;
     o.verify = 1;
     mm_moe_job_result_t r;
     int rc = mm_moe_job_rank(&o, &r);
