@@ -140,6 +140,12 @@ void mm_shmem_put(void *dest, const void *src, size_t nbytes, int pe)
     mm_fake_unreachable("mm_shmem_put");
 }
 
+void mm_shmem_get(void *dest, const void *src, size_t nbytes, int pe)
+{
+    (void)dest, (void)src, (void)nbytes, (void)pe;
+    mm_fake_unreachable("mm_shmem_get");
+}
+
 void mm_shmem_put_signal(void *dest, const void *src, size_t nbytes, uint64_t *sig,
                          uint64_t value, int sig_op, int pe)
 {

@@ -628,6 +628,8 @@ int mm_fuzz_write_seeds(const char *dir)
         {"dispatch_uneven_bs", 0, 2, 0, 0, 4, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32},
         {"combine_elastic_scaled", 1, 4, 0, 0, 8, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0},
         {"combine_mask_2d", 1, 2, 0, 0, 4, 0, 0, 0, 1, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0},
+        {"combine_cq_mx_e5m2", 1, 2, 0, 0, 4, 0, 0, 0, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0},
+        {"combine_cq_mx_e4m3", 1, 2, 1, 0, 4, 0, 0, 0, 1, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0},
     };
     int count = 0;
     for (size_t i = 0; i < sizeof seeds / sizeof *seeds; i++) {
