@@ -38,6 +38,20 @@
 #define MM_SOAK_PATTERNS 5 /* the four of moe_data.h, then random */
 #define MM_SOAK_MAX_SAMPLES 1000
 
+/* RssAnon and RssShmem of /proc/self/status (private memory; touched shared heap pages). */
+static void mm_soak_rss_parts(double *anon_mb, double *shmem_mb)
+{
+    *anon_mb = *shmem_mb = -1;
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb;
+    while (f && fgets(line, sizeof line, f)) {
+        if (sscanf(line, "RssAnon: %ld kB", &kb) == 1) *anon_mb = (double)kb / 1024.0;
+        if (sscanf(line, "RssShmem: %ld kB", &kb) == 1) *shmem_mb = (double)kb / 1024.0;
+    }
+    if (f) fclose(f);
+}
+
 static double mm_soak_rss_mb(void)
 {
     FILE *f = fopen("/proc/self/statm", "r");
@@ -194,7 +208,10 @@ static int mm_soak_rank(const mm_moe_job_opts_t *o, int every, const char *sampl
                              it, mm_route_name((mm_route_pattern_t)pattern), pattern);
         }
         if (it % every == 0 || it == o->iters - 1) {
-            fprintf(samples, "%d %.4f %d\n", it + 1, mm_soak_rss_mb(), mm_soak_fds());
+            double anon, shm;
+            mm_soak_rss_parts(&anon, &shm);
+            fprintf(samples, "%d %.4f %d %.4f %.4f\n", it + 1, mm_soak_rss_mb(), mm_soak_fds(), anon,
+                    shm);
             fflush(samples);
         }
         if (me == 0 && o->progress_fd >= 0 && (it + 1) % (o->iters / 10 > 0 ? o->iters / 10 : 1) == 0) {
@@ -225,7 +242,7 @@ out:
 
 typedef struct mm_soak_sample {
     int iter, fds;
-    double rss_mb;
+    double rss_mb, anon_mb, shmem_mb;
 } mm_soak_sample_t;
 
 static int mm_soak_read(const char *path, mm_soak_sample_t *s, int max)
@@ -233,7 +250,9 @@ static int mm_soak_read(const char *path, mm_soak_sample_t *s, int max)
     FILE *f = fopen(path, "r");
     if (f == NULL) return -1;
     int n = 0;
-    while (n < max && fscanf(f, "%d %lf %d", &s[n].iter, &s[n].rss_mb, &s[n].fds) == 3) n++;
+    while (n < max && fscanf(f, "%d %lf %d %lf %lf", &s[n].iter, &s[n].rss_mb, &s[n].fds,
+                             &s[n].anon_mb, &s[n].shmem_mb) == 5)
+        n++;
     fclose(f);
     return n;
 }
@@ -324,6 +343,8 @@ static int mm_bench_soak_main(int argc, char **argv)
             mm_bench_int("rank", r);
             mm_bench_num("rss_mb", s[r][i].rss_mb);
             mm_bench_int("fds", s[r][i].fds);
+            mm_bench_num("rss_anon_mb", s[r][i].anon_mb);
+            mm_bench_num("rss_shmem_mb", s[r][i].shmem_mb);
         }
     }
     rmdir(dir);

@@ -15,7 +15,7 @@ def test_soak_rows_and_summary(megamoe_bin):
         mine = [row for row in samples if row["rank"] == rank]
         assert [row["iter"] for row in mine] == [1, 6, 11, 16, 21, 25]
         for row in mine:
-            assert set(row) == {"iter", "rank", "rss_mb", "fds"}
+            assert set(row) == {"iter", "rank", "rss_mb", "fds", "rss_anon_mb", "rss_shmem_mb"}
             assert row["rss_mb"] > 1 and row["fds"] >= 3
     per_rank = [row for row in doc["rows"] if "rank" in row and "rss_growth_pct" in row]
     assert sorted(row["rank"] for row in per_rank) == [0, 1]
