@@ -139,7 +139,7 @@ static mm_boot_config_t mm_cfg(const mm_endpoint_t *ep, int rank, uint64_t timeo
     c.settings.world = 2;
     snprintf(c.settings.version, sizeof c.settings.version, "fuzz");
     c.timeout_ns = timeout_ms * MM_MS;
-    c.handshake_timeout_ns = 1000 * MM_MS;
+    c.handshake_timeout_ns = 10000 * MM_MS; /* generous: a loaded machine must not fail a join */
     return c;
 }
 
@@ -226,7 +226,7 @@ static int mm_attack(mm_fz_t *f, const mm_endpoint_t *ep, int port, int *open_fd
     *open_fd = -1;
     uint8_t flags = mm_fz_u8(f);
     int fd = -1;
-    uint64_t deadline = mm_now_ns() + 2000 * MM_MS;
+    uint64_t deadline = mm_now_ns() + 20000 * MM_MS;
     while (mm_now_ns() < deadline) { /* rank 0 may not listen yet */
         if (mm_net_connect(ep, mm_now_ns() + 200 * MM_MS, &fd) == MEGAMOE_OK) break;
         fd = -1;
@@ -331,7 +331,7 @@ static void mm_fuzz_server(mm_fz_t *f)
     mm_endpoint_t ep = mm_ep(port);
     mm_rank_t root;
     memset(&root, 0, sizeof root);
-    root.cfg = mm_cfg(&ep, 0, 3000);
+    root.cfg = mm_cfg(&ep, 0, 20000); /* hostile inputs end by closing, never by this timeout */
     root.op = mm_fz_u8(f) % MM_OP_COUNT;
     mm_rank_start(&root);
     int n_attacks = 1 + mm_fz_u8(f) % 3, accepted = 0, open_fds[3];
@@ -343,7 +343,7 @@ static void mm_fuzz_server(mm_fz_t *f)
         /* The legitimate rank 1 joins while the silent connections are still open. */
         mm_rank_t peer;
         memset(&peer, 0, sizeof peer);
-        peer.cfg = mm_cfg(&ep, 1, 3000);
+        peer.cfg = mm_cfg(&ep, 1, 20000);
         peer.op = root.op;
         mm_rank_start(&peer);
         pthread_join(root.th, NULL);
