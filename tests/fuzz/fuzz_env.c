@@ -263,14 +263,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t nvars = megamoe_config_count();
     for (int record = 0; record < 32 && f.n > 0; record++) {
         uint8_t action = mm_fz_u8(&f) % 8;
-        size_t index = mm_fz_u8(&f) % nvars;
+        uint8_t index_byte = mm_fz_u8(&f);
+        size_t index = index_byte % nvars;
         int64_t a = 0, b = 0;
         if (action == 2 || action == 3) {
             a = mm_fz_int(&f);
             b = mm_fz_int(&f);
         }
         size_t len = mm_fz_u8(&f);
-        char text[256];
+        if (action == 5) len *= 2; /* endpoints beyond the 255-character limit too */
+        char text[520];
         size_t k = 0;
         for (; k < len && f.n > 0; k++) text[k] = (char)mm_fz_u8(&f);
         text[k] = '\0'; /* an embedded NUL ends the text, as in an environment */
@@ -325,7 +327,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         default: {
             megamoe_config_entry_t x;
-            size_t i = (size_t)(int64_t)(int8_t)index; /* also far out of range */
+            size_t i = (size_t)(int64_t)(int8_t)index_byte; /* also far out of range */
             megamoe_status_t st = megamoe_config_entry(i, &x);
             FUZZ_CHECK((st == MEGAMOE_OK) == (i < nvars), "entry %zu", i);
             break;
@@ -351,8 +353,14 @@ static int mm_seed(const char *dir, int *count, uint8_t action, uint8_t index, i
         mm_fz_put_int(&buf, b);
     }
     size_t len = strlen(text);
-    mm_fz_put_u8(&buf, (uint8_t)len);
-    mm_fz_put_bytes(&buf, text, len);
+    if (action == 5) {
+        len += len & 1; /* the harness reads 2 * the length byte */
+        mm_fz_put_u8(&buf, (uint8_t)(len / 2));
+    } else {
+        mm_fz_put_u8(&buf, (uint8_t)len);
+    }
+    mm_fz_put_bytes(&buf, text, strlen(text));
+    if (len > strlen(text)) mm_fz_put_u8(&buf, 0); /* an odd length: a NUL ends the text */
     char name[64];
     snprintf(name, sizeof name, "seed_%03d", (*count)++);
     return mm_fz_save(dir, name, buf.data, buf.n);
@@ -381,6 +389,11 @@ int mm_fuzz_write_seeds(const char *dir)
                          "tcp://h:0", "tcp://h:65536", "tcp://:80", "tcp://[]:80", "udp://h:80",
                          "tcp://h:80 ", "tcp://[::1]80"};
     for (size_t i = 0; i < sizeof eps / sizeof *eps; i++) rc |= mm_seed(dir, &count, 5, 0, 0, 0, eps[i]);
+    char longest[300];
+    memset(longest, 'h', sizeof longest);
+    memcpy(longest, "tcp://", 6);
+    memcpy(longest + 290, ":8662", 6); /* 295 characters */
+    rc |= mm_seed(dir, &count, 5, 0, 0, 0, longest);
     rc |= mm_seed(dir, &count, 6, 1, 0, 0, "");
     rc |= mm_seed(dir, &count, 7, 200, 0, 0, "");
     return rc ? -1 : count;
