@@ -35,7 +35,22 @@ static struct {
     const mm_fake_mutation_t *mut;
     int n_mut;
     mm_fake_fixup_t fixup;
+    int ranks_per_host;
 } mm_fake;
+
+void mm_fake_set_hosts(int ranks_per_host) { mm_fake.ranks_per_host = ranks_per_host; }
+
+/* Hosts: consecutive blocks of ranks_per_host world PEs (0: all on one host). */
+int mm_shmem_host_of(int pe)
+{
+    if (pe < 0 || pe >= mm_fake.world.n) return -1;
+    return mm_fake.ranks_per_host > 0 ? pe / mm_fake.ranks_per_host : 0;
+}
+
+int mm_shmem_n_hosts(void)
+{
+    return mm_fake.world.n > 0 ? mm_shmem_host_of(mm_fake.world.n - 1) + 1 : 0;
+}
 
 void mm_fake_set_fixup(mm_fake_fixup_t fn) { mm_fake.fixup = fn; }
 
@@ -121,6 +136,19 @@ megamoe_status_t mm_shmem_malloc_site(size_t size, size_t align, const char *sit
                     size);
 }
 
+megamoe_status_t mm_shmem_team_malloc_site(mm_shmem_team_t *team, size_t size, size_t align,
+                                           const char *site, void **ptr_p)
+{
+    (void)team;
+    return mm_shmem_malloc_site(size, align, site, ptr_p);
+}
+
+megamoe_status_t mm_shmem_team_free(mm_shmem_team_t *team, void *ptr)
+{
+    (void)team;
+    return mm_shmem_free(ptr);
+}
+
 megamoe_status_t mm_shmem_free(void *ptr)
 {
     if (ptr != NULL) mm_fake_unreachable("mm_shmem_free of a pointer");
@@ -134,29 +162,33 @@ void *mm_shmem_ptr(const void *sym, int pe)
     return NULL;
 }
 
-void mm_shmem_put(void *dest, const void *src, size_t nbytes, int pe)
+megamoe_status_t mm_shmem_put(void *dest, const void *src, size_t nbytes, int pe)
 {
     (void)dest, (void)src, (void)nbytes, (void)pe;
     mm_fake_unreachable("mm_shmem_put");
+    return MEGAMOE_INTERNAL;
 }
 
-void mm_shmem_get(void *dest, const void *src, size_t nbytes, int pe)
+megamoe_status_t mm_shmem_get(void *dest, const void *src, size_t nbytes, int pe)
 {
     (void)dest, (void)src, (void)nbytes, (void)pe;
     mm_fake_unreachable("mm_shmem_get");
+    return MEGAMOE_INTERNAL;
 }
 
-void mm_shmem_put_signal(void *dest, const void *src, size_t nbytes, uint64_t *sig,
-                         uint64_t value, int sig_op, int pe)
+megamoe_status_t mm_shmem_put_signal(void *dest, const void *src, size_t nbytes, uint64_t *sig,
+                                     uint64_t value, int sig_op, int pe)
 {
     (void)dest, (void)src, (void)nbytes, (void)sig, (void)value, (void)sig_op, (void)pe;
     mm_fake_unreachable("mm_shmem_put_signal");
+    return MEGAMOE_INTERNAL;
 }
 
-void mm_shmem_signal_op(uint64_t *sig, uint64_t value, int sig_op, int pe)
+megamoe_status_t mm_shmem_signal_op(uint64_t *sig, uint64_t value, int sig_op, int pe)
 {
     (void)sig, (void)value, (void)sig_op, (void)pe;
     mm_fake_unreachable("mm_shmem_signal_op");
+    return MEGAMOE_INTERNAL;
 }
 
 uint64_t mm_shmem_signal_fetch(const uint64_t *sig)
@@ -175,5 +207,5 @@ megamoe_status_t mm_shmem_signal_wait_until(uint64_t *sig, int cmp, uint64_t val
 }
 
 void mm_shmem_copy_streaming(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
-void mm_shmem_fence(void) {}
-void mm_shmem_quiet(void) {}
+megamoe_status_t mm_shmem_fence(void) { return MEGAMOE_OK; }
+megamoe_status_t mm_shmem_quiet(void) { return MEGAMOE_OK; }

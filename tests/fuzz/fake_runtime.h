@@ -23,6 +23,8 @@ void mm_fake_runtime_set(int world, int me, int tp_me, const mm_fake_mutation_t 
  * look like their own (their TP rank and partner), which the fake cannot know. */
 typedef void (*mm_fake_fixup_t)(void *records, size_t rec_bytes, int n, int me);
 void mm_fake_set_fixup(mm_fake_fixup_t fn);
+/* World PEs form hosts of ranks_per_host consecutive PEs (0: one host). */
+void mm_fake_set_hosts(int ranks_per_host);
 megamoe_comm_t *mm_fake_comm_ep(void);
 megamoe_comm_t *mm_fake_comm_tp(void);
 

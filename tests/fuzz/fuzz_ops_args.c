@@ -402,6 +402,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     snprintf(rpn_text, sizeof rpn_text, "%d", (int)(rpn % 20) - 2);
     if (rpn >= 20) unsetenv("MEGAMOE_RANKS_PER_NODE");
     else setenv("MEGAMOE_RANKS_PER_NODE", rpn_text, 1);
+    /* the host map (hierarchy groups by host when the variable is 0 or unset) */
+    mm_fake_set_hosts(rpn >= 20 ? 1 + (rpn - 20) % W : 0);
     /* peers' records: bytes flipped by the trailing part of the input (read last) */
     static mm_fake_mutation_t mut[8];
     mm_fake_runtime_set(W, me, tp_me, mut, 0);
