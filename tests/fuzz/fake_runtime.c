@@ -5,7 +5,7 @@
  * Linked instead of src/shmem (the ops objects are linked without the shmem layer, so a
  * function missing here is a link error, not a silent use of the real runtime). The
  * allgather returns this rank's record for every rank, with the harness's mutations applied
- * to the peers' copies (peers that called with other arguments or other counts); the
+ * to the peers' operator records (peers that called with other arguments or other counts); the
  * symmetric allocation always fails (OUT_OF_MEMORY), so a call that passes validation and
  * agreement stops before any data moves. The data-path functions are never reached: they
  * abort, and the fuzzer reports that as a crash.
@@ -98,12 +98,14 @@ megamoe_status_t mm_shmem_team_allgather(mm_shmem_team_t *team, void *dest, cons
                                          size_t nbytes)
 {
     for (int p = 0; p < team->n; p++) memcpy((char *)dest + (size_t)p * nbytes, src, nbytes);
-    if (mm_fake.fixup) mm_fake.fixup(dest, nbytes, team->n, team->me);
-    for (int i = 0; i < mm_fake.n_mut; i++) {
+    size_t off = 0, len = 0;
+    if (mm_fake.fixup == NULL || !mm_fake.fixup(dest, nbytes, team->n, team->me, &off, &len))
+        return MEGAMOE_OK;
+    for (int i = 0; i < mm_fake.n_mut && len > 4; i++) {
         const mm_fake_mutation_t *m = &mm_fake.mut[i];
         int p = m->peer % team->n;
-        if (p == team->me || nbytes <= 4) continue;
-        ((unsigned char *)dest)[(size_t)p * nbytes + 4 + m->offset % (nbytes - 4)] ^= m->xor_mask;
+        if (p == team->me) continue;
+        ((unsigned char *)dest)[(size_t)p * nbytes + off + 4 + m->offset % (len - 4)] ^= m->xor_mask;
     }
     return MEGAMOE_OK;
 }

@@ -6,8 +6,9 @@
 
 #include "megamoe/comm.h"
 
-/* One byte of a peer's agreement record flipped: record[4 + offset % (size - 4)] ^= xor_mask
- * (the status word stays a status: a peer can send other arguments, not another status). */
+/* One byte of a peer's operator record flipped: record[4 + offset % (size - 4)] ^= xor_mask
+ * (the status word stays a status: a peer can send other arguments, not another status; the
+ * call-order header around the record is left alone). */
 typedef struct mm_fake_mutation {
     int peer;
     unsigned offset;
@@ -19,9 +20,12 @@ typedef struct mm_fake_mutation {
  * allgather until the next call (the array must stay valid). */
 void mm_fake_runtime_set(int world, int me, int tp_me, const mm_fake_mutation_t *mutations,
                          int n_mutations);
-/* Called on every allgather result before the mutations: the harness makes the peers' copies
- * look like their own (their TP rank and partner), which the fake cannot know. */
-typedef void (*mm_fake_fixup_t)(void *records, size_t rec_bytes, int n, int me);
+/* Called on every allgather result (n elements of elem_bytes, this rank's copied to all):
+ * when it is the operators' record exchange, the harness makes the peers' copies look like
+ * their own (their TP rank and partner), which the fake cannot know, sets where the record
+ * lies in an element and returns 1; then the mutations are applied to the peers' records. */
+typedef int (*mm_fake_fixup_t)(void *elems, size_t elem_bytes, int n, int me, size_t *rec_off,
+                               size_t *rec_len);
 void mm_fake_set_fixup(mm_fake_fixup_t fn);
 /* World PEs form hosts of ranks_per_host consecutive PEs (0: one host). */
 void mm_fake_set_hosts(int ranks_per_host);

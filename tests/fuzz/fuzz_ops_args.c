@@ -217,13 +217,24 @@ static void mm_fz_check_nonneg(const megamoe_tensor_t *t, const char *name)
 }
 
 /* The peers' records are copies of this rank's: give each its own EP rank, TP rank and TP
- * partner (world PE p pairs with p ^ 1, as the fake's TP team does). */
-static void mm_fz_fixup(void *records, size_t rec_bytes, int n, int me)
+ * partner (world PE p pairs with p ^ 1, as the fake's TP team does). The operators' records
+ * travel inside the call-order exchange (src/ops/call_order.c): a header holding the call
+ * magic, then the record, which ends the element. */
+static int mm_fz_fixup(void *elems, size_t elem_bytes, int n, int me, size_t *rec_off,
+                       size_t *rec_len)
 {
-    if (rec_bytes < sizeof(mm_v2_record_t)) return; /* not the agreement exchange */
-    mm_v2_record_t *mine = (mm_v2_record_t *)((char *)records + (size_t)me * rec_bytes);
+    static const uint64_t call_magic = 0xc411de5c0de0beefull; /* call_order.c's MM_CALL_MAGIC */
+    size_t rec = (sizeof(mm_v2_record_t) + 8u * (size_t)n + 7) / 8 * 8;
+    if (elem_bytes < rec) return 0;
+    const uint8_t *e = (const uint8_t *)elems + (size_t)me * elem_bytes;
+    int framed = 0;
+    for (size_t o = 0; o + 8 <= elem_bytes - rec && !framed; o += 8) framed = !memcmp(e + o, &call_magic, 8);
+    if (!framed) return 0; /* not the operators' exchange (failure texts, ...) */
+    *rec_off = elem_bytes - rec;
+    *rec_len = rec;
+    mm_v2_record_t *mine = (mm_v2_record_t *)((char *)elems + (size_t)me * elem_bytes + *rec_off);
     for (int p = 0; p < n; p++) {
-        mm_v2_record_t *r = (mm_v2_record_t *)((char *)records + (size_t)p * rec_bytes);
+        mm_v2_record_t *r = (mm_v2_record_t *)((char *)elems + (size_t)p * elem_bytes + *rec_off);
         if (r->ep_size > 0) r->ep_rank = p;
         if (p == me || r->tp_size != 2) continue;
         int partner = p ^ 1;
@@ -232,6 +243,7 @@ static void mm_fz_fixup(void *records, size_t rec_bytes, int n, int me)
         r->tp_leader = r->tp_rank == 0 ? p : partner;
         r->pad = partner;
     }
+    return 1;
 }
 
 /* allow_mismatch: the peers' records differ (mutations, or a TP pair the fake cannot form). */
