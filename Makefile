@@ -6,11 +6,14 @@ BUILD := build/release
 APT_PACKAGES := cmake make gcc g++ libdnnl-dev libopenmpi-dev openmpi-bin libucx-dev pkg-config \
                 python3-torch python3-numpy python3-pytest iproute2 \
                 libtorch-dev python3-pip python3-venv python3-setuptools python3-wheel \
-                python3-matplotlib
+                python3-matplotlib clang libclang-rt-14-dev
 # Labels of the C tests that also run under ThreadSanitizer (runtime and executor).
 TSAN_LABELS ?= shmem|multicore|tsan
+# `make fuzz`: seconds per libFuzzer target (docs/reliability.md).
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?=
 
-.PHONY: deps build run test test-c test-python test-asan test-tsan test-report bench report docs clean
+.PHONY: deps build run test test-c test-python test-asan test-tsan test-report fuzz fuzz-coverage bench report docs clean
 
 deps:
 	@missing=""; \
@@ -59,6 +62,15 @@ test-tsan: deps
 	cmake --preset tsan >/dev/null
 	cmake --build --preset tsan -j $(JOBS)
 	ctest --preset tsan -j $(JOBS) -L "$(TSAN_LABELS)"
+
+fuzz: deps
+	cmake --preset fuzz >/dev/null
+	cmake --build --preset fuzz -j $(JOBS)
+	tests/fuzz/run_fuzz.sh build/fuzz $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+# Line coverage of the fuzzed files by the corpora (after `make fuzz`).
+fuzz-coverage: deps
+	tests/fuzz/coverage.sh $(FUZZ_TARGETS)
 
 bench: deps build
 	$(BUILD)/bin/megamoe bench all

@@ -17,6 +17,7 @@
 
 #include "megamoe/megamoe.h"
 
+#include "bench_mem.h"
 #include "bench_util.h"
 #include "moe_job.h"
 
@@ -281,6 +282,7 @@ static int mm_bench_layer_main(int argc, char **argv)
                         for (int r = 0; r < jo.ranks; r++)
                             if (res[r].variant[v].cpu_median_s > cpu) cpu = res[r].variant[v].cpu_median_s;
                         mm_bench_num("cpu_ms", cpu * 1e3);
+                        mm_bench_mem_fields(res, jo.ranks); /* job-wide: every schedule in one process */
                         if (hr == 1 && v < MM_JOB_MAX_VARIANTS && single[v] > 0) {
                             mm_bench_num("over_single_host", t / single[v]);
                             if (n_host_targets < 64) {

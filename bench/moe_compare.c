@@ -1,6 +1,6 @@
 /* Comparison jobs (moe_job.h): several schedules of MegaMoeExperts on the same data in one
- * process per rank, iterations interleaved, plus the O1 workers' wait shares from the trace.
- * Public headers only. */
+ * process per rank, iterations interleaved, plus the O1 workers' wait shares from the trace
+ * and the rank's memory figures. Public headers only (and bench_mem.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +8,7 @@
 
 #include "megamoe/megamoe.h"
 
+#include "bench_mem.h"
 #include "bench_util.h"
 #include "moe_job.h"
 
@@ -184,6 +185,13 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
             }
         }
     }
+    /* memory after every iteration, before the layers release their heap workspaces */
+    mm_bench_mem_t mem;
+    mm_bench_mem_sample(&mem);
+    r->peak_rss_mb = mem.peak_rss_mb;
+    r->heap_reserved = mem.heap_reserved;
+    r->heap_alloc_peak = mem.heap_alloc_peak;
+    r->heap_touched = mem.heap_touched;
     for (int i = 0; i < n_layers; i++)
         if ((st = megamoe_experts_close(layer[i])) != MEGAMOE_OK)
             MM_CMP_FAIL("close: %s", megamoe_last_error());

@@ -459,6 +459,8 @@ int mm_moe_job_write(const char *path, const mm_moe_job_result_t *r)
         fprintf(f, "wait %s %.9g\n", r->wait_name[i], r->wait_share[i]);
     fprintf(f, "trace %llu %llu\n", (unsigned long long)r->trace_records,
             (unsigned long long)r->trace_dropped);
+    fprintf(f, "memory %.6f %llu %llu %llu\n", r->peak_rss_mb, (unsigned long long)r->heap_reserved,
+            (unsigned long long)r->heap_alloc_peak, (unsigned long long)r->heap_touched);
     if (r->error[0]) fprintf(f, "error %s\n", r->error);
     int rc = fclose(f);
     return rc == 0 ? 0 : -1;
@@ -474,6 +476,7 @@ int mm_moe_job_read(const char *path, mm_moe_job_result_t *r)
         long long a, b;
         char name[64];
         double x, y, z, u, cpu;
+        unsigned long long mem[3];
         int pass, oracle;
         if (sscanf(line, "rank %lld", &a) == 1) r->rank = (int)a;
         else if (sscanf(line, "ranks %lld", &a) == 1) r->ranks = (int)a;
@@ -517,6 +520,11 @@ int mm_moe_job_read(const char *path, mm_moe_job_result_t *r)
         } else if (sscanf(line, "wait %15s %lg", name, &x) == 2 && r->n_wait < MM_JOB_MAX_WAIT) {
             snprintf(r->wait_name[r->n_wait], sizeof r->wait_name[0], "%.15s", name);
             r->wait_share[r->n_wait++] = x;
+        } else if (sscanf(line, "memory %lg %llu %llu %llu", &x, &mem[0], &mem[1], &mem[2]) == 4) {
+            r->peak_rss_mb = x;
+            r->heap_reserved = mem[0];
+            r->heap_alloc_peak = mem[1];
+            r->heap_touched = mem[2];
         } else if (sscanf(line, "trace %lld %lld", &a, &b) == 2) {
             r->trace_records = (uint64_t)a;
             r->trace_dropped = (uint64_t)b;

@@ -86,6 +86,10 @@ typedef struct mm_moe_job_result {
     char wait_name[MM_JOB_MAX_WAIT][16];
     double wait_share[MM_JOB_MAX_WAIT];
     uint64_t trace_records, trace_dropped;
+    /* memory (comparison jobs, bench_mem.h): peak RSS, symmetric heap reserved / allocator
+     * peak / touched, bytes */
+    double peak_rss_mb;
+    uint64_t heap_reserved, heap_alloc_peak, heap_touched;
 } mm_moe_job_result_t;
 
 /* Child side: run this rank (RANK/WORLD_SIZE/endpoint from the environment). Returns 0 on

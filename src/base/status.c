@@ -40,18 +40,23 @@ const char *megamoe_last_error(void) { return mm_last_error_text; }
 
 void megamoe_clear_last_error(void) { mm_last_error_text[0] = '\0'; }
 
+/* Both writers format into a local buffer first: callers pass the previous message as an
+ * argument ("...: %s", megamoe_last_error()) to wrap the cause, and formatting straight into
+ * the buffer that argument points to overwrote the cause before it was read. */
 void mm_set_last_error(const char *text)
 {
-    snprintf(mm_last_error_text, sizeof mm_last_error_text, "%s", text);
+    char tmp[MM_LAST_ERROR_MAX];
+    snprintf(tmp, sizeof tmp, "%s", text);
+    memcpy(mm_last_error_text, tmp, sizeof tmp);
 }
 
 static megamoe_status_t mm_error_v(megamoe_status_t status, int log, const char *fmt,
                                    va_list ap)
 {
-    int off = snprintf(mm_last_error_text, sizeof mm_last_error_text, "%s: ",
-                       megamoe_status_name(status));
-    if (off > 0 && (size_t)off < sizeof mm_last_error_text)
-        vsnprintf(mm_last_error_text + off, sizeof mm_last_error_text - (size_t)off, fmt, ap);
+    char tmp[MM_LAST_ERROR_MAX];
+    int off = snprintf(tmp, sizeof tmp, "%s: ", megamoe_status_name(status));
+    if (off > 0 && (size_t)off < sizeof tmp) vsnprintf(tmp + off, sizeof tmp - (size_t)off, fmt, ap);
+    memcpy(mm_last_error_text, tmp, sizeof tmp);
     if (log) mm_log_emit(MEGAMOE_LOG_ERROR, "%s", mm_last_error_text);
     return status;
 }

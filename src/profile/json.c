@@ -213,7 +213,7 @@ static megamoe_status_t mm_json_string(mm_json_parser_t *ps, const char **out, u
     }
     char *copy = mm_json_alloc(ps->doc, n + 1);
     if (copy == NULL) return mm_json_oom(ps);
-    memcpy(copy, ps->buf, n);
+    if (n) memcpy(copy, ps->buf, n); /* buf may still be NULL when n == 0 (UBSan: memcpy(p, NULL, 0)) */
     copy[n] = '\0';
     *out = copy;
     *len_out = (uint32_t)n;
@@ -557,8 +557,10 @@ int mm_json_int(const mm_json_value_t *v, int64_t lo, int64_t hi, int64_t *out)
     for (uint32_t i = 0; i < v->len; i++)
         if (v->u.num[i] == '.' || v->u.num[i] == 'e' || v->u.num[i] == 'E') {
             /* 1.0 or 1e3 are integral too: accept when scaling loses nothing. */
-            int64_t a, b;
-            if (!mm_json_scaled(v, 0, &a) || !mm_json_scaled(v, 3, &b) || b != a * 1000) return 0;
+            int64_t a, b, a1000;
+            if (!mm_json_scaled(v, 0, &a) || !mm_json_scaled(v, 3, &b)) return 0;
+            /* a * 1000 beyond int64 cannot equal b (found by fuzzing: signed overflow) */
+            if (__builtin_mul_overflow(a, 1000, &a1000) || b != a1000) return 0;
             break;
         }
     int64_t x;

@@ -15,6 +15,21 @@
 #include "prof.h"
 
 enum { MM_TRACK_CUBE = 0, MM_TRACK_VECTOR = 1, MM_TRACK_LAUNCH = 2, MM_TRACK_OTHER = 3 };
+
+/* Largest timestamp and duration a trace may hold (2^61 ns, 73 years of CLOCK_MONOTONIC): a
+ * read file outside [0, this] is refused, so ts + dur and differences of ends never overflow
+ * int64 (the fuzzer found the overflows). Sums of many durations still saturate. */
+#define MM_TRACE_MAX_NS (INT64_C(1) << 61)
+static inline int64_t mm_trace_sat_add(int64_t a, int64_t b)
+{
+    int64_t r;
+    return __builtin_add_overflow(a, b, &r) ? (b > 0 ? INT64_MAX : INT64_MIN) : r;
+}
+static inline int64_t mm_trace_sat_mul(int64_t a, int64_t b)
+{
+    int64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? ((a < 0) != (b < 0) ? INT64_MIN : INT64_MAX) : r;
+}
 enum { MM_KIND_COUNT = 3 };
 
 typedef struct mm_trace_track {
@@ -70,7 +85,10 @@ typedef struct mm_trace {
 void mm_trace_init(mm_trace_t *t);
 void mm_trace_free(mm_trace_t *t);
 
-/* String id of s (len bytes), interned. */
+/* Length of the valid UTF-8 sequence at s (at most avail bytes), 0 when invalid. */
+int mm_trace_utf8_len(const unsigned char *s, size_t avail);
+/* String id of s (len bytes), interned. Invalid UTF-8 bytes become U+FFFD (as the writer
+ * prints them), so a written trace reads back to the same strings. */
 megamoe_status_t mm_trace_intern(mm_trace_t *t, const char *s, size_t len, uint32_t *id_p);
 static inline const char *mm_trace_str(const mm_trace_t *t, uint32_t id) { return t->strings[id]; }
 megamoe_status_t mm_trace_warn(mm_trace_t *t, const char *fmt, ...)

@@ -61,8 +61,72 @@ static megamoe_status_t mm_trace_rehash(mm_trace_t *t)
     return MEGAMOE_OK;
 }
 
+int mm_trace_utf8_len(const unsigned char *s, size_t avail)
+{
+    unsigned char c = s[0];
+    if (c < 0x80) return 1;
+    int n;
+    uint32_t cp;
+    if ((c & 0xe0) == 0xc0) {
+        n = 2;
+        cp = c & 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+        n = 3;
+        cp = c & 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+        n = 4;
+        cp = c & 0x07;
+    } else {
+        return 0;
+    }
+    if ((size_t)n > avail) return 0;
+    for (int i = 1; i < n; i++) {
+        if ((s[i] & 0xc0) != 0x80) return 0; /* also stops at a NUL */
+        cp = (cp << 6) | (s[i] & 0x3f);
+    }
+    if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
+        cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    return n;
+}
+
+/* s with every byte that starts no valid UTF-8 sequence replaced by U+FFFD (malloc'd). */
+static char *mm_trace_sanitize(const char *s, size_t len, size_t *out_len)
+{
+    char *o = malloc(3 * len + 1);
+    if (o == NULL) return NULL;
+    size_t n = 0;
+    for (size_t i = 0; i < len;) {
+        int k = mm_trace_utf8_len((const unsigned char *)s + i, len - i);
+        if (k == 0) {
+            memcpy(o + n, "\xef\xbf\xbd", 3);
+            n += 3;
+            i++;
+        } else {
+            memcpy(o + n, s + i, (size_t)k);
+            n += (size_t)k;
+            i += (size_t)k;
+        }
+    }
+    o[n] = '\0';
+    *out_len = n;
+    return o;
+}
+
 megamoe_status_t mm_trace_intern(mm_trace_t *t, const char *s, size_t len, uint32_t *id_p)
 {
+    for (size_t i = 0; i < len;) {
+        int k = mm_trace_utf8_len((const unsigned char *)s + i, len - i);
+        if (k == 0) {
+            size_t clean_len;
+            char *clean = mm_trace_sanitize(s, len, &clean_len);
+            if (clean == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "trace: cannot copy a string");
+            megamoe_status_t st = mm_trace_intern(t, clean, clean_len, id_p);
+            free(clean);
+            return st;
+        }
+        i += (size_t)k;
+    }
     if ((t->n_strings + 1) * 2 > t->hash_cap) MM_CHECK(mm_trace_rehash(t));
     size_t at = mm_trace_hash_of(s, len) & (t->hash_cap - 1);
     while (t->hash[at] != 0) {
@@ -87,13 +151,20 @@ megamoe_status_t mm_trace_intern(mm_trace_t *t, const char *s, size_t len, uint3
 
 megamoe_status_t mm_trace_warn(mm_trace_t *t, const char *fmt, ...)
 {
-    char text[512];
+    /* Whole, however long (a warning read from a file is kept as it was written). */
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    char *text = malloc(n > 0 ? (size_t)n + 1 : 1);
+    if (text == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "trace: cannot format a warning");
+    va_start(ap, fmt);
+    vsnprintf(text, (size_t)n + 1, fmt, ap);
     va_end(ap);
     uint32_t id;
-    MM_CHECK(mm_trace_intern(t, text, strlen(text), &id));
+    megamoe_status_t st = mm_trace_intern(t, text, strlen(text), &id);
+    free(text);
+    MM_CHECK(st);
     for (size_t i = 0; i < t->n_warnings; i++)
         if (t->warnings[i] == id) return MEGAMOE_OK; /* same text once */
     MM_CHECK(mm_trace_grow((void **)&t->warnings, t->n_warnings, &t->cap_warnings,
@@ -105,6 +176,9 @@ megamoe_status_t mm_trace_warn(mm_trace_t *t, const char *fmt, ...)
 megamoe_status_t mm_trace_track(mm_trace_t *t, int pid, int group, int role, int worker,
                                 uint32_t name, int want_tid, uint32_t *index_p)
 {
+    /* Only cube and vector tracks have a worker index: a launch track named with another
+     * worker value is still the one launch track (found by fuzzing: a second one was made). */
+    if (role != MM_TRACK_CUBE && role != MM_TRACK_VECTOR) worker = -1;
     int max_tid = -1, tid_taken = 0;
     for (size_t i = 0; i < t->n_tracks; i++) {
         const mm_trace_track_t *tr = &t->tracks[i];
@@ -123,7 +197,7 @@ megamoe_status_t mm_trace_track(mm_trace_t *t, int pid, int group, int role, int
     tr->pid = pid;
     tr->group = group;
     tr->role = role;
-    tr->worker = role == MM_TRACK_CUBE || role == MM_TRACK_VECTOR ? worker : -1;
+    tr->worker = worker;
     tr->name = name;
     tr->tid = want_tid >= 0 && !tid_taken ? want_tid : max_tid + 1;
     *index_p = (uint32_t)t->n_tracks++;

@@ -225,6 +225,9 @@ static megamoe_status_t mm_read_record(mm_reader_t *rd, const mm_json_value_t *e
         return mm_read_fail(rd, ev, "MegaKernel event needs a numeric 'ts' (microseconds)");
     if (!mm_json_scaled(mm_json_get(ev, "dur"), 3, &e.dur_ns) || e.dur_ns < 0)
         return mm_read_fail(rd, ev, "MegaKernel event needs a numeric 'dur' >= 0");
+    if (e.ts_ns < 0 || e.ts_ns > MM_TRACE_MAX_NS || e.dur_ns > MM_TRACE_MAX_NS)
+        return mm_read_fail(rd, ev, "MegaKernel event 'ts' and 'dur' must be in [0, 2^61 ns] "
+                                    "(CLOCK_MONOTONIC microseconds)");
     if (args == NULL || args->type != MM_JSON_OBJECT)
         return mm_read_fail(rd, ev, "MegaKernel event needs an 'args' object");
     const mm_json_value_t *stage = mm_json_get(args, "stage"), *kind = mm_json_get(args, "kind");
@@ -320,6 +323,9 @@ static megamoe_status_t mm_read_meta(mm_reader_t *rd, const mm_json_value_t *met
                 !mm_json_scaled(mm_json_get(v, "dur"), 3, &dur) || dur < 0)
                 return mm_read_fail(rd, v, "invocation entry needs integer rank and invocation "
                                            "and numeric ts and dur");
+            if (ts < 0 || ts > MM_TRACE_MAX_NS || dur > MM_TRACE_MAX_NS)
+                return mm_read_fail(rd, v, "invocation 'ts' and 'dur' must be in [0, 2^61 ns] "
+                                           "(CLOCK_MONOTONIC microseconds)");
             const mm_json_value_t *dir = mm_json_get(v, "direction");
             const mm_json_value_t *ended = mm_json_get(v, "ended");
             mm_trace_invocation_t inv;

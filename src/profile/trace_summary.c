@@ -114,7 +114,7 @@ static int64_t mm_launch_ns(const mm_trace_t *t, int pid, int group, int64_t inv
         if (inv->pid != pid || (group >= 0 && inv->group != group)) continue;
         if (invocation >= 0 && (int64_t)inv->index != invocation) continue;
         count++;
-        if (inv->end_ns > inv->begin_ns) total += inv->end_ns - inv->begin_ns;
+        if (inv->end_ns > inv->begin_ns) total = mm_trace_sat_add(total, inv->end_ns - inv->begin_ns);
     }
     if (count_p != NULL) *count_p = count;
     return total;
@@ -158,7 +158,7 @@ static megamoe_status_t mm_rank_stats(const mm_trace_t *t, int pid, int64_t invo
         if (e->ts_ns + e->dur_ns > rs->last_ns) rs->last_ns = e->ts_ns + e->dur_ns;
         for (size_t w = 0; w < rs->n_workers; w++)
             if (rs->workers[w].track == e->track) {
-                rs->workers[w].kind_ns[e->kind] += e->dur_ns;
+                rs->workers[w].kind_ns[e->kind] = mm_trace_sat_add(rs->workers[w].kind_ns[e->kind], e->dur_ns);
                 rs->workers[w].records++;
                 break;
             }
@@ -186,7 +186,7 @@ static megamoe_status_t mm_rank_stats(const mm_trace_t *t, int pid, int64_t invo
         row->first_ts = INT64_MAX;
         for (size_t j = s; j < e; j++) {
             const mm_trace_event_t *x = &t->events[keys[j].idx];
-            row->total += x->dur_ns;
+            row->total = mm_trace_sat_add(row->total, x->dur_ns);
             if (x->ts_ns < row->first_ts) row->first_ts = x->ts_ns;
         }
         row->mean = row->total / (int64_t)row->count;
@@ -288,7 +288,7 @@ static void mm_summary_text_rank(const mm_trace_t *t, const mm_trace_rank_t *rk,
             fputc(' ', out);
             mm_put_us(out, 10, r->p99);
             fputc(' ', out);
-            mm_put_pct(out, mm_share(r->total, rs->launch_ns * nw));
+            mm_put_pct(out, mm_share(r->total, mm_trace_sat_mul(rs->launch_ns, nw)));
             fputc('\n', out);
         }
     }
@@ -304,7 +304,7 @@ static void mm_summary_text_rank(const mm_trace_t *t, const mm_trace_rank_t *rk,
         for (int k = 0; k < MM_KIND_COUNT; k++) {
             fputc(' ', out);
             mm_put_pct(out, mm_share(wr->kind_ns[k], wr->launch_ns));
-            busy += wr->kind_ns[k];
+            busy = mm_trace_sat_add(busy, wr->kind_ns[k]);
         }
         double idle = 1.0 - mm_share(busy, wr->launch_ns);
         fputc(' ', out);
@@ -329,7 +329,7 @@ static void mm_summary_json_rank(const mm_trace_t *t, const mm_trace_rank_t *rk,
         fprintf(out, "%s{\"role\":\"%s\",\"stage\":", i ? ",\n  " : "\n  ",
                 mm_trace_role_name(r->role));
         mm_trace_put_json_string(out, mm_trace_str(t, r->stage));
-        mm_fmt_fixed(b, sizeof b, mm_share(r->total, rs->launch_ns * nw), 6);
+        mm_fmt_fixed(b, sizeof b, mm_share(r->total, mm_trace_sat_mul(rs->launch_ns, nw)), 6);
         fprintf(out,
                 ",\"kind\":\"%s\",\"count\":%" PRIu64 ",\"totalNs\":%" PRId64 ",\"meanNs\":%" PRId64
                 ",\"p50Ns\":%" PRId64 ",\"p99Ns\":%" PRId64 ",\"share\":%s}",

@@ -21,39 +21,10 @@ void mm_trace_fmt_us(char *buf, size_t size, int64_t ns)
     snprintf(buf, size, "%s%" PRIu64 ".%03u", ns < 0 ? "-" : "", a / 1000, (unsigned)(a % 1000));
 }
 
-/* Length of the valid UTF-8 sequence at s (0 when invalid). */
-static int mm_utf8_len(const unsigned char *s)
-{
-    unsigned char c = s[0];
-    if (c < 0x80) return 1;
-    int n;
-    uint32_t cp;
-    if ((c & 0xe0) == 0xc0) {
-        n = 2;
-        cp = c & 0x1f;
-    } else if ((c & 0xf0) == 0xe0) {
-        n = 3;
-        cp = c & 0x0f;
-    } else if ((c & 0xf8) == 0xf0) {
-        n = 4;
-        cp = c & 0x07;
-    } else {
-        return 0;
-    }
-    for (int i = 1; i < n; i++) {
-        if ((s[i] & 0xc0) != 0x80) return 0; /* also stops at the NUL */
-        cp = (cp << 6) | (s[i] & 0x3f);
-    }
-    if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
-        cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-        return 0;
-    return n;
-}
-
-void mm_trace_put_json_string(FILE *out, const char *s)
+/* The characters of a JSON string literal (without the quotes). */
+static void mm_trace_put_json_chars(FILE *out, const char *s)
 {
     const unsigned char *p = (const unsigned char *)s;
-    fputc('"', out);
     while (*p) {
         unsigned char c = *p;
         if (c == '"' || c == '\\') {
@@ -72,7 +43,7 @@ void mm_trace_put_json_string(FILE *out, const char *s)
             fputc(c, out);
             p++;
         } else {
-            int n = mm_utf8_len(p);
+            int n = mm_trace_utf8_len(p, SIZE_MAX); /* the NUL ends an invalid sequence */
             if (n == 0) {
                 fputs("\\ufffd", out);
                 p++;
@@ -82,6 +53,12 @@ void mm_trace_put_json_string(FILE *out, const char *s)
             }
         }
     }
+}
+
+void mm_trace_put_json_string(FILE *out, const char *s)
+{
+    fputc('"', out);
+    mm_trace_put_json_chars(out, s);
     fputc('"', out);
 }
 
@@ -133,19 +110,28 @@ static void mm_trace_put_invocation_fields(FILE *out, const mm_trace_t *t,
 
 megamoe_status_t mm_trace_write(const mm_trace_t *t, FILE *out)
 {
-    char label[160], ts[40], dur[40];
+    char ts[40], dur[40];
     int first = 1;
+    /* Labels hold one interned string plus a short prefix or suffix: sized to the longest
+     * string, so no name is cut (a cut name would read back as another name). */
+    size_t label_size = 64;
+    for (size_t i = 0; i < t->n_strings; i++) {
+        size_t n = strlen(t->strings[i]) + 64;
+        if (n > label_size) label_size = n;
+    }
+    char *label = malloc(label_size);
+    if (label == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "trace: out of memory for a label");
     fputs("{\"traceEvents\":[\n", out);
     /* Metadata: process and track names, in rank then tid order. */
     for (size_t r = 0; r < t->n_ranks; r++) {
         int pid = t->ranks[r].rank;
-        snprintf(label, sizeof label, "rank %d", pid);
+        snprintf(label, label_size, "rank %d", pid);
         mm_trace_put_meta(out, &first, "process_name", pid, 0, "name", label, 0);
         mm_trace_put_meta(out, &first, "process_sort_index", pid, 0, "sort_index", NULL, pid);
     }
     for (size_t i = 0; i < t->n_tracks; i++) {
         const mm_trace_track_t *tr = &t->tracks[i];
-        mm_trace_track_label(t, tr, label, sizeof label);
+        mm_trace_track_label(t, tr, label, label_size);
         mm_trace_sep(out, &first);
         fprintf(out, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":",
                 tr->pid, tr->tid);
@@ -168,7 +154,7 @@ megamoe_status_t mm_trace_write(const mm_trace_t *t, FILE *out)
         int64_t end = ended ? inv->end_ns : mm_trace_open_end(t, inv);
         mm_trace_fmt_us(ts, sizeof ts, inv->begin_ns);
         mm_trace_fmt_us(dur, sizeof dur, end - inv->begin_ns);
-        snprintf(label, sizeof label, "%s #%" PRIu32, mm_trace_str(t, inv->direction), inv->index);
+        snprintf(label, label_size, "%s #%" PRIu32, mm_trace_str(t, inv->direction), inv->index);
         mm_trace_sep(out, &first);
         fputs("{\"name\":", out);
         mm_trace_put_json_string(out, label);
@@ -186,10 +172,10 @@ megamoe_status_t mm_trace_write(const mm_trace_t *t, FILE *out)
         const char *stage = mm_trace_str(t, e->stage), *kind = mm_trace_kind_name(e->kind);
         mm_trace_fmt_us(ts, sizeof ts, e->ts_ns);
         mm_trace_fmt_us(dur, sizeof dur, e->dur_ns);
-        snprintf(label, sizeof label, "%s:%s", stage, kind);
         mm_trace_sep(out, &first);
-        fputs("{\"name\":", out);
-        mm_trace_put_json_string(out, label);
+        fputs("{\"name\":\"", out); /* "<stage>:<kind>", whole however long the stage */
+        mm_trace_put_json_chars(out, stage);
+        fprintf(out, ":%s\"", kind);
         fprintf(out,
                 ",\"cat\":\"MegaKernel\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%s,\"dur\":%s,"
                 "\"args\":{\"stage\":",
@@ -241,6 +227,7 @@ megamoe_status_t mm_trace_write(const mm_trace_t *t, FILE *out)
         fputc('}', out);
     }
     fputs("]}}\n", out);
+    free(label);
     return MEGAMOE_OK;
 }
 

@@ -72,8 +72,8 @@ int mm_frame_decode_header(const uint8_t in[MM_FRAME_HEADER], int *type_p, uint3
 megamoe_status_t mm_frame_send(int fd, int type, const void *a, size_t a_len, const void *b,
                                size_t b_len, uint64_t deadline_ns);
 /* Receive one frame of an expected type with a body of at most max_len bytes into *body_p
- * (malloc'd, caller frees; NULL when empty). Wrong magic/type/length is INTERNAL (a broken
- * or foreign peer). */
+ * (malloc'd, caller frees; NULL when empty, and NULL after any failure). Wrong
+ * magic/type/length is INTERNAL (a broken or foreign peer). */
 megamoe_status_t mm_frame_recv(int fd, int type, size_t max_len, void **body_p, size_t *len_p,
                                uint64_t deadline_ns);
 /* Same for any type (returned in *type_p). */

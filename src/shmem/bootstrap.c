@@ -733,3 +733,35 @@ megamoe_status_t mm_boot_agree(mm_boot_t *b, megamoe_status_t local)
     free(all);
     return st;
 }
+
+/* ---- test seam (bootstrap_test.h): the wire layout and the MACs, for the fuzz harness ---- */
+
+#include "bootstrap_test.h"
+
+void mm_boot_test_wire(mm_boot_wire_t *w)
+{
+    *w = (mm_boot_wire_t){MM_NONCE, MM_CHALLENGE_LEN, MM_HELLO_LEN, 4, 8, 12, MM_TEXT_MAX};
+}
+
+/* The same body mm_boot_handshake builds (keep the two in step). */
+void mm_boot_test_hello(const mm_boot_config_t *cfg, const uint8_t *server_nonce, uint8_t *hello)
+{
+    mm_put_u32(hello, MM_BOOT_PROTO);
+    mm_put_u32(hello + 4, (uint32_t)cfg->rank);
+    mm_put_u32(hello + 8, (uint32_t)cfg->world);
+    if (mm_random(hello + 12, MM_NONCE) != MEGAMOE_OK) memset(hello + 12, 0x5a, MM_NONCE);
+    mm_settings_encode(hello + 12 + MM_NONCE, &cfg->settings);
+    mm_hello_mac(cfg->token, server_nonce, hello, hello + MM_HELLO_LEN - MM_SHA256_BYTES);
+}
+
+void mm_boot_test_hello_mac(const char *token, const uint8_t *server_nonce, const uint8_t *body,
+                            uint8_t mac[32])
+{
+    mm_hello_mac(token, server_nonce, body, mac);
+}
+
+void mm_boot_test_accept_mac(const char *token, const uint8_t *client_nonce,
+                             const uint8_t *server_nonce, uint32_t rank, uint8_t mac[32])
+{
+    mm_accept_mac(token, client_nonce, server_nonce, rank, mac);
+}

@@ -112,6 +112,10 @@ typedef struct mm_shmem_debug_state {
     char live_table[4096];
 } mm_shmem_debug_state_t;
 megamoe_status_t mm_shmem_debug_state(mm_shmem_debug_state_t *state_p);
+/* Bytes of this PE's user heap that are backed by memory: touched by any PE (the segment is
+ * sparse), measured with mincore(). 0 when not running. For sizing
+ * HYPER_PARALLEL_SHMEM_HEAP_SIZE (megamoe bench layer reports it). */
+uint64_t mm_shmem_heap_touched_bytes(void);
 
 /* ---- one-sided data movement (dest/src symmetric on the remote side) ---- */
 

@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "shmem_internal.h"
 
@@ -316,4 +318,22 @@ megamoe_status_t mm_shmem_debug_state(mm_shmem_debug_state_t *state_p)
     }
     pthread_mutex_unlock(&g->lock);
     return MEGAMOE_OK;
+}
+
+uint64_t mm_shmem_heap_touched_bytes(void)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    uint64_t bytes = 0;
+    pthread_mutex_lock(&g->lock);
+    if (mm_shmem_running_now()) {
+        /* A page of the shm object exists once any PE touched it (sparse until then); for a
+         * shared mapping mincore() reports exactly those, whoever touched them. */
+        size_t page = (size_t)sysconf(_SC_PAGESIZE), n = (size_t)((g->heap_size + page - 1) / page);
+        unsigned char *vec = malloc(n ? n : 1);
+        if (vec != NULL && mincore(g->heap_base, (size_t)g->heap_size, vec) == 0)
+            for (size_t i = 0; i < n; i++) bytes += (vec[i] & 1) ? page : 0;
+        free(vec);
+    }
+    pthread_mutex_unlock(&g->lock);
+    return bytes;
 }

@@ -27,3 +27,21 @@ MM_TEST(last_error_records_message)
     megamoe_clear_last_error();
     ASSERT_EQ_STR(megamoe_last_error(), "");
 }
+
+/* A message that wraps the previous one keeps it (found by the operator fuzz harness: the
+ * heap-exhaustion and wait errors of dispatch/combine lost their cause, "OUT_OF_MEMORY:
+ * OUT_OF_MEMORY: ; the dispatch/combine workspace needs ..."). */
+MM_TEST(last_error_can_wrap_the_previous_one)
+{
+    megamoe_log_set_level(MEGAMOE_LOG_OFF);
+    mm_error(MEGAMOE_OUT_OF_MEMORY, "heap exhausted: raise HYPER_PARALLEL_SHMEM_HEAP_SIZE to 101M");
+    mm_error(MEGAMOE_OUT_OF_MEMORY, "%s; the workspace needs %d bytes", megamoe_last_error(), 64);
+    ASSERT_EQ_STR(megamoe_last_error(),
+                  "OUT_OF_MEMORY: OUT_OF_MEMORY: heap exhausted: raise "
+                  "HYPER_PARALLEL_SHMEM_HEAP_SIZE to 101M; the workspace needs 64 bytes");
+    mm_error_quiet(MEGAMOE_TIMEOUT, "waiting: %s", megamoe_last_error());
+    ASSERT_TRUE(strstr(megamoe_last_error(), "TIMEOUT: waiting: OUT_OF_MEMORY: OUT_OF_MEMORY: heap") ==
+                megamoe_last_error());
+    mm_set_last_error(megamoe_last_error() + 9); /* overlapping, shorter */
+    ASSERT_TRUE(strncmp(megamoe_last_error(), "waiting: OUT_OF_MEMORY", 22) == 0);
+}

@@ -95,6 +95,16 @@ MM_TEST(exact_scaled_numbers)
     ASSERT_FALSE(mm_json_int(&r->u.items[3], 3, 10, &v)); /* out of [lo, hi] */
     ASSERT_FALSE(mm_json_scaled(&r->u.items[4], 0, &v));  /* a string */
     mm_json_free(doc);
+    /* An integer check on a number near INT64_MAX / 1000 with a fraction (found by fuzzing:
+     * a signed overflow, UB, in mm_json_int; tests/fuzz/regressions/trace/). */
+    doc = parse_ok("[9223372036854775.807, -9223372036854775.808, 9223372036854775.000]");
+    ASSERT_TRUE(doc != NULL);
+    r = mm_json_root(doc);
+    ASSERT_FALSE(mm_json_int(&r->u.items[0], INT64_MIN, INT64_MAX, &v));
+    ASSERT_FALSE(mm_json_int(&r->u.items[1], INT64_MIN, INT64_MAX, &v));
+    ASSERT_TRUE(mm_json_int(&r->u.items[2], INT64_MIN, INT64_MAX, &v)); /* x 1000 still fits */
+    ASSERT_EQ_INT(v, 9223372036854775LL);
+    mm_json_free(doc);
 }
 
 MM_TEST(malformed_inputs_are_errors_with_positions)

@@ -517,6 +517,20 @@ MM_TEST(malformed_traces_are_clear_errors)
          "\"dur\":1,\"args\":{\"stage\":\"a\",\"kind\":\"wait\"}}],\"megaKernelTrace\":{\"schemaVersion\":1}}",
          "integer 'pid'", MEGAMOE_INVALID_ARGUMENT},
         {"empty.json", "", "a value was expected", MEGAMOE_INVALID_ARGUMENT},
+        /* found by fuzzing: ts + dur overflowed int64 in summary and svg (UB) */
+        {"hugets.json",
+         "{\"traceEvents\":[{\"cat\":\"MegaKernel\",\"ph\":\"X\",\"pid\":0,\"tid\":1,"
+         "\"ts\":9223372036854775.807,\"dur\":9223372036854775.807,\"args\":{\"stage\":\"a\","
+         "\"kind\":\"wait\"}}],\"megaKernelTrace\":{\"schemaVersion\":1}}",
+         "'ts' and 'dur' must be in [0, 2^61 ns]", MEGAMOE_INVALID_ARGUMENT},
+        {"negts.json",
+         "{\"traceEvents\":[{\"cat\":\"MegaKernel\",\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":-1,"
+         "\"dur\":1,\"args\":{\"stage\":\"a\",\"kind\":\"wait\"}}],\"megaKernelTrace\":{\"schemaVersion\":1}}",
+         "'ts' and 'dur' must be in", MEGAMOE_INVALID_ARGUMENT},
+        {"hugeinv.json",
+         "{\"traceEvents\":[],\"megaKernelTrace\":{\"schemaVersion\":1,\"invocations\":[{\"rank\":0,"
+         "\"invocation\":0,\"ts\":1,\"dur\":2305843009213694.000}]}}",
+         "invocation 'ts' and 'dur' must be in", MEGAMOE_INVALID_ARGUMENT},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *path = write_file(cases[i].name, cases[i].text);
@@ -550,6 +564,49 @@ MM_TEST(malformed_traces_are_clear_errors)
     ASSERT_STATUS(megamoe_trace_svg(good, 1, &bad_width, tmp_path("w.svg")), MEGAMOE_INVALID_ARGUMENT);
     megamoe_trace_svg_options_t bad_inv = {0, 7};
     ASSERT_STATUS(megamoe_trace_svg(good, 1, &bad_inv, tmp_path("w.svg")), MEGAMOE_NOT_FOUND);
+}
+
+/* A merged trace merges to the same bytes (found by fuzzing: a launch track whose worker was
+ * not -1 became a second launch track; invalid UTF-8 and long stage names changed names on
+ * the second merge). */
+MM_TEST(merge_of_a_merged_trace_is_the_same)
+{
+    char stage[200];
+    memset(stage, 'g', sizeof stage - 1);
+    stage[sizeof stage - 1] = '\0';
+    for (int i = 10; i < 100; i++) stage[i] = (char)0xff; /* invalid UTF-8 */
+    char text[2048];
+    snprintf(text, sizeof text,
+             "{\"traceEvents\":[{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,"
+             "\"args\":{\"name\":\"launch\",\"role\":\"launch\",\"worker\":-1}},"
+             "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":3,\"args\":{\"name\":"
+             "\"launch\",\"role\":\"launch\",\"worker\":0}},{\"cat\":\"MegaKernel\",\"ph\":\"X\","
+             "\"pid\":0,\"tid\":1,\"ts\":1,\"dur\":1,\"args\":{\"stage\":\"%s\",\"kind\":\"wait\"}}],"
+             "\"megaKernelTrace\":{\"schemaVersion\":1,\"rank\":0}}", stage);
+    const char *in[] = {write_file("odd.json", text)};
+    ASSERT_OK(megamoe_trace_merge(in, 1, tmp_path("m1.json")));
+    const char *again[] = {tmp_path("m1.json")};
+    ASSERT_OK(megamoe_trace_merge(again, 1, tmp_path("m2.json")));
+    size_t n1 = 0, n2 = 0;
+    char *a = NULL, *b = NULL;
+    FILE *f = fopen(tmp_path("m1.json"), "rb");
+    ASSERT_TRUE(f != NULL);
+    a = malloc(1 << 16);
+    n1 = fread(a, 1, 1 << 16, f);
+    fclose(f);
+    f = fopen(tmp_path("m2.json"), "rb");
+    ASSERT_TRUE(f != NULL);
+    b = malloc(1 << 16);
+    n2 = fread(b, 1, 1 << 16, f);
+    fclose(f);
+    int same = n1 == n2 && memcmp(a, b, n1) == 0;
+    a[n1 < (1 << 16) ? n1 : (1 << 16) - 1] = '\0';
+    int launch_tracks = 0;
+    for (const char *p = a; (p = strstr(p, "\"role\":\"launch\"")) != NULL; p++) launch_tracks++;
+    free(a);
+    free(b);
+    ASSERT_TRUE(same);
+    ASSERT_EQ_INT(launch_tracks, 1);
 }
 
 MM_TEST(svg_has_a_row_per_worker)
