@@ -22,6 +22,7 @@
 struct mm_shmem_team {
     int n, me;
     int pe[2]; /* world PE of each member (TP team); the world and EP teams are the identity */
+    uint64_t uid; /* new for every mm_fake_runtime_set: the operators' scopes are per team */
 };
 
 struct megamoe_comm {
@@ -36,6 +37,10 @@ static struct {
     int n_mut;
     mm_fake_fixup_t fixup;
     int ranks_per_host;
+    uint64_t generation;
+    mm_shmem_release_hook_t release[8];
+    void *release_arg[8];
+    int n_release;
 } mm_fake;
 
 void mm_fake_set_hosts(int ranks_per_host) { mm_fake.ranks_per_host = ranks_per_host; }
@@ -58,10 +63,16 @@ void mm_fake_runtime_set(int world, int me, int tp_me, const mm_fake_mutation_t 
                          int n_mutations)
 {
     int partner = (me ^ 1) < world ? me ^ 1 : 0;
+    /* a new input is a new lifecycle: what the layers above keep per lifecycle goes first */
+    if (mm_fake.running)
+        for (int i = 0; i < mm_fake.n_release; i++) (void)mm_fake.release[i](mm_fake.release_arg[i]);
+    uint64_t g = ++mm_fake.generation << 2;
     mm_fake.running = 1;
-    mm_fake.world = (struct mm_shmem_team){world, me, {-1, -1}};
+    mm_fake.world = (struct mm_shmem_team){world, me, {-1, -1}, g | 1};
     mm_fake.ep.team = mm_fake.world;
-    mm_fake.tp.team = (struct mm_shmem_team){2, tp_me, {tp_me ? partner : me, tp_me ? me : partner}};
+    mm_fake.ep.team.uid = g | 2;
+    mm_fake.tp.team = (struct mm_shmem_team){2, tp_me, {tp_me ? partner : me, tp_me ? me : partner},
+                                             g | 3};
     mm_fake.mut = mutations;
     mm_fake.n_mut = n_mutations;
 }
@@ -126,9 +137,22 @@ megamoe_status_t mm_shmem_barrier_all(void) { return MEGAMOE_OK; }
 
 megamoe_status_t mm_shmem_add_release_hook(mm_shmem_release_hook_t fn, void *arg)
 {
+    for (int i = 0; i < mm_fake.n_release; i++)
+        if (mm_fake.release[i] == fn && mm_fake.release_arg[i] == arg) return MEGAMOE_OK;
+    if (mm_fake.n_release == 8) return MEGAMOE_OUT_OF_MEMORY;
+    mm_fake.release[mm_fake.n_release] = fn;
+    mm_fake.release_arg[mm_fake.n_release++] = arg;
+    return MEGAMOE_OK;
+}
+
+/* The fake never destroys a team (each input replaces them, after the release hooks). */
+megamoe_status_t mm_shmem_add_team_destroy_hook(mm_shmem_team_hook_t fn, void *arg)
+{
     (void)fn, (void)arg;
     return MEGAMOE_OK;
 }
+
+uint64_t mm_shmem_team_uid(const mm_shmem_team_t *team) { return team ? team->uid : 0; }
 
 megamoe_status_t mm_shmem_malloc_site(size_t size, size_t align, const char *site, void **ptr_p)
 {
