@@ -156,8 +156,12 @@ megamoe_status_t mm_ep_replica_plan(const mm_ep_replica_input_t *in, mm_ep_repli
     const int64_t max_moves = 16 * (int64_t)(nslots + ep) + E;
     for (int64_t it = 0; it < max_moves; it++) {
         int h = 0;
-        for (int d = 1; d < ep; d++)
+        int64_t total = eff[0];
+        for (int d = 1; d < ep; d++) {
+            total += eff[d];
             if (eff[d] > eff[h]) h = d;
+        }
+        const int64_t avg = total / ep; /* a receiver is filled up to the mean, not beyond */
         int64_t best_gain = 0, best_m = 0, best_e = -1;
         int best_q = -1, best_new = 0;
         for (int d = 0; d < ep; d++) {
@@ -177,6 +181,7 @@ megamoe_status_t mm_ep_replica_plan(const mm_ep_replica_input_t *in, mm_ep_repli
                 const int64_t gc = is_new ? c->guest_rows[far] : 0;
                 const int64_t hc = is_new ? c->home_rows[far] : 0;
                 int64_t m = (eff[h] + hc - eff[d] - gc) / 2; /* equalises the two */
+                m = mm_min64(m, avg - eff[d]);
                 m = mm_min64(m, home[e]);
                 if (in->capacity > 0) m = mm_min64(m, in->capacity - p->load[d]);
                 if (m < c->min_rows || m <= 0) continue;

@@ -14,10 +14,12 @@
  * Plan. Greedy and deterministic (integers only, ties broken by the lowest index): while the
  * most loaded rank h can be relieved, take the move that lowers max(load_h, load_d) the most
  * among (hot expert e of h with rows left at home, rank d != h that already hosts e or has a
- * free slot): m rows of e move from h to d, m chosen to equalise the two loads, at most e's
- * home rows, at most what d's receive capacity allows, and at least `min_rows` (a move below
- * one tile is not worth its fixed cost). Guest slots are filled in index order. Balanced
- * loads never move anything (every move costs more than it gains).
+ * free slot): m rows of e move from h to d, m chosen to equalise the two loads but never
+ * filling d beyond the mean load (so the receivers of a very hot rank share it instead of
+ * the first one taking half), at most e's home rows, at most what d's receive capacity
+ * allows, and at least `min_rows` (a move below one tile is not worth its fixed cost). Guest
+ * slots are filled in index order. Balanced loads never move anything (every move costs more
+ * than it gains).
  *
  * Row split. For an expert with guests, each part (home first, then its guest slots in slot
  * order) takes its quota from the sources: first the rows of its own rank (no transfer), then
