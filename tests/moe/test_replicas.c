@@ -549,3 +549,63 @@ MM_TEST(failure_on_one_rank_with_replicas)
     }
     mm_moe_problem_free(&P);
 }
+
+/* Growing capacity ("push", starting at factor 1) and owner-side fetches ("pull") with
+ * replicas: the same bits as those modes without replicas (weight gradients within an ulp),
+ * and under single routing the receive buffer grows less, since the plan's fullest rank
+ * receives fewer rows. */
+MM_TEST(push_and_pull_modes_with_replicas)
+{
+    const int ep = mm_test_world();
+    megamoe_comm_t *comm = mm_test_comm();
+    const char *modes[2] = {"push", "pull"};
+    const char *scheds[2] = {"O0", "O1"};
+    int all_ok = 1;
+    for (int mi = 0; mi < 2; mi++)
+        for (int si = 0; si < 2; si++) {
+            megamoe_experts_t *x[2] = {NULL, NULL};
+            for (int r = 0; r < 2; r++) {
+                megamoe_experts_params_t p = mm_params(scheds[si], r ? R_ : 0, 0);
+                p.dispatch_mode = modes[mi];
+                if (mi == 0) {
+                    p.initial_capacity_factor = 1.0;
+                    p.capacity_growth_factor = 1.0;
+                }
+                ASSERT_OK(megamoe_experts_create(comm, &p, &x[r]));
+            }
+            static const mm_route_pattern_t seq[] = {MM_ROUTE_SKEW, MM_ROUTE_SINGLE,
+                                                     MM_ROUTE_BALANCED};
+            for (size_t i = 0; i < sizeof seq / sizeof seq[0]; i++) {
+                mm_moe_problem_t P;
+                ASSERT_EQ_INT(mm_moe_problem_create(&P, ep, T_, H_, I_, E_, K_, seq[i], 60 + i), 0);
+                /* new weights every call: a new version */
+                megamoe_experts_weights_t w = mm_local_weights(&P, mm_test_rank(), 200 + i);
+                mm_run_t r[2];
+                for (int s = 0; s < 2; s++) {
+                    ASSERT_EQ_INT(mm_run_alloc(&r[s]), 0);
+                    ASSERT_OK(mm_fwd_bwd_w(x[s], &P, &w, MEGAMOE_DTYPE_BF16, &r[s]));
+                }
+                char what[128];
+                snprintf(what, sizeof what, "%s %s ep%d %s", modes[mi], scheds[si], ep,
+                         mm_route_name(seq[i]));
+                all_ok &= mm_compare_runs(what, &r[1], &r[0], MEGAMOE_DTYPE_BF16,
+                                          seq[i] == MM_ROUTE_BALANCED ? 0 : 1);
+                mm_run_free(&r[0]);
+                mm_run_free(&r[1]);
+                mm_moe_problem_free(&P);
+            }
+            if (mi == 0) { /* push: the fullest rank of the single call decided the growth */
+                megamoe_experts_info_t i0, i1;
+                ASSERT_OK(megamoe_experts_get_info(x[0], &i0));
+                ASSERT_OK(megamoe_experts_get_info(x[1], &i1));
+                printf("push %s ep%d: capacity %lld rows without replicas, %lld with\n",
+                       scheds[si], ep, (long long)i0.capacity, (long long)i1.capacity);
+                ASSERT_TRUE(i1.capacity < i0.capacity);
+            }
+            for (int s = 0; s < 2; s++) {
+                ASSERT_OK(megamoe_experts_close(x[s]));
+                megamoe_experts_destroy(x[s]);
+            }
+        }
+    ASSERT_TRUE(all_ok);
+}
