@@ -47,6 +47,7 @@ static megamoe_status_t mm_bwd_wgrad_slots(mm_bwd_t *b, int which, int worker, i
 {
     const int64_t H = b->c.H, I = b->c.I;
     for (int64_t j = 0; j < b->c.plan->S; j++) {
+        if (b->c.plan->slot_expert[(int64_t)b->c.x->me * b->c.plan->S + j] < 0) continue;
         const int64_t go = b->c.plan->group_off[j];
         mm_gemm_args_t g;
         mm_gemm_args_init(&g);

@@ -531,7 +531,7 @@ static void mm_mc_execute(mm_mc_exec_t *x, mm_mc_worker_t *w, int32_t id, const 
         int which = t->type == MM_MC_WGRAD1 ? 1 : 2;
         int64_t m0, m1;
         mm_pool_split(which == 1 ? p->s.H : p->s.I, t->k, (int)p->wchunks, 16, &m0, &m1);
-        if (m1 > m0 && !skip) {
+        if (m1 > m0 && !skip && owner >= 0) { /* an unused guest slot has no partial */
             st = b->wgrad(b->ctx, w, which, t->j, m0, m1);
             if (w->ring) mm_mc_trace(w, stage, owner, -1, t0, mm_now_ns());
         }

@@ -71,16 +71,20 @@ static megamoe_status_t mm_mc_build(mm_mc_plan_t *p, int dir)
     /* cube: expert tiles in the order RATR makes them arrive (own block first); backward: the
      * weight gradients of expert j follow the tiles of expert j + 1, so they find j's tiles
      * done (no worker stalls on them) while X_j, dY_j and dGU_j are still in the caches */
+    /* guest slots first (after their FETCH): a guest's weight-gradient partial is then done
+     * early and its home's WSUM does not wait for the end of the guest's own work */
     for (int k = 0; k < R; k++) mm_mc_push(g, MM_MC_FETCH, MM_MC_CUBE, -1, L + k, k);
-    for (int64_t j = 0; j <= S; j++) {
-        for (int i = 0; j < S && i < ep; i++)
+    for (int64_t i = 0; i <= S; i++) {
+        const int64_t j = i < S ? (i < R ? L + i : i - R) : -1;         /* slot of position i */
+        const int64_t prev = i == 0 ? -1 : (i - 1 < R ? L + i - 1 : i - 1 - R);
+        for (int q = 0; j >= 0 && q < ep; q++)
             for (int64_t k = 0; k < NT; k++)
-                mm_mc_push(g, MM_MC_EXPERT, MM_MC_CUBE, (me - i + ep) % ep, j, k);
-        if (bwd && j >= 1) {
+                mm_mc_push(g, MM_MC_EXPERT, MM_MC_CUBE, (me - q + ep) % ep, j, k);
+        if (bwd && prev >= 0) {
             for (int64_t c = 0; c < p->wchunks; c++)
-                mm_mc_push(g, MM_MC_WGRAD2, MM_MC_CUBE, -1, j - 1, c);
+                mm_mc_push(g, MM_MC_WGRAD2, MM_MC_CUBE, -1, prev, c);
             for (int64_t c = 0; c < p->wchunks; c++)
-                mm_mc_push(g, MM_MC_WGRAD1, MM_MC_CUBE, -1, j - 1, c);
+                mm_mc_push(g, MM_MC_WGRAD1, MM_MC_CUBE, -1, prev, c);
         }
     }
     /* the home experts' gradients with their guests' partials, after every own task */

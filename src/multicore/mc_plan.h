@@ -36,8 +36,9 @@
  * backward WGRAD2/WGRAD1 of expert j follow the tiles of expert j + 1 (one expert of lag: their
  * inputs are done and still in cache, and they overlap the next expert's data gradients and
  * the peers' combine). With replicas the cube queue starts with the R FETCH tasks (they
- * overlap the dispatch) and the backward ends with the WSUM chunks; the backward vector queue
- * has the R SLOT_DONE tasks between the dispatch and DONE.
+ * overlap the dispatch), then takes the guest slots before the local experts (a guest's
+ * partial is then ready early), and the backward ends with the WSUM chunks; the backward
+ * vector queue has the R SLOT_DONE tasks between the dispatch and DONE.
  */
 #ifndef MM_MULTICORE_MC_PLAN_H
 #define MM_MULTICORE_MC_PLAN_H

@@ -163,6 +163,10 @@ MM_TEST(replica_slots_in_the_plan)
             ASSERT_EQ_INT(t->k, k);
             ASSERT_EQ_INT(t->j, 4 + k);
         }
+        /* then the guest slots' tiles, then the local experts' */
+        ASSERT_EQ_INT(g->tasks[g->queue[MM_MC_CUBE][R]].type, MM_MC_EXPERT);
+        ASSERT_EQ_INT(g->tasks[g->queue[MM_MC_CUBE][R]].j, 4);
+        ASSERT_EQ_INT(g->tasks[g->queue[MM_MC_CUBE][R + 2 * 2 * NT + (dir ? 2 * wc : 0)]].j, 0);
         int slot_done = 0, done_at = -1, dispatch_j_max = -1;
         for (int i = 0; i < g->n_queue[MM_MC_VECTOR]; i++) {
             const mm_mc_task_t *t = &g->tasks[g->queue[MM_MC_VECTOR][i]];
