@@ -197,6 +197,9 @@ megamoe_status_t mm_moe_backward_o1(megamoe_experts_t *x, megamoe_experts_saved_
     l.body.reduce = mm_o1_bwd_reduce;
     l.body.fetch = x->rep ? mm_o1_bwd_fetch : NULL;
     l.body.wsum = x->rep ? mm_o1_bwd_wsum : NULL;
+    char note[MM_PROF_MAX_NOTE];
+    mm_moe_rep_note(l.route, note, sizeof note);
+    l.note = note[0] ? note : NULL;
     st = mm_mc_run(g->exec, &l);
     t0 = mm_now_ns();
     x->phase_s[MM_PH_BWD_LAUNCH] += (double)(t0 - t1) * 1e-9;

@@ -219,6 +219,9 @@ megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, const megamoe_experts_w
     l.body.expert = mm_o1_fwd_expert;
     l.body.reduce = mm_o1_fwd_reduce;
     l.body.fetch = x->rep ? mm_o1_fwd_fetch : NULL;
+    char note[MM_PROF_MAX_NOTE];
+    mm_moe_rep_note(plan, note, sizeof note);
+    l.note = note[0] ? note : NULL;
     st = mm_mc_run(g->exec, &l);
     x->phase_s[MM_PH_FWD_LAUNCH] += (double)(mm_now_ns() - t0) * 1e-9;
     if (mm_mc_broken(g->exec)) g->broken = 1;

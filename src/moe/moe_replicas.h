@@ -107,6 +107,9 @@ megamoe_status_t mm_moe_rep_pack_backward(mm_moe_guest_w_t *gw);
  * references to this call's guest copies; always drops the call's own references. */
 megamoe_status_t mm_moe_rep_forward_done(megamoe_experts_t *x, const mm_ep_plan_t *plan,
                                          megamoe_experts_saved_t *sv, int ok);
+/* The plan as one line for the trace ("replicas: expert 0 (rank 0) on rank 1 slot 0: 3106
+ * rows; slowest rank 11298 -> 8192 rows"); "" without replicas. */
+void mm_moe_rep_note(const mm_ep_plan_t *plan, char *buf, size_t len);
 /* A saved state's references (from megamoe_experts_saved_destroy). */
 void mm_moe_rep_saved_release(megamoe_experts_saved_t *sv);
 

@@ -2,6 +2,7 @@
  * partials and their sum (see moe_replicas.h). */
 #include "moe/moe_replicas.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -298,6 +299,32 @@ megamoe_status_t mm_moe_rep_forward_done(megamoe_experts_t *x, const mm_ep_plan_
         lr->slot_rows[q] = rows;
     }
     return MEGAMOE_OK;
+}
+
+void mm_moe_rep_note(const mm_ep_plan_t *plan, char *buf, size_t len)
+{
+    if (len == 0) return;
+    buf[0] = '\0';
+    const mm_ep_replica_plan_t *rp = plan ? plan->rep : NULL;
+    if (rp == NULL) return;
+    int64_t plain = 0, mx = 0;
+    for (int d = 0; d < rp->ep; d++) {
+        if (rp->load_plain[d] > plain) plain = rp->load_plain[d];
+        if (rp->load[d] > mx) mx = rp->load[d];
+    }
+    size_t n = (size_t)snprintf(buf, len, "replicas:");
+    const int nslots = rp->ep * rp->R;
+    for (int q = 0; q < nslots && n < len; q++) {
+        if (rp->slot_expert[q] < 0) continue;
+        int64_t rows = 0;
+        for (int s = 0; s < rp->ep; s++) rows += rp->take[(size_t)s * (size_t)nslots + (size_t)q];
+        n += (size_t)snprintf(buf + n, len - n, " expert %d (rank %lld) on rank %d slot %d: %lld rows;",
+                              (int)rp->slot_expert[q], (long long)(rp->slot_expert[q] / rp->L),
+                              q / rp->R, q % rp->R, (long long)rows);
+    }
+    if (n < len)
+        snprintf(buf + n, len - n, "%s slowest rank %lld -> %lld rows", rp->n_guests ? "" : " none;",
+                 (long long)plain, (long long)mx);
 }
 
 void mm_moe_rep_saved_release(megamoe_experts_saved_t *sv)

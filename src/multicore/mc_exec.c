@@ -724,6 +724,7 @@ megamoe_status_t mm_mc_run(mm_mc_exec_t *x, const mm_mc_launch_t *l)
     }
     const int on = mm_prof_on(x->prof);
     uint32_t inv = on ? mm_prof_begin(x->prof, l->dir == MM_MC_BWD ? "backward" : "forward") : 0;
+    if (on && l->note) mm_prof_note(x->prof, l->note);
     for (int i = 0; i < x->n_workers; i++) {
         mm_mc_worker_t *w = &x->workers[i];
         w->ring = on ? mm_prof_ring(x->prof, (mm_prof_role_t)w->role, w->role_index) : NULL;

@@ -112,6 +112,7 @@ typedef struct mm_mc_launch {
     megamoe_status_t local;    /* failure on this rank before the launch (text: last error) */
     uint64_t tag;              /* must be equal on every rank (backward: forward generation) */
     const char *tag_what;      /* what a tag mismatch means, for the error text */
+    const char *note;          /* (optional) recorded with the launch's trace invocation */
     int pull;                  /* rows reach the owner through its EXPERT tasks (they fetch
                                   them), not with the arrival signals: WGRAD2 then waits for
                                   expert j's tiles like WGRAD1 */
