@@ -9,10 +9,10 @@
 mm_ep_replica_cost_t mm_ep_replica_cost_default(void)
 {
     mm_ep_replica_cost_t c;
-    c.guest_rows[0] = 64;
-    c.guest_rows[1] = 64 + 64;
-    c.home_rows[0] = 96;
-    c.home_rows[1] = 96 + 128;
+    c.guest_rows[0] = 128;
+    c.guest_rows[1] = 128 + 64;
+    c.home_rows[0] = 64;
+    c.home_rows[1] = 64 + 128;
     c.min_rows = 128;
     return c;
 }
