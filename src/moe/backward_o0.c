@@ -156,9 +156,7 @@ static megamoe_status_t mm_bwd_work(void *arg, int worker, int nw)
         /* dY rows go straight into their owners' receive rows when those are mapped here
          * (same host), else into the staging buffer that BW_DISPATCH then puts */
         mm_pool_split(b->c.T * K, worker, nw, 1, &lo, &hi);
-        int64_t e = lo < hi ? mm_ep_expert_of_pos(b->c.plan, lo) : 0;
         for (int64_t p = lo; p < hi; p++) {
-            while (b->c.plan->src_off[e + 1] <= p) e++;
             int64_t slot = b->c.plan->perm_slot[p];
             const uint16_t *d = b->c.dout + (slot / K) * H;
             uint16_t *dst = b->pull     ? mm_ep_stage_dst(b->c.g->xbuf, p)
