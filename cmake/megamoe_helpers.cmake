@@ -28,18 +28,23 @@ function(megamoe_add_layer layer)
   set_property(GLOBAL APPEND PROPERTY MEGAMOE_LAYER_LIBS ${ARG_LIBS})
 endfunction()
 
-# megamoe_add_test(<name> SOURCES <src>... [LIBS <target>...] [RANKS n] [TIMEOUT s]
-#                  [LABELS l...] [ARGS a...])
-# One CTest executable; with RANKS it runs under `megamoe launch -n RANKS`.
+# megamoe_add_test(<name> SOURCES <src>... [LIBS <target>...] [RANKS n] [HOSTS h] [TIMEOUT s]
+#                  [LABELS l...] [ARGS a...] [ENV VAR=value...])
+# One CTest executable; with RANKS it runs under `megamoe launch -n RANKS` (with HOSTS on h
+# simulated hosts: `megamoe launch --hosts h`, which needs root).
 function(megamoe_add_test name)
-  cmake_parse_arguments(ARG "" "RANKS;TIMEOUT" "SOURCES;LIBS;LABELS;ARGS" ${ARGN})
+  cmake_parse_arguments(ARG "" "RANKS;HOSTS;TIMEOUT" "SOURCES;LIBS;LABELS;ARGS;ENV" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE megamoe_test_harness ${ARG_LIBS})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src)
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 120)
   endif()
-  if(ARG_RANKS)
+  if(ARG_RANKS AND ARG_HOSTS)
+    add_test(NAME ${name}
+             COMMAND $<TARGET_FILE:megamoe_cli> launch --hosts ${ARG_HOSTS} -n ${ARG_RANKS}
+                     --timeout ${ARG_TIMEOUT} -- $<TARGET_FILE:${name}> ${ARG_ARGS})
+  elseif(ARG_RANKS)
     add_test(NAME ${name}
              COMMAND $<TARGET_FILE:megamoe_cli> launch -n ${ARG_RANKS} --timeout ${ARG_TIMEOUT}
                      -- $<TARGET_FILE:${name}> ${ARG_ARGS})
@@ -48,4 +53,7 @@ function(megamoe_add_test name)
   endif()
   math(EXPR ctest_timeout "${ARG_TIMEOUT} + 30")
   set_tests_properties(${name} PROPERTIES TIMEOUT ${ctest_timeout} LABELS "${ARG_LABELS}")
+  if(ARG_ENV)
+    set_tests_properties(${name} PROPERTIES ENVIRONMENT "${ARG_ENV}")
+  endif()
 endfunction()

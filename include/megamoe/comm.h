@@ -1,14 +1,17 @@
 /* megamoe — communicator.
  *
- * A communicator is a group of ranks (processes) that run one job together on a host. The
- * first communicator of a process starts the private symmetric-memory runtime underneath
- * (bootstrap over TCP, a shared heap per rank); it stops when the last communicator is
- * destroyed. Creating, splitting, barriers and destroying are collective: every rank of the
- * (parent) communicator calls them in the same order.
+ * A communicator is a group of ranks (processes) that run one job together, on one host or
+ * several. The first communicator of a process starts the private symmetric-memory runtime
+ * underneath (bootstrap over TCP, a heap per rank: shared with the ranks of the same host,
+ * reached through the inter-host engine (UCX) from the others); it stops when the last
+ * communicator is destroyed. Creating, splitting, barriers and destroying are collective:
+ * every rank of the (parent) communicator calls them in the same order — except
+ * megamoe_comm_create_group, which only the listed ranks call.
  *
  * Settings come from the parameters, else from the environment (docs/env.md):
  * RANK/WORLD_SIZE (or Open MPI's variables), HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT,
- * HYPER_PARALLEL_SHMEM_HEAP_SIZE, HYPER_PARALLEL_SHMEM_TIMEOUT_SEC, MEGAMOE_JOB_TOKEN.
+ * HYPER_PARALLEL_SHMEM_HEAP_SIZE, HYPER_PARALLEL_SHMEM_TIMEOUT_SEC, MEGAMOE_JOB_TOKEN /
+ * MEGAMOE_JOB_TOKEN_FILE.
  */
 #ifndef MEGAMOE_COMM_H
 #define MEGAMOE_COMM_H
@@ -29,6 +32,10 @@ typedef struct megamoe_comm_params {
     const char *endpoint; /* NULL: HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT ("tcp://host:port") */
     uint64_t heap_size;   /* 0: HYPER_PARALLEL_SHMEM_HEAP_SIZE (bytes per rank) */
     int timeout_sec;      /* 0: HYPER_PARALLEL_SHMEM_TIMEOUT_SEC */
+    /* NULL: MEGAMOE_JOB_TOKEN, else MEGAMOE_JOB_TOKEN_FILE, else (under mpirun) a secret
+     * broadcast over MPI. The same secret on every rank; required when the endpoint is not a
+     * loopback address (unless MEGAMOE_BOOTSTRAP_INSECURE=1). Not kept after start-up. */
+    const char *job_token;
 } megamoe_comm_params_t;
 
 /* All fields "from the environment". */
@@ -43,6 +50,22 @@ megamoe_status_t megamoe_comm_create(const megamoe_comm_params_t *params,
  * rank); color < 0 gives *comm_p = NULL. Collective over parent. */
 megamoe_status_t megamoe_comm_split(megamoe_comm_t *parent, int color, int key,
                                     megamoe_comm_t **comm_p);
+
+/* A communicator of the listed ranks of parent (n >= 1, distinct, in the new rank order),
+ * collective over exactly those ranks: ranks of parent outside the list never call it (an
+ * expert-parallel group of 2 in a world of 4 is made by its 2 members only). Every member
+ * passes the same list (else CONFIG_MISMATCH on every member); the caller must be in it. */
+megamoe_status_t megamoe_comm_create_group(megamoe_comm_t *parent, const int *ranks, int n,
+                                           megamoe_comm_t **comm_p);
+
+/* World rank (rank in the communicator of megamoe_comm_create) of rank i of comm, -1 when out
+ * of range. */
+int megamoe_comm_world_rank(const megamoe_comm_t *comm, int i);
+
+/* Number of hosts the communicator's ranks run on, and the host of its rank i (hosts are
+ * numbered by their lowest world rank; ranks of one host share memory). -1 on bad input. */
+int megamoe_comm_num_hosts(const megamoe_comm_t *comm);
+int megamoe_comm_host_of(const megamoe_comm_t *comm, int i);
 
 /* Rank of the caller in comm and the number of ranks (-1 for a NULL or dead handle). */
 int megamoe_comm_rank(const megamoe_comm_t *comm);

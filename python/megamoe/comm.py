@@ -7,10 +7,14 @@ HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT (default tcp://127.0.0.1:8662 — set a 
 
 ``for_group(pg)`` binds a communicator to a torch.distributed group; ``group_name(pg)`` returns a
 name usable as ``group_ep`` / ``group_tp`` in :mod:`megamoe.ops`. Creating a group communicator
-is collective over the WORLD (it is a split of the world communicator, like ``dist.new_group``):
-every rank must call ``for_group`` / ``group_name`` for its groups in the same order, with groups
-that partition the world at each call (e.g. first every rank's EP group, then every rank's TP
-group).
+is collective over the group's MEMBERS only (``megamoe_comm_create_group``): ranks outside the
+group never call into it, so two data-parallel replicas with an EP group each can create and use
+their groups independently. The members of one group must create it at the same point of their
+own call sequences.
+
+Under an initialised torch.distributed default group (torchrun), ``world()`` draws a fresh job
+secret on rank 0 and broadcasts it over that group, so the bootstrap is authenticated without
+user work (a user-set MEGAMOE_JOB_TOKEN / MEGAMOE_JOB_TOKEN_FILE wins).
 
 Communicators are destroyed by ``shutdown()`` (also registered with atexit); the last destroy
 stops the symmetric-memory runtime, collectively on every rank.
@@ -25,6 +29,8 @@ until ``shutdown()``.
 """
 import atexit
 import ctypes
+import os
+import secrets
 import threading
 
 from . import _lib
@@ -40,7 +46,7 @@ _order = []  # creation order, destroyed in reverse
 class _Params(ctypes.Structure):
     _fields_ = [("rank", ctypes.c_int), ("world_size", ctypes.c_int),
                 ("endpoint", ctypes.c_char_p), ("heap_size", ctypes.c_uint64),
-                ("timeout_sec", ctypes.c_int)]
+                ("timeout_sec", ctypes.c_int), ("job_token", ctypes.c_char_p)]
 
 
 _L = _lib.lib
@@ -48,6 +54,9 @@ _L.megamoe_comm_params_default.restype = _Params
 _L.megamoe_comm_params_default.argtypes = []
 _L.megamoe_comm_create.restype = ctypes.c_int
 _L.megamoe_comm_create.argtypes = [ctypes.POINTER(_Params), ctypes.POINTER(ctypes.c_void_p)]
+_L.megamoe_comm_create_group.restype = ctypes.c_int
+_L.megamoe_comm_create_group.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int),
+                                         ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
 _L.megamoe_comm_split.restype = ctypes.c_int
 _L.megamoe_comm_split.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                   ctypes.POINTER(ctypes.c_void_p)]
@@ -124,6 +133,18 @@ def _torch_dist():
     return None
 
 
+def _torch_secret(dist):
+    """A fresh job secret from rank 0 over the initialised torch.distributed default group, so
+    the bootstrap is authenticated under torchrun without user work (None when the user set
+    MEGAMOE_JOB_TOKEN / MEGAMOE_JOB_TOKEN_FILE: theirs wins on every rank, or with one rank)."""
+    if dist.get_world_size() < 2 or os.environ.get("MEGAMOE_JOB_TOKEN") or \
+            os.environ.get("MEGAMOE_JOB_TOKEN_FILE"):
+        return None
+    box = [secrets.token_hex(32) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0].encode()
+
+
 def world(endpoint=None, heap_size=0, timeout_sec=0):
     """The world communicator, created on first call (collective over all ranks)."""
     with _lock:
@@ -139,9 +160,13 @@ def _world_comm(endpoint=None, heap_size=0, timeout_sec=0):
             return _world
         params = _L.megamoe_comm_params_default()
         dist = _torch_dist()
+        secret = None
         if dist is not None:
             params.rank = dist.get_rank()
             params.world_size = dist.get_world_size()
+            secret = _torch_secret(dist)
+            if secret is not None:
+                params.job_token = secret
         if endpoint is not None:
             params.endpoint = endpoint.encode()
         params.heap_size = int(heap_size)
@@ -193,16 +218,13 @@ def _group_comm(process_group, heap_size=0):
         ranks = _group_ranks(process_group)
         me = dist.get_rank()
         if me not in ranks:
-            # still take part in the collective split (as a non-member), so the members do not
-            # wait for this rank until the timeout, then report the misuse
-            handle = ctypes.c_void_p()
-            check(_L.megamoe_comm_split(w.handle, -1, 0, ctypes.byref(handle)))
             raise MegaMoeError(-1, f"rank {me} is not a member of the process group {ranks}; "
                                    "call for_group/group_name only with groups containing "
                                    "the calling rank")
-        color, key_rank = min(ranks), ranks.index(me)
+        # collective over the group's members only: ranks outside it never take part
+        arr = (ctypes.c_int * len(ranks))(*ranks)
         handle = ctypes.c_void_p()
-        check(_L.megamoe_comm_split(w.handle, color, key_rank, ctypes.byref(handle)))
+        check(_L.megamoe_comm_create_group(w.handle, arr, len(ranks), ctypes.byref(handle)))
         name = "megamoe:group:" + ",".join(str(r) for r in ranks)
         comm = Comm(handle, name, ranks)
         _by_group[key] = (process_group, comm)

@@ -22,7 +22,11 @@
     MM_ENV(LOG_LEVEL, "MEGAMOE_LOG_LEVEL", ENUM, "warn", 0, 0, "trace|debug|info|warn|error|off", \
            "Library log level.") \
     MM_ENV(JOB_TOKEN, "MEGAMOE_JOB_TOKEN", STRING, "", 0, 0, "", \
-           "Secret shared by the ranks of one job (set by megamoe launch); peers prove it at bootstrap.") \
+           "Secret shared by the ranks of one job (set by megamoe launch); peers prove it at bootstrap. Required for a non-loopback endpoint unless mpirun or torchrun carry one.") \
+    MM_ENV(JOB_TOKEN_FILE, "MEGAMOE_JOB_TOKEN_FILE", STRING, "", 0, 0, "", \
+           "File holding the job secret (mode 0600, this user's; used when MEGAMOE_JOB_TOKEN is unset).") \
+    MM_ENV(BOOTSTRAP_INSECURE, "MEGAMOE_BOOTSTRAP_INSECURE", BOOL, "0", 0, 0, "", \
+           "1: start without a job secret even when the bootstrap endpoint is not a loopback address (warned on every rank).") \
     MM_ENV(RANK, "RANK", INT, "", 0, 1048575, "", \
            "This process's rank when no rank is passed to the API (torchrun, megamoe launch).") \
     MM_ENV(WORLD_SIZE, "WORLD_SIZE", INT, "", 1, 1048576, "", \
@@ -37,6 +41,12 @@
            "World size set by Open MPI's mpirun (used when WORLD_SIZE is unset).") \
     MM_ENV(RANKS_PER_NODE, "MEGAMOE_RANKS_PER_NODE", INT, "0", 0, 1048576, "", \
            "Ranks per group for the 'hierarchy' dispatch algorithm (0 = all ranks of the host).") \
+    MM_ENV(SHMEM_INTRA_HOST, "MEGAMOE_SHMEM_INTRA_HOST", ENUM, "shm", 0, 0, "shm|engine", \
+           "How ranks on one host reach each other: shm (mapped heaps) or engine (every peer through the inter-host engine, as if on other hosts; for tests and measurements). One rank asking for engine is enough.") \
+    MM_ENV(UCX_TLS, "UCX_TLS", STRING, "", 0, 0, "", \
+           "UCX's own transport list, used by the inter-host engine as given; unset: megamoe excludes UCX's shared-memory transports (same-host peers are mapped directly).") \
+    MM_ENV(UCX_NET_DEVICES, "UCX_NET_DEVICES", STRING, "", 0, 0, "", \
+           "UCX's own device list, used as given; unset: megamoe picks the interface that carries the bootstrap connection to rank 0.") \
     MM_ENV(GEMM, "MEGAMOE_GEMM", ENUM, "auto", 0, 0, "auto|amx|avx512|onednn|ref", \
            "BF16 GEMM backend; auto: oneDNN where built, big packed weights on the own avx512 kernel when the CPU has no AMX (docs/kernels.md).") \
     MM_ENV(THREADS, "MEGAMOE_THREADS", INT, "0", 0, 4096, "", \

@@ -271,17 +271,9 @@ megamoe_status_t megamoe_experts_create(megamoe_comm_t *comm, const megamoe_expe
         st = mm_error(MEGAMOE_INVALID_ARGUMENT,
                       "params is NULL; start from megamoe_experts_params_default() and set the "
                       "shapes");
-    if (st == MEGAMOE_OK && ep != mm_shmem_n_pes())
-        st = mm_error(MEGAMOE_UNSUPPORTED,
-                      "the EP communicator has %d ranks but the world has %d: MegaMoeExperts "
-                      "needs EP to cover the whole default world (seed: EP 必须覆盖整个默认 world)",
-                      ep, mm_shmem_n_pes());
-    for (int i = 0; st == MEGAMOE_OK && i < ep; i++)
-        if (mm_shmem_team_world_pe(team, i) != i)
-            st = mm_error(MEGAMOE_UNSUPPORTED,
-                          "the EP communicator must list the world's ranks in order (member %d "
-                          "is world rank %d)",
-                          i, mm_shmem_team_world_pe(team, i));
+    /* The EP communicator may be any group of ranks (the current HyperParallel accepts an EP
+     * subgroup, e.g. 2 data-parallel replicas x EP 2): its symmetric buffers and collectives
+     * are the group's own, so ranks outside it never call into it. */
     if (st == MEGAMOE_OK) st = mm_moe_validate(p, ep);
     int workers = 0, cube = 0, vector = 0;
     const int o1 = st == MEGAMOE_OK && (p->schedule == NULL || strcmp(p->schedule, "O1") == 0);

@@ -169,10 +169,14 @@ megamoe_status_t mm_moe_group_prepare(mm_moe_group_t *g)
     }
     if (st == MEGAMOE_OK && mm_moe_is_o1(&g->cfg)) {
         /* O1: the static plan and the executor's signal area (collective) */
-        mm_mc_shape_t sh = {mm_shmem_team_n_pes(g->team), mm_shmem_team_my_pe(g->team),
-                            g->cfg.T, g->cfg.H, g->cfg.I, g->cfg.E, g->cfg.K, g->cube, g->vector,
-                            g->cfg.replicas};
+        int n = mm_shmem_team_n_pes(g->team);
+        int *host = malloc(sizeof(int) * (size_t)n);
+        for (int i = 0; host && i < n; i++)
+            host[i] = mm_shmem_host_of(mm_shmem_team_world_pe(g->team, i));
+        mm_mc_shape_t sh = {n, mm_shmem_team_my_pe(g->team), g->cfg.T, g->cfg.H, g->cfg.I,
+                            g->cfg.E, g->cfg.K, g->cube, g->vector, host, g->cfg.replicas};
         megamoe_status_t ps = mm_mc_plan_create(&sh, &g->plan);
+        free(host);
         ps = mm_shmem_team_agree(g->team, ps);
         if (ps == MEGAMOE_OK)
             ps = mm_mc_exec_create(g->plan, g->team, g->pool, mm_moe_o1_scratch_bytes(&g->cfg),
@@ -310,19 +314,21 @@ megamoe_status_t mm_moe_group_fit(mm_moe_group_t *g, const mm_ep_plan_t *plan)
     ev.rows_before = old;
     ev.heap_bytes_before = g->heap_bytes;
     ev.heap_used_before = used;
-    MM_CHECK(mm_shmem_free(g->xbuf->recv));
+    MM_CHECK(mm_shmem_team_free(g->xbuf->team, g->xbuf->recv));
     g->xbuf->recv = NULL;
     void *p = NULL;
-    megamoe_status_t st = mm_shmem_malloc((size_t)rows * g->xbuf->row_bytes, 4096, &p);
+    mm_shmem_team_t *team = g->xbuf->team;
+    megamoe_status_t st = mm_shmem_team_malloc(team, (size_t)rows * g->xbuf->row_bytes, 4096, &p);
     if (st != MEGAMOE_OK && rows > exact) { /* fragmented: the rows this call needs */
         rows = exact;
-        st = mm_shmem_malloc((size_t)rows * g->xbuf->row_bytes, 4096, &p);
+        st = mm_shmem_team_malloc(team, (size_t)rows * g->xbuf->row_bytes, 4096, &p);
     }
     if (st != MEGAMOE_OK) {
         char text[1024];
         snprintf(text, sizeof text, "%s", megamoe_last_error());
         /* the old size fits where the old buffer was: the layer stays usable */
-        megamoe_status_t rs = mm_shmem_malloc((size_t)old * g->xbuf->row_bytes, 4096, &p);
+        megamoe_status_t rs =
+            mm_shmem_team_malloc(team, (size_t)old * g->xbuf->row_bytes, 4096, &p);
         if (rs != MEGAMOE_OK) return rs;
         g->xbuf->recv = p;
         mm_set_last_error(text);

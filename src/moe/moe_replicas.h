@@ -77,6 +77,7 @@ typedef struct mm_moe_rep_layer {
     int64_t *slot_rows;       /* [ep * R] */
     int64_t max_rows_plain, max_rows, rows_moved;
     int n_guests;
+    int32_t *host_of;         /* [ep] host of every member when they are on several, else NULL */
 } mm_moe_rep_layer_t;
 
 /* Symmetric bytes of both areas (0 when cfg->replicas == 0). */

@@ -48,12 +48,13 @@ megamoe_status_t mm_moe_rep_group_create(mm_moe_group_t *g)
     /* the symmetric allocations are collective: every rank takes part or none */
     st = mm_shmem_team_agree(g->team, st);
     void *pub = NULL, *part = NULL;
-    if (st == MEGAMOE_OK) st = mm_shmem_malloc((size_t)r->L * r->pub_stride, 4096, &pub);
+    if (st == MEGAMOE_OK) st = mm_shmem_team_malloc(g->team, (size_t)r->L * r->pub_stride, 4096, &pub);
     if (st == MEGAMOE_OK)
-        st = mm_shmem_malloc(mm_align_up((size_t)r->R * r->part_stride * 4, 4096), 4096, &part);
+        st = mm_shmem_team_malloc(g->team, mm_align_up((size_t)r->R * r->part_stride * 4, 4096),
+                                  4096, &part);
     if (st != MEGAMOE_OK) {
-        if (part) mm_shmem_free(part);
-        if (pub) mm_shmem_free(pub);
+        if (part) mm_shmem_team_free(g->team, part);
+        if (pub) mm_shmem_team_free(g->team, pub);
         if (r) free(r->pub_of);
         if (r) free(r->hpart_tab);
         free(r);
@@ -71,8 +72,8 @@ megamoe_status_t mm_moe_rep_group_destroy(mm_moe_group_t *g)
 {
     mm_moe_rep_group_t *r = g->rep;
     if (r == NULL) return MEGAMOE_OK;
-    megamoe_status_t st = mm_shmem_free(r->part); /* reverse order of allocation */
-    megamoe_status_t s2 = mm_shmem_free(r->pub);
+    megamoe_status_t st = mm_shmem_team_free(g->team, r->part); /* reverse order of allocation */
+    megamoe_status_t s2 = mm_shmem_team_free(g->team, r->pub);
     if (st == MEGAMOE_OK) st = s2;
     mm_aligned_free(r->hpart);
     free(r->hpart_tab);
@@ -139,6 +140,21 @@ megamoe_status_t mm_moe_rep_layer_create(megamoe_experts_t *x)
         return mm_error(MEGAMOE_OUT_OF_MEMORY, "replica state");
     }
     for (int q = 0; q < x->ep * R; q++) r->slot_expert[q] = -1;
+    int hosts = 0;
+    for (int i = 0; i < x->ep; i++) {
+        int h = mm_shmem_host_of(mm_shmem_team_world_pe(x->team, i));
+        hosts |= h != mm_shmem_host_of(mm_shmem_team_world_pe(x->team, 0));
+    }
+    if (hosts) {
+        r->host_of = calloc((size_t)x->ep, sizeof *r->host_of);
+        if (r->host_of == NULL) {
+            x->rep = r;
+            mm_moe_rep_layer_destroy(x);
+            return mm_error(MEGAMOE_OUT_OF_MEMORY, "replica host map");
+        }
+        for (int i = 0; i < x->ep; i++)
+            r->host_of[i] = mm_shmem_host_of(mm_shmem_team_world_pe(x->team, i));
+    }
     x->rep = r;
     return MEGAMOE_OK;
 }
@@ -153,6 +169,7 @@ void mm_moe_rep_layer_destroy(megamoe_experts_t *x)
     free(r->cur);
     free(r->slot_expert);
     free(r->slot_rows);
+    free(r->host_of);
     free(r);
     x->rep = NULL;
 }
@@ -161,10 +178,9 @@ void mm_moe_rep_shape(const megamoe_experts_t *x, mm_ep_shape_t *shape)
 {
     shape->replica_slots = x->cfg.replicas;
     shape->replica_cost = mm_ep_replica_cost_default();
-    /* One host until the transport says otherwise: the seam for a host map (e.g. from the
-     * SHMEM runtime's host of each PE) is this field; the planner then charges the higher
-     * cross-host costs of mm_ep_replica_cost_t to guests on another host. */
-    shape->host_of = NULL;
+    /* the SHMEM runtime's host of every EP member (NULL when they share one): the planner
+     * charges the higher cross-host costs to guests on another host than their home */
+    shape->host_of = x->rep ? x->rep->host_of : NULL;
 }
 
 /* ---- forward ---------------------------------------------------------------------------------- */

@@ -155,7 +155,7 @@ megamoe_status_t mm_mc_exec_create(const mm_mc_plan_t *plan, mm_shmem_team_t *te
     st = mm_shmem_team_agree(team, st);
     if (st == MEGAMOE_OK) {
         const size_t bytes = mm_mc_heap_bytes(ep, plan->L, plan->s.R);
-        st = mm_shmem_malloc(bytes, 4096, &x->sym);
+        st = mm_shmem_team_malloc(team, bytes, 4096, &x->sym);
         if (st == MEGAMOE_OK) {
             memset(x->sym, 0, bytes);
             x->arrival = x->sym;
@@ -169,7 +169,7 @@ megamoe_status_t mm_mc_exec_create(const mm_mc_plan_t *plan, mm_shmem_team_t *te
     }
     if (st != MEGAMOE_OK) {
         if (x) {
-            if (x->sym) mm_shmem_free(x->sym); /* every rank got here the same way */
+            if (x->sym) mm_shmem_team_free(x->team, x->sym); /* every rank got here the same way */
             x->sym = NULL;
             mm_mc_exec_destroy(x);
         }
@@ -183,7 +183,7 @@ megamoe_status_t mm_mc_exec_destroy(mm_mc_exec_t *x)
 {
     if (x == NULL) return MEGAMOE_OK;
     megamoe_status_t st = MEGAMOE_OK;
-    if (x->sym) st = mm_shmem_free(x->sym);
+    if (x->sym) st = mm_shmem_team_free(x->team, x->sym);
     if (x->prof) {
         mm_prof_retire(x->prof); /* exports to MEGAMOE_PROFILE when set */
         x->prof = NULL;

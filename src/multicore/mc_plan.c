@@ -49,6 +49,54 @@ static void mm_mc_push(mm_mc_graph_t *g, int type, int role, int peer, int64_t j
     if (type != MM_MC_DONE && type != MM_MC_REDUCE) g->n_counted++;
 }
 
+/* RATR order of the peers, host-aware. to[]: where this rank's tile goes, step by step: first
+ * the ranks of the other hosts (their puts are the slow ones and do not block, so they drain
+ * while the same-host copies run), host (h + a) for a = 1, 2, ..., then this host; inside a host
+ * the member (l + b) mod n, where l is this rank's index on its own host. Ranks in step then
+ * never hit the same destination (with equal hosts the steps form a Latin square). from[]: the
+ * order this rank computes the source blocks: its own, the rest of its host (l - b), then host
+ * (h - a) for a = 1, 2, ... (the remote data arrives last). Without a host map (one host) this
+ * is plain RATR: to = me + i, from = me - i. Returns -1 when out of memory. */
+static int mm_mc_rank_order(int ep, int me, const int *host, int *to, int *from)
+{
+    int *hosts = malloc(sizeof(int) * (size_t)ep), *mem = malloc(sizeof(int) * (size_t)ep);
+    int *start = malloc(sizeof(int) * (size_t)(ep + 1));
+    if (!hosts || !mem || !start) {
+        free(hosts), free(mem), free(start);
+        return -1;
+    }
+    /* distinct hosts in order of first member; members grouped by host, in member order */
+    int nh = 0, my_h = 0, l = 0, k = 0;
+    for (int i = 0; i < ep; i++) {
+        int h = host ? host[i] : 0, seen = 0;
+        for (int q = 0; q < nh && !seen; q++) seen = hosts[q] == h;
+        if (!seen) hosts[nh++] = h;
+    }
+    for (int q = 0; q < nh; q++) {
+        start[q] = k;
+        for (int i = 0; i < ep; i++)
+            if ((host ? host[i] : 0) == hosts[q]) {
+                if (i == me) {
+                    my_h = q;
+                    l = k - start[q];
+                }
+                mem[k++] = i;
+            }
+    }
+    start[nh] = k;
+    int nt = 0, nf = 0;
+    for (int a = 1; a <= nh; a++) { /* a = nh: this host, last */
+        int q = (my_h + a) % nh, n = start[q + 1] - start[q];
+        for (int b = 0; b < n; b++) to[nt++] = mem[start[q] + (l + b) % n];
+    }
+    for (int a = 0; a < nh; a++) {
+        int q = (my_h - a + nh) % nh, n = start[q + 1] - start[q];
+        for (int b = 0; b < n; b++) from[nf++] = mem[start[q] + ((l - b) % n + n) % n];
+    }
+    free(hosts), free(mem), free(start);
+    return 0;
+}
+
 static megamoe_status_t mm_mc_build(mm_mc_plan_t *p, int dir)
 {
     const int ep = p->s.ep, me = p->s.me, R = p->s.R, bwd = dir == MM_MC_BWD;
@@ -59,11 +107,18 @@ static megamoe_status_t mm_mc_build(mm_mc_plan_t *p, int dir)
     mm_mc_graph_t *g = &p->graph[dir];
     MM_CHECK(mm_mc_graph_alloc(g, n_cube, n_vec));
 
+    int *to = malloc(sizeof(int) * (size_t)ep), *from = malloc(sizeof(int) * (size_t)ep);
+    if (!to || !from || mm_mc_rank_order(ep, me, p->s.host, to, from) != 0) {
+        free(to), free(from);
+        mm_mc_graph_free(g);
+        return mm_error(MEGAMOE_OUT_OF_MEMORY, "cannot allocate the O1 plan's rank order");
+    }
+
     /* vector: RATR dispatch (home slots, then guest slots), the guest slots' "partial done"
      * (backward), then DONE, then the source-side reduce */
     for (int64_t j = 0; j < S; j++)
         for (int64_t k = 0; k < NT; k++)
-            for (int i = 0; i < ep; i++) mm_mc_push(g, MM_MC_DISPATCH, MM_MC_VECTOR, (me + i) % ep, j, k);
+            for (int i = 0; i < ep; i++) mm_mc_push(g, MM_MC_DISPATCH, MM_MC_VECTOR, to[i], j, k);
     for (int k = 0; bwd && k < R; k++) mm_mc_push(g, MM_MC_SLOT_DONE, MM_MC_VECTOR, -1, L + k, k);
     mm_mc_push(g, MM_MC_DONE, MM_MC_VECTOR, -1, -1, 0);
     for (int64_t k = 0; k < tt; k++) mm_mc_push(g, MM_MC_REDUCE, MM_MC_VECTOR, -1, -1, k);
@@ -79,7 +134,7 @@ static megamoe_status_t mm_mc_build(mm_mc_plan_t *p, int dir)
         const int64_t prev = i == 0 ? -1 : (i - 1 < R ? L + i - 1 : i - 1 - R);
         for (int q = 0; j >= 0 && q < ep; q++)
             for (int64_t k = 0; k < NT; k++)
-                mm_mc_push(g, MM_MC_EXPERT, MM_MC_CUBE, (me - q + ep) % ep, j, k);
+                mm_mc_push(g, MM_MC_EXPERT, MM_MC_CUBE, from[q], j, k);
         if (bwd && prev >= 0) {
             for (int64_t c = 0; c < p->wchunks; c++)
                 mm_mc_push(g, MM_MC_WGRAD2, MM_MC_CUBE, -1, prev, c);
@@ -90,6 +145,8 @@ static megamoe_status_t mm_mc_build(mm_mc_plan_t *p, int dir)
     /* the home experts' gradients with their guests' partials, after every own task */
     for (int64_t j = 0; bwd && R > 0 && j < L; j++)
         for (int64_t c = 0; c < p->wchunks; c++) mm_mc_push(g, MM_MC_WSUM, MM_MC_CUBE, -1, j, c);
+    free(to);
+    free(from);
     return MEGAMOE_OK;
 }
 
@@ -107,6 +164,7 @@ megamoe_status_t mm_mc_plan_create(const mm_mc_shape_t *s, mm_mc_plan_t **plan_p
     mm_mc_plan_t *p = calloc(1, sizeof *p);
     if (p == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "cannot allocate an O1 plan");
     p->s = *s;
+    p->s.host = s->host; /* used by the build below only */
     p->L = s->E / s->ep;
     p->S = p->L + s->R;
     p->NT = s->T * s->K / MM_MC_TILE;
@@ -115,6 +173,7 @@ megamoe_status_t mm_mc_plan_create(const mm_mc_shape_t *s, mm_mc_plan_t **plan_p
     p->wchunks = s->cube + s->vector;
     megamoe_status_t st = mm_mc_build(p, MM_MC_FWD);
     if (st == MEGAMOE_OK) st = mm_mc_build(p, MM_MC_BWD);
+    p->s.host = NULL; /* the caller's array need not outlive this call */
     if (st != MEGAMOE_OK) {
         mm_mc_plan_destroy(p);
         return st;

@@ -87,6 +87,8 @@ typedef struct mm_mc_shape {
     int ep, me;
     int64_t T, H, I, E, K;
     int cube, vector; /* workers of each role (one may be 0: the others serve its queue) */
+    const int *host;  /* [ep] host index of each member, for the host-aware RATR order (NULL:
+                       * one host); only read while the plan is built */
     int R;            /* guest slots per rank (hot-expert replicas; 0 = none) */
 } mm_mc_shape_t;
 

@@ -42,6 +42,7 @@ megamoe_status_t mm_ep_xbuf_create(mm_shmem_team_t *team, int64_t capacity, int6
         free(pes);
         return mm_error(MEGAMOE_OUT_OF_MEMORY, "cannot allocate exchange buffer descriptors");
     }
+    x->team = team;
     x->ep = ep;
     x->me = mm_shmem_team_my_pe(team);
     x->pes = pes;
@@ -53,9 +54,9 @@ megamoe_status_t mm_ep_xbuf_create(mm_shmem_team_t *team, int64_t capacity, int6
     size_t recv_bytes = (size_t)(capacity > 0 ? capacity : 1) * row_bytes;
     size_t ret_bytes = (size_t)(ret_rows > 0 ? ret_rows : 1) * row_bytes;
     size_t sig_bytes = (size_t)2 * (size_t)ep * 64;
-    megamoe_status_t st = mm_shmem_malloc(recv_bytes, 4096, &x->recv);
-    if (st == MEGAMOE_OK) st = mm_shmem_malloc(ret_bytes, 4096, &x->ret);
-    if (st == MEGAMOE_OK) st = mm_shmem_malloc(sig_bytes, 4096, (void **)&x->sig);
+    megamoe_status_t st = mm_shmem_team_malloc(team, recv_bytes, 4096, &x->recv);
+    if (st == MEGAMOE_OK) st = mm_shmem_team_malloc(team, ret_bytes, 4096, &x->ret);
+    if (st == MEGAMOE_OK) st = mm_shmem_team_malloc(team, sig_bytes, 4096, (void **)&x->sig);
     if (st == MEGAMOE_OK) {
         memset(x->sig, 0, sig_bytes);
         st = mm_shmem_team_barrier(team);
@@ -74,9 +75,10 @@ megamoe_status_t mm_ep_xbuf_destroy(mm_ep_xbuf_t *x)
     if (x == NULL) return MEGAMOE_OK;
     megamoe_status_t st = MEGAMOE_OK, s;
     /* Reverse order of allocation. */
-    if (x->sig && (s = mm_shmem_free(x->sig)) != MEGAMOE_OK && st == MEGAMOE_OK) st = s;
-    if (x->ret && (s = mm_shmem_free(x->ret)) != MEGAMOE_OK && st == MEGAMOE_OK) st = s;
-    if (x->recv && (s = mm_shmem_free(x->recv)) != MEGAMOE_OK && st == MEGAMOE_OK) st = s;
+    if (x->sig && (s = mm_shmem_team_free(x->team, x->sig)) != MEGAMOE_OK && st == MEGAMOE_OK) st = s;
+    if (x->ret && (s = mm_shmem_team_free(x->team, x->ret)) != MEGAMOE_OK && st == MEGAMOE_OK) st = s;
+    if (x->recv && (s = mm_shmem_team_free(x->team, x->recv)) != MEGAMOE_OK && st == MEGAMOE_OK)
+        st = s;
     free(x->pes);
     free(x);
     return st;

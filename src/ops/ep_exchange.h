@@ -35,6 +35,7 @@
 enum { MM_EP_DISPATCH = 0, MM_EP_COMBINE = 1 };
 
 typedef struct mm_ep_xbuf {
+    mm_shmem_team_t *team; /* owns the symmetric buffers */
     int ep, me;
     int *pes;           /* [ep] world PE of team member i */
     size_t row_bytes;   /* bytes per row (H * 2 for bf16) */
@@ -54,7 +55,7 @@ extern int mm_ep_force_puts;
 /* Symmetric heap bytes mm_ep_xbuf_create allocates (for heap sizing). */
 size_t mm_ep_xbuf_heap_bytes(int ep, int64_t capacity, int64_t ret_rows, size_t row_bytes);
 
-/* Collective over the world (symmetric allocation; team must span it in the same order on
+/* Collective over the team (symmetric allocation over its members; team must span it in the same order on
  * every PE): allocate and zero the buffers, then barrier so no peer signals before every rank
  * has zeroed its signals. */
 megamoe_status_t mm_ep_xbuf_create(mm_shmem_team_t *team, int64_t capacity, int64_t ret_rows,

@@ -117,6 +117,42 @@ static megamoe_status_t mm_v2_elastic(mm_v2_cfg_t *c, const megamoe_tensor_t *el
     return MEGAMOE_OK;
 }
 
+/* Ranks per hierarchy group when MEGAMOE_RANKS_PER_NODE is 0: the ranks of one host. Groups
+ * are consecutive compact ranks of one size, so with ranks placed in equal consecutive blocks
+ * per host (what launchers do) a group is a host; otherwise the largest size whose blocks each
+ * lie inside one host (the gcd of the runs of same-host ranks), so a unit still crosses each
+ * host boundary once per group. Every rank computes the same from the same host map. */
+static int mm_v2_host_group(const mm_v2_cfg_t *c, mm_shmem_team_t *ep)
+{
+    int64_t run = 0, g = 0, prev_host = -2;
+    for (int64_t j = 0; j < c->eW; j++) {
+        int64_t r = c->scaled ? c->table2[j] : j;
+        int host = mm_shmem_host_of(mm_shmem_team_world_pe(ep, (int)r));
+        if (host != prev_host && run) {
+            int64_t a = g, b = run; /* g = gcd(g, run) */
+            while (b) {
+                int64_t t = a % b;
+                a = b;
+                b = t;
+            }
+            g = a;
+            run = 0;
+        }
+        prev_host = host;
+        run++;
+    }
+    if (run) {
+        int64_t a = g, b = run;
+        while (b) {
+            int64_t t = a % b;
+            a = b;
+            b = t;
+        }
+        g = a;
+    }
+    return (int)(g > 0 ? g : c->eW);
+}
+
 static megamoe_status_t mm_v2_common(mm_v2_cfg_t *c, const mm_v2_common_t *in)
 {
     if (in->group_ep == NULL) MM_BAD("group_ep: a communicator is required");
@@ -168,10 +204,10 @@ static megamoe_status_t mm_v2_common(mm_v2_cfg_t *c, const mm_v2_common_t *in)
     else if (strcmp(alg, "hierarchy") == 0) c->alg = MM_V2_ALG_HIERARCHY;
     else MM_BAD("comm_alg \"%s\" must be \"\", \"fullmesh_v1\", \"fullmesh_v2\" or \"hierarchy\"", alg);
     c->hier_group = 0;
+    int64_t hier_env = 0;
     if (c->alg == MM_V2_ALG_HIERARCHY) {
-        int64_t g = 0;
-        MM_CHECK(mm_env_int(MM_ENV_RANKS_PER_NODE, &g));
-        c->hier_group = (int)(g <= 0 || g > c->W ? c->W : g);
+        MM_CHECK(mm_env_int(MM_ENV_RANKS_PER_NODE, &hier_env));
+        c->hier_group = (int)(hier_env <= 0 || hier_env > c->W ? c->W : hier_env);
     }
     /* TP */
     c->tp = in->tp;
@@ -253,6 +289,7 @@ static megamoe_status_t mm_v2_common(mm_v2_cfg_t *c, const mm_v2_common_t *in)
                    (long long)c->W, (long long)in->perf->shape[0]);
     }
     MM_CHECK(mm_v2_elastic(c, in->elastic));
+    if (c->alg == MM_V2_ALG_HIERARCHY && hier_env <= 0) c->hier_group = mm_v2_host_group(c, ep);
     c->eL = c->L_moe;
     c->rpse = c->NS ? c->eS / c->NS : 1;
     c->shared_role = c->erank >= 0 && c->erank < c->eS;

@@ -2,6 +2,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -105,10 +106,61 @@ static int mm_net_resolve(const mm_endpoint_t *ep, int passive, struct addrinfo 
     return getaddrinfo(ep->host, port, &hints, res_p);
 }
 
-static void mm_net_tune(int fd)
+/* Keepalive probes make a peer whose host went away (cut off, powered down: no FIN ever
+ * comes) an error on the socket within about MM_NET_KEEPALIVE_S seconds, which the liveness
+ * monitor polls for; TCP_USER_TIMEOUT does the same for data that is never acknowledged. */
+#define MM_NET_KEEPALIVE_IDLE_S 1
+#define MM_NET_KEEPALIVE_INTVL_S 1
+#define MM_NET_KEEPALIVE_CNT 3
+
+void mm_net_tune(int fd)
 {
-    int one = 1;
+    int one = 1, idle = MM_NET_KEEPALIVE_IDLE_S, intvl = MM_NET_KEEPALIVE_INTVL_S,
+        cnt = MM_NET_KEEPALIVE_CNT;
+    unsigned user_ms = (unsigned)(idle + intvl * cnt) * 1000u;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof user_ms);
+}
+
+int mm_net_local_ifname(int fd, char *buf, size_t len)
+{
+    struct sockaddr_storage a;
+    socklen_t al = sizeof a;
+    if (len) buf[0] = '\0';
+    if (getsockname(fd, (struct sockaddr *)&a, &al) != 0) return -1;
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) != 0) return -1;
+    int found = -1;
+    for (struct ifaddrs *i = ifs; i && found < 0; i = i->ifa_next) {
+        if (i->ifa_addr == NULL || i->ifa_addr->sa_family != a.ss_family) continue;
+        int same = 0;
+        if (a.ss_family == AF_INET)
+            same = ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr ==
+                   ((struct sockaddr_in *)&a)->sin_addr.s_addr;
+        else if (a.ss_family == AF_INET6)
+            same = memcmp(&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr,
+                          &((struct sockaddr_in6 *)&a)->sin6_addr, sizeof(struct in6_addr)) == 0;
+        if (same) {
+            snprintf(buf, len, "%s", i->ifa_name);
+            found = 0;
+        }
+    }
+    freeifaddrs(ifs);
+    return found;
+}
+
+int mm_endpoint_is_loopback(const mm_endpoint_t *ep)
+{
+    if (strcmp(ep->host, "localhost") == 0) return 1;
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (inet_pton(AF_INET, ep->host, &a4) == 1) return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, ep->host, &a6) == 1) return IN6_IS_ADDR_LOOPBACK(&a6);
+    return 0; /* a name that is not "localhost" may resolve anywhere */
 }
 
 megamoe_status_t mm_net_listen(const mm_endpoint_t *ep, int *fd_p)

@@ -33,6 +33,14 @@ megamoe_status_t mm_net_listen(const mm_endpoint_t *ep, int *fd_p);
  * when nobody listens yet (refused/unreachable: retry later); TIMEOUT; IO otherwise. A TCP
  * self-connection (possible when the port is in the ephemeral range) counts as NOT_FOUND. */
 megamoe_status_t mm_net_connect(const mm_endpoint_t *ep, uint64_t deadline_ns, int *fd_p);
+/* TCP_NODELAY and keepalive probes (a vanished peer host becomes a socket error within a
+ * few seconds). Applied to every connection the bootstrap makes or accepts. */
+void mm_net_tune(int fd);
+/* Name of the network interface carrying a connected socket's local address (e.g. "eth0");
+ * 0 on success, -1 (buf "") when unknown. */
+int mm_net_local_ifname(int fd, char *buf, size_t len);
+/* 1 when the endpoint's host is a loopback address (127.0.0.0/8, ::1) or "localhost". */
+int mm_endpoint_is_loopback(const mm_endpoint_t *ep);
 /* Peer address "ip:port" of a connected socket (for log lines). */
 void mm_net_peer_name(int fd, char *buf, size_t len);
 

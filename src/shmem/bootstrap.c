@@ -231,6 +231,7 @@ static void mm_serve_accept(int lfd, mm_pending_t *pend, int *n, uint64_t hs_ns)
     for (;;) {
         int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) return; /* EAGAIN or a transient error: poll again */
+        mm_net_tune(fd);
         char peer[64];
         mm_net_peer_name(fd, peer, sizeof peer);
         if (*n >= MM_BOOT_MAX_PENDING) {

@@ -15,7 +15,7 @@ struct megamoe_comm {
 megamoe_comm_params_t megamoe_comm_params_default(void)
 {
     return (megamoe_comm_params_t){.rank = -1, .world_size = -1, .endpoint = NULL,
-                                   .heap_size = 0, .timeout_sec = 0};
+                                   .heap_size = 0, .timeout_sec = 0, .job_token = NULL};
 }
 
 static int mm_comm_valid(const megamoe_comm_t *c) { return c && c->magic == MM_COMM_MAGIC; }
@@ -38,6 +38,7 @@ megamoe_status_t megamoe_comm_create(const megamoe_comm_params_t *params, megamo
         p.endpoint = params->endpoint;
         p.heap_size = params->heap_size;
         p.timeout_sec = params->timeout_sec;
+        p.job_token = params->job_token;
     }
     megamoe_status_t st = mm_shmem_acquire(&p);
     if (st != MEGAMOE_OK) {
@@ -75,6 +76,70 @@ megamoe_status_t megamoe_comm_split(megamoe_comm_t *parent, int color, int key,
     c->owns_team = 1;
     *comm_p = c;
     return MEGAMOE_OK;
+}
+
+megamoe_status_t megamoe_comm_create_group(megamoe_comm_t *parent, const int *ranks, int n,
+                                           megamoe_comm_t **comm_p)
+{
+    if (!mm_comm_valid(parent) || parent->team == NULL || comm_p == NULL || ranks == NULL ||
+        n < 1)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "megamoe_comm_create_group: invalid parent "
+                        "communicator, NULL ranks/comm_p or n < 1");
+    int pn = mm_shmem_team_n_pes(parent->team);
+    int *pes = malloc(sizeof(int) * (size_t)n);
+    if (pes == NULL)
+        return mm_error(MEGAMOE_OUT_OF_MEMORY, "megamoe_comm_create_group: out of memory");
+    for (int i = 0; i < n; i++) {
+        if (ranks[i] < 0 || ranks[i] >= pn) {
+            free(pes);
+            return mm_error(MEGAMOE_INVALID_ARGUMENT, "megamoe_comm_create_group: rank %d is not "
+                            "in the parent communicator of %d ranks", ranks[i], pn);
+        }
+        pes[i] = mm_shmem_team_world_pe(parent->team, ranks[i]);
+    }
+    megamoe_status_t st = mm_shmem_acquire(NULL);
+    megamoe_comm_t *c = st == MEGAMOE_OK ? calloc(1, sizeof *c) : NULL;
+    if (st == MEGAMOE_OK && c == NULL)
+        st = mm_error(MEGAMOE_OUT_OF_MEMORY, "megamoe_comm_create_group: out of memory");
+    mm_shmem_team_t *team = NULL;
+    if (st == MEGAMOE_OK) st = mm_shmem_team_create(pes, n, &team);
+    free(pes);
+    if (st != MEGAMOE_OK) {
+        if (c) {
+            free(c);
+            mm_shmem_release();
+        }
+        return st;
+    }
+    c->magic = MM_COMM_MAGIC;
+    c->team = team;
+    c->owns_team = 1;
+    *comm_p = c;
+    return MEGAMOE_OK;
+}
+
+int megamoe_comm_world_rank(const megamoe_comm_t *c, int i)
+{
+    return mm_comm_valid(c) && c->team ? mm_shmem_team_world_pe(c->team, i) : -1;
+}
+
+int megamoe_comm_num_hosts(const megamoe_comm_t *c)
+{
+    if (!mm_comm_valid(c) || c->team == NULL) return -1;
+    int n = mm_shmem_team_n_pes(c->team), hosts = 0;
+    for (int i = 0; i < n; i++) {
+        int h = mm_shmem_host_of(mm_shmem_team_world_pe(c->team, i)), seen = 0;
+        for (int j = 0; j < i && !seen; j++)
+            seen = mm_shmem_host_of(mm_shmem_team_world_pe(c->team, j)) == h;
+        hosts += !seen;
+    }
+    return hosts;
+}
+
+int megamoe_comm_host_of(const megamoe_comm_t *c, int i)
+{
+    if (!mm_comm_valid(c) || c->team == NULL) return -1;
+    return mm_shmem_host_of(mm_shmem_team_world_pe(c->team, i));
 }
 
 int megamoe_comm_rank(const megamoe_comm_t *c)

@@ -52,18 +52,35 @@ static void mm_heap_remove(mm_heap_alloc_t *h, size_t i)
     h->n--;
 }
 
-int mm_heap_alloc_take(mm_heap_alloc_t *h, uint64_t request, uint64_t align, const char *site,
-                       uint64_t seq, uint64_t *off_p)
+int mm_heap_alloc_fit(const mm_heap_alloc_t *h, uint64_t request, uint64_t align,
+                      uint64_t min_off, uint64_t *off_p)
 {
     if (align < MM_HEAP_MIN_ALIGN) align = MM_HEAP_MIN_ALIGN;
     uint64_t need = mm_heap_alloc_rounded(request);
     if (need == UINT64_MAX) return -1;
     for (size_t i = 0; i < h->n; i++) {
+        const mm_heap_block_t *b = &h->blocks[i];
+        if (b->used || b->off + b->size <= min_off) continue;
+        uint64_t from = b->off > min_off ? b->off : min_off;
+        uint64_t start = (from + align - 1) & ~(align - 1);
+        if (start < from || start - b->off > b->size || b->size - (start - b->off) < need)
+            continue;
+        *off_p = start;
+        return 0;
+    }
+    return -1;
+}
+
+int mm_heap_alloc_take_at(mm_heap_alloc_t *h, uint64_t off, uint64_t request, uint64_t align,
+                          const char *site, uint64_t seq, int tag)
+{
+    if (align < MM_HEAP_MIN_ALIGN) align = MM_HEAP_MIN_ALIGN;
+    uint64_t need = mm_heap_alloc_rounded(request);
+    if (need == UINT64_MAX || (off & (align - 1)) != 0) return -1;
+    for (size_t i = 0; i < h->n; i++) {
         mm_heap_block_t *b = &h->blocks[i];
-        if (b->used) continue;
-        uint64_t start = (b->off + align - 1) & ~(align - 1);
-        uint64_t pad = start - b->off;
-        if (pad > b->size || b->size - pad < need) continue;
+        if (b->used || off < b->off || off - b->off > b->size || b->size - (off - b->off) < need)
+            continue;
         /* Reserve room for up to two splits before touching the list. */
         if (h->n + 2 > h->cap) {
             size_t cap = h->cap * 2;
@@ -73,17 +90,17 @@ int mm_heap_alloc_take(mm_heap_alloc_t *h, uint64_t request, uint64_t align, con
             h->cap = cap;
             b = &h->blocks[i];
         }
-        uint64_t tail = b->size - pad - need;
+        uint64_t pad = off - b->off, tail = b->size - pad - need;
         if (pad) {
             mm_heap_block_t front = {.off = b->off, .size = pad};
-            b->off = start;
+            b->off = off;
             b->size -= pad;
             mm_heap_insert(h, i, front);
             i++;
             b = &h->blocks[i];
         }
         if (tail) {
-            mm_heap_block_t rest = {.off = start + need, .size = tail};
+            mm_heap_block_t rest = {.off = off + need, .size = tail};
             b->size = need;
             mm_heap_insert(h, i + 1, rest);
             b = &h->blocks[i];
@@ -92,14 +109,31 @@ int mm_heap_alloc_take(mm_heap_alloc_t *h, uint64_t request, uint64_t align, con
         b->seq = seq;
         b->request = request;
         b->align = align;
+        b->tag = tag;
         snprintf(b->site, sizeof b->site, "%s", site ? site : "?");
         h->used += need;
         if (h->used > h->peak) h->peak = h->used;
         h->live++;
-        *off_p = start;
         return 0;
     }
     return -1;
+}
+
+int mm_heap_alloc_take(mm_heap_alloc_t *h, uint64_t request, uint64_t align, const char *site,
+                       uint64_t seq, uint64_t *off_p)
+{
+    uint64_t off = 0;
+    if (mm_heap_alloc_fit(h, request, align, 0, &off) != 0) return -1;
+    int rc = mm_heap_alloc_take_at(h, off, request, align, site, seq, 0);
+    if (rc == 0) *off_p = off;
+    return rc;
+}
+
+int mm_heap_alloc_count_tag(const mm_heap_alloc_t *h, int tag)
+{
+    int n = 0;
+    for (size_t i = 0; i < h->n; i++) n += h->blocks[i].used && h->blocks[i].tag == tag;
+    return n;
 }
 
 static long mm_heap_index(const mm_heap_alloc_t *h, uint64_t off)

@@ -20,6 +20,7 @@ typedef struct mm_heap_block {
     uint64_t seq;       /* allocation number (used blocks) */
     uint64_t request;   /* bytes asked for */
     uint64_t align;
+    int tag;            /* owner (the team slot that allocated it) */
     char site[MM_HEAP_SITE_MAX];
 } mm_heap_block_t;
 
@@ -37,6 +38,16 @@ void mm_heap_alloc_fini(mm_heap_alloc_t *h);
  * -1 when no free block fits, -2 when host memory for the block list ran out. */
 int mm_heap_alloc_take(mm_heap_alloc_t *h, uint64_t request, uint64_t align, const char *site,
                        uint64_t seq, uint64_t *off_p);
+/* Lowest offset >= min_off where request bytes aligned to align fit in free space (first fit
+ * from min_off); 0 with *off_p, -1 when none. Nothing changes. */
+int mm_heap_alloc_fit(const mm_heap_alloc_t *h, uint64_t request, uint64_t align,
+                      uint64_t min_off, uint64_t *off_p);
+/* Take exactly [off, off + rounded request) (it must be free: what mm_heap_alloc_fit said). 0 on
+ * success, -1 when not free, -2 when host memory for the block list ran out. */
+int mm_heap_alloc_take_at(mm_heap_alloc_t *h, uint64_t off, uint64_t request, uint64_t align,
+                          const char *site, uint64_t seq, int tag);
+/* Live allocations owned by tag. */
+int mm_heap_alloc_count_tag(const mm_heap_alloc_t *h, int tag);
 /* Give back the allocation starting at off; -1 when off is not a live allocation. */
 int mm_heap_alloc_give(mm_heap_alloc_t *h, uint64_t off);
 /* Live allocation starting at off, NULL when none. */

@@ -2,15 +2,20 @@
  *
  * Sources, all event-driven through one poll(): a pidfd per same-host peer (readable when the
  * process exits, even before it is reaped), the bootstrap socket (POLLRDHUP when the peer's
- * end closes, which the kernel does when a process dies) and, where pidfd_open is missing,
- * a /proc/<pid>/stat check every 100 ms (state and start time, so a reused pid is no alive
- * peer). A loss is published three ways: the per-PE `dead` flag, `lost_pe` with its reason,
- * and the job-lost word in PE 0's heap header, which every PE's waiters read, so a loss seen
- * by one PE (rank 0 sees every bootstrap socket) reaches all of them through shared memory.
+ * end closes, which the kernel does when a process dies; an error after a few seconds of
+ * unanswered keepalive probes when a whole host vanishes, boot_net.c) and, where pidfd_open
+ * is missing, a /proc/<pid>/stat check every 100 ms (state and start time, so a reused pid is
+ * no alive peer). Pids mean nothing on another host, so peers there are watched through the
+ * sockets (rank 0 sees every rank's) and the engine's connection errors only.
+ * A loss is published three ways: the per-PE `dead` flag, `lost_pe` with its reason, and the
+ * job-lost word in the heap header, which this PE writes into its own header and pushes into
+ * every peer's (a store on this host, an engine atomic across hosts), and which every PE's
+ * waiters read locally: a loss seen by one PE (rank 0 sees every bootstrap socket) reaches all.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,8 +68,8 @@ static void mm_mark_lost(int pe, const char *why, int publish)
      * connection broke), and what we see ourselves is the better report. */
     int first = pe;
     const char *first_why = why;
-    if (g->bases && g->bases[0]) {
-        uint64_t w = __atomic_load_n(&mm_shmem_header(g->bases[0])->lost, __ATOMIC_ACQUIRE);
+    if (g->my_base) {
+        uint64_t w = __atomic_load_n(&mm_shmem_header(g->my_base)->lost, __ATOMIC_ACQUIRE);
         int q = (int)w - 1;
         if (w != 0 && q != pe && q != g->my_pe && q < g->n_pes) {
             first = q;
@@ -77,10 +82,15 @@ static void mm_mark_lost(int pe, const char *why, int publish)
         atomic_store_explicit(&g->lost_pe, first, memory_order_release);
         MM_LOG(MEGAMOE_LOG_ERROR, "shmem: rank %d lost: %s", first, first_why);
     }
-    if (publish && g->bases && g->bases[0]) {
-        uint64_t zero = 0;
-        __atomic_compare_exchange_n(&mm_shmem_header(g->bases[0])->lost, &zero,
-                                    (uint64_t)pe + 1, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+    if (publish && g->my_base) {
+        /* first claim wins in every header; peers on other hosts get it through the engine
+         * (non-blocking; a peer that cannot be reached any more learns of it otherwise) */
+        const uint64_t off = offsetof(mm_shmem_header_t, lost);
+        for (int q = 0; q < g->n_pes; q++) {
+            if (q == pe || (q != g->my_pe && atomic_load(&g->dead[q]))) continue;
+            if (g->bases[q] || (g->engine && g->remote[q]))
+                mm_shmem_word_op(q, off, (uint64_t)pe + 1, MM_ENGINE_CAS0);
+        }
     }
 }
 
@@ -102,8 +112,8 @@ int mm_shmem_lost_pe(void)
     mm_shmem_global_t *g = &mm_shmem_g;
     int pe = atomic_load_explicit(&g->lost_pe, memory_order_acquire);
     if (pe >= 0) return pe;
-    if (g->bases && g->bases[0]) {
-        uint64_t w = __atomic_load_n(&mm_shmem_header(g->bases[0])->lost, __ATOMIC_ACQUIRE);
+    if (g->my_base) {
+        uint64_t w = __atomic_load_n(&mm_shmem_header(g->my_base)->lost, __ATOMIC_ACQUIRE);
         if (w) return (int)(w - 1);
     }
     return -1;
@@ -171,7 +181,8 @@ static void *mm_monitor_main(void *arg)
                  * report and blame the live root (seen under TSan); the loss still fails this
                  * PE's waiters. */
                 int pe = -2 - who[i];
-                int publish = !(pe == 0 && g->my_pe != 0 && mm_peer_running(0));
+                int publish = !(pe == 0 && g->my_pe != 0 && mm_shmem_same_host(0) &&
+                                mm_peer_running(0));
                 mm_mark_lost(pe, "its bootstrap connection closed", publish);
             }
         }
@@ -246,8 +257,8 @@ int mm_shmem_pe_alive(int pe)
     mm_shmem_global_t *g = &mm_shmem_g;
     if (!mm_shmem_running_now() || pe < 0 || pe >= g->n_pes) return 0;
     if (atomic_load_explicit(&g->dead[pe], memory_order_acquire)) return 0;
-    if (g->bases[0] &&
-        __atomic_load_n(&mm_shmem_header(g->bases[0])->lost, __ATOMIC_ACQUIRE) == (uint64_t)pe + 1)
+    if (g->my_base &&
+        __atomic_load_n(&mm_shmem_header(g->my_base)->lost, __ATOMIC_ACQUIRE) == (uint64_t)pe + 1)
         return 0;
     return 1;
 }

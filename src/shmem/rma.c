@@ -1,10 +1,14 @@
 /* One-sided data movement: put, get, put-with-signal, signal ops, fence, quiet.
  *
- * Same-host peers are mapped, so a remote object is (peer base + offset of the local object)
- * and every operation completes when the call returns: a put is a copy into the peer's
- * mapping, a signal an atomic store/add on the peer's word. Ordering: mm_shmem_copy() ends
- * large (streaming) copies with sfence, signal updates are release operations, so data
- * written before a signal is visible to whoever observes the signal with an acquire load.
+ * Reachability is per peer. Same-host peers are mapped, so a remote object is (peer base +
+ * offset of the local object) and every operation completes when the call returns: a put is
+ * a copy into the peer's mapping, a signal an atomic store/add on the peer's word. Ordering:
+ * mm_shmem_copy() ends large (streaming) copies with sfence, signal updates are release
+ * operations, so data written before a signal is visible to whoever observes the signal with
+ * an acquire load. Peers on other hosts go through the inter-host engine (transport.h), which
+ * keeps the same guarantees: its puts leave the source reusable, its signals are ordered
+ * after the puts they cover, quiet waits for remote completion. A peer reachable neither way
+ * is an error (INVALID_STATE), never a silently dropped operation.
  */
 #include <string.h>
 
@@ -25,8 +29,8 @@ static uint64_t mm_fence_word;
 #define MM_FENCE(order) __atomic_thread_fence(order)
 #endif
 
-/* Remote address of [sym, sym + n) on pe; NULL (with the error recorded) when invalid, or
- * when the peer is not mapped (then *off_p is set for a transport that handles it). */
+/* Remote address of [sym, sym + n) on pe; NULL (with the error recorded, *bad_p set) when
+ * invalid, or when the peer is not mapped (then *off_p is set for the engine). */
 static char *mm_shmem_xlate(const void *sym, size_t n, int pe, const char *op, uint64_t *off_p,
                             int *bad_p)
 {
@@ -51,22 +55,41 @@ static char *mm_shmem_xlate(const void *sym, size_t n, int pe, const char *op, u
     return g->bases[pe] ? g->bases[pe] + off : NULL;
 }
 
-void mm_shmem_put(void *dest, const void *src, size_t nbytes, int pe)
+/* The engine's route to an unmapped peer, or INVALID_STATE when there is none. */
+static megamoe_status_t mm_shmem_route(int pe, const char *op)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    if (g->engine && g->remote[pe]) return MEGAMOE_OK;
+    return mm_error(MEGAMOE_INVALID_STATE, "%s: rank %d is neither mapped on this host nor "
+                    "reachable through the inter-host engine", op, pe);
+}
+
+megamoe_status_t mm_shmem_put(void *dest, const void *src, size_t nbytes, int pe)
 {
     uint64_t off;
     int bad;
     char *d = mm_shmem_xlate(dest, nbytes, pe, "mm_shmem_put", &off, &bad);
-    if (d) mm_shmem_copy(d, src, nbytes);
-    else if (!bad && mm_shmem_g.transport->put) mm_shmem_g.transport->put(pe, off, src, nbytes);
+    if (d) {
+        mm_shmem_copy(d, src, nbytes);
+        return MEGAMOE_OK;
+    }
+    if (bad) return MEGAMOE_INVALID_ARGUMENT;
+    MM_CHECK(mm_shmem_route(pe, "mm_shmem_put"));
+    return mm_shmem_g.engine_ops->put(mm_shmem_g.engine, pe, off, src, nbytes);
 }
 
-void mm_shmem_get(void *dest, const void *src, size_t nbytes, int pe)
+megamoe_status_t mm_shmem_get(void *dest, const void *src, size_t nbytes, int pe)
 {
     uint64_t off;
     int bad;
     const char *s = mm_shmem_xlate(src, nbytes, pe, "mm_shmem_get", &off, &bad);
-    if (s) mm_shmem_copy(dest, s, nbytes);
-    else if (!bad && mm_shmem_g.transport->get) mm_shmem_g.transport->get(pe, off, dest, nbytes);
+    if (s) {
+        mm_shmem_copy(dest, s, nbytes);
+        return MEGAMOE_OK;
+    }
+    if (bad) return MEGAMOE_INVALID_ARGUMENT;
+    MM_CHECK(mm_shmem_route(pe, "mm_shmem_get"));
+    return mm_shmem_g.engine_ops->get(mm_shmem_g.engine, pe, off, dest, nbytes);
 }
 
 static void mm_shmem_signal_at(uint64_t *remote, uint64_t value, int sig_op)
@@ -75,32 +98,36 @@ static void mm_shmem_signal_at(uint64_t *remote, uint64_t value, int sig_op)
     else __atomic_store_n(remote, value, __ATOMIC_RELEASE);
 }
 
-void mm_shmem_signal_op(uint64_t *sig, uint64_t value, int sig_op, int pe)
+megamoe_status_t mm_shmem_signal_op(uint64_t *sig, uint64_t value, int sig_op, int pe)
 {
     uint64_t off;
     int bad;
-    if (sig_op != MM_SHMEM_SIGNAL_SET && sig_op != MM_SHMEM_SIGNAL_ADD) {
-        mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_signal_op: sig_op %d is neither "
-                 "MM_SHMEM_SIGNAL_SET nor MM_SHMEM_SIGNAL_ADD", sig_op);
-        return;
-    }
-    if (((uintptr_t)sig & 7) != 0) {
-        mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_signal_op: signal %p is not 8-byte aligned",
-                 (void *)sig);
-        return;
-    }
+    if (sig_op != MM_SHMEM_SIGNAL_SET && sig_op != MM_SHMEM_SIGNAL_ADD)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_signal_op: sig_op %d is neither "
+                        "MM_SHMEM_SIGNAL_SET nor MM_SHMEM_SIGNAL_ADD", sig_op);
+    if (((uintptr_t)sig & 7) != 0)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_signal_op: signal %p is not 8-byte "
+                        "aligned", (void *)sig);
     uint64_t *r = (uint64_t *)mm_shmem_xlate(sig, sizeof *sig, pe, "mm_shmem_signal_op", &off, &bad);
-    if (r) mm_shmem_signal_at(r, value, sig_op);
-    else if (!bad && mm_shmem_g.transport->signal) mm_shmem_g.transport->signal(pe, off, value, sig_op);
+    if (r) {
+        mm_shmem_signal_at(r, value, sig_op);
+        return MEGAMOE_OK;
+    }
+    if (bad) return MEGAMOE_INVALID_ARGUMENT;
+    MM_CHECK(mm_shmem_route(pe, "mm_shmem_signal_op"));
+    return mm_shmem_g.engine_ops->atomic(mm_shmem_g.engine, pe, off, value,
+                                         sig_op == MM_SHMEM_SIGNAL_ADD ? MM_ENGINE_ADD
+                                                                       : MM_ENGINE_SET);
 }
 
-void mm_shmem_put_signal(void *dest, const void *src, size_t nbytes, uint64_t *sig,
-                         uint64_t value, int sig_op, int pe)
+megamoe_status_t mm_shmem_put_signal(void *dest, const void *src, size_t nbytes, uint64_t *sig,
+                                     uint64_t value, int sig_op, int pe)
 {
-    mm_shmem_put(dest, src, nbytes, pe);
+    MM_CHECK(mm_shmem_put(dest, src, nbytes, pe));
     /* Data stores (regular ones are ordered by the release below; streaming ones were fenced
-     * by the copy) precede the signal. */
-    mm_shmem_signal_op(sig, value, sig_op, pe);
+     * by the copy; the engine orders its signals after the puts they cover) precede the
+     * signal. */
+    return mm_shmem_signal_op(sig, value, sig_op, pe);
 }
 
 uint64_t mm_shmem_signal_fetch(const uint64_t *sig)
@@ -108,16 +135,22 @@ uint64_t mm_shmem_signal_fetch(const uint64_t *sig)
     return __atomic_load_n(sig, __ATOMIC_ACQUIRE);
 }
 
-void mm_shmem_fence(void)
+megamoe_status_t mm_shmem_fence(void)
 {
     MM_SFENCE();
     MM_FENCE(__ATOMIC_RELEASE);
+    mm_shmem_global_t *g = &mm_shmem_g;
+    if (mm_shmem_running_now() && g->engine) return g->engine_ops->fence(g->engine);
+    return MEGAMOE_OK;
 }
 
-void mm_shmem_quiet(void)
+megamoe_status_t mm_shmem_quiet(void)
 {
     MM_SFENCE();
     MM_FENCE(__ATOMIC_SEQ_CST);
+    mm_shmem_global_t *g = &mm_shmem_g;
+    if (mm_shmem_running_now() && g->engine) return g->engine_ops->quiet(g->engine);
+    return MEGAMOE_OK;
 }
 
 void *mm_shmem_ptr(const void *sym, int pe)
@@ -136,4 +169,34 @@ int mm_shmem_is_symmetric(const void *ptr, size_t nbytes)
     if (!mm_shmem_running_now()) return 0;
     uintptr_t p = (uintptr_t)ptr, h = (uintptr_t)g->heap_base;
     return p >= h && p - h < g->heap_size && nbytes <= g->heap_size - (p - h);
+}
+
+/* ---- runtime-internal access to the reserve (team lines, outboxes, header words) ---- */
+
+megamoe_status_t mm_shmem_word_op(int pe, uint64_t off, uint64_t value, int op)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    if (g->bases[pe]) {
+        uint64_t *w = (uint64_t *)(g->bases[pe] + off);
+        if (op == MM_ENGINE_ADD) __atomic_fetch_add(w, value, __ATOMIC_RELEASE);
+        else if (op == MM_ENGINE_SET) __atomic_store_n(w, value, __ATOMIC_RELEASE);
+        else {
+            uint64_t zero = 0;
+            __atomic_compare_exchange_n(w, &zero, value, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+        }
+        return MEGAMOE_OK;
+    }
+    MM_CHECK(mm_shmem_route(pe, "a runtime signal"));
+    return g->engine_ops->atomic(g->engine, pe, off, value, op);
+}
+
+megamoe_status_t mm_shmem_seg_read(int pe, uint64_t off, void *dst, size_t n)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    if (g->bases[pe]) {
+        memcpy(dst, g->bases[pe] + off, n);
+        return MEGAMOE_OK;
+    }
+    MM_CHECK(mm_shmem_route(pe, "a runtime read"));
+    return g->engine_ops->get(g->engine, pe, off, dst, n);
 }

@@ -19,6 +19,7 @@
 #include "base/env.h"
 #include "megamoe/log.h"
 #include "megamoe/version.h"
+#include "boot_secret.h"
 #include "sha256.h"
 #include "shmem_internal.h"
 
@@ -34,7 +35,7 @@ megamoe_status_t mm_shmem_not_running(const char *what)
 mm_shmem_params_t mm_shmem_params_default(void)
 {
     return (mm_shmem_params_t){.rank = -1, .world_size = -1, .endpoint = NULL, .heap_size = 0,
-                               .timeout_sec = 0};
+                               .timeout_sec = 0, .job_token = NULL};
 }
 
 /* ---- parameters: explicit value, else environment, else default ---- */
@@ -87,11 +88,17 @@ static megamoe_status_t mm_shmem_resolve(const mm_shmem_params_t *in, mm_shmem_p
 
 typedef struct mm_peer_info {
     int32_t pid;
-    uint32_t pad;
+    uint32_t intra_engine; /* this PE asked for the engine also between same-host peers */
     uint64_t start_time;
     uint8_t host[MM_SHA256_BYTES]; /* boot id, host name, pid and mount namespaces */
     char seg_name[MM_SHMEM_SEG_NAME_MAX];
 } mm_peer_info_t;
+
+/* What a PE publishes for the engine: the record of the bootstrap allgather. */
+typedef struct mm_engine_rec {
+    uint32_t len;
+    uint8_t blob[MM_ENGINE_BLOB_MAX];
+} mm_engine_rec_t;
 
 static void mm_read_small(const char *path, char *buf, size_t len, int is_link)
 {
@@ -119,6 +126,8 @@ static uint64_t mm_self_start_time(void)
     return p ? strtoull(p + 1, NULL, 10) : 0;
 }
 
+/* Two PEs share memory when boot id, host name (UTS namespace) and the pid and mount
+ * namespaces agree: a simulated host (its own UTS and network namespace) is another host. */
 static void mm_host_id(uint8_t out[MM_SHA256_BYTES])
 {
     char parts[4][256];
@@ -139,7 +148,9 @@ static void mm_shmem_cleanup(void)
 {
     mm_shmem_global_t *g = &mm_shmem_g;
     atomic_store_explicit(&g->running, 0, memory_order_release);
-    mm_shmem_liveness_stop();
+    mm_shmem_liveness_stop(); /* before the engine: the monitor may publish through it */
+    if (g->engine) g->engine_ops->fini(g->engine);
+    g->engine = NULL;
     mm_shmem_team_drop_all();
     for (int pe = 0; g->peers && pe < g->n_pes; pe++) {
         g->transport->seg_unpublish(&g->peers[pe].seg); /* only our own is still published */
@@ -150,12 +161,87 @@ static void mm_shmem_cleanup(void)
     free(g->peers);
     free(g->bases);
     free((void *)g->dead);
+    free(g->host_of);
+    free(g->remote);
     g->boot = NULL;
     g->peers = NULL;
     g->bases = NULL;
     g->dead = NULL;
+    g->host_of = NULL;
+    g->remote = NULL;
+    g->n_hosts = 0;
     g->my_base = g->heap_base = NULL;
-    g->alloc_seq = 0;
+    free(g->mail_sent);
+    free(g->mail_recv);
+    g->mail_sent = g->mail_recv = NULL;
+}
+
+/* Host map from the gathered identities: hosts numbered by their lowest PE; a peer is
+ * reached through the engine when it is on another host (or every PE asked for the engine
+ * between same-host peers too, MEGAMOE_SHMEM_INTRA_HOST=engine: one PE asking is enough, so
+ * every PE decides the same from the same table). Returns 1 when the job has PEs that do
+ * not share memory (the same answer on every PE), so the engine is needed. */
+static int mm_shmem_map_hosts(const mm_peer_info_t *info)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    int force = 0;
+    for (int pe = 0; pe < g->n_pes; pe++) force |= info[pe].intra_engine != 0;
+    g->n_hosts = 0;
+    for (int pe = 0; pe < g->n_pes; pe++) {
+        g->host_of[pe] = -1;
+        for (int q = 0; q < pe && g->host_of[pe] < 0; q++)
+            if (memcmp(info[q].host, info[pe].host, MM_SHA256_BYTES) == 0)
+                g->host_of[pe] = g->host_of[q];
+        if (g->host_of[pe] < 0) g->host_of[pe] = g->n_hosts++;
+    }
+    g->my_host = g->host_of[g->my_pe];
+    for (int pe = 0; pe < g->n_pes; pe++)
+        g->remote[pe] = pe != g->my_pe && (force || g->host_of[pe] != g->my_host);
+    return g->n_pes > 1 && (force || g->n_hosts > 1);
+}
+
+/* Bring up the engine to every remote peer: register, publish, connect. Collective (every PE
+ * calls it when any PE has a remote peer; a PE without remote peers only publishes). */
+static megamoe_status_t mm_shmem_engine_start(void)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    megamoe_status_t st = MEGAMOE_OK;
+    char ifname[64] = "";
+    int fd = mm_boot_fd(g->boot, g->my_pe == 0 ? (g->n_pes > 1 ? 1 : -1) : 0);
+    if (fd >= 0) mm_net_local_ifname(fd, ifname, sizeof ifname);
+    g->engine_ops = &mm_shmem_engine_ucx;
+    mm_engine_init_t in = {.my_pe = g->my_pe, .n_pes = g->n_pes, .seg_base = g->my_base,
+                           .seg_size = g->seg_size, .net_device = ifname};
+    int mine_remote = 0;
+    for (int pe = 0; pe < g->n_pes; pe++) mine_remote |= g->remote[pe];
+    if (mine_remote) st = g->engine_ops->init(&in, &g->engine);
+    mm_engine_rec_t *recs = calloc((size_t)g->n_pes, sizeof *recs);
+    mm_engine_rec_t *mine = calloc(1, sizeof *mine);
+    uint32_t *lens = calloc((size_t)g->n_pes, sizeof *lens);
+    if (st == MEGAMOE_OK && (!recs || !mine || !lens))
+        st = mm_error(MEGAMOE_OUT_OF_MEMORY, "SHMEM start-up: out of memory for the engine "
+                      "records of %d PEs", g->n_pes);
+    if (st == MEGAMOE_OK && g->engine) {
+        size_t len = 0;
+        st = g->engine_ops->publish(g->engine, mine->blob, &len);
+        mine->len = (uint32_t)len;
+    }
+    st = mm_boot_agree(g->boot, st);
+    if (st == MEGAMOE_OK) st = mm_boot_allgather(g->boot, mine, sizeof *mine, recs);
+    if (st == MEGAMOE_OK && g->engine) {
+        for (int pe = 0; pe < g->n_pes; pe++) lens[pe] = recs[pe].len;
+        st = g->engine_ops->startup(g->engine, recs[0].blob, sizeof *recs, lens, g->remote);
+    }
+    free(recs);
+    free(mine);
+    free(lens);
+    st = mm_boot_agree(g->boot, st);
+    if (st == MEGAMOE_OK && g->engine) {
+        char desc[192];
+        g->engine_ops->describe(g->engine, desc, sizeof desc);
+        MM_SHMEM_INFO("inter-host engine up: %s; %d host(s)", desc, g->n_hosts);
+    }
+    return st;
 }
 
 static megamoe_status_t mm_shmem_start(const mm_shmem_params_t *params)
@@ -164,11 +250,13 @@ static megamoe_status_t mm_shmem_start(const mm_shmem_params_t *params)
     mm_shmem_params_t p;
     mm_endpoint_t ep;
     MM_CHECK(mm_shmem_resolve(params, &p, &ep));
-    const char *token = "";
-    MM_CHECK(mm_env_string(MM_ENV_JOB_TOKEN, &token));
-    if (*token == '\0' && p.world_size > 1)
-        MM_SHMEM_INFO("MEGAMOE_JOB_TOKEN is not set: bootstrap peers are not authenticated "
-                      "(megamoe launch sets it)");
+    static char token[MM_SECRET_MAX];
+    mm_secret_source_t source = MM_SECRET_NONE;
+    megamoe_log_set_rank(p.rank);
+    MM_CHECK(mm_boot_secret_resolve(params ? params->job_token : NULL, &ep, p.world_size, token,
+                                    sizeof token, &source));
+    int intra_engine = 0; /* index in "shm|engine" */
+    MM_CHECK(mm_env_enum(MM_ENV_SHMEM_INTRA_HOST, &intra_engine));
 
     g->my_pe = p.rank;
     g->n_pes = p.world_size;
@@ -178,6 +266,7 @@ static megamoe_status_t mm_shmem_start(const mm_shmem_params_t *params)
     g->seg_size = MM_SHMEM_RESERVE + (p.heap_size + 4095) / 4096 * 4096;
     g->timeout_ns = (uint64_t)p.timeout_sec * 1000000000ull;
     g->transport = &mm_shmem_transport_shm;
+    g->engine = NULL;
 
     mm_boot_config_t cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -190,15 +279,22 @@ static megamoe_status_t mm_shmem_start(const mm_shmem_params_t *params)
     cfg.settings.world = (uint32_t)p.world_size;
     snprintf(cfg.settings.version, sizeof cfg.settings.version, "%s", megamoe_version());
     cfg.timeout_ns = g->timeout_ns;
-    megamoe_log_set_rank(p.rank);
-    MM_CHECK(mm_boot_create(&cfg, &g->boot));
+    megamoe_status_t bs = mm_boot_create(&cfg, &g->boot);
+    memset(token, 0, sizeof token); /* the bootstrap keeps no copy either */
+    MM_CHECK(bs);
 
     megamoe_status_t st = MEGAMOE_OK;
     g->peers = calloc((size_t)g->n_pes, sizeof *g->peers);
     g->bases = calloc((size_t)g->n_pes, sizeof *g->bases);
     g->dead = calloc((size_t)g->n_pes, sizeof *g->dead);
+    g->host_of = calloc((size_t)g->n_pes, sizeof *g->host_of);
+    g->remote = calloc((size_t)g->n_pes, sizeof *g->remote);
+    g->mail_sent = calloc((size_t)g->n_pes, sizeof *g->mail_sent);
+    g->mail_recv = calloc((size_t)g->n_pes, sizeof *g->mail_recv);
     mm_peer_info_t *info = calloc((size_t)g->n_pes, sizeof *info);
-    if (!g->peers || !g->bases || !g->dead || !info || mm_heap_alloc_init(&g->alloc, g->heap_size))
+    if (!g->peers || !g->bases || !g->dead || !g->host_of || !g->remote || !g->mail_sent ||
+        !g->mail_recv || !info ||
+        mm_heap_alloc_init(&g->alloc, g->heap_size))
         st = mm_error(MEGAMOE_OUT_OF_MEMORY, "SHMEM start-up: out of host memory for %d PEs",
                       g->n_pes);
     for (int pe = 0; g->peers && pe < g->n_pes; pe++) g->peers[pe].pidfd = -1;
@@ -209,26 +305,24 @@ static megamoe_status_t mm_shmem_start(const mm_shmem_params_t *params)
     mm_peer_info_t mine;
     memset(&mine, 0, sizeof mine);
     mine.pid = (int32_t)getpid();
+    mine.intra_engine = intra_engine == 1;
     mine.start_time = mm_self_start_time();
     mm_host_id(mine.host);
     snprintf(mine.seg_name, sizeof mine.seg_name, "%s", g->peers[g->my_pe].seg.name);
     st = mm_boot_allgather(g->boot, &mine, sizeof mine, info);
     if (st != MEGAMOE_OK) goto fail;
-    for (int pe = 1; pe < g->n_pes; pe++)
-        if (memcmp(info[pe].host, info[0].host, MM_SHA256_BYTES) != 0) {
-            st = mm_error(MEGAMOE_UNSUPPORTED, "rank %d runs on another host (or in another "
-                          "pid/mount namespace) than rank 0; this build supports same-host "
-                          "jobs only (the multi-host MPI transport is not built yet)", pe);
-            goto fail; /* decided from the same table on every PE */
-        }
+    int any_remote = mm_shmem_map_hosts(info);
     for (int pe = 0; pe < g->n_pes; pe++) {
-        g->peers[pe].pid = info[pe].pid;
+        g->peers[pe].pid = g->host_of[pe] == g->my_host ? info[pe].pid : 0; /* pids are per host */
         g->peers[pe].start_time = info[pe].start_time;
-        if (pe != g->my_pe && st == MEGAMOE_OK)
+        if (pe != g->my_pe && !g->remote[pe] && st == MEGAMOE_OK)
             st = g->transport->seg_attach(pe, info[pe].seg_name, g->seg_size, &g->peers[pe].seg);
+        else if (pe != g->my_pe) /* not mapped here: keep the name for diagnostics */
+            snprintf(g->peers[pe].seg.name, sizeof g->peers[pe].seg.name, "%s",
+                     info[pe].seg_name);
     }
     st = mm_boot_agree(g->boot, st);
-    /* Everyone has mapped everyone (or gave up): the name is no longer needed. */
+    /* Everyone has mapped every same-host peer (or gave up): the name is no longer needed. */
     g->transport->seg_unpublish(&g->peers[g->my_pe].seg);
     if (st != MEGAMOE_OK) goto fail;
 
@@ -236,15 +330,20 @@ static megamoe_status_t mm_shmem_start(const mm_shmem_params_t *params)
     g->my_base = g->bases[g->my_pe];
     g->heap_base = g->my_base + MM_SHMEM_RESERVE;
     mm_shmem_header(g->my_base)->magic = MM_SHMEM_HEADER_MAGIC;
+    if (any_remote) {
+        st = mm_shmem_engine_start();
+        if (st != MEGAMOE_OK) goto fail;
+    }
     mm_shmem_team_world_init();
     st = mm_shmem_liveness_start();
     st = mm_boot_agree(g->boot, st);
     if (st != MEGAMOE_OK) goto fail;
     free(info);
     atomic_store_explicit(&g->running, 1, memory_order_release);
-    MM_SHMEM_INFO("started: rank %d of %d, heap %" PRIu64 " bytes (+%u reserved) per rank, "
-                  "bootstrap %s, timeout %d s", g->my_pe, g->n_pes, g->heap_size,
-                  (unsigned)MM_SHMEM_RESERVE, g->endpoint, p.timeout_sec);
+    MM_SHMEM_INFO("started: rank %d of %d on host %d of %d, heap %" PRIu64 " bytes (+%u "
+                  "reserved) per rank, bootstrap %s (job secret: %s), timeout %d s", g->my_pe,
+                  g->n_pes, g->my_host, g->n_hosts, g->heap_size, (unsigned)MM_SHMEM_RESERVE,
+                  g->endpoint, mm_secret_source_name(source), p.timeout_sec);
     return MEGAMOE_OK;
 fail:
     free(info);
@@ -422,4 +521,29 @@ megamoe_status_t mm_shmem_segment_name(int pe, char *buf, size_t len)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_segment_name: bad PE %d or buffer", pe);
     snprintf(buf, len, "%s", mm_shmem_g.peers[pe].seg.name);
     return MEGAMOE_OK;
+}
+
+int mm_shmem_n_hosts(void) { return mm_shmem_running_now() ? mm_shmem_g.n_hosts : -1; }
+
+int mm_shmem_host_of(int pe)
+{
+    if (!mm_shmem_running_now() || pe < 0 || pe >= mm_shmem_g.n_pes) return -1;
+    return mm_shmem_g.host_of[pe];
+}
+
+int mm_shmem_pe_remote(int pe)
+{
+    if (!mm_shmem_running_now() || pe < 0 || pe >= mm_shmem_g.n_pes) return 0;
+    return mm_shmem_g.remote[pe];
+}
+
+void mm_shmem_engine_describe(char *buf, size_t len)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    if (len == 0) return;
+    if (!mm_shmem_running_now() || g->engine == NULL) {
+        snprintf(buf, len, "none");
+        return;
+    }
+    g->engine_ops->describe(g->engine, buf, len);
 }

@@ -30,6 +30,8 @@
 
 #include "megamoe/status.h"
 
+typedef struct mm_shmem_team mm_shmem_team_t;
+
 /* ---- lifecycle (process-wide reference count, exactly as the seed) ---- */
 
 typedef struct mm_shmem_params {
@@ -38,6 +40,7 @@ typedef struct mm_shmem_params {
     const char *endpoint;  /* NULL: HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT */
     uint64_t heap_size;    /* 0: HYPER_PARALLEL_SHMEM_HEAP_SIZE */
     int timeout_sec;       /* 0: HYPER_PARALLEL_SHMEM_TIMEOUT_SEC */
+    const char *job_token; /* NULL/"": MEGAMOE_JOB_TOKEN, MEGAMOE_JOB_TOKEN_FILE, MPI */
 } mm_shmem_params_t;
 
 mm_shmem_params_t mm_shmem_params_default(void);
@@ -82,6 +85,19 @@ megamoe_status_t mm_shmem_malloc_site(size_t size, size_t align, const char *sit
 /* Collective over the world; NULL is a no-op. Freeing twice or a non-heap pointer is an error. */
 megamoe_status_t mm_shmem_free(void *ptr);
 
+/* The same over a team: collective over the team's members only (ranks outside it never
+ * call); the object has the same offset on every member. Free with mm_shmem_team_free on the
+ * same team; a team cannot be destroyed while it owns allocations. */
+megamoe_status_t mm_shmem_team_malloc_site(mm_shmem_team_t *team, size_t size, size_t align,
+                                           const char *site, void **ptr_p);
+#define mm_shmem_team_malloc(team, size, align, ptr_p) \
+    mm_shmem_team_malloc_site((team), (size), (align), __FILE__ ":" MM_SHMEM_STR_(__LINE__), (ptr_p))
+megamoe_status_t mm_shmem_team_calloc_site(mm_shmem_team_t *team, size_t size, size_t align,
+                                           const char *site, void **ptr_p);
+#define mm_shmem_team_calloc(team, size, align, ptr_p) \
+    mm_shmem_team_calloc_site((team), (size), (align), __FILE__ ":" MM_SHMEM_STR_(__LINE__), (ptr_p))
+megamoe_status_t mm_shmem_team_free(mm_shmem_team_t *team, void *ptr);
+
 /* Address at which the calling PE can load/store PE pe's copy of symmetric object sym;
  * NULL when sym is not in the heap or pe is not reachable by load/store. */
 void *mm_shmem_ptr(const void *sym, int pe);
@@ -109,11 +125,15 @@ enum {
     MM_SHMEM_CMP_LE
 };
 
-void mm_shmem_put(void *dest, const void *src, size_t nbytes, int pe);
-void mm_shmem_get(void *dest, const void *src, size_t nbytes, int pe);
-void mm_shmem_put_signal(void *dest, const void *src, size_t nbytes, uint64_t *sig,
-                         uint64_t value, int sig_op, int pe);
-void mm_shmem_signal_op(uint64_t *sig, uint64_t value, int sig_op, int pe);
+/* The source of a put is reusable on return; a get's destination holds the data on return.
+ * Errors (a bad address, an unreachable or lost peer) are returned and logged; a failure on
+ * the engine also marks the peer lost, so every later wait on this PE fails too (callers that
+ * ignore the status of a put learn of the failure at their next wait). */
+megamoe_status_t mm_shmem_put(void *dest, const void *src, size_t nbytes, int pe);
+megamoe_status_t mm_shmem_get(void *dest, const void *src, size_t nbytes, int pe);
+megamoe_status_t mm_shmem_put_signal(void *dest, const void *src, size_t nbytes, uint64_t *sig,
+                                     uint64_t value, int sig_op, int pe);
+megamoe_status_t mm_shmem_signal_op(uint64_t *sig, uint64_t value, int sig_op, int pe);
 uint64_t mm_shmem_signal_fetch(const uint64_t *sig);
 /* Wait until *sig (local, symmetric or not) compares true with value; spin, then pause, then
  * yield/sleep. value_p (may be NULL) gets the satisfying value. TIMEOUT / PEER_LOST. */
@@ -123,8 +143,8 @@ megamoe_status_t mm_shmem_signal_wait_until(uint64_t *sig, int cmp, uint64_t val
  * read again soon; memcpy without AVX-512. Ends with sfence, so a later signal store cannot
  * overtake the data. */
 void mm_shmem_copy_streaming(void *dst, const void *src, size_t n);
-void mm_shmem_fence(void);
-void mm_shmem_quiet(void);
+megamoe_status_t mm_shmem_fence(void);
+megamoe_status_t mm_shmem_quiet(void);
 
 /* ---- additions: generic waits, zeroed allocation, liveness, introspection ---- */
 
@@ -152,13 +172,18 @@ megamoe_status_t mm_shmem_segment_name(int pe, char *buf, size_t len);
 
 /* ---- teams (subsets of the world, like shmem_team_t / MPI_Comm_split) ---- */
 
-typedef struct mm_shmem_team mm_shmem_team_t;
 /* The world team; valid while the runtime is running. */
 mm_shmem_team_t *mm_shmem_team_world(void);
 /* Collective over parent: PEs with the same color >= 0 form a team ordered by (key, parent
  * rank); color < 0 gives *team_p = NULL. */
 megamoe_status_t mm_shmem_team_split(mm_shmem_team_t *parent, int color, int key,
                                      mm_shmem_team_t **team_p);
+/* A team of the listed world PEs (n >= 1, distinct, in team order), collective over exactly
+ * those PEs: the others never take part. Every member must pass the same list (else
+ * CONFIG_MISMATCH on every member); the calling PE must be in it. */
+megamoe_status_t mm_shmem_team_create(const int *world_pes, int n, mm_shmem_team_t **team_p);
+/* Collective over the members; INVALID_STATE on every member (the team stays) while it still
+ * owns symmetric allocations. */
 megamoe_status_t mm_shmem_team_destroy(mm_shmem_team_t *team);
 int mm_shmem_team_my_pe(const mm_shmem_team_t *team);
 int mm_shmem_team_n_pes(const mm_shmem_team_t *team);
@@ -177,6 +202,18 @@ megamoe_status_t mm_shmem_team_broadcast(mm_shmem_team_t *team, void *buf, size_
  * when failing). All members return the same result: OK when all were OK, else the status of
  * the lowest team rank that failed, with megamoe_last_error() = "rank R: <its message>". */
 megamoe_status_t mm_shmem_team_agree(mm_shmem_team_t *team, megamoe_status_t local);
+
+/* ---- hosts ---- */
+
+/* Hosts of the job (PEs that share memory form a host; numbered by their lowest PE). */
+int mm_shmem_n_hosts(void);
+/* Host index of world PE pe (-1 when out of range or not running). */
+int mm_shmem_host_of(int pe);
+/* 1 when world PE pe is reached through the inter-host engine (mm_shmem_ptr is NULL for it:
+ * use puts/gets), 0 when its heap is mapped here. */
+int mm_shmem_pe_remote(int pe);
+/* "UCX 1.13.1 (...)" when the engine runs, else "none". */
+void mm_shmem_engine_describe(char *buf, size_t len);
 
 /* 1 while world PE pe is believed alive. */
 int mm_shmem_pe_alive(int pe);

@@ -6,10 +6,14 @@
  *
  * Each PE's segment = [reserve | user heap]. The reserve (MM_SHMEM_RESERVE bytes) holds the
  * runtime's own symmetric state:
- *   header page   line 0: magic; line 1: job-lost word (PE 0's copy is the job's)
+ *   header page   line 0: magic; line 1: job-lost word (every PE's own copy; a loss is
+ *                 pushed into every peer's)
  *   team slots    MM_SHMEM_MAX_TEAMS x MM_SHMEM_SLOT_STRIDE, one per live team on this PE:
  *                   MM_SHMEM_BAR_ROUNDS barrier lines (64 B each, generation numbers)
  *                   2 collective outboxes of MM_SHMEM_COLL_CHUNK bytes (double buffered)
+ *   mailboxes     per source PE an inbox line (sequence + 48-byte payload), then per
+ *                   destination PE an ack line: small messages between any two PEs, used to
+ *                   create a team among a subset of the world without the others
  */
 #ifndef MM_SHMEM_INTERNAL_H
 #define MM_SHMEM_INTERNAL_H
@@ -34,8 +38,11 @@
 #define MM_SHMEM_HEADER_BYTES 4096u
 #define MM_SHMEM_SLOT_SYNC 4096u
 #define MM_SHMEM_SLOT_STRIDE (MM_SHMEM_SLOT_SYNC + 2u * MM_SHMEM_COLL_CHUNK)
-#define MM_SHMEM_RESERVE_RAW \
-    (MM_SHMEM_HEADER_BYTES + (uint64_t)MM_SHMEM_MAX_TEAMS * MM_SHMEM_SLOT_STRIDE)
+/* Mailboxes: per source PE one 64-byte inbox line and one ack line. */
+#define MM_SHMEM_MAIL_OFF (MM_SHMEM_HEADER_BYTES + (uint64_t)MM_SHMEM_MAX_TEAMS * MM_SHMEM_SLOT_STRIDE)
+#define MM_SHMEM_MAIL_BYTES (2u * 64u * (uint64_t)MM_SHMEM_MAX_PES)
+#define MM_SHMEM_MAIL_PAYLOAD 48
+#define MM_SHMEM_RESERVE_RAW (MM_SHMEM_MAIL_OFF + MM_SHMEM_MAIL_BYTES)
 /* Rounded to 2 MiB so the user heap starts on a huge-page boundary. */
 #define MM_SHMEM_RESERVE ((MM_SHMEM_RESERVE_RAW + (2u << 20) - 1) / (2u << 20) * (2u << 20))
 #define MM_SHMEM_HEADER_MAGIC 0x6d6567616d6f6531ull /* "megamoe1" */
@@ -47,7 +54,7 @@
 typedef struct mm_shmem_header {
     uint64_t magic;
     char pad0[56];
-    uint64_t lost; /* PE 0's copy: 1 + the first PE found dead by anyone, 0 while all alive */
+    uint64_t lost; /* 1 + the first PE found dead by anyone (pushed to every PE), 0 while all alive */
     char pad1[56];
 } mm_shmem_header_t;
 
@@ -57,6 +64,7 @@ struct mm_shmem_team {
     int *pes;          /* world PE of each member */
     uint64_t bar_gen;  /* barriers done (generation numbers, monotone) */
     uint64_t coll_gen; /* collectives done (outbox parity) */
+    uint64_t alloc_seq; /* symmetric allocations and frees done on this team */
     megamoe_status_t failed; /* a barrier of this team did not complete: the team is done */
     int is_world;
     struct mm_shmem_team *next; /* live non-world teams */
@@ -85,11 +93,19 @@ typedef struct mm_shmem_global {
     char **bases;    /* per PE: mapping of its segment (NULL: not load/store reachable) */
     mm_shmem_peer_t *peers;
     mm_boot_t *boot;
-    const mm_shmem_transport_t *transport;
+    const mm_shmem_seg_transport_t *transport;
+    /* hosts: PEs with the same host identity share memory; the others go through the engine */
+    int *host_of;         /* per PE: host index (hosts numbered by their lowest PE) */
+    int n_hosts, my_host;
+    unsigned char *remote; /* per PE: 1 when reached through the engine */
+    const mm_shmem_engine_ops_t *engine_ops;
+    mm_shmem_engine_t *engine; /* NULL when every peer is mapped */
 
     /* symmetric allocation (collective, main thread) */
     mm_heap_alloc_t alloc;
-    uint64_t alloc_seq;
+    /* point-to-point mailboxes (team creation among a subset): messages sent to and
+     * received from each PE */
+    uint64_t *mail_sent, *mail_recv;
 
     /* teams */
     struct mm_shmem_team world;
@@ -117,16 +133,36 @@ megamoe_status_t mm_shmem_not_running(const char *what);
 
 static inline mm_shmem_header_t *mm_shmem_header(char *base) { return (mm_shmem_header_t *)base; }
 
+/* Offsets in every PE's segment (the same on all) of a team slot's barrier line / outbox. */
+static inline uint64_t mm_shmem_slot_line_off(int slot, int round)
+{
+    return MM_SHMEM_HEADER_BYTES + (uint64_t)slot * MM_SHMEM_SLOT_STRIDE + (uint64_t)round * 64u;
+}
+
+static inline uint64_t mm_shmem_slot_outbox_off(int slot, uint64_t parity)
+{
+    return MM_SHMEM_HEADER_BYTES + (uint64_t)slot * MM_SHMEM_SLOT_STRIDE + MM_SHMEM_SLOT_SYNC +
+           (parity & 1) * MM_SHMEM_COLL_CHUNK;
+}
+
+static inline uint64_t mm_shmem_inbox_off(int src)
+{
+    return MM_SHMEM_MAIL_OFF + (uint64_t)src * 64u;
+}
+
+static inline uint64_t mm_shmem_ack_off(int dst)
+{
+    return MM_SHMEM_MAIL_OFF + (uint64_t)MM_SHMEM_MAX_PES * 64u + (uint64_t)dst * 64u;
+}
+
 static inline uint64_t *mm_shmem_slot_line(char *base, int slot, int round)
 {
-    return (uint64_t *)(base + MM_SHMEM_HEADER_BYTES + (uint64_t)slot * MM_SHMEM_SLOT_STRIDE +
-                        (uint64_t)round * 64u);
+    return (uint64_t *)(base + mm_shmem_slot_line_off(slot, round));
 }
 
 static inline char *mm_shmem_slot_outbox(char *base, int slot, uint64_t parity)
 {
-    return base + MM_SHMEM_HEADER_BYTES + (uint64_t)slot * MM_SHMEM_SLOT_STRIDE +
-           MM_SHMEM_SLOT_SYNC + (parity & 1) * MM_SHMEM_COLL_CHUNK;
+    return base + mm_shmem_slot_outbox_off(slot, parity);
 }
 
 /* ---- copy.c ---- */
@@ -152,6 +188,24 @@ void mm_shmem_mark_lost(int pe, const char *why);
 megamoe_status_t mm_shmem_check_peers(const char *what);
 /* Lost PE (-1 when none), from this PE's monitor or from the job-lost word. */
 int mm_shmem_lost_pe(void);
+
+/* 1 when pe is on this PE's host (its process can be watched through a pidfd). */
+static inline int mm_shmem_same_host(int pe)
+{
+    return mm_shmem_g.host_of && mm_shmem_g.host_of[pe] == mm_shmem_g.my_host;
+}
+
+/* Atomic on the 64-bit word at offset off of pe's segment: a direct atomic when mapped, else
+ * through the engine (ordered after earlier puts to pe). op: MM_ENGINE_SET/ADD/CAS0. */
+megamoe_status_t mm_shmem_word_op(int pe, uint64_t off, uint64_t value, int op);
+/* Copy n bytes from offset off of pe's segment (direct or a blocking engine get). */
+megamoe_status_t mm_shmem_seg_read(int pe, uint64_t off, void *dst, size_t n);
+
+/* ---- mailbox.c ---- */
+/* Every member of pes (n world PEs, this PE at index me) sends MM_SHMEM_MAIL_PAYLOAD bytes to
+ * every other member; out receives n payloads in member order. Only the members take part. */
+megamoe_status_t mm_shmem_mail_exchange(const int *pes, int n, int me, const void *payload,
+                                        void *out, const char *what);
 
 /* ---- wait.c ---- */
 /* The spin -> pause -> yield -> sleep wait with timeout and liveness checks. what: for
@@ -183,5 +237,7 @@ void mm_shmem_team_drop_all(void);
 int mm_shmem_team_live_count(void);
 /* Forget a team on this PE only (no synchronisation). */
 void mm_shmem_team_destroy_local(mm_shmem_team_t *t);
+/* Live symmetric allocations owned by team t on this PE. */
+int mm_shmem_team_live_allocations(const mm_shmem_team_t *t);
 
 #endif /* MM_SHMEM_INTERNAL_H */

@@ -100,13 +100,21 @@ static megamoe_status_t mm_team_barrier_raw(mm_shmem_team_t *t, const char *what
 {
     mm_shmem_global_t *g = &mm_shmem_g;
     if (t->failed != MEGAMOE_OK) return mm_team_failed(t, what);
-    mm_shmem_quiet(); /* barriers imply quiet */
+    /* after a loss every collective fails at once (the quiet below could wait for the
+     * lost PE) */
+    megamoe_status_t st = mm_shmem_check_peers(what);
+    if (st == MEGAMOE_OK) st = mm_shmem_quiet(); /* barriers imply quiet */
+    if (st != MEGAMOE_OK) {
+        t->failed = st;
+        return st;
+    }
     uint64_t gen = ++t->bar_gen;
     for (int k = 0, d = 1; d < t->n; k++, d <<= 1) {
         int to = mm_team_pe(t, (t->me + d) % t->n);
-        __atomic_store_n(mm_shmem_slot_line(g->bases[to], t->slot, k), gen, __ATOMIC_RELEASE);
-        megamoe_status_t st = mm_shmem_wait_impl(mm_shmem_slot_line(g->my_base, t->slot, k),
-                                                 MM_SHMEM_CMP_GE, gen, NULL, what);
+        st = mm_shmem_word_op(to, mm_shmem_slot_line_off(t->slot, k), gen, MM_ENGINE_SET);
+        if (st == MEGAMOE_OK)
+            st = mm_shmem_wait_impl(mm_shmem_slot_line(g->my_base, t->slot, k), MM_SHMEM_CMP_GE,
+                                    gen, NULL, what);
         if (st != MEGAMOE_OK) {
             t->failed = st;
             return st;
@@ -139,9 +147,16 @@ static megamoe_status_t mm_team_allgather_raw(mm_shmem_team_t *t, void *dest, co
         uint64_t parity = t->coll_gen++;
         memcpy(mm_shmem_slot_outbox(g->my_base, t->slot, parity), (const char *)src + done, chunk);
         MM_CHECK(mm_team_barrier_raw(t, what));
-        for (int i = 0; i < t->n; i++)
-            memcpy((char *)dest + (size_t)i * nbytes + done,
-                   mm_shmem_slot_outbox(g->bases[mm_team_pe(t, i)], t->slot, parity), chunk);
+        for (int i = 0; i < t->n; i++) {
+            megamoe_status_t st = mm_shmem_seg_read(mm_team_pe(t, i),
+                                                    mm_shmem_slot_outbox_off(t->slot, parity),
+                                                    (char *)dest + (size_t)i * nbytes + done,
+                                                    chunk);
+            if (st != MEGAMOE_OK) {
+                t->failed = st; /* the members are out of step now */
+                return st;
+            }
+        }
     }
     return MEGAMOE_OK;
 }
@@ -172,9 +187,15 @@ megamoe_status_t mm_shmem_team_broadcast(mm_shmem_team_t *t, void *buf, size_t n
         if (t->me == root)
             memcpy(mm_shmem_slot_outbox(g->my_base, t->slot, parity), (char *)buf + done, chunk);
         MM_CHECK(mm_team_barrier_raw(t, "team broadcast"));
-        if (t->me != root)
-            memcpy((char *)buf + done,
-                   mm_shmem_slot_outbox(g->bases[mm_team_pe(t, root)], t->slot, parity), chunk);
+        if (t->me != root) {
+            megamoe_status_t st = mm_shmem_seg_read(mm_team_pe(t, root),
+                                                    mm_shmem_slot_outbox_off(t->slot, parity),
+                                                    (char *)buf + done, chunk);
+            if (st != MEGAMOE_OK) {
+                t->failed = st;
+                return st;
+            }
+        }
     }
     return MEGAMOE_OK;
 }
@@ -334,8 +355,108 @@ megamoe_status_t mm_shmem_team_destroy(mm_shmem_team_t *t)
     if (t->is_world)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_team_destroy: the world team lives "
                         "as long as the runtime");
+    /* Allocations of a team keep its slot as their owner: refuse while any live (the members
+     * hold the same ones, but agree so that the verdict is the same everywhere). */
+    int live = mm_shmem_team_live_allocations(t);
+    megamoe_status_t own = MEGAMOE_OK;
+    if (live > 0)
+        own = mm_error(MEGAMOE_INVALID_STATE, "mm_shmem_team_destroy: the team still owns %d "
+                       "symmetric allocation(s); free them (mm_shmem_team_free) first", live);
+    megamoe_status_t st = t->failed != MEGAMOE_OK ? MEGAMOE_OK : mm_shmem_team_agree(t, own);
+    if (st == MEGAMOE_INVALID_STATE) return st; /* the team stays */
     /* After this barrier no member writes into this PE's slot or reads its outboxes. */
-    megamoe_status_t st = mm_team_barrier_raw(t, "team destroy");
+    if (st == MEGAMOE_OK) st = mm_team_barrier_raw(t, "team destroy");
+    if (st == MEGAMOE_OK) /* a later team taking the slot starts from zero lines */
+        memset(mm_shmem_slot_line(mm_shmem_g.my_base, t->slot, 0), 0, MM_SHMEM_BAR_ROUNDS * 64u);
     mm_shmem_team_destroy_local(t);
     return st;
+}
+
+/* ---- a team among a subset, without the rest of the world (mailbox.c) ---- */
+
+typedef struct mm_create_msg {
+    uint64_t list_hash, slots_used, n;
+    uint8_t pad[MM_SHMEM_MAIL_PAYLOAD - 24];
+} mm_create_msg_t;
+
+_Static_assert(sizeof(mm_create_msg_t) == MM_SHMEM_MAIL_PAYLOAD, "one mailbox payload");
+
+static uint64_t mm_list_hash(const int *pes, int n)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a over the member list */
+    for (int i = 0; i < n; i++)
+        for (int b = 0; b < 4; b++) {
+            h ^= (uint64_t)(((unsigned)pes[i] >> (8 * b)) & 0xffu);
+            h *= 1099511628211ull;
+        }
+    return h ^ (uint64_t)n;
+}
+
+megamoe_status_t mm_shmem_team_create(const int *world_pes, int n, mm_shmem_team_t **team_p)
+{
+    if (!mm_shmem_running_now()) return mm_shmem_not_running("mm_shmem_team_create");
+    mm_shmem_global_t *g = &mm_shmem_g;
+    if (team_p == NULL || world_pes == NULL || n < 1 || n > g->n_pes)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_team_create: need a list of 1..%d "
+                        "world ranks and a result pointer", g->n_pes);
+    int me = -1;
+    for (int i = 0; i < n; i++) {
+        if (world_pes[i] < 0 || world_pes[i] >= g->n_pes)
+            return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_team_create: member %d is world "
+                            "rank %d, not in [0, %d)", i, world_pes[i], g->n_pes);
+        for (int j = 0; j < i; j++)
+            if (world_pes[j] == world_pes[i])
+                return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_team_create: world rank %d "
+                                "is listed twice", world_pes[i]);
+        if (world_pes[i] == g->my_pe) me = i;
+    }
+    if (me < 0)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_team_create: the calling rank %d is "
+                        "not in the member list (only members call it)", g->my_pe);
+    mm_create_msg_t mine, *all = malloc(sizeof mine * (size_t)n);
+    struct mm_shmem_team *t = calloc(1, sizeof *t);
+    int *pes = malloc(sizeof(int) * (size_t)n);
+    if (!all || !t || !pes) {
+        free(all), free(t), free(pes);
+        return mm_error(MEGAMOE_OUT_OF_MEMORY, "mm_shmem_team_create: out of memory");
+    }
+    memset(&mine, 0, sizeof mine);
+    mine.list_hash = mm_list_hash(world_pes, n);
+    mine.slots_used = g->slots_used;
+    mine.n = (uint64_t)n;
+    megamoe_status_t st = mm_shmem_mail_exchange(world_pes, n, me, &mine, all, "team creation");
+    /* every member decides from the same messages */
+    for (int i = 0; i < n && st == MEGAMOE_OK; i++)
+        if (all[i].list_hash != mine.list_hash || all[i].n != mine.n)
+            st = mm_error(MEGAMOE_CONFIG_MISMATCH, "mm_shmem_team_create: world rank %d passed "
+                          "a different member list than world rank %d; every member must list "
+                          "the same ranks in the same order", world_pes[i], world_pes[0]);
+    int slot = -1;
+    if (st == MEGAMOE_OK) {
+        uint64_t used = 0;
+        for (int i = 0; i < n; i++) used |= all[i].slots_used;
+        for (int s = 1; s < MM_SHMEM_MAX_TEAMS && slot < 0; s++)
+            if (!(used >> s & 1)) slot = s;
+        if (slot < 0)
+            st = mm_error(MEGAMOE_OUT_OF_MEMORY, "mm_shmem_team_create: no team slot free on "
+                          "every member (at most %d live teams per rank, world included); "
+                          "destroy unused teams", MM_SHMEM_MAX_TEAMS);
+    }
+    free(all);
+    if (st != MEGAMOE_OK) {
+        free(t), free(pes);
+        return st;
+    }
+    memcpy(pes, world_pes, sizeof(int) * (size_t)n);
+    t->magic = MM_SHMEM_TEAM_MAGIC;
+    t->n = n;
+    t->me = me;
+    t->slot = slot;
+    t->pes = pes;
+    g->slots_used |= 1ull << slot;
+    t->next = g->teams;
+    g->teams = t;
+    MM_SHMEM_DEBUG("team create: %d members, this rank %d (slot %d)", n, me, slot);
+    *team_p = t;
+    return MEGAMOE_OK;
 }

@@ -1,10 +1,17 @@
-/* Transports: how a PE's heap segment is published to peers and reached by them.
+/* Transports: how a PE reaches a peer's heap segment. Reachability is per peer:
  *
- * Today there is one, same-host shared memory: every peer's segment is mapped, so remote
- * access is a load/store at (peer base + offset) and the data path never calls through this
- * table. A multi-host transport (MPI RMA) would publish a window instead, leave the peer
- * base NULL for remote hosts and implement put/get/signal; mm_shmem_put() and friends route
- * there when the base is NULL.
+ *  - same host: the segment transport (POSIX shared memory) publishes this PE's segment and
+ *    maps every same-host peer's; remote access is then a load/store at (peer base + offset)
+ *    and the data path never calls through a table;
+ *  - another host: the inter-host engine (UCX UCP) registers this PE's segment, publishes its
+ *    address and remote key through the bootstrap, connects to the peers of other hosts and
+ *    carries put/get/atomics there. Completion is asynchronous and needs progress; every
+ *    blocking engine call waits with the runtime's timeout and liveness checks.
+ *
+ * The engine follows the phases of Sandia OpenSHMEM's transport layer: init (local resources,
+ * memory registration) -> publish (the bytes peers need) -> startup (connect to the peers of
+ * other hosts, from their published bytes) -> data path -> fini. Every entry returns a status;
+ * a failure on the data path also marks the peer lost, so waiters elsewhere fail too.
  */
 #ifndef MM_SHMEM_TRANSPORT_H
 #define MM_SHMEM_TRANSPORT_H
@@ -26,7 +33,9 @@ typedef struct mm_shmem_segment {
     int published;  /* the name still exists (must be removed) */
 } mm_shmem_segment_t;
 
-typedef struct mm_shmem_transport {
+/* ---- same host: segments ---- */
+
+typedef struct mm_shmem_seg_transport {
     const char *name;
     /* Create and map this PE's segment of size bytes (zero-filled, sparse). */
     megamoe_status_t (*seg_create)(uint64_t size, mm_shmem_segment_t *seg);
@@ -36,12 +45,55 @@ typedef struct mm_shmem_transport {
     /* Remove the published name (after every peer attached): nothing outlives the job. */
     void (*seg_unpublish)(mm_shmem_segment_t *seg);
     void (*seg_detach)(mm_shmem_segment_t *seg);
-    /* Remote access when the peer's base is NULL (NULL here: every peer is mapped). */
-    void (*put)(int pe, uint64_t off, const void *src, size_t n);
-    void (*get)(int pe, uint64_t off, void *dst, size_t n);
-    void (*signal)(int pe, uint64_t off, uint64_t value, int op);
-} mm_shmem_transport_t;
+} mm_shmem_seg_transport_t;
 
-extern const mm_shmem_transport_t mm_shmem_transport_shm;
+extern const mm_shmem_seg_transport_t mm_shmem_transport_shm;
+
+/* ---- other hosts: the engine ---- */
+
+/* Largest blob a PE publishes for the engine (worker address + remote key). */
+#define MM_ENGINE_BLOB_MAX 4096
+
+typedef struct mm_shmem_engine mm_shmem_engine_t;
+
+typedef struct mm_engine_init {
+    int my_pe, n_pes;
+    char *seg_base;   /* this PE's segment, registered for remote access */
+    uint64_t seg_size;
+    const char *net_device; /* network interface to use ("" or NULL: let the engine choose) */
+} mm_engine_init_t;
+
+enum { MM_ENGINE_SET = 0, MM_ENGINE_ADD = 1, MM_ENGINE_CAS0 = 2 /* store if the word is 0 */ };
+
+typedef struct mm_shmem_engine_ops {
+    const char *name;
+    megamoe_status_t (*init)(const mm_engine_init_t *in, mm_shmem_engine_t **e_p);
+    /* The bytes every peer needs to reach this PE (at most MM_ENGINE_BLOB_MAX). */
+    megamoe_status_t (*publish)(mm_shmem_engine_t *e, void *blob, size_t *len_p);
+    /* Connect to every pe with remote[pe] != 0 from blobs + pe * stride (lens[pe] bytes). */
+    megamoe_status_t (*startup)(mm_shmem_engine_t *e, const uint8_t *blobs, size_t stride,
+                                const uint32_t *lens, const unsigned char *remote);
+    /* Non-blocking put of n bytes to offset off of pe's segment (src reusable on return). */
+    megamoe_status_t (*put)(mm_shmem_engine_t *e, int pe, uint64_t off, const void *src,
+                            size_t n);
+    /* Blocking get: dst holds the data on return. */
+    megamoe_status_t (*get)(mm_shmem_engine_t *e, int pe, uint64_t off, void *dst, size_t n);
+    /* Atomic update of the 64-bit word at off on pe, ordered after every put this thread issued
+     * to pe before (the data a signal covers is visible before the signal). Non-blocking. */
+    megamoe_status_t (*atomic)(mm_shmem_engine_t *e, int pe, uint64_t off, uint64_t value,
+                               int op);
+    /* Operations to a PE issued before are delivered before those issued after. */
+    megamoe_status_t (*fence)(mm_shmem_engine_t *e);
+    /* Every operation issued before is complete at its target (blocking). */
+    megamoe_status_t (*quiet)(mm_shmem_engine_t *e);
+    /* Make progress on incoming and outgoing operations; returns 1 when something moved. */
+    int (*progress)(mm_shmem_engine_t *e);
+    /* Stop the progress thread, close connections (forced: peers may be gone), deregister. */
+    void (*fini)(mm_shmem_engine_t *e);
+    /* "UCX 1.13.1, tcp" style description for logs and benchmarks. */
+    void (*describe)(mm_shmem_engine_t *e, char *buf, size_t len);
+} mm_shmem_engine_ops_t;
+
+extern const mm_shmem_engine_ops_t mm_shmem_engine_ucx;
 
 #endif /* MM_SHMEM_TRANSPORT_H */

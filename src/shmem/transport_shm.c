@@ -126,7 +126,7 @@ static void mm_shm_detach(mm_shmem_segment_t *seg)
     seg->base = NULL;
 }
 
-const mm_shmem_transport_t mm_shmem_transport_shm = {
+const mm_shmem_seg_transport_t mm_shmem_transport_shm = {
     .name = "shm",
     .seg_create = mm_shm_create,
     .seg_attach = mm_shm_attach,

@@ -6,7 +6,8 @@
  * from 20 us to MM_WAIT_SLEEP_MAX_NS, so an idle waiter costs almost no CPU. The clock is read
  * every few spins; at each read the timeout (HYPER_PARALLEL_SHMEM_TIMEOUT_SEC) and the peer
  * liveness (two atomic loads) are checked, so PEER_LOST follows a death by at most one sleep
- * plus the monitor's reaction time.
+ * plus the monitor's reaction time. With peers on other hosts every spin also progresses the
+ * inter-host engine.
  */
 #include <sched.h>
 
@@ -49,10 +50,14 @@ megamoe_status_t mm_shmem_wait_impl(const uint64_t *addr, int cmp, uint64_t valu
     }
     uint64_t start = mm_now_ns(), timeout = mm_wait_timeout_ns(), sleep_ns = 20000;
     int live = mm_shmem_running_now();
+    /* with peers on other hosts the word may be written by the engine: drive it (the progress
+     * thread does too, but a waiter that progresses sees a signal sooner) */
+    mm_shmem_engine_t *engine = live ? mm_shmem_g.engine : NULL;
     unsigned spins = 0;
     for (;;) {
         v = __atomic_load_n(addr, __ATOMIC_ACQUIRE);
         if (mm_shmem_cmp(v, cmp, value)) break;
+        if (engine && mm_shmem_g.engine_ops->progress(engine)) continue;
         if (++spins < 32) { /* read the clock every 32 spins only */
             MM_PAUSE();
             continue;

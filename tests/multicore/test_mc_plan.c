@@ -14,7 +14,7 @@
 static mm_mc_plan_t *mm_plan_r(int ep, int me, int64_t T, int64_t E, int64_t K, int cube,
                                int vector, int R)
 {
-    mm_mc_shape_t s = {ep, me, T, 64, 32, E, K, cube, vector, R};
+    mm_mc_shape_t s = {ep, me, T, 64, 32, E, K, cube, vector, NULL, R};
     mm_mc_plan_t *p = NULL;
     if (mm_mc_plan_create(&s, &p) != MEGAMOE_OK) return NULL;
     return p;
@@ -22,7 +22,7 @@ static mm_mc_plan_t *mm_plan_r(int ep, int me, int64_t T, int64_t E, int64_t K, 
 
 static mm_mc_plan_t *mm_plan(int ep, int me, int64_t T, int64_t E, int64_t K, int cube, int vector)
 {
-    mm_mc_shape_t s = {ep, me, T, 64, 32, E, K, cube, vector, 0};
+    mm_mc_shape_t s = {ep, me, T, 64, 32, E, K, cube, vector, NULL, 0};
     mm_mc_plan_t *p = NULL;
     if (mm_mc_plan_create(&s, &p) != MEGAMOE_OK) return NULL;
     return p;
@@ -108,6 +108,39 @@ MM_TEST(ratr_order_is_a_rotated_latin_square)
     for (int r = 0; r < ep; r++) mm_mc_plan_destroy(p[r]);
 }
 
+/* Across hosts: remote destinations first, still never two ranks on one destination at a step;
+ * the own block, then the same host, then the remote sources. */
+MM_TEST(ratr_order_across_hosts)
+{
+    const int ep = 6, host[6] = {0, 0, 0, 1, 1, 1};
+    mm_mc_plan_t *p[6];
+    for (int r = 0; r < ep; r++) {
+        mm_mc_shape_t s = {ep, r, 256, 64, 32, 12, 2, 1, 0, host};
+        ASSERT_OK(mm_mc_plan_create(&s, &p[r]));
+    }
+    for (int step = 0; step < ep; step++) {
+        int seen = 0;
+        for (int r = 0; r < ep; r++) {
+            const mm_mc_graph_t *g = &p[r]->graph[MM_MC_FWD];
+            const mm_mc_task_t *t = &g->tasks[g->queue[MM_MC_VECTOR][step]];
+            ASSERT_EQ_INT(t->type, MM_MC_DISPATCH);
+            ASSERT_EQ_INT(host[t->peer] != host[r], step < 3); /* the other host first */
+            seen |= 1 << t->peer;
+        }
+        ASSERT_EQ_INT(seen, (1 << ep) - 1);
+    }
+    for (int r = 0; r < ep; r++) {
+        const mm_mc_graph_t *g = &p[r]->graph[MM_MC_FWD];
+        const int nt = (int)p[r]->NT;
+        for (int q = 0; q < ep; q++) {
+            const mm_mc_task_t *t = &g->tasks[g->queue[MM_MC_CUBE][q * nt]];
+            if (q == 0) ASSERT_EQ_INT(t->peer, r);
+            ASSERT_EQ_INT(host[t->peer] != host[r], q >= 3);
+        }
+    }
+    for (int r = 0; r < ep; r++) mm_mc_plan_destroy(p[r]);
+}
+
 MM_TEST(worker_roles)
 {
     int c, v;
@@ -131,7 +164,7 @@ MM_TEST(worker_roles)
     ASSERT_STATUS(mm_mc_workers(2, 0, 0, 0, &c, &v), MEGAMOE_INVALID_ARGUMENT);
     unsetenv("MEGAMOE_CUBE_WORKERS");
     unsetenv("MEGAMOE_VECTOR_WORKERS");
-    mm_mc_shape_t bad = {2, 0, 100, 64, 32, 4, 2, 1, 0, 0};
+    mm_mc_shape_t bad = {2, 0, 100, 64, 32, 4, 2, 1, 0, NULL, 0};
     mm_mc_plan_t *p = NULL;
     ASSERT_STATUS(mm_mc_plan_create(&bad, &p), MEGAMOE_INVALID_ARGUMENT); /* T % 128 */
     ASSERT_TRUE(mm_mc_heap_bytes(2, 4, 0) % 4096 == 0);

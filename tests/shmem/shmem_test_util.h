@@ -116,4 +116,25 @@ static inline int mm_t_log_has(mm_t_log_t *l, const char *needle)
     return found;
 }
 
+/* Two ranks on two hosts: one put to the next rank and a barrier (the job really runs across
+ * the hosts). */
+static inline void mm_t_two_host_job(void)
+{
+    mm_shmem_params_t p = mm_t_params();
+    ASSERT_OK(mm_shmem_acquire(&p));
+    int me = mm_shmem_my_pe(), n = mm_shmem_n_pes();
+    ASSERT_EQ_INT(n, 2);
+    ASSERT_EQ_INT(mm_shmem_n_hosts(), 2);
+    ASSERT_TRUE(mm_shmem_pe_remote(1 - me));
+    uint64_t *box = NULL;
+    ASSERT_OK(mm_shmem_calloc(64, 64, (void **)&box));
+    uint64_t v = 0x1000 + (uint64_t)me;
+    ASSERT_OK(mm_shmem_put_signal(box, &v, 8, box + 1, 1, MM_SHMEM_SIGNAL_SET, (me + 1) % n));
+    ASSERT_OK(mm_shmem_signal_wait_until(box + 1, MM_SHMEM_CMP_EQ, 1, NULL));
+    ASSERT_EQ_U64(box[0], 0x1000 + (uint64_t)((me + n - 1) % n));
+    ASSERT_OK(mm_shmem_barrier_all());
+    ASSERT_OK(mm_shmem_free(box));
+    ASSERT_OK(mm_shmem_release());
+}
+
 #endif /* MM_TESTS_SHMEM_TEST_UTIL_H */

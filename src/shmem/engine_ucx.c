@@ -1,0 +1,875 @@
+/* The inter-host engine on UCX's UCP: put/get/atomics on the registered heap segment.
+ *
+ * Why UCP (docs/shmem.md, "Choosing the engine"): one-sided operations on registered memory
+ * with remote keys, the layer OpenSHMEM-UCX and NVSHMEM's remote transport build on, with a
+ * native path on RDMA networks and a software one (active messages) on TCP.
+ *
+ * Threading: one worker per PE in SERIALIZED mode behind `lock` (recursive), so completion
+ * callbacks run under the same lock as the calls that post (they post chained atomics and
+ * loss reports themselves). A
+ * progress thread sleeps on the worker's event fd and progresses incoming operations while
+ * every thread of this PE computes (on TCP the target must progress for a put to land); waits
+ * progress too.
+ *
+ * Semantics the runtime needs and how they are kept:
+ *  - put: the source is reusable on return. Up to MM_UCX_STAGE_MAX bytes are copied into a
+ *    staging ring and sent from there (non-blocking: a row-by-row dispatch pipelines); larger
+ *    puts go zero-copy from the caller's buffer and wait for completion.
+ *  - a signal (atomic) is never visible before the data it covers: UCP's fence does not order
+ *    operations on different lanes (TCP puts may stripe over several), so an atomic to a PE
+ *    with puts not yet known complete waits in a per-PE FIFO behind an endpoint flush and is
+ *    posted from the flush's completion, in issue order. Atomics to a PE without outstanding
+ *    puts are posted at once (same lane, in order).
+ *  - quiet: drain the chained atomics, then flush the worker.
+ */
+#include <errno.h>
+#include <net/if.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <ucp/api/ucp.h>
+
+#include "base/clock.h"
+#include "base/env.h"
+#include "shmem_internal.h"
+
+#define MM_UCX_STAGE_MAX (256u << 10)   /* puts up to this size are staged */
+#define MM_UCX_RING_BYTES (32u << 20)   /* staging ring */
+#define MM_UCX_RING_RECS 16384u         /* staged puts in flight */
+#define MM_UCX_ATOMIC_RECS 8192u        /* atomics in flight or queued */
+
+typedef struct mm_ucx_atomic {
+    uint64_t operand, reply;
+    uint64_t off, gen;
+    int pe, op;
+    struct mm_ucx_engine_s *e;
+    struct mm_ucx_atomic *next; /* free list or the PE's queue */
+} mm_ucx_atomic_t;
+
+typedef struct mm_ucx_peer {
+    ucp_ep_h ep;
+    ucp_rkey_h rkey;
+    uint64_t base;            /* the peer's segment address */
+    uint64_t put_gen;         /* puts issued to this PE */
+    uint64_t done_gen;        /* puts known complete at the PE */
+    uint64_t flush_gen;       /* what the flush in flight covers */
+    uint64_t fence_gen;       /* puts before the last fence: later puts wait for them */
+    int flush_inflight;
+    mm_ucx_atomic_t *q_head, *q_tail; /* atomics waiting for a flush, FIFO */
+} mm_ucx_peer_t;
+
+typedef struct mm_ucx_flush_ctx {
+    struct mm_ucx_engine_s *e;
+    int pe;
+} mm_ucx_flush_ctx_t;
+
+typedef struct mm_ucx_ring_rec {
+    uint64_t start, len;
+    int done;
+} mm_ucx_ring_rec_t;
+
+typedef struct mm_ucx_engine_s {
+    pthread_mutex_t lock;
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_mem_h memh;
+    void *rkey_buf;
+    size_t rkey_len;
+    ucp_address_t *addr;
+    size_t addr_len;
+    char *seg_base;
+    uint64_t seg_size;
+    int my_pe, n_pes;
+    mm_ucx_peer_t *peers;
+    mm_ucx_flush_ctx_t *flush_ctxs; /* user data of each PE's flush */
+    /* staging ring: bytes [tail, head) in flight (positions grow, modulo the size) */
+    char *ring;
+    uint64_t ring_head, ring_tail;
+    mm_ucx_ring_rec_t *recs;
+    uint64_t rec_head, rec_tail;
+    mm_ucx_atomic_t *atomics, *free_atomics;
+    int queued_atomics; /* in PE queues */
+    /* progress thread */
+    pthread_t thread;
+    int thread_started;
+    int efd, wake_fd;
+    atomic_int stop;
+    char desc[192];
+} mm_ucx_engine_t;
+
+struct mm_shmem_engine {
+    mm_ucx_engine_t u;
+};
+
+static double mm_sec(uint64_t ns) { return (double)ns * 1e-9; }
+
+/* ---- waiting (lock NOT held by the caller) ---- */
+
+static int mm_ucx_progress_locked(mm_ucx_engine_t *e)
+{
+    int any = 0;
+    while (ucp_worker_progress(e->worker)) any = 1;
+    return any;
+}
+
+/* Wait until *flag != 0 (set by a callback under the lock), progressing; TIMEOUT after the
+ * runtime timeout, PEER_LOST when the target PE was lost. Operations between live PEs still
+ * complete after a loss elsewhere (as between mapped PEs); a wait on no single PE (quiet)
+ * gives up MM_UCX_LOSS_GRACE_NS after a loss is known, since it may cover the lost PE. */
+#define MM_UCX_LOSS_GRACE_NS 1000000000ull
+static megamoe_status_t mm_ucx_wait_flag(mm_ucx_engine_t *e, const int *flag, int pe,
+                                         const char *what)
+{
+    uint64_t start = mm_now_ns(), timeout = mm_shmem_timeout_ns(), sleep_ns = 10000;
+    uint64_t loss_seen = 0;
+    for (unsigned i = 0;; i++) {
+        pthread_mutex_lock(&e->lock);
+        mm_ucx_progress_locked(e);
+        int done = __atomic_load_n(flag, __ATOMIC_ACQUIRE);
+        pthread_mutex_unlock(&e->lock);
+        if (done) return MEGAMOE_OK;
+        if ((i & 15) != 15) {
+            sched_yield();
+            continue;
+        }
+        if (pe >= 0 && mm_shmem_g.dead && atomic_load(&mm_shmem_g.dead[pe]))
+            return mm_error(MEGAMOE_PEER_LOST, "%s: rank %d was lost", what, pe);
+        if (pe < 0 && mm_shmem_lost_pe() >= 0) {
+            if (loss_seen == 0) loss_seen = mm_now_ns();
+            else if (mm_now_ns() - loss_seen > MM_UCX_LOSS_GRACE_NS)
+                return mm_shmem_check_peers(what);
+        }
+        uint64_t el = mm_now_ns() - start;
+        if (el >= timeout)
+            return mm_error(MEGAMOE_TIMEOUT, "%s timed out after %.1f s (rank %d does not "
+                            "answer over the inter-host engine); raise "
+                            "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC if the network is just slow",
+                            what, mm_sec(el), pe);
+        if (el > 2000000ull) {
+            mm_sleep_ns(sleep_ns);
+            if (sleep_ns < 500000) sleep_ns *= 2;
+        }
+    }
+}
+
+/* Wait for a request returned by a *_nbx call; NULL means it completed at once. */
+typedef struct mm_ucx_done {
+    int flag;
+    ucs_status_t status;
+} mm_ucx_done_t;
+
+static void mm_ucx_done_cb(void *request, ucs_status_t status, void *user_data)
+{
+    mm_ucx_done_t *d = user_data;
+    d->status = status;
+    __atomic_store_n(&d->flag, 1, __ATOMIC_RELEASE);
+    ucp_request_free(request);
+}
+
+static megamoe_status_t mm_ucx_status(ucs_status_t s, int pe, const char *what)
+{
+    if (s == UCS_OK) return MEGAMOE_OK;
+    if (!atomic_load(&mm_shmem_g.closing)) {
+        char why[160];
+        snprintf(why, sizeof why, "the inter-host engine failed during %s: %s", what,
+                 ucs_status_string(s));
+        if (pe >= 0) mm_shmem_mark_lost(pe, why);
+    }
+    return mm_error(MEGAMOE_PEER_LOST, "%s to rank %d failed in UCX: %s", what, pe,
+                    ucs_status_string(s));
+}
+
+/* ---- staging ring (lock held) ---- */
+
+static void mm_ucx_ring_release(mm_ucx_engine_t *e)
+{
+    while (e->rec_tail != e->rec_head && e->recs[e->rec_tail % MM_UCX_RING_RECS].done) {
+        mm_ucx_ring_rec_t *r = &e->recs[e->rec_tail % MM_UCX_RING_RECS];
+        e->ring_tail = r->start + r->len;
+        e->rec_tail++;
+    }
+    if (e->rec_tail == e->rec_head) e->ring_tail = e->ring_head;
+}
+
+static void mm_ucx_put_done_cb(void *request, ucs_status_t status, void *user_data)
+{
+    mm_ucx_ring_rec_t *r = user_data;
+    (void)status; /* an error reaches the endpoint's error handler */
+    r->done = 1;
+    ucp_request_free(request);
+}
+
+/* Reserve n contiguous bytes of the ring (lock held; progresses while full). */
+static megamoe_status_t mm_ucx_ring_alloc(mm_ucx_engine_t *e, size_t n, int pe, char **stage_p,
+                                          mm_ucx_ring_rec_t **rec_p)
+{
+    uint64_t start_ns = 0;
+    for (;;) {
+        mm_ucx_ring_release(e);
+        uint64_t head = e->ring_head, pos = head % MM_UCX_RING_BYTES;
+        if (pos + n > MM_UCX_RING_BYTES) head += MM_UCX_RING_BYTES - pos; /* no wrap inside */
+        if (head + n - e->ring_tail <= MM_UCX_RING_BYTES &&
+            e->rec_head - e->rec_tail < MM_UCX_RING_RECS) {
+            mm_ucx_ring_rec_t *r = &e->recs[e->rec_head % MM_UCX_RING_RECS];
+            /* a skipped tail of the ring belongs to this record, so it is released with it */
+            r->start = e->ring_head;
+            r->len = head + n - e->ring_head;
+            r->done = 0;
+            e->rec_head++;
+            e->ring_head = head + n;
+            *rec_p = r;
+            *stage_p = e->ring + head % MM_UCX_RING_BYTES;
+            return MEGAMOE_OK;
+        }
+        if (start_ns == 0) start_ns = mm_now_ns();
+        mm_ucx_progress_locked(e);
+        MM_CHECK(mm_shmem_check_peers("an inter-host put"));
+        if (mm_now_ns() - start_ns > mm_shmem_timeout_ns())
+            return mm_error(MEGAMOE_TIMEOUT, "inter-host put to rank %d: the staging ring (%u "
+                            "MiB) did not drain within HYPER_PARALLEL_SHMEM_TIMEOUT_SEC", pe,
+                            MM_UCX_RING_BYTES >> 20);
+    }
+}
+
+/* ---- atomics (lock held) ---- */
+
+static void mm_ucx_atomic_done_cb(void *request, ucs_status_t status, void *user_data)
+{
+    mm_ucx_atomic_t *a = user_data;
+    (void)status;
+    a->next = a->e->free_atomics;
+    a->e->free_atomics = a;
+    ucp_request_free(request);
+}
+
+static megamoe_status_t mm_ucx_atomic_post(mm_ucx_engine_t *e, mm_ucx_atomic_t *a)
+{
+    mm_ucx_peer_t *p = &e->peers[a->pe];
+    ucp_request_param_t prm;
+    memset(&prm, 0, sizeof prm);
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FIELD_DATATYPE;
+    prm.cb.send = mm_ucx_atomic_done_cb;
+    prm.user_data = a;
+    prm.datatype = ucp_dt_make_contig(8);
+    ucp_atomic_op_t op = UCP_ATOMIC_OP_ADD;
+    if (a->op != MM_ENGINE_ADD) {
+        prm.op_attr_mask |= UCP_OP_ATTR_FIELD_REPLY_BUFFER;
+        prm.reply_buffer = &a->reply;
+        op = a->op == MM_ENGINE_SET ? UCP_ATOMIC_OP_SWAP : UCP_ATOMIC_OP_CSWAP;
+        if (a->op == MM_ENGINE_CAS0) { /* CSWAP: compare with buffer, swap in the reply's value */
+            a->reply = a->operand;
+            a->operand = 0;
+        }
+    }
+    ucs_status_ptr_t r = ucp_atomic_op_nbx(p->ep, op, &a->operand, 1, p->base + a->off, p->rkey,
+                                           &prm);
+    if (r == NULL) {
+        a->next = e->free_atomics;
+        e->free_atomics = a;
+        return MEGAMOE_OK;
+    }
+    if (UCS_PTR_IS_ERR(r)) {
+        a->next = e->free_atomics;
+        e->free_atomics = a;
+        return mm_ucx_status(UCS_PTR_STATUS(r), a->pe, "an inter-host signal");
+    }
+    return MEGAMOE_OK;
+}
+
+static void mm_ucx_flush_start(mm_ucx_engine_t *e, int pe);
+
+/* The flush covering flush_gen completed: post the queued atomics it covers, in order. */
+static void mm_ucx_flush_complete(mm_ucx_engine_t *e, int pe)
+{
+    mm_ucx_peer_t *p = &e->peers[pe];
+    if (p->flush_gen > p->done_gen) p->done_gen = p->flush_gen;
+    p->flush_inflight = 0;
+    while (p->q_head && p->q_head->gen <= p->done_gen) {
+        mm_ucx_atomic_t *a = p->q_head;
+        p->q_head = a->next;
+        if (p->q_head == NULL) p->q_tail = NULL;
+        e->queued_atomics--;
+        mm_ucx_atomic_post(e, a); /* an error marks the peer lost; waiters see it */
+    }
+    if (p->q_head) mm_ucx_flush_start(e, pe);
+}
+
+
+
+static void mm_ucx_flush_cb(void *request, ucs_status_t status, void *user_data)
+{
+    mm_ucx_flush_ctx_t *c = user_data;
+    ucp_request_free(request);
+    if (status != UCS_OK) {
+        mm_ucx_status(status, c->pe, "an inter-host flush");
+        /* the queued atomics can never be ordered: drop them (the peer is lost) */
+        mm_ucx_peer_t *p = &c->e->peers[c->pe];
+        while (p->q_head) {
+            mm_ucx_atomic_t *a = p->q_head;
+            p->q_head = a->next;
+            a->next = c->e->free_atomics;
+            c->e->free_atomics = a;
+            c->e->queued_atomics--;
+        }
+        p->q_tail = NULL;
+        p->flush_inflight = 0;
+        return;
+    }
+    mm_ucx_flush_complete(c->e, c->pe);
+}
+
+static void mm_ucx_flush_start(mm_ucx_engine_t *e, int pe)
+{
+    mm_ucx_peer_t *p = &e->peers[pe];
+    p->flush_inflight = 1;
+    p->flush_gen = p->put_gen;
+    ucp_request_param_t prm;
+    memset(&prm, 0, sizeof prm);
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    prm.cb.send = mm_ucx_flush_cb;
+    prm.user_data = &e->flush_ctxs[pe];
+    ucs_status_ptr_t r = ucp_ep_flush_nbx(p->ep, &prm);
+    if (r == NULL) {
+        mm_ucx_flush_complete(e, pe);
+    } else if (UCS_PTR_IS_ERR(r)) {
+        p->flush_inflight = 0;
+        mm_ucx_status(UCS_PTR_STATUS(r), pe, "an inter-host flush");
+    }
+}
+
+static megamoe_status_t mm_ucx_atomic_get(mm_ucx_engine_t *e, int pe, mm_ucx_atomic_t **a_p)
+{
+    uint64_t start_ns = 0;
+    while (e->free_atomics == NULL) {
+        if (start_ns == 0) start_ns = mm_now_ns();
+        mm_ucx_progress_locked(e);
+        MM_CHECK(mm_shmem_check_peers("an inter-host signal"));
+        if (mm_now_ns() - start_ns > mm_shmem_timeout_ns())
+            return mm_error(MEGAMOE_TIMEOUT, "inter-host signal to rank %d: %u signals in "
+                            "flight did not complete within HYPER_PARALLEL_SHMEM_TIMEOUT_SEC",
+                            pe, MM_UCX_ATOMIC_RECS);
+    }
+    mm_ucx_atomic_t *a = e->free_atomics;
+    e->free_atomics = a->next;
+    a->next = NULL;
+    *a_p = a;
+    return MEGAMOE_OK;
+}
+
+/* ---- the engine operations ---- */
+
+static megamoe_status_t mm_ucx_fence_wait(mm_ucx_engine_t *e, int pe);
+
+static megamoe_status_t mm_ucx_atomic(mm_shmem_engine_t *se, int pe, uint64_t off,
+                                      uint64_t value, int op)
+{
+    mm_ucx_engine_t *e = &se->u;
+    mm_ucx_peer_t *p = &e->peers[pe];
+    if (p->ep == NULL)
+        return mm_error(MEGAMOE_INTERNAL, "inter-host signal: no engine connection to rank %d",
+                        pe);
+    megamoe_status_t st = MEGAMOE_OK;
+    pthread_mutex_lock(&e->lock);
+    mm_ucx_atomic_t *a = NULL;
+    st = mm_ucx_atomic_get(e, pe, &a);
+    if (st != MEGAMOE_OK) {
+        pthread_mutex_unlock(&e->lock);
+        return st;
+    }
+    a->operand = value;
+    a->off = off;
+    a->pe = pe;
+    a->op = op;
+    a->e = e;
+    a->gen = p->put_gen;
+    if (p->q_head == NULL && p->done_gen >= p->put_gen) {
+        st = mm_ucx_atomic_post(e, a);
+    } else {
+        if (p->q_tail) p->q_tail->next = a;
+        else p->q_head = a;
+        p->q_tail = a;
+        e->queued_atomics++;
+        if (!p->flush_inflight) mm_ucx_flush_start(e, pe);
+    }
+    pthread_mutex_unlock(&e->lock);
+    return st;
+}
+
+static megamoe_status_t mm_ucx_put(mm_shmem_engine_t *se, int pe, uint64_t off, const void *src,
+                                   size_t n)
+{
+    mm_ucx_engine_t *e = &se->u;
+    mm_ucx_peer_t *p = &e->peers[pe];
+    if (n == 0) return MEGAMOE_OK;
+    if (p->ep == NULL)
+        return mm_error(MEGAMOE_INTERNAL, "inter-host put: no engine connection to rank %d", pe);
+    MM_CHECK(mm_ucx_fence_wait(e, pe));
+    ucp_request_param_t prm;
+    memset(&prm, 0, sizeof prm);
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    if (n <= MM_UCX_STAGE_MAX) {
+        pthread_mutex_lock(&e->lock);
+        mm_ucx_ring_rec_t *rec = NULL;
+        char *stage = NULL;
+        megamoe_status_t rs = mm_ucx_ring_alloc(e, n, pe, &stage, &rec);
+        if (rs != MEGAMOE_OK) {
+            pthread_mutex_unlock(&e->lock);
+            return rs;
+        }
+        memcpy(stage, src, n);
+        prm.cb.send = mm_ucx_put_done_cb;
+        prm.user_data = rec;
+        ucs_status_ptr_t r = ucp_put_nbx(p->ep, stage, n, p->base + off, p->rkey, &prm);
+        p->put_gen++;
+        megamoe_status_t st = MEGAMOE_OK;
+        if (r == NULL) rec->done = 1;
+        else if (UCS_PTR_IS_ERR(r)) {
+            rec->done = 1;
+            st = mm_ucx_status(UCS_PTR_STATUS(r), pe, "an inter-host put");
+        }
+        pthread_mutex_unlock(&e->lock);
+        return st;
+    }
+    mm_ucx_done_t d = {0, UCS_OK};
+    prm.cb.send = mm_ucx_done_cb;
+    prm.user_data = &d;
+    pthread_mutex_lock(&e->lock);
+    ucs_status_ptr_t r = ucp_put_nbx(p->ep, src, n, p->base + off, p->rkey, &prm);
+    p->put_gen++;
+    pthread_mutex_unlock(&e->lock);
+    if (r == NULL) return MEGAMOE_OK;
+    if (UCS_PTR_IS_ERR(r)) return mm_ucx_status(UCS_PTR_STATUS(r), pe, "an inter-host put");
+    MM_CHECK(mm_ucx_wait_flag(e, &d.flag, pe, "an inter-host put"));
+    return mm_ucx_status(d.status, pe, "an inter-host put");
+}
+
+static megamoe_status_t mm_ucx_get(mm_shmem_engine_t *se, int pe, uint64_t off, void *dst,
+                                   size_t n)
+{
+    mm_ucx_engine_t *e = &se->u;
+    mm_ucx_peer_t *p = &e->peers[pe];
+    if (n == 0) return MEGAMOE_OK;
+    if (p->ep == NULL)
+        return mm_error(MEGAMOE_INTERNAL, "inter-host get: no engine connection to rank %d", pe);
+    mm_ucx_done_t d = {0, UCS_OK};
+    ucp_request_param_t prm;
+    memset(&prm, 0, sizeof prm);
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    prm.cb.send = mm_ucx_done_cb;
+    prm.user_data = &d;
+    pthread_mutex_lock(&e->lock);
+    ucs_status_ptr_t r = ucp_get_nbx(p->ep, dst, n, p->base + off, p->rkey, &prm);
+    pthread_mutex_unlock(&e->lock);
+    if (r == NULL) return MEGAMOE_OK;
+    if (UCS_PTR_IS_ERR(r)) return mm_ucx_status(UCS_PTR_STATUS(r), pe, "an inter-host get");
+    MM_CHECK(mm_ucx_wait_flag(e, &d.flag, pe, "an inter-host get"));
+    return mm_ucx_status(d.status, pe, "an inter-host get");
+}
+
+static megamoe_status_t mm_ucx_quiet(mm_shmem_engine_t *se)
+{
+    mm_ucx_engine_t *e = &se->u;
+    /* 1. chained signals posted (their flushes complete through progress) */
+    uint64_t start = mm_now_ns();
+    for (;;) {
+        pthread_mutex_lock(&e->lock);
+        mm_ucx_progress_locked(e);
+        int left = e->queued_atomics;
+        pthread_mutex_unlock(&e->lock);
+        if (left == 0) break;
+        MM_CHECK(mm_shmem_check_peers("an inter-host quiet"));
+        if (mm_now_ns() - start > mm_shmem_timeout_ns())
+            return mm_error(MEGAMOE_TIMEOUT, "inter-host quiet: %d signals still wait for "
+                            "their data after HYPER_PARALLEL_SHMEM_TIMEOUT_SEC", left);
+        sched_yield();
+    }
+    /* 2. everything issued is complete at its target */
+    mm_ucx_done_t d = {0, UCS_OK};
+    ucp_request_param_t prm;
+    memset(&prm, 0, sizeof prm);
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    prm.cb.send = mm_ucx_done_cb;
+    prm.user_data = &d;
+    pthread_mutex_lock(&e->lock);
+    uint64_t *gens = NULL; /* put_gen of every peer now: complete once the flush is */
+    ucs_status_ptr_t r = ucp_worker_flush_nbx(e->worker, &prm);
+    int n = e->n_pes;
+    gens = malloc(sizeof *gens * (size_t)n);
+    for (int pe = 0; gens && pe < n; pe++) gens[pe] = e->peers[pe].put_gen;
+    pthread_mutex_unlock(&e->lock);
+    megamoe_status_t st = MEGAMOE_OK;
+    if (UCS_PTR_IS_ERR(r)) st = mm_ucx_status(UCS_PTR_STATUS(r), -1, "an inter-host quiet");
+    else if (r != NULL) {
+        st = mm_ucx_wait_flag(e, &d.flag, -1, "an inter-host quiet");
+        if (st == MEGAMOE_OK && d.status != UCS_OK)
+            st = mm_ucx_status(d.status, -1, "an inter-host quiet");
+    }
+    if (st == MEGAMOE_OK && gens) {
+        pthread_mutex_lock(&e->lock);
+        for (int pe = 0; pe < n; pe++)
+            if (gens[pe] > e->peers[pe].done_gen) e->peers[pe].done_gen = gens[pe];
+        pthread_mutex_unlock(&e->lock);
+    }
+    free(gens);
+    return st;
+}
+
+/* UCP's fence does not order operations on different lanes; completion does. Signals are
+ * ordered after the puts they cover anyway, so the fence is lazy: it records each PE's puts,
+ * and a later put to that PE first waits until they are complete. */
+static megamoe_status_t mm_ucx_fence(mm_shmem_engine_t *se)
+{
+    mm_ucx_engine_t *e = &se->u;
+    pthread_mutex_lock(&e->lock);
+    for (int pe = 0; pe < e->n_pes; pe++) e->peers[pe].fence_gen = e->peers[pe].put_gen;
+    pthread_mutex_unlock(&e->lock);
+    return MEGAMOE_OK;
+}
+
+/* Before a put to pe: the puts before a fence must be complete (lock NOT held). */
+static megamoe_status_t mm_ucx_fence_wait(mm_ucx_engine_t *e, int pe)
+{
+    mm_ucx_peer_t *p = &e->peers[pe];
+    pthread_mutex_lock(&e->lock);
+    int need = p->fence_gen > p->done_gen;
+    if (need && !p->flush_inflight) mm_ucx_flush_start(e, pe);
+    pthread_mutex_unlock(&e->lock);
+    if (!need) return MEGAMOE_OK;
+    uint64_t start = mm_now_ns();
+    for (;;) {
+        pthread_mutex_lock(&e->lock);
+        mm_ucx_progress_locked(e);
+        int left = p->fence_gen > p->done_gen;
+        if (left && !p->flush_inflight) mm_ucx_flush_start(e, pe);
+        pthread_mutex_unlock(&e->lock);
+        if (!left) return MEGAMOE_OK;
+        MM_CHECK(mm_shmem_check_peers("an inter-host fence"));
+        if (mm_now_ns() - start > mm_shmem_timeout_ns())
+            return mm_error(MEGAMOE_TIMEOUT, "inter-host fence: the puts to rank %d before it "
+                            "did not complete within HYPER_PARALLEL_SHMEM_TIMEOUT_SEC", pe);
+        sched_yield();
+    }
+}
+
+static int mm_ucx_progress(mm_shmem_engine_t *se)
+{
+    mm_ucx_engine_t *e = &se->u;
+    if (pthread_mutex_trylock(&e->lock) != 0) return 0; /* somebody progresses already */
+    int any = mm_ucx_progress_locked(e);
+    pthread_mutex_unlock(&e->lock);
+    return any;
+}
+
+/* ---- progress thread ---- */
+
+static void *mm_ucx_thread_main(void *arg)
+{
+    mm_ucx_engine_t *e = arg;
+    while (!atomic_load(&e->stop)) {
+        pthread_mutex_lock(&e->lock);
+        mm_ucx_progress_locked(e);
+        ucs_status_t s = ucp_worker_arm(e->worker);
+        pthread_mutex_unlock(&e->lock);
+        if (s == UCS_ERR_BUSY) continue; /* more events arrived: progress again */
+        struct pollfd pfd[2] = {{e->efd, POLLIN, 0}, {e->wake_fd, POLLIN, 0}};
+        /* a bounded sleep: an event consumed by another thread's progress may leave the
+         * worker with work the armed fd does not announce */
+        if (poll(pfd, 2, 50) < 0 && errno != EINTR) break;
+        if (pfd[1].revents) break;
+    }
+    return NULL;
+}
+
+/* ---- set-up and teardown ---- */
+
+static void mm_ucx_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)ep;
+    int pe = (int)(intptr_t)arg;
+    if (atomic_load(&mm_shmem_g.closing)) return;
+    char why[160];
+    snprintf(why, sizeof why, "its inter-host connection failed (UCX: %s)",
+             ucs_status_string(status));
+    mm_shmem_mark_lost(pe, why);
+}
+
+/* UCX options megamoe chooses when the user did not: no shared-memory transports (same-host
+ * peers are mapped by the runtime; and between simulated hosts UCX would take shared memory
+ * and bypass the network), the network device of the bootstrap connection, no memory-type
+ * cache hooks (host memory only). */
+static megamoe_status_t mm_ucx_config(ucp_config_t *cfg, const char *net_device)
+{
+    const char *tls = "", *devs = "";
+    MM_CHECK(mm_env_string(MM_ENV_UCX_TLS, &tls));
+    MM_CHECK(mm_env_string(MM_ENV_UCX_NET_DEVICES, &devs));
+    if (*tls == '\0' && ucp_config_modify(cfg, "TLS", "^sm") != UCS_OK)
+        return mm_error(MEGAMOE_INTERNAL, "UCX refused the transport selection");
+    if (*devs == '\0' && net_device && *net_device &&
+        ucp_config_modify(cfg, "NET_DEVICES", net_device) != UCS_OK)
+        return mm_error(MEGAMOE_INTERNAL, "UCX refused the network device %s", net_device);
+    ucp_config_modify(cfg, "MEMTYPE_CACHE", "n"); /* absent in some versions: best effort */
+    return MEGAMOE_OK;
+}
+
+static void mm_ucx_fini(mm_shmem_engine_t *se);
+
+static megamoe_status_t mm_ucx_init(const mm_engine_init_t *in, mm_shmem_engine_t **e_p)
+{
+    mm_shmem_engine_t *se = calloc(1, sizeof *se);
+    if (se == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "inter-host engine: out of memory");
+    mm_ucx_engine_t *e = &se->u;
+    /* recursive: completion and error callbacks run inside progress, under the lock, and
+     * post (chained signals; a loss pushed to every peer) */
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&e->lock, &ma);
+    pthread_mutexattr_destroy(&ma);
+    e->my_pe = in->my_pe;
+    e->n_pes = in->n_pes;
+    e->seg_base = in->seg_base;
+    e->seg_size = in->seg_size;
+    e->efd = e->wake_fd = -1;
+    e->peers = calloc((size_t)in->n_pes, sizeof *e->peers);
+    e->recs = calloc(MM_UCX_RING_RECS, sizeof *e->recs);
+    e->atomics = calloc(MM_UCX_ATOMIC_RECS, sizeof *e->atomics);
+    e->flush_ctxs = calloc((size_t)in->n_pes, sizeof *e->flush_ctxs);
+    e->ring = mmap(NULL, MM_UCX_RING_BYTES, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (e->ring == MAP_FAILED) e->ring = NULL;
+    if (!e->peers || !e->recs || !e->atomics || !e->flush_ctxs || !e->ring) {
+        mm_ucx_fini(se);
+        return mm_error(MEGAMOE_OUT_OF_MEMORY, "inter-host engine: out of memory for %d PEs",
+                        in->n_pes);
+    }
+    for (unsigned i = 0; i < MM_UCX_ATOMIC_RECS; i++) {
+        e->atomics[i].next = e->free_atomics;
+        e->free_atomics = &e->atomics[i];
+    }
+    for (int pe = 0; pe < in->n_pes; pe++) e->flush_ctxs[pe] = (mm_ucx_flush_ctx_t){e, pe};
+
+    ucp_config_t *cfg = NULL;
+    ucs_status_t s = ucp_config_read(NULL, NULL, &cfg);
+    megamoe_status_t st = s == UCS_OK ? MEGAMOE_OK
+                                      : mm_error(MEGAMOE_INTERNAL, "UCX: cannot read its "
+                                                 "configuration: %s", ucs_status_string(s));
+    if (st == MEGAMOE_OK) st = mm_ucx_config(cfg, in->net_device);
+    if (st == MEGAMOE_OK) {
+        ucp_params_t prm;
+        memset(&prm, 0, sizeof prm);
+        prm.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+        prm.features = UCP_FEATURE_RMA | UCP_FEATURE_AMO64 | UCP_FEATURE_WAKEUP;
+        prm.name = "megamoe";
+        s = ucp_init(&prm, cfg, &e->ctx);
+        if (s != UCS_OK)
+            st = mm_error(MEGAMOE_UNSUPPORTED, "UCX found no usable transport for one-sided "
+                          "operations between hosts (%s); check UCX_TLS / UCX_NET_DEVICES "
+                          "and `ucx_info -d`", ucs_status_string(s));
+    }
+    if (cfg) ucp_config_release(cfg);
+    if (st == MEGAMOE_OK) {
+        ucp_worker_params_t wp;
+        memset(&wp, 0, sizeof wp);
+        wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+        wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+        s = ucp_worker_create(e->ctx, &wp, &e->worker);
+        if (s != UCS_OK)
+            st = mm_error(MEGAMOE_INTERNAL, "UCX: cannot create a worker: %s",
+                          ucs_status_string(s));
+    }
+    if (st == MEGAMOE_OK) {
+        ucp_mem_map_params_t mp;
+        memset(&mp, 0, sizeof mp);
+        mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+        mp.address = in->seg_base;
+        mp.length = in->seg_size;
+        s = ucp_mem_map(e->ctx, &mp, &e->memh);
+        if (s == UCS_OK) s = ucp_rkey_pack(e->ctx, e->memh, &e->rkey_buf, &e->rkey_len);
+        if (s == UCS_OK) s = ucp_worker_get_address(e->worker, &e->addr, &e->addr_len);
+        if (s == UCS_OK) s = ucp_worker_get_efd(e->worker, &e->efd);
+        if (s != UCS_OK)
+            st = mm_error(MEGAMOE_OUT_OF_MEMORY, "UCX: cannot register the %llu-byte heap "
+                          "segment for remote access: %s; lower HYPER_PARALLEL_SHMEM_HEAP_SIZE",
+                          (unsigned long long)in->seg_size, ucs_status_string(s));
+        else if (e->addr_len + e->rkey_len + 24 > MM_ENGINE_BLOB_MAX)
+            st = mm_error(MEGAMOE_UNSUPPORTED, "UCX: the worker address (%zu bytes) and remote "
+                          "key (%zu bytes) do not fit the %d-byte bootstrap record; restrict "
+                          "UCX_NET_DEVICES / UCX_TLS", e->addr_len, e->rkey_len,
+                          MM_ENGINE_BLOB_MAX);
+    }
+    if (st == MEGAMOE_OK) {
+        e->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (e->wake_fd < 0)
+            st = mm_error(MEGAMOE_IO, "inter-host engine: eventfd: %s", strerror(errno));
+    }
+    if (st == MEGAMOE_OK) {
+        const char *tls = "";
+        mm_env_string(MM_ENV_UCX_TLS, &tls);
+        snprintf(e->desc, sizeof e->desc, "UCX %s (transports %s, device %s)",
+                 ucp_get_version_string(), *tls ? tls : "not shared memory",
+                 in->net_device && *in->net_device ? in->net_device : "any");
+    }
+    if (st != MEGAMOE_OK) {
+        mm_ucx_fini(se);
+        return st;
+    }
+    *e_p = se;
+    return MEGAMOE_OK;
+}
+
+static megamoe_status_t mm_ucx_publish(mm_shmem_engine_t *se, void *blob, size_t *len_p)
+{
+    mm_ucx_engine_t *e = &se->u;
+    uint8_t *p = blob;
+    mm_put_u64(p, (uint64_t)(uintptr_t)e->seg_base);
+    mm_put_u64(p + 8, e->seg_size);
+    mm_put_u32(p + 16, (uint32_t)e->addr_len);
+    mm_put_u32(p + 20, (uint32_t)e->rkey_len);
+    memcpy(p + 24, e->addr, e->addr_len);
+    memcpy(p + 24 + e->addr_len, e->rkey_buf, e->rkey_len);
+    *len_p = 24 + e->addr_len + e->rkey_len;
+    return MEGAMOE_OK;
+}
+
+static megamoe_status_t mm_ucx_startup(mm_shmem_engine_t *se, const uint8_t *blobs,
+                                       size_t stride, const uint32_t *lens,
+                                       const unsigned char *remote)
+{
+    mm_ucx_engine_t *e = &se->u;
+    megamoe_status_t st = MEGAMOE_OK;
+    for (int pe = 0; pe < e->n_pes && st == MEGAMOE_OK; pe++) {
+        if (!remote[pe]) continue;
+        const uint8_t *b = blobs + (size_t)pe * stride;
+        uint32_t al = mm_get_u32(b + 16), rl = mm_get_u32(b + 20);
+        if (lens[pe] < 24 || (uint64_t)al + rl + 24 > lens[pe] || mm_get_u64(b + 8) != e->seg_size) {
+            st = mm_error(MEGAMOE_CONFIG_MISMATCH, "rank %d published an engine record of "
+                          "unexpected shape (different megamoe builds?)", pe);
+            break;
+        }
+        mm_ucx_peer_t *p = &e->peers[pe];
+        p->base = mm_get_u64(b);
+        ucp_ep_params_t ep;
+        memset(&ep, 0, sizeof ep);
+        ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        ep.address = (const ucp_address_t *)(b + 24);
+        ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+        ep.err_handler.cb = mm_ucx_err_cb;
+        ep.err_handler.arg = (void *)(intptr_t)pe;
+        pthread_mutex_lock(&e->lock);
+        ucs_status_t s = ucp_ep_create(e->worker, &ep, &p->ep);
+        if (s == UCS_OK) s = ucp_ep_rkey_unpack(p->ep, b + 24 + al, &p->rkey);
+        pthread_mutex_unlock(&e->lock);
+        if (s != UCS_OK)
+            st = mm_error(MEGAMOE_PEER_LOST, "UCX cannot reach rank %d on its host: %s; check "
+                          "that the hosts can reach each other on the network of "
+                          "HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT (UCX_NET_DEVICES)", pe,
+                          ucs_status_string(s));
+    }
+    if (st == MEGAMOE_OK) {
+        if (pthread_create(&e->thread, NULL, mm_ucx_thread_main, e) != 0)
+            return mm_error(MEGAMOE_IO, "inter-host engine: cannot start the progress thread");
+        e->thread_started = 1;
+    }
+    /* Wire up now (connections are made lazily): a flush per peer completes only once the
+     * connection exists, so the first real operation does not pay for it. */
+    for (int pe = 0; pe < e->n_pes && st == MEGAMOE_OK; pe++) {
+        if (!remote[pe]) continue;
+        mm_ucx_done_t d = {0, UCS_OK};
+        ucp_request_param_t prm;
+        memset(&prm, 0, sizeof prm);
+        prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+        prm.cb.send = mm_ucx_done_cb;
+        prm.user_data = &d;
+        uint64_t probe = 0;
+        pthread_mutex_lock(&e->lock);
+        ucs_status_ptr_t r = ucp_get_nbx(e->peers[pe].ep, &probe, sizeof probe,
+                                         e->peers[pe].base, e->peers[pe].rkey, &prm);
+        pthread_mutex_unlock(&e->lock);
+        if (UCS_PTR_IS_ERR(r)) st = mm_ucx_status(UCS_PTR_STATUS(r), pe, "the engine wire-up");
+        else if (r != NULL) {
+            st = mm_ucx_wait_flag(e, &d.flag, pe, "the engine wire-up");
+            if (st == MEGAMOE_OK) st = mm_ucx_status(d.status, pe, "the engine wire-up");
+        }
+        if (st == MEGAMOE_OK && probe != MM_SHMEM_HEADER_MAGIC)
+            st = mm_error(MEGAMOE_INTERNAL, "the engine wire-up read 0x%llx from rank %d's "
+                          "heap header instead of its magic", (unsigned long long)probe, pe);
+    }
+    return st;
+}
+
+static void mm_ucx_fini(mm_shmem_engine_t *se)
+{
+    if (se == NULL) return;
+    mm_ucx_engine_t *e = &se->u;
+    if (e->thread_started) {
+        atomic_store(&e->stop, 1);
+        uint64_t one = 1;
+        if (write(e->wake_fd, &one, sizeof one) < 0) { /* join still ends it (bounded poll) */
+        }
+        pthread_join(e->thread, NULL);
+        e->thread_started = 0;
+    }
+    if (e->worker) {
+        for (int pe = 0; e->peers && pe < e->n_pes; pe++) {
+            mm_ucx_peer_t *p = &e->peers[pe];
+            if (p->rkey) ucp_rkey_destroy(p->rkey);
+            p->rkey = NULL;
+            if (p->ep == NULL) continue;
+            ucp_request_param_t prm;
+            memset(&prm, 0, sizeof prm);
+            prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+            prm.flags = UCP_EP_CLOSE_FLAG_FORCE; /* peers may be gone: do not wait for them */
+            ucs_status_ptr_t r = ucp_ep_close_nbx(p->ep, &prm);
+            for (int i = 0; r != NULL && !UCS_PTR_IS_ERR(r) && i < 100000; i++) {
+                ucp_worker_progress(e->worker);
+                if (ucp_request_check_status(r) != UCS_INPROGRESS) break;
+            }
+            if (r != NULL && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);
+            p->ep = NULL;
+        }
+        if (e->addr) ucp_worker_release_address(e->worker, e->addr);
+        e->addr = NULL;
+        ucp_worker_destroy(e->worker);
+        e->worker = NULL;
+    }
+    if (e->rkey_buf) ucp_rkey_buffer_release(e->rkey_buf);
+    if (e->memh) ucp_mem_unmap(e->ctx, e->memh);
+    if (e->ctx) ucp_cleanup(e->ctx);
+    if (e->wake_fd >= 0) close(e->wake_fd);
+    if (e->ring) munmap(e->ring, MM_UCX_RING_BYTES);
+    free(e->peers);
+    free(e->recs);
+    free(e->atomics);
+    free(e->flush_ctxs);
+    pthread_mutex_destroy(&e->lock);
+    free(se);
+}
+
+static void mm_ucx_describe(mm_shmem_engine_t *se, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s", se ? se->u.desc : "none");
+}
+
+const mm_shmem_engine_ops_t mm_shmem_engine_ucx = {
+    .name = "ucx",
+    .init = mm_ucx_init,
+    .publish = mm_ucx_publish,
+    .startup = mm_ucx_startup,
+    .put = mm_ucx_put,
+    .get = mm_ucx_get,
+    .atomic = mm_ucx_atomic,
+    .fence = mm_ucx_fence,
+    .quiet = mm_ucx_quiet,
+    .progress = mm_ucx_progress,
+    .fini = mm_ucx_fini,
+    .describe = mm_ucx_describe,
+};
