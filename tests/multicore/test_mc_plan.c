@@ -115,7 +115,7 @@ MM_TEST(ratr_order_across_hosts)
     const int ep = 6, host[6] = {0, 0, 0, 1, 1, 1};
     mm_mc_plan_t *p[6];
     for (int r = 0; r < ep; r++) {
-        mm_mc_shape_t s = {ep, r, 256, 64, 32, 12, 2, 1, 0, host};
+        mm_mc_shape_t s = {ep, r, 256, 64, 32, 12, 2, 1, 0, host, 0};
         ASSERT_OK(mm_mc_plan_create(&s, &p[r]));
     }
     for (int step = 0; step < ep; step++) {
