@@ -182,6 +182,9 @@ megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, const megamoe_experts_w
     if (st != MEGAMOE_OK) return st;
     const int64_t R = plan->recv_rows;
     uint64_t t0 = mm_now_ns();
+    /* replicas: publish the weights of local experts with guests and tell the guests first
+     * (their FETCH waits for it; a local failure below does not skip it) */
+    mm_moe_rep_publish(x, wts, plan, g->exec);
 
     /* ---- buffers (saved ones sized to the rows actually received) ---- */
     mm_o1_fwd_t f;
@@ -200,9 +203,6 @@ megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, const megamoe_experts_w
     if (st == MEGAMOE_OK && f.c.w != in->topk_weights) /* fp32 router weights in slot order */
         st = megamoe_convert((float *)f.c.w, MEGAMOE_DTYPE_FP32, in->topk_weights,
                              in->topk_weights_dtype, TK);
-    /* replicas: publish the weights of local experts with guests and tell the guests (even
-     * after a local failure above: they wait for it) */
-    mm_moe_rep_publish(x, wts, plan, g->exec);
     if (x->rep) f.c.guest = x->rep->cur;
     x->phase_s[MM_PH_FWD_PREPARE] += (double)(mm_now_ns() - t0) * 1e-9;
 
