@@ -25,9 +25,10 @@
  *
  * Building a plan is collective over the team: each rank counts its slots per expert, the
  * counts are all-gathered (counts[s][e] on every rank), every rank runs the replica planner on
- * them (R > 0) and derives the same offsets. Capacity: every destination's received rows are compared with the capacity on every
- * rank from the same gathered matrix, so an overflow is the same CAPACITY_OVERFLOW everywhere,
- * before any data moves. Invalid expert ids on any rank are INVALID_ARGUMENT on every rank.
+ * them (R > 0) and derives the same offsets. Capacity: every destination's received rows
+ * (with the replica plan's split) are compared with the capacity on every rank from the same
+ * gathered matrix, so an overflow is the same CAPACITY_OVERFLOW everywhere, before any data
+ * moves. Invalid expert ids on any rank are INVALID_ARGUMENT on every rank.
  */
 #ifndef MM_OPS_EP_ROUTE_H
 #define MM_OPS_EP_ROUTE_H
