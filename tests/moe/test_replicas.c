@@ -2,7 +2,8 @@
  * `megamoe launch -n EP` (EP 2 and 4), both schedules:
  *  - for the four routing patterns the output, grad hidden and grad router weights equal the
  *    layer without replicas bit for bit (they are row-wise), the weight gradients differ by at
- *    most one bf16 ulp (fp32 partials summed in another order) and pass the reference rule;
+ *    most one bf16 ulp (fp32 partials summed in another order) and (EP 2) pass the reference
+ *    rule;
  *    balanced routing moves nothing (then everything is bit-identical); skewed routing moves
  *    rows and lowers the slowest rank's rows; every rank reports the same plan;
  *  - O0 and O1 with replicas give the same bits, run after run;
@@ -204,8 +205,11 @@ static void mm_pattern_case(mm_route_pattern_t route)
     ASSERT_TRUE(comm != NULL);
     mm_moe_problem_t P;
     ASSERT_EQ_INT(mm_moe_problem_create(&P, ep, T_, H_, I_, E_, K_, route, 40 + route), 0);
+    /* the reference once at EP 2 (at EP 4 the layer without replicas, which test_experts
+     * checks against it, is the yardstick: it costs most of this file's time there) */
     mm_ref_result_t ref;
-    ASSERT_EQ_INT(mm_ref_compute(&P, 0, &ref), 0);
+    memset(&ref, 0, sizeof ref);
+    if (ep == 2) ASSERT_EQ_INT(mm_ref_compute(&P, 0, &ref), 0);
     const char *scheds[2] = {"O0", "O1"};
     int all_ok = 1;
     for (int si = 0; si < 2; si++) {
@@ -237,10 +241,12 @@ static void mm_pattern_case(mm_route_pattern_t route)
             all_ok &= mm_compare_runs(what, &b, &a, MEGAMOE_DTYPE_BF16, 1);
         }
         ASSERT_TRUE(mm_same_plan_everywhere(xr));
-        mm_layer_result_t got;
-        ASSERT_EQ_INT(mm_layer_result_from(&P, b.out, b.gh, b.gp, 0, b.g1, b.g2, &got), 0);
-        all_ok &= mm_compare(what, &P, me, &got, &ref);
-        mm_layer_result_free(&got);
+        if (ep == 2) {
+            mm_layer_result_t got;
+            ASSERT_EQ_INT(mm_layer_result_from(&P, b.out, b.gh, b.gp, 0, b.g1, b.g2, &got), 0);
+            all_ok &= mm_compare(what, &P, me, &got, &ref);
+            mm_layer_result_free(&got);
+        }
         mm_run_free(&a);
         mm_run_free(&b);
         ASSERT_OK(megamoe_experts_close(x0));
