@@ -10,6 +10,8 @@ function(megamoe_add_layer layer)
     return()
   endif()
   add_library(megamoe_${layer}_obj OBJECT ${sources})
+  # Hidden by default: libmegamoe.so exports only the public API (include/megamoe/export.h).
+  set_target_properties(megamoe_${layer}_obj PROPERTIES C_VISIBILITY_PRESET hidden)
   target_include_directories(megamoe_${layer}_obj PUBLIC ${PROJECT_SOURCE_DIR}/include
                              PRIVATE ${PROJECT_SOURCE_DIR}/src)
   foreach(dep ${ARG_LIBS})

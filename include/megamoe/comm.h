@@ -18,11 +18,13 @@
 
 #include <stdint.h>
 
+#include "megamoe/export.h"
 #include "megamoe/status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+MEGAMOE_API_BEGIN
 
 typedef struct megamoe_comm megamoe_comm_t;
 
@@ -79,6 +81,7 @@ megamoe_status_t megamoe_comm_barrier(megamoe_comm_t *comm);
  * can free them and call destroy again. NULL is a no-op. */
 megamoe_status_t megamoe_comm_destroy(megamoe_comm_t *comm);
 
+MEGAMOE_API_END
 #ifdef __cplusplus
 }
 #endif

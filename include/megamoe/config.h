@@ -13,11 +13,13 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "megamoe/export.h"
 #include "megamoe/status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+MEGAMOE_API_BEGIN
 
 typedef struct megamoe_config_entry {
     const char *name;          /* "HYPER_PARALLEL_SHMEM_HEAP_SIZE" */
@@ -54,6 +56,7 @@ typedef struct megamoe_host_info {
 
 megamoe_status_t megamoe_host_info(megamoe_host_info_t *info_p);
 
+MEGAMOE_API_END
 #ifdef __cplusplus
 }
 #endif

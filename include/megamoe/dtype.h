@@ -18,11 +18,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "megamoe/export.h"
 #include "megamoe/status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+MEGAMOE_API_BEGIN
 
 typedef enum megamoe_dtype {
     MEGAMOE_DTYPE_FP32 = 0,
@@ -66,6 +68,7 @@ int8_t megamoe_fp32_to_int8(float value);
 megamoe_status_t megamoe_convert(void *dst, megamoe_dtype_t dst_type, const void *src,
                                  megamoe_dtype_t src_type, size_t n);
 
+MEGAMOE_API_END
 #ifdef __cplusplus
 }
 #endif

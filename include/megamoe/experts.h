@@ -47,12 +47,14 @@
 
 #include "megamoe/comm.h"
 #include "megamoe/dtype.h"
+#include "megamoe/export.h"
 #include "megamoe/prof.h"
 #include "megamoe/status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+MEGAMOE_API_BEGIN
 
 typedef struct megamoe_experts megamoe_experts_t;      /* one layer */
 typedef struct megamoe_experts_saved megamoe_experts_saved_t; /* one forward's saved state */
@@ -132,11 +134,18 @@ typedef struct megamoe_experts_grads {
 megamoe_status_t megamoe_experts_create(megamoe_comm_t *ep, const megamoe_experts_params_t *params,
                                         megamoe_experts_t **experts_p);
 
+/* Call order (docs/moe.md): share, forward, backward and close are collective calls; every
+ * rank makes the same ones in the same order (which layer, which kind). A call that differs
+ * from a peer's is CALL_MISMATCH on every rank, naming what each rank called ("rank 0 called
+ * forward of layer #2 (call 17), rank 1 called forward of layer #1 (call 17)"), before any
+ * data moves: no output is written, and calls made in the same order work again. A bad
+ * argument of one rank is that rank's error on every rank ("rank R: ..."). */
+
 /* Let layers share one resource group (workspace, threads, SHMEM reference). Collective; call
  * before the first forward of any of them, with layers of identical configuration (else
- * INVALID_ARGUMENT / INVALID_STATE naming the layer). Parameters, gradients and saved
- * activations stay per layer; shared layers must be used serially (a concurrent call from
- * another thread is INVALID_STATE). */
+ * INVALID_ARGUMENT / INVALID_STATE naming the layer; another list on another rank is
+ * CALL_MISMATCH). Parameters, gradients and saved activations stay per layer; shared layers
+ * must be used serially (a concurrent call from another thread is INVALID_STATE). */
 megamoe_status_t megamoe_experts_share(megamoe_experts_t *const *layers, size_t count);
 
 /* Forward. output: bf16 [T, H]. saved_p != NULL: keep what the backward needs and return it
@@ -159,10 +168,11 @@ megamoe_status_t megamoe_experts_backward(megamoe_experts_t *experts,
 /* Free one forward's saved state (local; any time, also after close). NULL is a no-op. */
 void megamoe_experts_saved_destroy(megamoe_experts_saved_t *saved);
 
-/* Close the layer: idempotent; collective when it is the last open layer of its resource group
- * (then the group's symmetric memory is freed and its SHMEM reference released), so call it
- * on every rank in the same order, after all backwards. Later forward/backward/share calls
- * are INVALID_STATE. */
+/* Close the layer: collective (call it on every rank in the same order, after all backwards;
+ * a peer making another call meanwhile is CALL_MISMATCH on both, and the layer stays open);
+ * when it is the last open layer of its resource group the group's symmetric memory is freed
+ * and its SHMEM reference released. A second close is a local no-op; after a lost peer close
+ * is local. Later forward/backward/share calls are INVALID_STATE. */
 megamoe_status_t megamoe_experts_close(megamoe_experts_t *experts);
 
 /* Free the handle (local). Closes nothing: a layer destroyed before close() keeps its group's
@@ -230,6 +240,10 @@ megamoe_status_t megamoe_experts_get_replicas(const megamoe_experts_t *experts,
                                               megamoe_experts_replica_t *out, size_t max,
                                               size_t *count_p);
 
+/* The layer's number N in call descriptors and CALL_MISMATCH messages ("layer #N"): layers are
+ * numbered in creation order, the same on every rank (0 for NULL). */
+uint64_t megamoe_experts_layer_number(const megamoe_experts_t *experts);
+
 /* Per-phase wall time accumulated by this layer's forward and backward calls on this rank. */
 #define MEGAMOE_EXPERTS_MAX_PHASES 20
 typedef struct megamoe_experts_timing {
@@ -264,6 +278,7 @@ size_t megamoe_experts_heap_bytes(const megamoe_experts_params_t *params, int ep
 int64_t megamoe_experts_capacity_rows(int64_t ep, int64_t tokens, int64_t top_k,
                                       double capacity_factor);
 
+MEGAMOE_API_END
 #ifdef __cplusplus
 }
 #endif

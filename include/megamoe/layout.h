@@ -17,11 +17,13 @@
 #include <stdint.h>
 
 #include "megamoe/dtype.h"
+#include "megamoe/export.h"
 #include "megamoe/status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+MEGAMOE_API_BEGIN
 
 megamoe_status_t megamoe_layout_gate_up_from_linear(void *gate_up, const void *gate,
                                                     const void *up, megamoe_dtype_t dtype,
@@ -37,6 +39,7 @@ megamoe_status_t megamoe_layout_down_to_linear(void *down, const void *down_weig
                                                megamoe_dtype_t dtype, int64_t num_experts,
                                                int64_t hidden, int64_t intermediate);
 
+MEGAMOE_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -7,9 +7,12 @@
 #ifndef MEGAMOE_LOG_H
 #define MEGAMOE_LOG_H
 
+#include "megamoe/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+MEGAMOE_API_BEGIN
 
 typedef enum megamoe_log_level {
     MEGAMOE_LOG_TRACE = 0,
@@ -43,6 +46,7 @@ void megamoe_log(megamoe_log_level_t level, const char *fmt, ...)
 #endif
     ;
 
+MEGAMOE_API_END
 #ifdef __cplusplus
 }
 #endif

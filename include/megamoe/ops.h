@@ -27,11 +27,13 @@
 
 #include "megamoe/comm.h"
 #include "megamoe/dtype.h"
+#include "megamoe/export.h"
 #include "megamoe/status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+MEGAMOE_API_BEGIN
 
 #define MEGAMOE_TENSOR_MAX_DIMS 4
 
@@ -150,6 +152,7 @@ megamoe_status_t megamoe_ops_release(void);
 /* sizeof() of the argument structs, for bindings that mirror them (ctypes). */
 int64_t megamoe_ops_struct_size(int which); /* 0 tensor, 1 dispatch, 2 combine, 3 add_rms_norm */
 
+MEGAMOE_API_END
 #ifdef __cplusplus
 }
 #endif

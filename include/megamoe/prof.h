@@ -39,11 +39,13 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "megamoe/export.h"
 #include "megamoe/status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+MEGAMOE_API_BEGIN
 
 typedef enum megamoe_profile_kind {
     MEGAMOE_PROFILE_WAIT = 0,    /* waiting for a dependency counter */
@@ -184,6 +186,7 @@ megamoe_status_t megamoe_trace_svg(const char *const *inputs, size_t count,
                                    const megamoe_trace_svg_options_t *options,
                                    const char *output);
 
+MEGAMOE_API_END
 #ifdef __cplusplus
 }
 #endif

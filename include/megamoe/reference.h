@@ -42,11 +42,13 @@
 #include <stdint.h>
 
 #include "megamoe/dtype.h"
+#include "megamoe/export.h"
 #include "megamoe/status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+MEGAMOE_API_BEGIN
 
 /* Shapes (all required). */
 typedef struct megamoe_reference_shape {
@@ -93,6 +95,7 @@ megamoe_status_t megamoe_reference_backward(const megamoe_reference_shape_t *sha
                                             float *grad_hidden_p, float *grad_topk_weights_p,
                                             float *grad_gate_up_p, float *grad_down_p);
 
+MEGAMOE_API_END
 #ifdef __cplusplus
 }
 #endif

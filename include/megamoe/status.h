@@ -11,9 +11,12 @@
 #ifndef MEGAMOE_STATUS_H
 #define MEGAMOE_STATUS_H
 
+#include "megamoe/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+MEGAMOE_API_BEGIN
 
 /* XX(name, value, description) */
 #define MEGAMOE_STATUS_MAP(XX)                                                              \
@@ -29,7 +32,8 @@ extern "C" {
     XX(UNSUPPORTED, -8, "unsupported")                                                      \
     XX(IO, -9, "input/output or system error")                                              \
     XX(NOT_FOUND, -10, "not found")                                                         \
-    XX(INTERNAL, -11, "internal error")
+    XX(INTERNAL, -11, "internal error")                                                     \
+    XX(CALL_MISMATCH, -12, "ranks made different collective calls")
 
 typedef enum megamoe_status {
 #define MEGAMOE_STATUS_ENUM_(name, value, text) MEGAMOE_##name = (value),
@@ -50,6 +54,17 @@ const char *megamoe_last_error(void);
 /* Forget the calling thread's last error. */
 void megamoe_clear_last_error(void);
 
+/* For bindings whose own argument checks (dtype, shape, device, ...) failed on this rank: the
+ * next collective call made by this thread (a MegaMoeExperts forward, backward, close or
+ * share, or an operator) does not run; it still takes part in its first exchange with this
+ * error, so every rank of its group returns the same error at once ("rank R: <message>")
+ * instead of waiting for the timeout, nothing moves and the layer stays usable. The call
+ * consumes the error; megamoe_clear_next_call_error() drops an unused one. status must be an
+ * error (< 0): INVALID_ARGUMENT otherwise. */
+megamoe_status_t megamoe_fail_next_call(megamoe_status_t status, const char *message);
+void megamoe_clear_next_call_error(void);
+
+MEGAMOE_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -2,9 +2,12 @@
 #ifndef MEGAMOE_VERSION_H
 #define MEGAMOE_VERSION_H
 
+#include "megamoe/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+MEGAMOE_API_BEGIN
 
 #define MEGAMOE_VERSION_MAJOR 0
 #define MEGAMOE_VERSION_MINOR 1
@@ -18,6 +21,7 @@ const char *megamoe_version(void);
 /* ABI version of the loaded library; compare with MEGAMOE_ABI_VERSION. */
 int megamoe_abi_version(void);
 
+MEGAMOE_API_END
 #ifdef __cplusplus
 }
 #endif

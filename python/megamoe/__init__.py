@@ -1,6 +1,8 @@
 """megamoe: expert-parallel Mixture-of-Experts layers on CPUs (Python/PyTorch binding).
 
-The package wraps libmegamoe.so (found in the build tree, or at $MEGAMOE_LIB) with ctypes.
+The package wraps libmegamoe.so (an installed package's own megamoe/_native/ payload; in a source
+checkout the build tree, or $MEGAMOE_LIB) through the Torch adapter (torch.ops.megamoe.*) when it
+is built, else with ctypes (megamoe/_adapter.py).
 Every failing call raises :class:`MegaMoeError`, which carries the C status and the library's
 message naming the fix.
 """

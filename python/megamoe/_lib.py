@@ -5,9 +5,18 @@ import os
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _REPO = os.path.abspath(os.path.join(_HERE, "..", ".."))
+ABI_VERSION = 1
+# The installed package (the wheel) carries its own library here, under its SONAME.
+NATIVE_DIR = os.path.join(_HERE, "_native")
+_PACKAGED = os.path.join(NATIVE_DIR, f"libmegamoe.so.{ABI_VERSION}")
 
 
 def _candidates():
+    if os.path.exists(_PACKAGED):
+        # installed: always the payload the package was built with (its Torch adapter and CLI
+        # belong to it); MEGAMOE_LIB / MEGAMOE_BUILD_DIR are for a source checkout
+        yield _PACKAGED
+        return
     env = os.environ.get("MEGAMOE_LIB")
     if env:
         yield env
@@ -18,8 +27,7 @@ def _candidates():
     for preset in ("release", "debug", "asan", "tsan"):
         yield os.path.join(_REPO, "build", preset, "src", "libmegamoe.so")
     yield from sorted(glob.glob(os.path.join(_REPO, "build", "*", "src", "libmegamoe.so")))
-    yield os.path.join(_HERE, "libmegamoe.so")
-    yield "libmegamoe.so"
+    yield f"libmegamoe.so.{ABI_VERSION}"  # a `cmake --install` on the loader's path
 
 
 def _load():
@@ -33,7 +41,8 @@ def _load():
         except OSError as exc:  # pragma: no cover - depends on the machine
             errors.append(f"{path}: {exc}")
     raise ImportError(
-        "megamoe: cannot load libmegamoe.so; build it with 'make build' or set MEGAMOE_LIB.\n  "
+        "megamoe: cannot load libmegamoe.so; build it with 'make build' (or 'pip install .') "
+        "or set MEGAMOE_LIB.\n  "
         + "\n  ".join(errors))
 
 
@@ -57,7 +66,6 @@ lib.megamoe_fp32_to_bf16.argtypes = [ctypes.c_float]
 lib.megamoe_convert.restype = c_int
 lib.megamoe_convert.argtypes = [ctypes.c_void_p, c_int, ctypes.c_void_p, c_int, ctypes.c_size_t]
 
-ABI_VERSION = 1
 if lib.megamoe_abi_version() != ABI_VERSION:
     raise ImportError(f"megamoe: {path} has ABI {lib.megamoe_abi_version()}, "
                       f"this binding needs {ABI_VERSION}; rebuild with 'make build'")

@@ -11,7 +11,7 @@ attaches the V2 triples to that tensor; the V1 combine runs the V2 combine with 
 ``expand_idx`` loses the attachment: the combine then rebuilds the triples with one
 metadata-only V2 dispatch (H = 1) of the same ``expert_ids`` / mask / attributes, so the result
 is the same, one exchange later (every rank must take the same path: a rank passing a copy
-while another passes the original gets CONFIG_MISMATCH on both, nothing hangs).
+while another passes the original gets CALL_MISMATCH on both, nothing hangs).
 """
 import torch
 
@@ -84,4 +84,17 @@ def npu_moe_distribute_combine(expand_x, expert_ids, expand_idx, ep_send_counts,
     kw = dict(locals())
     assist = _v2._v2_assist(expand_idx)
     kw["assist_info_for_combine"] = assist if assist is not expand_idx else _rebuild_assist(kw)
-    return _v2._combine(kw)
+    if any(kw[n] is not None for n in _RESERVED_TENSORS) or kw["out_dtype"] or kw["group_list_type"]:
+        return _v2._combine(kw)  # reserved inputs: the library rejects them on every rank
+    # the public V2 combine, so the call takes the Torch adapter when it is built
+    return _v2.npu_moe_distribute_combine_v2(
+        *[kw[n] for n in ("expand_x", "expert_ids", "assist_info_for_combine", "ep_send_counts",
+                          "expert_scales", "group_ep", "ep_world_size", "ep_rank_id",
+                          "moe_expert_num")],
+        **{n: kw[n] for n in ("tp_send_counts", "x_active_mask", "expand_scales",
+                              "shared_expert_x", "group_tp", "tp_world_size", "tp_rank_id",
+                              "expert_shard_type", "shared_expert_num", "shared_expert_rank_num",
+                              "global_bs", "comm_quant_mode")})
+
+
+_RESERVED_TENSORS = ("activation_scale", "weight_scale", "group_list")

@@ -33,7 +33,7 @@ import os
 import secrets
 import threading
 
-from . import _lib
+from . import _adapter, _lib
 from .errors import MegaMoeError, check
 
 _lock = threading.RLock()
@@ -79,6 +79,7 @@ class Comm:
         self.world_ranks = tuple(world_ranks)
         self._leases = 0      # MegaMoeExperts layers using it (_acquire / _release)
         self._user = False    # asked for by the user's own code: kept until shutdown()
+        _adapter.register_group(name, handle.value)  # torch.ops.megamoe resolves it by name
 
     @property
     def handle(self):
@@ -103,6 +104,7 @@ class Comm:
             if self._handle is None:
                 return
             check(_L.megamoe_comm_destroy(self._handle))
+            _adapter.register_group(self.name, None)
             self._handle = None
             _by_name.pop(self.name, None)
             for key, (_, comm) in list(_by_group.items()):

@@ -17,9 +17,10 @@ import os
 
 import torch
 
-from . import _lib
+from . import _adapter, _lib
 from . import profiler as _profiler
-from .errors import MegaMoeError, check
+from .errors import (INVALID_ARGUMENT, InvalidArgumentTypeError, MegaMoeError, check,
+                     clear_next_call_error, fail_next_call)
 
 __all__ = ["MegaMoeExperts"]
 
@@ -125,6 +126,8 @@ _L.megamoe_experts_get_timing.restype = ctypes.c_int
 _L.megamoe_experts_get_timing.argtypes = [_vp, _P(_Timing)]
 _L.megamoe_experts_reset_timing.restype = None
 _L.megamoe_experts_reset_timing.argtypes = [_vp]
+_L.megamoe_experts_layer_number.restype = ctypes.c_uint64
+_L.megamoe_experts_layer_number.argtypes = [_vp]
 _L.megamoe_experts_heap_bytes.restype = ctypes.c_size_t
 _L.megamoe_experts_heap_bytes.argtypes = [_P(_Params), ctypes.c_int]
 _L.megamoe_experts_capacity_rows.restype = _c_int64
@@ -245,9 +248,16 @@ class _MegaMoeFunction(torch.autograd.Function):
         # without it nothing keeps the saved state, so the forward should not make one)
         training = grad_enabled and any(ctx.needs_input_grad[i] for i in (2, 4, 6, 7))
         saved = _Saved() if training else None
-        check(_L.megamoe_experts_forward(layer._handle, ctypes.byref(w), ctypes.byref(inp),
-                                         _ptr(out),
-                                         ctypes.byref(saved.handle) if saved else None))
+        if _adapter.ops is not None:  # torch.ops.megamoe: the same arguments as the C call
+            handle = _adapter.call(_adapter.ops.experts_forward, layer._handle.value, hidden,
+                                   topk_ids, topk_weights, tokens_per_expert, gate_up, down,
+                                   _adapter.signed64(w.version), out, saved is not None)
+            if saved is not None:
+                saved.handle = ctypes.c_void_p(handle)
+        else:
+            check(_L.megamoe_experts_forward(layer._handle, ctypes.byref(w), ctypes.byref(inp),
+                                             _ptr(out),
+                                             ctypes.byref(saved.handle) if saved else None))
         _profiler._note_invocation()  # an active mega_kernel_profile counts its launches
         ctx.layer = layer
         ctx.saved = saved
@@ -267,8 +277,10 @@ class _MegaMoeFunction(torch.autograd.Function):
     def _grads(ctx, grad_out):
         layer, saved = ctx.layer, ctx.saved
         if saved is None or not saved.handle:
-            raise MegaMoeError(-2, "MegaMoeExperts backward: the saved state is gone "
-                                   "(retain_graph / double backward is not supported)")
+            # one rank only (e.g. a second backward there): the peers are in their backward
+            layer._refuse("backward", MegaMoeError(-2, "MegaMoeExperts backward: the saved "
+                                                       "state is gone (retain_graph / double "
+                                                       "backward is not supported)"))
         gate_up, down = ctx.saved_tensors
         grad_out = grad_out.to(torch.bfloat16).contiguous()
         g_hidden = torch.empty_like(grad_out)
@@ -278,8 +290,13 @@ class _MegaMoeFunction(torch.autograd.Function):
         grads = _Grads(_ptr(g_hidden), _ptr(g_topk), _ptr(g_gate_up), _ptr(g_down), _BF16)
         w = _weights_desc(layer, gate_up, down)
         try:
-            check(_L.megamoe_experts_backward(layer._handle, saved.handle, ctypes.byref(w),
-                                              _ptr(grad_out), ctypes.byref(grads)))
+            if _adapter.ops is not None:  # torch.ops.megamoe: the same arguments as the C call
+                _adapter.call(_adapter.ops.experts_backward, layer._handle.value,
+                              saved.handle.value, gate_up, down, _adapter.signed64(w.version),
+                              grad_out, g_hidden, g_topk, g_gate_up, g_down)
+            else:
+                check(_L.megamoe_experts_backward(layer._handle, saved.handle, ctypes.byref(w),
+                                                  _ptr(grad_out), ctypes.byref(grads)))
             _profiler._note_invocation()
         finally:
             saved.free()  # retain_graph is not supported: the state goes with the backward
@@ -433,10 +450,48 @@ class MegaMoeExperts(torch.nn.Module):
         """Output of ``hidden_states`` ([..., H] flattening to T rows, bfloat16) through the
         experts ``topk_ids`` ([T, K] global ids) chose, weighted by ``topk_weights`` ([T, K]);
         ``tokens_per_expert`` ([E]) is the optional exact local histogram. Collective: every EP
-        rank calls it. Errors raise MegaMoeError on every rank before data moves: ids outside
-        [0, E), capacity overflow, NaN/Inf in hidden_states, topk_weights or (in backward) the
-        output gradient (``MEGAMOE_CHECK_FINITE=0`` lets those through)."""
+        rank calls it, in the same order as its other collective calls. Errors raise
+        MegaMoeError on every rank before data moves, and the layer stays usable: a bad tensor
+        on any rank (dtype, shape, device, contiguity: InvalidArgumentError, also a
+        ValueError), ids outside [0, E), capacity overflow, NaN/Inf in hidden_states,
+        topk_weights or (in backward) the output gradient (``MEGAMOE_CHECK_FINITE=0`` lets
+        those through), and calls made in a different order on another rank
+        (CallMismatchError, naming what each rank called)."""
         self._check_open("forward")
+        try:
+            args = self._forward_args(hidden_states, topk_ids, topk_weights, tokens_per_expert)
+        except MegaMoeError:
+            raise
+        except (TypeError, ValueError) as exc:  # this rank only: every rank raises it
+            self._refuse("forward", exc)
+        shape, x, ids, probs, tpe, gate_up, down = args
+        out = _MegaMoeFunction.apply(self, torch.is_grad_enabled(), x, ids, probs, tpe, gate_up,
+                                     down)
+        return out.reshape(shape)
+
+    def _refuse(self, call, exc):
+        """Raise exc's error on every rank: this rank takes part in the collective call it
+        refuses (its first exchange), so the peers fail with the same error at once."""
+        status = getattr(exc, "status", -1)
+        fail_next_call(str(exc), status)
+        try:
+            if call == "forward":
+                st = _L.megamoe_experts_forward(self._handle, None, None, None, None)
+            else:
+                st = _L.megamoe_experts_backward(self._handle, None, None, None, None)
+        finally:
+            clear_next_call_error()  # not consumed when the layer refused before its exchange
+        if st == INVALID_ARGUMENT and isinstance(exc, TypeError):
+            raise InvalidArgumentTypeError(st) from exc  # also the TypeError it was here
+        if st < 0:
+            raise MegaMoeError(st) from exc
+        raise exc  # pragma: no cover - the library always reports the error
+
+    def _forward_args(self, hidden_states, topk_ids, topk_weights, tokens_per_expert):
+        for name, t in (("hidden_states", hidden_states), ("topk_ids", topk_ids),
+                        ("topk_weights", topk_weights)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         gate_up, down = self._weights()
         t, h, k, e = self.local_num_tokens, self.hidden_size, self.top_k, self.num_experts
         shape = hidden_states.shape
@@ -472,9 +527,7 @@ class MegaMoeExperts(torch.nn.Module):
                                  f"histogram of topk_ids (one dimension), got {got}")
             # the layer routes by it instead of counting the ids again (int32 or int64, as is)
             tpe = tokens_per_expert.contiguous()
-        out = _MegaMoeFunction.apply(self, torch.is_grad_enabled(), x, ids, probs, tpe, gate_up,
-                                     down)
-        return out.reshape(shape)
+        return shape, x, ids, probs, tpe, gate_up, down
 
     # ---- resources ----------------------------------------------------------------------
     @staticmethod
@@ -485,16 +538,28 @@ class MegaMoeExperts(torch.nn.Module):
         layers = list(layers)
         if not layers:
             raise ValueError("share_execution_resources needs at least one layer")
+        valid = [l for l in layers if isinstance(l, MegaMoeExperts) and l._handle]
+        for l in valid:
+            l._check_open("share_execution_resources")
         for l in layers:
             if not isinstance(l, MegaMoeExperts):
-                raise TypeError(f"share_execution_resources got {type(l).__name__}")
-            l._check_open("share_execution_resources")
-        arr = (ctypes.c_void_p * len(layers))(*[l._handle.value for l in layers])
-        check(_L.megamoe_experts_share(arr, len(layers)))
+                if not valid:
+                    raise TypeError(f"share_execution_resources got {type(l).__name__}")
+                # this rank only: its peers are in the call, so every rank raises it
+                fail_next_call(f"share_execution_resources got {type(l).__name__}, not a "
+                               "MegaMoeExperts layer")
+                break
+        arr = (ctypes.c_void_p * len(valid))(*[l._handle.value for l in valid])
+        try:
+            check(_L.megamoe_experts_share(arr, len(valid)))
+        finally:
+            clear_next_call_error()
 
     def close(self):
-        """Release this layer's execution resources (idempotent). Call on every rank in the
-        same order, after all backward passes and before destroying the process group."""
+        """Release this layer's execution resources (idempotent). Collective: call it on every
+        rank in the same order as the other collective calls, after all backward passes and
+        before destroying the process group; a peer making another call meanwhile is a
+        CallMismatchError on both ranks, and the layer stays open (close it again in step)."""
         if self._closed:
             return
         if self._handle:
@@ -542,6 +607,12 @@ class MegaMoeExperts(torch.nn.Module):
         arr = (_Replica * max(1, n.value))()
         check(_L.megamoe_experts_get_replicas(self._handle, arr, n.value, ctypes.byref(n)))
         return [{f: getattr(arr[k], f) for f, _ in _Replica._fields_} for k in range(n.value)]
+
+    @property
+    def layer_number(self):
+        """N of "layer #N" in CALL_MISMATCH messages: layers are numbered in creation order,
+        the same on every rank."""
+        return int(_L.megamoe_experts_layer_number(self._handle)) if self._handle else 0
 
     def timing(self, reset=False):
         """Per-phase seconds accumulated on this rank ({"fwd.gmm1": s, ...})."""

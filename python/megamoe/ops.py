@@ -26,10 +26,12 @@ import ctypes
 
 import torch
 
-from . import _lib
+from . import _adapter, _lib
 from . import comm as _comm
 from ._fp8 import Float8Dtype, float8_e4m3fn, float8_e5m2
-from .errors import MegaMoeError, check
+from .errors import (CALL_MISMATCH, INVALID_ARGUMENT, InvalidArgumentError,
+                     InvalidArgumentTypeError, MegaMoeError, check, clear_next_call_error,
+                     fail_next_call)
 
 __all__ = ["npu_moe_distribute_dispatch_v2", "npu_moe_distribute_combine_v2",
            "npu_moe_distribute_combine_add_rms_norm", "moe_distribute_dispatch_v2",
@@ -132,17 +134,23 @@ class _Call:
 
     def __init__(self):
         self.keep = []
+        self.error = None  # the first argument this binding refuses
 
     def tensor(self, desc, t, name, dtype_code=None):
         """Describe t for C. Problems the C side can name (dtype, rank) are passed through as
         invalid descriptors rather than raised here: an exception on one rank only would leave
-        the other ranks waiting in the collective."""
+        the other ranks waiting in the collective. What only Python sees (not a tensor, not on
+        the CPU) is kept in self.error and handed to the call (run)."""
         if t is None:
             return None
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            self.error = self.error or (TypeError,
+                                        f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            return None
         if t.device.type != "cpu":
-            raise ValueError(f"{name} must be a CPU tensor (got device {t.device})")
+            self.error = self.error or (ValueError,
+                                        f"{name} must be a CPU tensor (got device {t.device})")
+            return None
         t = t.contiguous()
         self.keep.append(t)
         desc.data = t.data_ptr() if t.numel() else ctypes.addressof(_EMPTY)
@@ -151,6 +159,28 @@ class _Call:
         for i, s in enumerate(t.shape[:4]):
             desc.shape[i] = s
         return t
+
+
+    def run(self, fn, args):
+        """The C operator call; with a refused argument it takes part in its first exchange
+        with that error, so every rank raises the same InvalidArgumentError at once (on this
+        rank also the TypeError/ValueError it is). Without a runtime to tell (no collective
+        possible) this rank's own error is raised."""
+        if self.error is None:
+            check(fn(ctypes.byref(args)))
+            return
+        kind, message = self.error
+        fail_next_call(message)
+        try:
+            st = fn(ctypes.byref(args))
+        finally:
+            clear_next_call_error()
+        if st == INVALID_ARGUMENT:
+            cls = InvalidArgumentTypeError if kind is TypeError else InvalidArgumentError
+            raise cls(st)
+        if st == CALL_MISMATCH:
+            check(st)
+        raise kind(message)
 
 
 _EMPTY = ctypes.create_string_buffer(64)  # data pointer of empty (but present) tensors
@@ -164,28 +194,42 @@ def _alloc(desc):
 
 
 def _comm_handle(group, what):
-    """Handle of a group (name, Comm or torch ProcessGroup); None when absent or unknown, which
-    the library reports as an invalid argument on every rank."""
-    if group is None or group == "":
+    """Handle of the communicator a group name (see _group_name) names; None when absent or
+    unknown, which the library reports as an invalid argument on every rank."""
+    if not group:
         return None
-    if isinstance(group, _comm.Comm):
-        return group.handle if group.alive else None
-    if isinstance(group, str):
-        try:
-            return _comm.by_name(group).handle
-        except MegaMoeError:
-            return None
-    return _comm.for_group(group).handle  # a torch.distributed ProcessGroup
+    try:
+        return _comm.by_name(group).handle
+    except MegaMoeError:
+        return None
 
 
 def _y_code(y_dtype):
-    if y_dtype is None:
-        return None
+    if y_dtype is None or type(y_dtype) is int:  # None, or already a megamoe dtype code
+        return y_dtype
     if isinstance(y_dtype, Float8Dtype):
         return y_dtype.code
     if y_dtype in (torch.int8, torch.bfloat16, torch.float16):
         return _FROM_TORCH[y_dtype]
     return _FP32  # never a valid expand_x type: the library names the rule
+
+
+# ---- backend seam (python/megamoe/_adapter.py) ------------------------------------------------
+# Every operator below is called with its arguments normalised once, here, and then runs either
+# torch.ops.megamoe.<name> (the Torch adapter, when built) or its own ctypes body.
+
+def _group_name(group):
+    """A group as both backends take it: the communicator's name ("" when absent or dead)."""
+    if group is None or isinstance(group, str):
+        return group or ""
+    if isinstance(group, _comm.Comm):
+        return group.name if group.alive else ""
+    return _comm.for_group(group).name  # a torch.distributed ProcessGroup
+
+
+_operator = _adapter.operator({"group_ep": _group_name, "group_tp": _group_name,
+                               "y_dtype": _y_code,
+                               "expand_idx": lambda t: _v2_assist(t)})  # V1's, see below
 
 
 def _perf(call, desc, performance_info):
@@ -203,6 +247,7 @@ def _perf_back(performance_info, t):
 
 # ---- MoeDistributeDispatchV2 ---------------------------------------------------------------
 
+@_operator
 def npu_moe_distribute_dispatch_v2(x, expert_ids, group_ep, ep_world_size, ep_rank_id,
                                    moe_expert_num, *, scales=None, x_active_mask=None,
                                    expert_scales=None, elastic_info=None, performance_info=None,
@@ -251,7 +296,7 @@ def npu_moe_distribute_dispatch_v2(x, expert_ids, group_ep, ep_world_size, ep_ra
             getattr(a, n).data = None  # the call reports infer's error, on every rank
     elif y is not None and a.expand_x.dtype != y:
         a.expand_x.dtype = y  # an expand_x type that does not fit quant_mode: rejected below
-    check(_L.megamoe_dispatch_v2(ctypes.byref(a)))
+    call.run(_L.megamoe_dispatch_v2, a)
     _perf_back(performance_info, perf)
     return tuple(outs)
 
@@ -281,6 +326,7 @@ def _combine_args(a, call, expand_x, expert_ids, assist_info_for_combine, ep_sen
     a.comm_alg = alg
 
 
+@_operator
 def npu_moe_distribute_combine_v2(expand_x, expert_ids, assist_info_for_combine, ep_send_counts,
                                   expert_scales, group_ep, ep_world_size, ep_rank_id,
                                   moe_expert_num, *, tp_send_counts=None, x_active_mask=None,
@@ -309,11 +355,12 @@ def _combine(kw):
     if _L.megamoe_combine_v2_infer(ctypes.byref(a)) != 0:
         a.x.ndim, a.x.shape[0] = 1, 0  # invalid arguments: the call reports them on every rank
     x = _alloc(a.x)
-    check(_L.megamoe_combine_v2(ctypes.byref(a)))
+    call.run(_L.megamoe_combine_v2, a)
     _perf_back(performance_info, perf)
     return x
 
 
+@_operator
 def npu_moe_distribute_combine_add_rms_norm(expand_x, expert_ids, expand_idx, ep_send_counts,
                                             expert_scales, residual_x, gamma, group_ep,
                                             ep_world_size, ep_rank_id, moe_expert_num, *,
@@ -346,7 +393,7 @@ def npu_moe_distribute_combine_add_rms_norm(expand_x, expert_ids, expand_idx, ep
     x = _alloc(a.combine.x)
     y = _alloc(a.y)
     rstd = _alloc(a.rstd)
-    check(_L.megamoe_combine_add_rms_norm(ctypes.byref(a)))
+    call.run(_L.megamoe_combine_add_rms_norm, a)
     return y, rstd, x
 
 

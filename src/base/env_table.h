@@ -62,7 +62,9 @@
     MM_ENV(PROFILE, "MEGAMOE_PROFILE", STRING, "", 0, 0, "", \
            "Directory for MegaKernel Chrome traces (trace_<rank>.json); empty = profiling off.") \
     MM_ENV(LIB, "MEGAMOE_LIB", STRING, "", 0, 0, "", \
-           "Python binding: path of libmegamoe.so to load instead of searching the build tree.") \
+           "Python binding in a source checkout: path of libmegamoe.so to load instead of searching the build tree (an installed package always loads its own).") \
     MM_ENV(BUILD_DIR, "MEGAMOE_BUILD_DIR", STRING, "", 0, 0, "", \
-           "Python binding: build directory whose src/libmegamoe.so to load (when MEGAMOE_LIB is unset).")
+           "Source checkout: build directory whose src/libmegamoe.so Python loads (when MEGAMOE_LIB is unset) and which 'pip install .' packages.") \
+    MM_ENV(TORCH_ADAPTER, "MEGAMOE_TORCH_ADAPTER", ENUM, "auto", 0, 0, "auto|on|off", \
+           "Python binding: call the library through the Torch adapter (torch.ops.megamoe) when it is built (auto), always (on: ImportError without it) or never (off: ctypes only).")
 /* clang-format on */

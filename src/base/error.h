@@ -24,6 +24,11 @@ megamoe_status_t mm_error(megamoe_status_t status, const char *fmt, ...) MM_PRIN
  * handles, e.g. probing). */
 megamoe_status_t mm_error_quiet(megamoe_status_t status, const char *fmt, ...) MM_PRINTF(2, 3);
 
+/* The error megamoe_fail_next_call() left for this thread's next collective call (consumed:
+ * the text becomes the last error), or OK. Every collective entry calls it first and takes
+ * part in its first exchange with the result as its local status. */
+megamoe_status_t mm_take_next_call_error(void);
+
 /* Remember an error without changing the text when one was already set by a lower layer. */
 void mm_set_last_error(const char *text);
 

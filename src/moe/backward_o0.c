@@ -243,32 +243,30 @@ megamoe_status_t mm_moe_check_backward(const megamoe_experts_t *x,
     return mm_moe_check_finite("grad_output", dout, MEGAMOE_DTYPE_BF16, x->cfg.T, x->cfg.H);
 }
 
-megamoe_status_t mm_moe_agree_saved(const megamoe_experts_t *x, uint64_t gen)
+megamoe_status_t mm_moe_backward_agree(megamoe_experts_t *x, mm_call_t *call,
+                                       megamoe_status_t local,
+                                       const megamoe_experts_saved_t *sv)
 {
-    const int n = x->ep;
-    uint64_t *all = calloc((size_t)n, sizeof *all);
-    megamoe_status_t st = all ? MEGAMOE_OK : mm_error(MEGAMOE_OUT_OF_MEMORY, "saved-state check");
-    MM_CHECK(mm_shmem_team_agree(x->team, st));
-    st = mm_shmem_team_allgather(x->team, all, &gen, sizeof gen);
-    for (int r = 1; st == MEGAMOE_OK && r < n; r++)
-        if (all[r] != all[0])
-            st = mm_error(MEGAMOE_INVALID_ARGUMENT,
-                          "backward needs the saved state of the same forward call on every rank "
-                          "(forward numbers differ): rank 0 passed #%llu but rank %d passed "
-                          "#%llu; pass every rank the same one",
-                          (unsigned long long)all[0], r, (unsigned long long)all[r]);
-    free(all);
-    return st;
+    /* Every rank must pass the saved state of the same forward: their routing plans (row
+     * counts and offsets) differ otherwise, and the exchange would mix rows of different
+     * calls into wrong gradients. Decided from the gathered numbers: identical everywhere. */
+    call->aux = local == MEGAMOE_OK ? sv->gen : 0;
+    MM_CHECK(mm_call_exchange(call, x->team, local, NULL, 0));
+    return mm_call_aux_agree(call, MEGAMOE_INVALID_ARGUMENT,
+                             "backward needs the saved state of the same forward call on every "
+                             "rank (forward numbers differ)");
 }
 
-megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, megamoe_experts_saved_t *sv,
+megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, mm_call_t *call, megamoe_status_t local,
+                                    megamoe_experts_saved_t *sv,
                                     const megamoe_experts_weights_t *wts, const void *dout,
                                     const megamoe_experts_grads_t *gr)
 {
     mm_moe_group_t *g = x->group;
     const int64_t T = x->cfg.T, H = x->cfg.H, I = x->cfg.I, K = x->cfg.K, L = x->L;
     const size_t TK = (size_t)(T * K);
-    megamoe_status_t st = mm_moe_check_backward(x, sv, dout, gr);
+    megamoe_status_t st = local;
+    if (st == MEGAMOE_OK) st = mm_moe_check_backward(x, sv, dout, gr);
     if (st == MEGAMOE_OK && !g->ready)
         st = mm_error(MEGAMOE_INVALID_STATE, "backward before any forward of this layer");
     if (st == MEGAMOE_OK) st = mm_moe_pack_weights(x, wts, 1);
@@ -323,24 +321,21 @@ megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, megamoe_experts_saved_
             b.gw = p;
         }
     }
-    /* Nothing has moved yet: a failure anywhere stops every rank here. */
-    st = mm_shmem_team_agree(x->team, st);
-    /* Every rank must pass the saved state of the same forward: their routing plans (row
-     * counts and offsets) differ otherwise, and the exchange would mix rows of different
-     * calls into wrong gradients. Decided from the gathered numbers: identical everywhere. */
-    if (st == MEGAMOE_OK) st = mm_moe_agree_saved(x, sv->gen);
+    /* Nothing has moved yet: the call order, a failure anywhere and the saved states' forward
+     * numbers are decided in this one exchange, on every rank alike. */
+    st = mm_moe_backward_agree(x, call, st, sv);
     if (st != MEGAMOE_OK) {
         free(group_rows);
         free(wtab);
         free(b.guests);
         return st;
     }
-    megamoe_status_t local = MEGAMOE_OK;
+    megamoe_status_t later = MEGAMOE_OK; /* a failure that must not strand the peers */
 
     /* ---- source: weighted grad rows and router-weight grads; dispatch to the owners ---- */
     mm_ep_begin(g->xbuf, MM_EP_DISPATCH);
     st = mm_bwd_phase(&b, BW_PREP, MM_PH_BWD_PREP);
-    if (st != MEGAMOE_OK) local = st;
+    if (st != MEGAMOE_OK) later = st;
     uint64_t tw = mm_now_ns();
     st = b.direct || b.pull ? MEGAMOE_OK : mm_bwd_phase(&b, BW_DISPATCH, -1);
     mm_ep_done(g->xbuf, MM_EP_DISPATCH);
@@ -360,11 +355,11 @@ megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, megamoe_experts_saved_
     }
 
     /* ---- owner: data grads and weight grads ---- */
-    if (local == MEGAMOE_OK) local = mm_bwd_phase(&b, BW_GMM_DA, MM_PH_BWD_GMM_DA);
-    if (local == MEGAMOE_OK) local = mm_bwd_phase(&b, BW_GMM_DW2, MM_PH_BWD_GMM_DW2);
-    if (local == MEGAMOE_OK) local = mm_bwd_phase(&b, BW_SWIGLU, MM_PH_BWD_SWIGLU);
-    if (local == MEGAMOE_OK) local = mm_bwd_phase(&b, BW_GMM_DX, MM_PH_BWD_GMM_DX);
-    if (local == MEGAMOE_OK) local = mm_bwd_phase(&b, BW_GMM_DW1, MM_PH_BWD_GMM_DW1);
+    if (later == MEGAMOE_OK) later = mm_bwd_phase(&b, BW_GMM_DA, MM_PH_BWD_GMM_DA);
+    if (later == MEGAMOE_OK) later = mm_bwd_phase(&b, BW_GMM_DW2, MM_PH_BWD_GMM_DW2);
+    if (later == MEGAMOE_OK) later = mm_bwd_phase(&b, BW_SWIGLU, MM_PH_BWD_SWIGLU);
+    if (later == MEGAMOE_OK) later = mm_bwd_phase(&b, BW_GMM_DX, MM_PH_BWD_GMM_DX);
+    if (later == MEGAMOE_OK) later = mm_bwd_phase(&b, BW_GMM_DW1, MM_PH_BWD_GMM_DW1);
 
     /* ---- combine dX back to the tokens' ranks ---- */
     tw = mm_now_ns();
@@ -373,7 +368,7 @@ megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, megamoe_experts_saved_
     mm_ep_done(g->xbuf, MM_EP_COMBINE);
     if (st == MEGAMOE_OK) st = mm_ep_wait(g->xbuf, MM_EP_COMBINE);
     if (st != MEGAMOE_OK) goto broken;
-    st = mm_shmem_team_agree(x->team, local);
+    st = mm_shmem_team_agree(x->team, later);
     x->phase_s[MM_PH_BWD_COMBINE] += (double)(mm_now_ns() - tw) * 1e-9;
     if (st != MEGAMOE_OK) goto fail;
 

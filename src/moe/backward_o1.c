@@ -8,8 +8,9 @@
  *             run after every data-gradient tile, overlapping the peers' combine and reduce
  *   reduce    source: grad hidden[t] = sum_k dX[t,k] (fp32, k ascending)
  * The same kernels, row sets and orders as O0 (backward_o0.c): bit-identical results.
- * Every local check (saved state, weights, buffers) fails inside the launch on every rank
- * (no collective before it); the weight gradients may be partly written when a call fails.
+ * Every local check (saved state, weights, buffers) is taken into the call's first exchange
+ * (call_order.h: also the call order and the saved states' forward numbers), before any data
+ * moves; a failure inside the launch may leave the weight gradients partly written.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -142,7 +143,8 @@ static megamoe_status_t mm_o1_bwd_reduce(void *ctx, mm_mc_worker_t *w, int64_t t
     return MEGAMOE_OK;
 }
 
-megamoe_status_t mm_moe_backward_o1(megamoe_experts_t *x, megamoe_experts_saved_t *sv,
+megamoe_status_t mm_moe_backward_o1(megamoe_experts_t *x, mm_call_t *call, megamoe_status_t local,
+                                    megamoe_experts_saved_t *sv,
                                     const megamoe_experts_weights_t *wts, const void *dout,
                                     const megamoe_experts_grads_t *gr)
 {
@@ -150,10 +152,11 @@ megamoe_status_t mm_moe_backward_o1(megamoe_experts_t *x, megamoe_experts_saved_
     const int64_t T = x->cfg.T, I = x->cfg.I, K = x->cfg.K;
     const size_t TK = (size_t)(T * K);
     uint64_t t0 = mm_now_ns();
-    if (!g->ready) /* no forward ran: no executor; the same answer on every rank */
-        return mm_shmem_team_agree(x->team, mm_error(MEGAMOE_INVALID_STATE,
-                                                     "backward before any forward of this layer"));
-    megamoe_status_t st = mm_moe_check_backward(x, sv, dout, gr);
+    megamoe_status_t st = local;
+    if (st == MEGAMOE_OK && !g->ready) /* no forward ran: no executor */
+        st = mm_error(MEGAMOE_INVALID_STATE, "backward before any forward of this layer");
+    if (!g->ready) return mm_call_exchange(call, x->team, st, NULL, 0);
+    if (st == MEGAMOE_OK) st = mm_moe_check_backward(x, sv, dout, gr);
     if (st == MEGAMOE_OK && sv->gen == 0)
         st = mm_error(MEGAMOE_INVALID_ARGUMENT,
                       "the saved state does not come from an O1 forward of this layer");
@@ -178,15 +181,19 @@ megamoe_status_t mm_moe_backward_o1(megamoe_experts_t *x, megamoe_experts_saved_
         }
         if (st == MEGAMOE_OK) st = mm_moe_rep_backward_begin(&b.c);
     }
+    /* The first exchange, before any data moves: the call order, every rank's checks and the
+     * saved states' forward numbers (a peer in another call fails here, not in the launch). */
+    st = mm_moe_backward_agree(x, call, st, sv);
     uint64_t t1 = mm_now_ns();
     x->phase_s[MM_PH_BWD_PREPARE] += (double)(t1 - t0) * 1e-9;
+    if (st != MEGAMOE_OK) return st;
 
     mm_mc_launch_t l;
     memset(&l, 0, sizeof l);
     l.dir = MM_MC_BWD;
-    l.route = st == MEGAMOE_OK ? sv->plan : NULL;
-    l.local = st;
-    l.tag = st == MEGAMOE_OK ? sv->gen : 0;
+    l.route = sv->plan;
+    l.local = MEGAMOE_OK;
+    l.tag = sv->gen;
     l.pull = mm_moe_is_pull(&x->cfg);
     l.tag_what = "backward needs the saved state of the same forward call on every rank "
                  "(forward launch numbers differ)";

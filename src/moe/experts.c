@@ -32,6 +32,8 @@ static const int mm_moe_o1_phases[] = {MM_PH_FWD_PREPARE, MM_PH_FWD_ROUTE, MM_PH
                                        MM_PH_BWD_PREPARE, MM_PH_BWD_LAUNCH, MM_PH_BWD_FINISH};
 
 static atomic_uint_fast64_t mm_moe_serial = 1;
+/* Layers this process created (their numbers, "layer #N", are agreed across ranks). */
+static atomic_uint_fast64_t mm_moe_layer_count;
 
 megamoe_experts_params_t megamoe_experts_params_default(void)
 {
@@ -203,16 +205,31 @@ static megamoe_status_t mm_moe_validate(const megamoe_experts_params_t *p, int e
     return MEGAMOE_OK;
 }
 
-/* Same configuration on every rank, or CONFIG_MISMATCH everywhere naming the first difference. */
-static megamoe_status_t mm_moe_agree_config(mm_shmem_team_t *team, const mm_moe_config_t *c)
+/* What creation gathers: the configuration and the number this rank proposes for the layer. */
+typedef struct mm_moe_create_rec {
+    mm_moe_config_t cfg;
+    uint64_t number;
+} mm_moe_create_rec_t;
+
+/* Same configuration on every rank, or CONFIG_MISMATCH everywhere naming the first difference.
+ * *number: in, this rank's proposal; out, the layer's number (the largest proposal), so the
+ * numbers in call descriptors are equal on every rank even if the ranks created different
+ * numbers of layers before. */
+static megamoe_status_t mm_moe_agree_config(mm_shmem_team_t *team, const mm_moe_config_t *c,
+                                            uint64_t *number)
 {
     int n = mm_shmem_team_n_pes(team);
-    mm_moe_config_t *all = calloc((size_t)n, sizeof *all);
-    megamoe_status_t st = all ? MEGAMOE_OK : mm_error(MEGAMOE_OUT_OF_MEMORY, "config exchange");
+    mm_moe_create_rec_t *recs = calloc((size_t)n + 1, sizeof *recs);
+    megamoe_status_t st = recs ? MEGAMOE_OK : mm_error(MEGAMOE_OUT_OF_MEMORY, "config exchange");
     MM_CHECK(mm_shmem_team_agree(team, st));
-    st = mm_shmem_team_allgather(team, all, c, sizeof *c);
+    memset(&recs[n], 0, sizeof recs[n]);
+    recs[n].cfg = *c;
+    recs[n].number = *number;
+    st = mm_shmem_team_allgather(team, recs, &recs[n], sizeof recs[n]);
+    for (int r = 0; st == MEGAMOE_OK && r < n; r++)
+        if (recs[r].number > *number) *number = recs[r].number;
     for (int r = 1; st == MEGAMOE_OK && r < n; r++) {
-        const mm_moe_config_t *a = &all[0], *b = &all[r];
+        const mm_moe_config_t *a = &recs[0].cfg, *b = &recs[r].cfg;
         const char *field = NULL;
         char va[64] = "", vb[64] = "";
 #define MM_CMP_I(f, name)                                                                  \
@@ -252,7 +269,7 @@ static megamoe_status_t mm_moe_agree_config(mm_shmem_team_t *team, const mm_moe_
                           "%s on rank %d; every EP rank must construct the layer identically",
                           field, va, vb, r);
     }
-    free(all);
+    free(recs);
     return st;
 }
 
@@ -317,9 +334,10 @@ megamoe_status_t megamoe_experts_create(megamoe_comm_t *comm, const megamoe_expe
     c.capacity = mm_moe_initial_rows(c.mode, ep, c.T, c.K, c.factor, c.initial);
     snprintf(c.schedule, sizeof c.schedule, "%s", p->schedule ? p->schedule : "O1");
     c.replicas = p->replica_slots_per_rank;
-    st = mm_moe_agree_config(team, &c);
-    if (st == MEGAMOE_OK) st = mm_moe_group_create(&c, team, workers, o1 ? cube : workers, o1 ? vector : 0,
-                                                   &x->group);
+    uint64_t number = atomic_load(&mm_moe_layer_count) + 1;
+    st = mm_moe_agree_config(team, &c, &number);
+    if (st == MEGAMOE_OK) st = mm_moe_group_create(&c, team, number, workers, o1 ? cube : workers,
+                                                   o1 ? vector : 0, &x->group);
     st = mm_shmem_team_agree(team, st);
     if (st != MEGAMOE_OK) {
         if (x->group) {
@@ -330,6 +348,12 @@ megamoe_status_t megamoe_experts_create(megamoe_comm_t *comm, const megamoe_expe
         return st;
     }
     x->serial = atomic_fetch_add(&mm_moe_serial, 1);
+    /* later layers of this process get higher numbers than every rank's so far */
+    uint_fast64_t seen = atomic_load(&mm_moe_layer_count);
+    while (seen < number && !atomic_compare_exchange_weak(&mm_moe_layer_count, &seen, number)) {
+    }
+    x->number = number;
+    x->digest = mm_call_digest(&c, sizeof c, 0);
     x->cfg = c;
     x->comm = comm;
     x->team = team;
@@ -355,10 +379,12 @@ megamoe_status_t megamoe_experts_create(megamoe_comm_t *comm, const megamoe_expe
 
 megamoe_status_t megamoe_experts_share(megamoe_experts_t *const *layers, size_t count)
 {
+    megamoe_status_t st = mm_take_next_call_error();
     if (layers == NULL || count == 0)
-        return mm_error(MEGAMOE_INVALID_ARGUMENT, "share needs a non-empty list of layers");
+        return st != MEGAMOE_OK
+                   ? st
+                   : mm_error(MEGAMOE_INVALID_ARGUMENT, "share needs a non-empty list of layers");
     megamoe_experts_t *first = layers[0];
-    megamoe_status_t st = MEGAMOE_OK;
     for (size_t i = 0; i < count && st == MEGAMOE_OK; i++) {
         megamoe_experts_t *x = layers[i];
         if (x == NULL) {
@@ -387,22 +413,24 @@ megamoe_status_t megamoe_experts_share(megamoe_experts_t *const *layers, size_t 
         }
     }
     if (first == NULL) return st; /* no team to agree on */
-    /* Every rank must share the same way, or their symmetric allocations would diverge. */
-    uint64_t sig[2] = {(uint64_t)count, st == MEGAMOE_OK ? 1u : 0u};
-    st = mm_shmem_team_agree(first->team, st);
-    if (st != MEGAMOE_OK) return st;
-    int n = mm_shmem_team_n_pes(first->team);
-    uint64_t *all = calloc((size_t)n * 2, sizeof *all);
-    st = all ? MEGAMOE_OK : mm_error(MEGAMOE_OUT_OF_MEMORY, "share exchange");
-    MM_CHECK(mm_shmem_team_agree(first->team, st));
-    st = mm_shmem_team_allgather(first->team, all, sig, sizeof sig);
-    for (int r = 1; st == MEGAMOE_OK && r < n; r++)
-        if (all[2 * r] != all[0])
-            st = mm_error(MEGAMOE_CONFIG_MISMATCH,
-                          "share_execution_resources got %llu layers on rank 0 but %llu on rank "
-                          "%d; call it with the same layers on every rank",
-                          (unsigned long long)all[0], (unsigned long long)all[2 * r], r);
-    free(all);
+    /* Every rank must share the same layers, or their symmetric allocations would diverge:
+     * the descriptor names the list (first exchange of the call, in the first layer's group). */
+    mm_call_t call;
+    mm_moe_call_begin(&call, first, MM_CALL_SHARE);
+    size_t off = (size_t)snprintf(call.what, sizeof call.what, "share_execution_resources of "
+                                  "layers ");
+    uint64_t digest = mm_call_digest(&count, sizeof count, 0);
+    for (size_t i = 0; i < count; i++) {
+        uint64_t no = layers[i] ? layers[i]->number : 0;
+        digest = mm_call_digest(&no, sizeof no, digest);
+        if (off < sizeof call.what)
+            off += (size_t)snprintf(call.what + off, sizeof call.what - off, "%s#%llu",
+                                    i ? ", " : "", (unsigned long long)no);
+    }
+    if (off >= sizeof call.what) memcpy(call.what + sizeof call.what - 4, "...", 4);
+    call.digest = digest;
+    st = mm_call_exchange(&call, first->team, st, NULL, 0);
+    mm_call_end(&call);
     if (st != MEGAMOE_OK) return st;
     mm_moe_group_t *g = first->group;
     for (size_t i = 1; i < count; i++) {
@@ -413,6 +441,7 @@ megamoe_status_t megamoe_experts_share(megamoe_experts_t *const *layers, size_t 
         g->layers++;
         g->open_layers++;
         old->open_layers--;
+        if (old->open_layers == 0) mm_call_group_unregister(&old->calls);
         mm_moe_group_unref(old);
     }
     return MEGAMOE_OK;
@@ -438,12 +467,27 @@ megamoe_status_t megamoe_experts_close(megamoe_experts_t *x)
         return mm_error(MEGAMOE_INVALID_STATE,
                         "close() while another thread runs a layer of this resource group; close "
                         "after all forward/backward calls returned");
+    /* Collective (its first exchange is the call check): a rank that closes while a peer calls
+     * something else gets CALL_MISMATCH like the peer, and its layer stays open (close it again
+     * in step). A group that lost a peer, or a runtime already stopped, closes locally. */
+    megamoe_status_t st = mm_take_next_call_error();
+    if (!x->group->broken && mm_shmem_is_running()) {
+        mm_call_t call;
+        mm_moe_call_begin(&call, x, MM_CALL_CLOSE);
+        st = mm_call_exchange(&call, x->team, st, NULL, 0);
+        mm_call_end(&call);
+        if (st == MEGAMOE_PEER_LOST || st == MEGAMOE_TIMEOUT) x->group->broken = 1;
+    }
+    if (st != MEGAMOE_OK && !x->group->broken) {
+        atomic_store(&x->group->busy, 0);
+        return st;
+    }
     x->closed = 1;
     mm_moe_packed_free(x);
     mm_moe_rep_layer_destroy(x); /* copies still used by saved states live on in them */
-    megamoe_status_t st = mm_moe_group_detach(x->group);
+    megamoe_status_t ds = mm_moe_group_detach(x->group);
     atomic_store(&x->group->busy, 0);
-    return st;
+    return st != MEGAMOE_OK ? st : ds;
 }
 
 void megamoe_experts_destroy(megamoe_experts_t *x)
@@ -507,12 +551,23 @@ void megamoe_experts_saved_destroy(megamoe_experts_saved_t *s)
     free(s);
 }
 
-megamoe_status_t mm_moe_enter(megamoe_experts_t *x, const char *what)
+megamoe_status_t mm_moe_enter(megamoe_experts_t *x, int kind)
 {
+    const char *what = mm_call_kind_name(kind);
     if (x == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: layer is NULL", what);
-    if (x->closed)
-        return mm_error(MEGAMOE_INVALID_STATE,
-                        "%s: MegaMoeExperts used after close(); create a new layer", what);
+    if (x->closed) {
+        megamoe_status_t st = mm_error(MEGAMOE_INVALID_STATE,
+                                       "%s: MegaMoeExperts used after close(); create a new "
+                                       "layer", what);
+        /* Still a collective call while the communicator lives: a peer that calls another
+         * layer meanwhile fails at once (CALL_MISMATCH) instead of waiting for this rank. */
+        if (!mm_shmem_is_running() || mm_comm_team(x->comm) != x->team) return st;
+        mm_call_t call;
+        mm_moe_call_begin(&call, x, kind);
+        st = mm_call_exchange(&call, x->team, st, NULL, 0);
+        mm_call_end(&call);
+        return st;
+    }
     if (x->group->broken)
         return mm_error(MEGAMOE_INVALID_STATE,
                         "%s: this layer's resource group failed in an earlier call (a peer was "
@@ -658,19 +713,32 @@ megamoe_status_t mm_moe_gemm_split(mm_gemm_grouped_args_t *g, int worker, int n_
     return mm_gemm_grouped(g);
 }
 
+void mm_moe_call_begin(mm_call_t *c, const megamoe_experts_t *x, int kind)
+{
+    mm_call_begin(c, &x->group->calls, kind, x->number, x->digest);
+}
+
 megamoe_status_t megamoe_experts_forward(megamoe_experts_t *x,
                                          const megamoe_experts_weights_t *weights,
                                          const megamoe_experts_input_t *input, void *output,
                                          megamoe_experts_saved_t **saved_p)
 {
-    MM_CHECK(mm_moe_enter(x, "forward"));
-    megamoe_status_t st = mm_moe_group_prepare(x->group);
-    if (st == MEGAMOE_OK) {
-        x->group->used = 1;
-        x->group->forwards++;
-        st = mm_moe_is_o1(&x->cfg) ? mm_moe_forward_o1(x, weights, input, output, saved_p)
-                                   : mm_moe_forward_o0(x, weights, input, output, saved_p);
+    MM_CHECK(mm_moe_enter(x, MM_CALL_FORWARD));
+    megamoe_status_t st = mm_take_next_call_error();
+    mm_call_t call;
+    mm_moe_call_begin(&call, x, MM_CALL_FORWARD);
+    if (!x->group->ready) {
+        /* the first forward: check the call before the group's collective preparation */
+        st = mm_call_exchange(&call, x->team, st, NULL, 0);
+        if (st == MEGAMOE_OK) st = mm_moe_group_prepare(x->group);
     }
+    if (st == MEGAMOE_OK || x->group->ready) {
+        if (x->group->ready) x->group->used = 1;
+        st = mm_moe_is_o1(&x->cfg)
+                 ? mm_moe_forward_o1(x, &call, st, weights, input, output, saved_p)
+                 : mm_moe_forward_o0(x, &call, st, weights, input, output, saved_p);
+    }
+    mm_call_end(&call);
     mm_moe_leave(x, st);
     return st;
 }
@@ -680,10 +748,14 @@ megamoe_status_t megamoe_experts_backward(megamoe_experts_t *x, megamoe_experts_
                                           const void *grad_output,
                                           const megamoe_experts_grads_t *grads)
 {
-    MM_CHECK(mm_moe_enter(x, "backward"));
-    megamoe_status_t st = mm_moe_is_o1(&x->cfg)
-                              ? mm_moe_backward_o1(x, saved, weights, grad_output, grads)
-                              : mm_moe_backward_o0(x, saved, weights, grad_output, grads);
+    MM_CHECK(mm_moe_enter(x, MM_CALL_BACKWARD));
+    megamoe_status_t st = mm_take_next_call_error();
+    mm_call_t call;
+    mm_moe_call_begin(&call, x, MM_CALL_BACKWARD);
+    st = mm_moe_is_o1(&x->cfg)
+             ? mm_moe_backward_o1(x, &call, st, saved, weights, grad_output, grads)
+             : mm_moe_backward_o0(x, &call, st, saved, weights, grad_output, grads);
+    mm_call_end(&call);
     mm_moe_leave(x, st);
     return st;
 }
@@ -773,6 +845,8 @@ megamoe_status_t megamoe_experts_get_replicas(const megamoe_experts_t *x,
     *count_p = n;
     return MEGAMOE_OK;
 }
+
+uint64_t megamoe_experts_layer_number(const megamoe_experts_t *x) { return x ? x->number : 0; }
 
 megamoe_status_t megamoe_experts_get_timing(const megamoe_experts_t *x,
                                             megamoe_experts_timing_t *timing_p)

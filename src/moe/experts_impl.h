@@ -14,6 +14,7 @@
 #include "multicore/mc_exec.h"
 #include "multicore/mc_plan.h"
 #include "multicore/worker_pool.h"
+#include "ops/call_order.h"
 #include "ops/ep_exchange.h"
 #include "ops/ep_route.h"
 #include "shmem/shmem.h"
@@ -91,6 +92,7 @@ enum {
 /* One resource group: symmetric exchange buffers, the worker pool, the SHMEM reference. */
 typedef struct mm_moe_group {
     struct mm_moe_group *next; /* process-wide registry (heap sizing) */
+    mm_call_group_t calls;     /* call order: id = the first layer's number (call_order.h) */
     mm_moe_config_t cfg;
     mm_shmem_team_t *team;
     int workers;
@@ -101,7 +103,8 @@ typedef struct mm_moe_group {
     int ready;       /* SHMEM acquired, buffers allocated, pool running */
     int broken;      /* a collective step failed half-way: only close() is allowed */
     uint64_t fwd_gen; /* O0: successful forwards of the group (equal on every rank) */
-    uint64_t forwards; /* forwards begun on the group (both schedules; names growth events) */
+    uint64_t forwards; /* forwards of the group that passed their first exchange (both
+                          schedules; the same on every rank; names growth events) */
     size_t heap_bytes;   /* symmetric bytes the group holds now */
     size_t heap_reserve; /* what heap sizing reserves for it (push: its growth bound) */
     int64_t capacity;    /* receive rows now (push grows it; pull: 0) */
@@ -126,6 +129,8 @@ typedef struct mm_moe_packed {
 
 struct megamoe_experts {
     uint64_t serial; /* identifies the layer in its saved states */
+    uint64_t number; /* "layer #N" in call descriptors: agreed at creation, equal on every rank */
+    uint64_t digest; /* of cfg: the settings every call of the layer must agree on */
     mm_moe_config_t cfg;
     megamoe_comm_t *comm;
     mm_shmem_team_t *team;
@@ -159,7 +164,7 @@ struct megamoe_experts_saved {
 
 /* ---- group.c ---- */
 megamoe_status_t mm_moe_group_create(const mm_moe_config_t *cfg, mm_shmem_team_t *team,
-                                     int workers, int cube, int vector,
+                                     uint64_t id, int workers, int cube, int vector,
                                      mm_moe_group_t **group_p);
 /* Collective at a group's first forward: SHMEM acquire, heap check, buffers, pool. */
 megamoe_status_t mm_moe_group_prepare(mm_moe_group_t *g);
@@ -177,10 +182,13 @@ size_t mm_moe_heap_need(const mm_moe_config_t *cfg, int64_t rows);
 megamoe_status_t mm_moe_group_fit(mm_moe_group_t *g, const mm_ep_plan_t *plan);
 
 /* ---- experts.c ---- */
-/* Common entry checks of forward/backward: open layer, usable group, serial use. On OK the
- * group is marked busy; mm_moe_leave() clears it, and marks the group broken when the call
- * returned PEER_LOST or TIMEOUT. */
-megamoe_status_t mm_moe_enter(megamoe_experts_t *x, const char *what);
+/* A call descriptor of kind for layer x (call_order.h): its group's sequence, its number. */
+void mm_moe_call_begin(mm_call_t *c, const megamoe_experts_t *x, int kind);
+/* Common entry checks of forward/backward (kind MM_CALL_*): open layer, usable group, serial
+ * use. On OK the group is marked busy; mm_moe_leave() clears it, and marks the group broken
+ * when the call returned PEER_LOST or TIMEOUT. A layer used after close still makes the call's
+ * exchange (with its INVALID_STATE) while its communicator lives. */
+megamoe_status_t mm_moe_enter(megamoe_experts_t *x, int kind);
 void mm_moe_leave(megamoe_experts_t *x, megamoe_status_t st);
 /* INVALID_ARGUMENT naming what[row][col] when p (rows x cols bf16 or fp32) holds a NaN or Inf,
  * unless MEGAMOE_CHECK_FINITE=0. Local: callers agree the status before data moves. */
@@ -235,19 +243,26 @@ void mm_moe_bwd_ctx_init(mm_moe_bwd_ctx_t *c, megamoe_experts_t *x,
                          const megamoe_experts_saved_t *sv, const void *dout,
                          const megamoe_experts_grads_t *gr);
 
-/* ---- forward_o0.c / backward_o0.c ---- */
-megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, const megamoe_experts_weights_t *w,
+/* ---- forward_o0.c / backward_o0.c ----
+ * call: the call's descriptor (its first exchange is the routing count exchange, forward, or
+ * the saved-state check, backward); local: a failure before the call (a binding's argument
+ * check), still taken into that exchange. */
+megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, mm_call_t *call, megamoe_status_t local,
+                                   const megamoe_experts_weights_t *w,
                                    const megamoe_experts_input_t *in, void *output,
                                    megamoe_experts_saved_t **saved_p);
-megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, megamoe_experts_saved_t *saved,
+megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, mm_call_t *call, megamoe_status_t local,
+                                    megamoe_experts_saved_t *saved,
                                     const megamoe_experts_weights_t *w, const void *grad_output,
                                     const megamoe_experts_grads_t *grads);
 
 /* ---- forward_o1.c / backward_o1.c ---- */
-megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, const megamoe_experts_weights_t *w,
+megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, mm_call_t *call, megamoe_status_t local,
+                                   const megamoe_experts_weights_t *w,
                                    const megamoe_experts_input_t *in, void *output,
                                    megamoe_experts_saved_t **saved_p);
-megamoe_status_t mm_moe_backward_o1(megamoe_experts_t *x, megamoe_experts_saved_t *saved,
+megamoe_status_t mm_moe_backward_o1(megamoe_experts_t *x, mm_call_t *call, megamoe_status_t local,
+                                    megamoe_experts_saved_t *saved,
                                     const megamoe_experts_weights_t *w, const void *grad_output,
                                     const megamoe_experts_grads_t *grads);
 /* Per-worker scratch an O1 group needs (tiles of 128 rows), and its parts. */
@@ -271,13 +286,18 @@ megamoe_status_t mm_moe_o1_tile_gemm(mm_gemm_form_t form, const mm_gemm_weight_t
 /* With a trace ring: record stage from *t0 to now and move *t0 there. */
 void mm_moe_o1_stamp(mm_mc_worker_t *w, int stage, int64_t e, int peer, uint64_t *t0);
 /* The start of a forward, shared by both schedules (forward_o0.c): input checks, weight packing
- * (time added to prepare_phase), then the collective routing plan (MM_PH_FWD_ROUTE), which
- * agrees any local failure so every rank returns the same status. On OK *plan_p is the plan. */
-megamoe_status_t mm_moe_forward_begin(megamoe_experts_t *x, const megamoe_experts_weights_t *wts,
+ * (time added to prepare_phase), then the collective routing plan (MM_PH_FWD_ROUTE) — the
+ * call's first exchange, which checks the call order and agrees any local failure so every
+ * rank returns the same status. On OK *plan_p is the plan. */
+megamoe_status_t mm_moe_forward_begin(megamoe_experts_t *x, mm_call_t *call,
+                                      megamoe_status_t local, const megamoe_experts_weights_t *wts,
                                       const megamoe_experts_input_t *in, const void *output,
                                       int prepare_phase, mm_ep_plan_t **plan_p);
-/* O0 backward: OK when every rank passes the saved state of the same forward (collective). */
-megamoe_status_t mm_moe_agree_saved(const megamoe_experts_t *x, uint64_t gen);
+/* The backward's first exchange (both schedules): the call order, every rank's local status,
+ * and that every rank passes the saved state of the same forward (INVALID_ARGUMENT). */
+megamoe_status_t mm_moe_backward_agree(megamoe_experts_t *x, mm_call_t *call,
+                                       megamoe_status_t local,
+                                       const megamoe_experts_saved_t *sv);
 megamoe_status_t mm_moe_check_backward(const megamoe_experts_t *x,
                                        const megamoe_experts_saved_t *sv, const void *dout,
                                        const megamoe_experts_grads_t *gr);

@@ -138,13 +138,15 @@ static megamoe_status_t mm_moe_check_input(const megamoe_experts_input_t *in, co
     return MEGAMOE_OK;
 }
 
-megamoe_status_t mm_moe_forward_begin(megamoe_experts_t *x, const megamoe_experts_weights_t *wts,
+megamoe_status_t mm_moe_forward_begin(megamoe_experts_t *x, mm_call_t *call,
+                                      megamoe_status_t local, const megamoe_experts_weights_t *wts,
                                       const megamoe_experts_input_t *in, const void *output,
                                       int prepare_phase, mm_ep_plan_t **plan_p)
 {
     uint64_t t0 = mm_now_ns();
     *plan_p = NULL;
-    megamoe_status_t st = mm_moe_check_input(in, output);
+    megamoe_status_t st = local;
+    if (st == MEGAMOE_OK) st = mm_moe_check_input(in, output);
     if (st == MEGAMOE_OK)
         st = mm_moe_check_finite("hidden_states", in->hidden_states, MEGAMOE_DTYPE_BF16,
                                  x->cfg.T, x->cfg.H);
@@ -173,10 +175,15 @@ megamoe_status_t mm_moe_forward_begin(megamoe_experts_t *x, const megamoe_expert
     uint64_t t1 = mm_now_ns();
     x->phase_s[prepare_phase] += (double)(t1 - t0) * 1e-9;
     if (plan != NULL)
-        st = mm_ep_route(plan, x->team, in->topk_ids, in->topk_ids_dtype, in->tokens_per_expert,
-                         in->tokens_per_expert_dtype, check, st);
-    else /* no plan: still take part in the agreement so peers do not wait */
-        st = mm_shmem_team_agree(x->team, st);
+        st = mm_ep_route(plan, x->team, call, st == MEGAMOE_OK ? in->topk_ids : NULL,
+                         st == MEGAMOE_OK ? in->topk_ids_dtype : MEGAMOE_DTYPE_INT32,
+                         st == MEGAMOE_OK ? in->tokens_per_expert : NULL,
+                         st == MEGAMOE_OK ? in->tokens_per_expert_dtype : MEGAMOE_DTYPE_INT32,
+                         check, st);
+    else /* no plan: still take part in the exchange so peers do not wait */
+        st = mm_call_exchange(call, x->team, st, NULL, 0);
+    /* counted once the call's exchange passed: the same number on every rank */
+    if (st == MEGAMOE_OK) x->group->forwards++;
     /* push: grow the receive buffer now if the exchanged counts say so (collective) */
     if (st == MEGAMOE_OK) st = mm_moe_group_fit(x->group, plan);
     x->phase_s[MM_PH_FWD_ROUTE] += (double)(mm_now_ns() - t1) * 1e-9;
@@ -188,7 +195,8 @@ megamoe_status_t mm_moe_forward_begin(megamoe_experts_t *x, const megamoe_expert
     return MEGAMOE_OK;
 }
 
-megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, const megamoe_experts_weights_t *wts,
+megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, mm_call_t *call, megamoe_status_t local,
+                                   const megamoe_experts_weights_t *wts,
                                    const megamoe_experts_input_t *in, void *output,
                                    megamoe_experts_saved_t **saved_p)
 {
@@ -198,7 +206,8 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, const megamoe_experts_w
 
     /* ---- local checks and packing, then the collective routing plan ---- */
     mm_ep_plan_t *plan = NULL;
-    megamoe_status_t st = mm_moe_forward_begin(x, wts, in, output, MM_PH_FWD_ROUTE, &plan);
+    megamoe_status_t st =
+        mm_moe_forward_begin(x, call, local, wts, in, output, MM_PH_FWD_ROUTE, &plan);
     if (st != MEGAMOE_OK) return st;
     const int64_t R = plan->recv_rows, Rb = R > 0 ? R : 1; /* one placeholder row when none */
 
@@ -267,7 +276,7 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, const megamoe_experts_w
     mm_moe_rep_publish(x, wts, plan, NULL);
 
     /* ---- dispatch: token rows straight into their final receive rows ---- */
-    megamoe_status_t local = MEGAMOE_OK; /* a failure that must not strand the peers */
+    megamoe_status_t later = MEGAMOE_OK; /* a failure that must not strand the peers */
     uint64_t tw = mm_now_ns();
     mm_ep_begin(g->xbuf, MM_EP_DISPATCH);
     st = mm_fwd_phase(&f, FW_DISPATCH, -1);
@@ -279,8 +288,8 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, const megamoe_experts_w
 
     /* ---- guest slots' weights (the homes published them before their dispatch signals) ---- */
     if (plan->R > 0) {
-        local = mm_fwd_phase(&f, FW_FETCH, MM_PH_FWD_DISPATCH);
-        for (int64_t gs = 0; local == MEGAMOE_OK && gs < plan->R; gs++) {
+        later = mm_fwd_phase(&f, FW_FETCH, MM_PH_FWD_DISPATCH);
+        for (int64_t gs = 0; later == MEGAMOE_OK && gs < plan->R; gs++) {
             mm_moe_guest_w_t *gw = x->rep->cur[gs];
             wtab[L + gs] = gw ? gw->nn1 : x->packed.w1[0]; /* an unused slot has no rows */
             wtab[S + L + gs] = gw ? gw->nn2 : x->packed.w2[0];
@@ -288,9 +297,9 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, const megamoe_experts_w
     }
 
     /* ---- expert compute on the received rows ---- */
-    if (local == MEGAMOE_OK) local = mm_fwd_phase(&f, FW_GMM1, MM_PH_FWD_GMM1);
-    if (local == MEGAMOE_OK) local = mm_fwd_phase(&f, FW_SWIGLU, MM_PH_FWD_SWIGLU);
-    if (local == MEGAMOE_OK) local = mm_fwd_phase(&f, FW_GMM2, MM_PH_FWD_GMM2);
+    if (later == MEGAMOE_OK) later = mm_fwd_phase(&f, FW_GMM1, MM_PH_FWD_GMM1);
+    if (later == MEGAMOE_OK) later = mm_fwd_phase(&f, FW_SWIGLU, MM_PH_FWD_SWIGLU);
+    if (later == MEGAMOE_OK) later = mm_fwd_phase(&f, FW_GMM2, MM_PH_FWD_GMM2);
 
     /* ---- combine: results back to each token's rank ---- */
     tw = mm_now_ns();
@@ -303,7 +312,7 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, const megamoe_experts_w
     }
     st = mm_ep_wait(g->xbuf, MM_EP_COMBINE);
     if (st != MEGAMOE_OK) g->broken = 1;
-    else st = mm_shmem_team_agree(x->team, local);
+    else st = mm_shmem_team_agree(x->team, later);
     x->phase_s[MM_PH_FWD_COMBINE] += (double)(mm_now_ns() - tw) * 1e-9;
     if (st != MEGAMOE_OK) goto fail;
 

@@ -169,7 +169,8 @@ static megamoe_status_t mm_o1_fwd_reduce(void *ctx, mm_mc_worker_t *w, int64_t t
     return MEGAMOE_OK;
 }
 
-megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, const megamoe_experts_weights_t *wts,
+megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, mm_call_t *call, megamoe_status_t local,
+                                   const megamoe_experts_weights_t *wts,
                                    const megamoe_experts_input_t *in, void *output,
                                    megamoe_experts_saved_t **saved_p)
 {
@@ -178,7 +179,8 @@ megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, const megamoe_experts_w
 
     /* ---- local checks and packing, agreed in the collective routing plan ---- */
     mm_ep_plan_t *plan = NULL;
-    megamoe_status_t st = mm_moe_forward_begin(x, wts, in, output, MM_PH_FWD_PREPARE, &plan);
+    megamoe_status_t st =
+        mm_moe_forward_begin(x, call, local, wts, in, output, MM_PH_FWD_PREPARE, &plan);
     if (st != MEGAMOE_OK) return st;
     const int64_t R = plan->recv_rows;
     uint64_t t0 = mm_now_ns();

@@ -51,11 +51,14 @@ static uint64_t mm_moe_heap_request(void)
 }
 
 megamoe_status_t mm_moe_group_create(const mm_moe_config_t *cfg, mm_shmem_team_t *team,
-                                     int workers, int cube, int vector,
+                                     uint64_t id, int workers, int cube, int vector,
                                      mm_moe_group_t **group_p)
 {
     mm_moe_group_t *g = calloc(1, sizeof *g);
     if (g == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "cannot allocate a resource group");
+    g->calls.id = id;
+    g->calls.noun = "layer";
+    mm_call_group_register(&g->calls);
     g->cfg = *cfg;
     g->team = team;
     g->workers = workers;
@@ -94,6 +97,9 @@ static void mm_moe_unregister(mm_moe_group_t *g)
 static void mm_moe_group_free(mm_moe_group_t *g)
 {
     mm_moe_unregister(g);
+    /* (a closed group keeps its call numbers while a layer handle refers to it: a use after
+     * close is still a call of the group, docs/moe.md "Call order") */
+    mm_call_group_unregister(&g->calls);
     for (int i = 0; i < (int)(sizeof g->scratch.buf / sizeof g->scratch.buf[0]); i++)
         mm_aligned_free(g->scratch.buf[i]);
     free(g->growth);

@@ -243,7 +243,9 @@ static megamoe_status_t mm_mc_decide(mm_mc_exec_t *x, char *text, size_t len, in
             char t[sizeof s[r].text];
             memcpy(t, s[r].text, sizeof t);
             t[sizeof t - 1] = '\0';
-            snprintf(text, len, "rank %d: %s", r, t);
+            if (t[0]) snprintf(text, len, "rank %d: %s", r, t);
+            else snprintf(text, len, "rank %d: %s (that rank gave no message)", r,
+                          megamoe_status_name((megamoe_status_t)s[r].status));
             *rank_p = r;
             return (megamoe_status_t)s[r].status;
         }

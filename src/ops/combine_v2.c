@@ -15,6 +15,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "combine_v2.h"
+#include "ops/call_order.h"
 
 #define MM_BAD(...) return mm_error(MEGAMOE_INVALID_ARGUMENT, __VA_ARGS__)
 
@@ -411,7 +412,8 @@ static void mm_v2c_zero_unprocessed(const mm_v2_combine_t *c, const uint8_t *pro
 static megamoe_status_t mm_v2c_run(mm_v2_combine_t *c, int op)
 {
     const megamoe_combine_v2_args_t *a = c->a;
-    megamoe_status_t local = mm_v2c_local(c, op);
+    megamoe_status_t local = mm_take_next_call_error();
+    if (local == MEGAMOE_OK) local = mm_v2c_local(c, op);
     const mm_v2_cfg_t *g = &c->c;
     int tp2 = local == MEGAMOE_OK && g->tp == 2;
     MM_CHECK(mm_v2_call_begin(&c->call, MM_V2_WS_COMBINE, a->group_ep, tp2 ? a->group_tp : NULL));
@@ -438,8 +440,9 @@ static megamoe_status_t mm_v2c_run(mm_v2_combine_t *c, int op)
         for (int s = MM_V2C_HSLOTS; s < MM_V2C_NSEG; s++)
             r->seg[s] = g->alg == MM_V2_ALG_HIERARCHY ? mm_v2c_hier_seg(c, s) : 0;
     }
-    megamoe_status_t st = mm_v2_call_agree(&c->call, op == MM_V2_OP_COMBINE ? "combine_v2"
-                                                                            : "combine_add_rms_norm");
+    megamoe_status_t st = mm_v2_call_agree(&c->call, op == MM_V2_OP_COMBINE
+                                                         ? MM_CALL_COMBINE_V2
+                                                         : MM_CALL_COMBINE_ADD_RMS_NORM);
     if (st == MEGAMOE_OK) {
         uint64_t seg[MM_V2C_NSEG];
         for (int s = 0; s < MM_V2C_NSEG; s++) seg[s] = mm_v2_call_segmax(&c->call, s);
@@ -487,12 +490,21 @@ static megamoe_status_t mm_v2c_entry(const megamoe_combine_v2_args_t *a,
 
 megamoe_status_t megamoe_combine_v2(const megamoe_combine_v2_args_t *args)
 {
-    if (args == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "combine_v2: args is NULL");
+    if (args == NULL) {
+        megamoe_status_t st = mm_take_next_call_error();
+        if (st == MEGAMOE_OK) st = mm_error(MEGAMOE_INVALID_ARGUMENT, "combine_v2: args is NULL");
+        return mm_v2_call_refuse(MM_CALL_COMBINE_V2, st);
+    }
     return mm_v2c_entry(args, NULL, MM_V2_OP_COMBINE);
 }
 
 megamoe_status_t megamoe_combine_add_rms_norm(const megamoe_combine_add_rms_norm_args_t *args)
 {
-    if (args == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "combine_add_rms_norm: args is NULL");
+    if (args == NULL) {
+        megamoe_status_t st = mm_take_next_call_error();
+        if (st == MEGAMOE_OK)
+            st = mm_error(MEGAMOE_INVALID_ARGUMENT, "combine_add_rms_norm: args is NULL");
+        return mm_v2_call_refuse(MM_CALL_COMBINE_ADD_RMS_NORM, st);
+    }
     return mm_v2c_entry(&args->combine, args, MM_V2_OP_ADD_RMS_NORM);
 }

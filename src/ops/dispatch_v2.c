@@ -14,6 +14,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "dispatch_v2.h"
+#include "ops/call_order.h"
 
 static void mm_v2d_free(mm_v2_dispatch_t *d)
 {
@@ -540,11 +541,14 @@ static megamoe_status_t mm_v2d_local(mm_v2_dispatch_t *d)
 
 megamoe_status_t megamoe_dispatch_v2(const megamoe_dispatch_v2_args_t *a)
 {
-    if (a == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "dispatch_v2: args is NULL");
+    megamoe_status_t local = mm_take_next_call_error();
+    if (a == NULL && local == MEGAMOE_OK)
+        local = mm_error(MEGAMOE_INVALID_ARGUMENT, "dispatch_v2: args is NULL");
+    if (a == NULL) return mm_v2_call_refuse(MM_CALL_DISPATCH_V2, local);
     mm_v2_dispatch_t d;
     memset(&d, 0, sizeof d);
     d.a = a;
-    megamoe_status_t local = mm_v2d_local(&d);
+    if (local == MEGAMOE_OK) local = mm_v2d_local(&d);
     int tp2 = local == MEGAMOE_OK && d.c.tp == 2;
     megamoe_status_t st = mm_v2_call_begin(&d.call, MM_V2_WS_DISPATCH, a->group_ep,
                                            tp2 ? a->group_tp : NULL);
@@ -570,7 +574,7 @@ megamoe_status_t megamoe_dispatch_v2(const megamoe_dispatch_v2_args_t *a)
         r->seg[MM_V2D_TPMETA] = (uint64_t)(d.c.W + 16) * 4;
         r->aux[1] = d.c.alg == MM_V2_ALG_HIERARCHY ? (int64_t)mm_v2d_hier_stride(&d) : 0;
     }
-    st = mm_v2_call_agree(&d.call, "dispatch_v2");
+    st = mm_v2_call_agree(&d.call, MM_CALL_DISPATCH_V2);
     if (st == MEGAMOE_OK) {
         uint64_t seg[MM_V2D_NSEG];
         for (int s = 0; s < MM_V2D_NSEG; s++) seg[s] = mm_v2_call_segmax(&d.call, s);

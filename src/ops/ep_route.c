@@ -325,8 +325,8 @@ static void mm_ep_offsets(mm_ep_plan_t *p)
     }
 }
 
-megamoe_status_t mm_ep_route(mm_ep_plan_t *p, mm_shmem_team_t *team, const void *ids,
-                             megamoe_dtype_t ids_dtype, const void *tpe,
+megamoe_status_t mm_ep_route(mm_ep_plan_t *p, mm_shmem_team_t *team, mm_call_t *call,
+                             const void *ids, megamoe_dtype_t ids_dtype, const void *tpe,
                              megamoe_dtype_t tpe_dtype, int check, megamoe_status_t local_status)
 {
     int32_t *hist = p->hist;
@@ -344,10 +344,12 @@ megamoe_status_t mm_ep_route(mm_ep_plan_t *p, mm_shmem_team_t *team, const void 
         if (st == MEGAMOE_OK && tpe != NULL) st = mm_ep_check_hist(p, hist, tpe, tpe_dtype);
         if (st == MEGAMOE_OK) st = mm_ep_permute(p, ids, ids_dtype, 0);
     }
-    /* Every rank learns whether any rank failed before the exchange (no half-done collective). */
-    MM_CHECK(mm_shmem_team_agree(team, st));
-
-    MM_CHECK(mm_shmem_team_allgather(team, p->counts, hist, (size_t)p->E * sizeof *hist));
+    /* One exchange: the call's descriptor and every rank's status with the counts, so calls
+     * made out of order and a failure of any rank stop every rank before data moves. */
+    const size_t cb = (size_t)p->E * sizeof *hist;
+    MM_CHECK(mm_call_exchange(call, team, st, hist, cb));
+    for (int s = 0; s < p->ep; s++)
+        memcpy(p->counts + (size_t)s * (size_t)p->E, mm_call_payload(call, s), cb);
 
     if (p->rep != NULL) {
         /* identical input on every rank, so the same plan everywhere */

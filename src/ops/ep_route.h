@@ -38,6 +38,7 @@
 #include "megamoe/dtype.h"
 #include "megamoe/status.h"
 
+#include "ops/call_order.h"
 #include "ops/ep_replicas.h"
 #include "shmem/shmem.h"
 
@@ -110,9 +111,12 @@ void mm_ep_plan_destroy(mm_ep_plan_t *plan);
  * every rank before the exchange, so a wrong histogram can never move data out of bounds.
  * check != 0 (MEGAMOE_CHECK=1) counts anyway and names the first entry that differs. A failure
  * of the caller's own earlier step can be passed as local_status so that every rank returns
- * the same error without deadlock. */
-megamoe_status_t mm_ep_route(mm_ep_plan_t *plan, mm_shmem_team_t *team, const void *topk_ids,
-                             megamoe_dtype_t ids_dtype, const void *tokens_per_expert,
+ * the same error without deadlock. The count exchange is the first exchange of call
+ * (call_order.h): calls made out of order are CALL_MISMATCH on every rank before anything
+ * else. */
+megamoe_status_t mm_ep_route(mm_ep_plan_t *plan, mm_shmem_team_t *team, mm_call_t *call,
+                             const void *topk_ids, megamoe_dtype_t ids_dtype,
+                             const void *tokens_per_expert,
                              megamoe_dtype_t tpe_dtype, int check, megamoe_status_t local_status);
 
 /* Tests: counting passes over topk_ids made by mm_ep_route on this process (none when a

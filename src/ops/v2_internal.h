@@ -158,11 +158,15 @@ static inline int32_t *mm_v2_rec_counts(const mm_v2_call_t *call, int pe)
 /* Start a call: requires the runtime to run. Fills n_world/me and allocates the records. */
 megamoe_status_t mm_v2_call_begin(mm_v2_call_t *call, int kind, megamoe_comm_t *ep,
                                   megamoe_comm_t *tp);
-/* Exchange the records (mine = mm_v2_rec(call, call->me), filled by the caller), decide
- * collectively: the first failing rank's status (its message via team agree), CONFIG_MISMATCH
- * for attributes that differ inside an EP group or between TP peers; then grow the pool so
- * that every segment fits (segment sizes are world maxima) and bump the generation. */
-megamoe_status_t mm_v2_call_agree(mm_v2_call_t *call, const char *op_name);
+/* Exchange the records (mine = mm_v2_rec(call, call->me), filled by the caller) as the first
+ * exchange of a call of call_kind (MM_CALL_DISPATCH_V2, ... in ops/call_order.h: the call
+ * order is checked with it, CALL_MISMATCH), decide collectively: the first failing rank's
+ * status (a failing rank keeps its own message, the others get "rank R: <message>"),
+ * CONFIG_MISMATCH for attributes that differ inside an EP group or between TP peers. */
+megamoe_status_t mm_v2_call_agree(mm_v2_call_t *call, int call_kind);
+/* A call of call_kind that failed before it could build its record (args NULL, a binding's
+ * argument check): take part in the exchange with st so every rank returns it. */
+megamoe_status_t mm_v2_call_refuse(int call_kind, megamoe_status_t st);
 /* World maximum of record field seg[s]. */
 uint64_t mm_v2_call_segmax(const mm_v2_call_t *call, int s);
 /* Lay the segments out (sizes must be world maxima, so every PE gets the same offsets), grow

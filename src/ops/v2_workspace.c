@@ -15,6 +15,7 @@
 #include "base/alloc.h"
 #include "base/clock.h"
 #include "base/error.h"
+#include "ops/call_order.h"
 #include "v2_internal.h"
 
 static megamoe_status_t mm_v2_release_hook(void *arg);
@@ -32,12 +33,6 @@ static const char *const mm_v2_attr_names[MM_V2_NATTR] = {
     "tp_world_size",   "comm_alg",         "zero_expert_num",   "copy_expert_num",
     "const_expert_num", "comm_quant_mode", "elastic_info",
     "MEGAMOE_RANKS_PER_NODE"};
-
-static const char *mm_v2_op_name(int64_t op)
-{
-    return op == MM_V2_OP_DISPATCH ? "dispatch_v2" : op == MM_V2_OP_COMBINE ? "combine_v2"
-         : op == MM_V2_OP_ADD_RMS_NORM ? "combine_add_rms_norm" : "(none)";
-}
 
 megamoe_status_t mm_v2_call_begin(mm_v2_call_t *call, int kind, megamoe_comm_t *ep,
                                   megamoe_comm_t *tp)
@@ -79,65 +74,29 @@ void mm_v2_call_end(mm_v2_call_t *call)
     call->records = NULL;
 }
 
-/* Allgather of the records over the world, in chunks that fit the runtime's collective. */
-static megamoe_status_t mm_v2_exchange(mm_v2_call_t *call)
+megamoe_status_t mm_v2_call_agree(mm_v2_call_t *call, int call_kind)
 {
-    mm_shmem_team_t *world = mm_shmem_team_world();
-    size_t n = (size_t)call->n_world, rb = call->rec_bytes;
-    size_t chunk = (64u << 10) / n / 8 * 8;
-    if (chunk == 0) chunk = 8;
-    if (chunk > rb) chunk = rb;
-    uint8_t *mine = malloc(rb), *tmp = malloc(chunk * n);
-    if (mine == NULL || tmp == NULL) {
-        free(mine);
-        free(tmp);
-        return mm_error(MEGAMOE_OUT_OF_MEMORY, "no memory for the agreement exchange");
-    }
-    memcpy(mine, mm_v2_rec(call, call->me), rb);
-    megamoe_status_t st = MEGAMOE_OK;
-    for (size_t off = 0; off < rb && st == MEGAMOE_OK; off += chunk) {
-        size_t len = rb - off < chunk ? rb - off : chunk;
-        st = mm_shmem_team_allgather(world, tmp, mine + off, len);
-        for (size_t p = 0; p < n && st == MEGAMOE_OK; p++)
-            memcpy(call->records + p * rb + off, tmp + p * len, len);
-    }
-    free(mine);
-    free(tmp);
-    return st;
-}
-
-megamoe_status_t mm_v2_call_agree(mm_v2_call_t *call, const char *op_name)
-{
+    const char *op_name = mm_call_kind_name(call_kind);
     mm_v2_record_t *mine = mm_v2_rec(call, call->me);
     int kind = call->kind;
     mine->ws_size = mm_v2_pool.size[kind];
-    char own_msg[1024] = "";
-    megamoe_status_t own = (megamoe_status_t)mine->status;
-    if (own != MEGAMOE_OK) snprintf(own_msg, sizeof own_msg, "%s", megamoe_last_error());
-    MM_CHECK(mm_v2_exchange(call));
+    /* 1. the call order and every rank's local status, in the one world exchange of the
+     *    records (the descriptor travels with them): a failing rank keeps its own message,
+     *    the others get "rank R: <its message>", before data moves */
+    mm_call_t c;
+    mm_call_begin(&c, &mm_call_operators, call_kind, 0, 0);
+    c.keep_own_error = 1;
+    megamoe_status_t st = mm_call_exchange(&c, mm_shmem_team_world(),
+                                           (megamoe_status_t)mine->status, mine, call->rec_bytes);
+    for (int p = 0; st == MEGAMOE_OK && p < call->n_world; p++)
+        memcpy(call->records + (size_t)p * call->rec_bytes, mm_call_payload(&c, p),
+               call->rec_bytes);
+    mm_call_end(&c);
+    MM_CHECK(st);
     int n = call->n_world;
-    /* 1. a rank failed its local checks: everyone fails with that status, before data moves */
-    int failing = -1;
-    for (int p = 0; p < n && failing < 0; p++)
-        if (mm_v2_rec(call, p)->status != MEGAMOE_OK) failing = p;
-    if (failing >= 0) {
-        megamoe_status_t agreed = mm_shmem_team_agree(mm_shmem_team_world(), own);
-        if (own != MEGAMOE_OK) { /* keep this rank's own message and status */
-            mm_set_last_error(own_msg);
-            return own;
-        }
-        if (agreed == MEGAMOE_OK) agreed = (megamoe_status_t)mm_v2_rec(call, failing)->status;
-        return agreed;
-    }
-    /* 2. every rank runs the same operator and has the same workspace history */
-    int64_t my_op = mine->attrs[MM_V2_ATTR_OP];
+    /* 2. every rank has the same workspace history */
     for (int p = 0; p < n; p++) {
         mm_v2_record_t *r = mm_v2_rec(call, p);
-        if (r->attrs[MM_V2_ATTR_OP] != my_op)
-            return mm_error(MEGAMOE_CONFIG_MISMATCH, "%s: world rank %d calls %s while world rank "
-                            "%d calls %s: every rank must call the operators in the same order",
-                            op_name, p, mm_v2_op_name(r->attrs[MM_V2_ATTR_OP]), call->me,
-                            mm_v2_op_name(my_op));
         if (r->ws_size != mine->ws_size)
             return mm_error(MEGAMOE_CONFIG_MISMATCH, "%s: the operator workspaces differ between "
                             "world ranks %d and %d: every rank must call the operators in the same "
@@ -294,5 +253,22 @@ megamoe_status_t megamoe_ops_release(void)
          * (a peer process that joins a later lifecycle starts at 0 too). */
         mm_v2_pool.gen[k] = 0;
     }
+    /* likewise the operators' call numbers (call_order.h; collective: every rank resets) */
+    mm_call_operators.calls = 0;
     return st;
+}
+
+megamoe_status_t mm_v2_call_refuse(int call_kind, megamoe_status_t st)
+{
+    if (!mm_shmem_is_running()) return st; /* nobody to tell */
+    char text[1024];
+    snprintf(text, sizeof text, "%s", megamoe_last_error());
+    mm_v2_call_t call;
+    megamoe_status_t bs = mm_v2_call_begin(&call, MM_V2_WS_DISPATCH, NULL, NULL);
+    if (bs != MEGAMOE_OK) return bs;
+    mm_set_last_error(text);
+    mm_v2_rec(&call, call.me)->status = st;
+    megamoe_status_t agreed = mm_v2_call_agree(&call, call_kind);
+    mm_v2_call_end(&call);
+    return agreed;
 }

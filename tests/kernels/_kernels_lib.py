@@ -1,18 +1,27 @@
 """ctypes declarations of the internal kernels entry points the kernels pytest files call.
 
-These are internal (mm_) symbols of libmegamoe.so, not public API: only tests use them.
+These are internal (mm_) functions, not public API: libmegamoe.so does not export them, so they
+come from the test-only libmegamoe_kernels_test.so (tests/kernels/kernels_test_api.c), which
+re-exports each as mmt_<name>; ``lib.mm_<name>`` below is that function.
 """
 import ctypes
+import os
+import types
 
 import numpy as np
 
-from megamoe import _lib
+_REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+_BUILD = os.environ.get("MEGAMOE_BUILD_DIR") or os.path.join(_REPO, "build", "release")
+_SHIM = os.path.join(_BUILD, "tests", "kernels", "libmegamoe_kernels_test.so")
+if not os.path.exists(_SHIM):
+    raise ImportError(f"{_SHIM} not built; run 'make build'")
+_shim = ctypes.CDLL(_SHIM)
 
-lib = _lib.lib
 _vp, _i64, _int, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 
 FP32, BF16, FP16, E4M3, E5M2, INT8 = 0, 1, 2, 3, 4, 6
 
+lib = types.SimpleNamespace()
 for name, args in {
     "mm_swiglu_fwd": [_i64, _i64, _vp, _i64, _vp, _i64, _f32],
     "mm_swiglu_bwd": [_i64, _i64, _vp, _i64, _vp, _i64, _vp, _i64, _f32],
@@ -22,11 +31,15 @@ for name, args in {
     "mm_quant_mx": [_vp, _int, _i64, _int, _vp, _vp],
     "mm_comm_quant_int8": [_vp, _int, _i64, _vp, _vp],
     "mm_comm_dequant_int8": [_vp, _vp, _int, _i64, _vp],
+    "mm_kernels_set_vector": [_int],
 }.items():
-    getattr(lib, name).argtypes = args
-    getattr(lib, name).restype = _int
-lib.mm_kernels_set_vector.argtypes = [_int]
-lib.mm_kernels_set_vector.restype = _int
+    fn = getattr(_shim, "mmt_" + name[len("mm_"):])
+    fn.argtypes = args
+    fn.restype = _int
+    setattr(lib, name, fn)
+_shim.mmt_last_error.restype = ctypes.c_char_p
+_shim.mmt_last_error.argtypes = []
+lib.megamoe_last_error = _shim.mmt_last_error
 
 
 def ptr(a):

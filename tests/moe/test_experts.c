@@ -431,7 +431,8 @@ MM_TEST(settings_that_differ_between_ranks)
     megamoe_experts_t *y[2] = {NULL, NULL};
     ASSERT_OK(megamoe_experts_create(comm, &prm, &y[0]));
     ASSERT_OK(megamoe_experts_create(comm, &prm, &y[1]));
-    ASSERT_STATUS(megamoe_experts_share(y, me == 0 ? 2 : 1), MEGAMOE_CONFIG_MISMATCH);
+    ASSERT_STATUS(megamoe_experts_share(y, me == 0 ? 2 : 1), MEGAMOE_CALL_MISMATCH);
+    ASSERT_CONTAINS(megamoe_last_error(), "share_execution_resources of layers #");
     for (int i = 0; i < 2; i++) {
         ASSERT_OK(megamoe_experts_close(y[i]));
         megamoe_experts_destroy(y[i]);

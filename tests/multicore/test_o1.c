@@ -246,7 +246,7 @@ MM_TEST(consecutive_launches_with_changing_routing)
     ASSERT_TRUE(all_ok);
 }
 
-/* A check that fails on one rank only, inside the O1 protocol (no collective before the
+/* A check that fails on one rank only (decided in the backward's one exchange before the
  * launch): every rank returns that rank's error, nothing is written, the layer works on. */
 MM_TEST(failure_on_one_rank_reaches_every_rank)
 {

@@ -8,7 +8,7 @@ with V2 off) and checks, bit for bit: every dispatch output against the numpy mo
 and against the V2 operator on the same inputs, expand_idx against the model's V1 rule, the
 combine against the model and the V2 combine, the combine with a COPY of expand_idx (the
 metadata path) and combine_add_rms_norm fed with the V1 expand_idx. Then ranks that disagree
-about the path (one copy, one original) both get CONFIG_MISMATCH and the next call works.
+about the path (one copy, one original) both get CALL_MISMATCH and the next call works.
 Results go to OUT_PREFIX.<rank>.json as {case name: "ok" | error text}.
 """
 import json
@@ -219,7 +219,7 @@ def run_case(case):
 
 def mixed_paths(group_ep):
     """Rank 0 passes a copy of expand_idx (metadata dispatch first), the others the original
-    (combine first): CONFIG_MISMATCH on every rank, nothing hangs, the next call works."""
+    (combine first): CALL_MISMATCH on every rank, nothing hangs, the next call works."""
     W = WORLD
     ids = torch.tensor([[0, 1], [1, 2], [3, 0]], dtype=torch.int32)
     x = torch.ones(3, 16, dtype=torch.bfloat16)
@@ -230,8 +230,8 @@ def mixed_paths(group_ep):
         ops.npu_moe_distribute_combine(out[0], ids, idx, out[4], w, group_ep, W, RANK, 2 * W)
         raise AssertionError("mixed expand_idx paths did not fail")
     except MegaMoeError as e:
-        if e.name != "CONFIG_MISMATCH":
-            raise AssertionError(f"expected CONFIG_MISMATCH, got {e.name}: {e}") from e
+        if e.name != "CALL_MISMATCH" or "dispatch_v2" not in str(e) or "combine_v2" not in str(e):
+            raise AssertionError(f"expected CALL_MISMATCH, got {e.name}: {e}") from e
     y = ops.npu_moe_distribute_combine(out[0], ids, out[2], out[4], w, group_ep, W, RANK, 2 * W)
     if not torch.equal(y, (x.float() * 1.0).to(torch.bfloat16)):  # 0.5 * x + 0.5 * x
         raise AssertionError("the call after the mismatch gave a wrong result")

@@ -4,12 +4,14 @@ range, NaN in scales, elastic holes and attributes that differ between ranks).
 A rule mutates the keyword arguments of a valid call on some ranks (`on`: a rank, or "all") and
 expects `status` on EVERY rank, before any data moves; the message must contain `key` (on the
 ranks that detected the problem: their own message; on the others: "rank R: ..."). Mismatch
-rules expect CONFIG_MISMATCH everywhere. `world` 2 rules use EP = world (E = 4, K = 2, H = 16,
+rules expect CONFIG_MISMATCH everywhere (CALL_MISMATCH for operators called in a different
+order). Rules named python_* break what only the Python binding checks (not a tensor, not on
+the CPU): the binding still takes part in the call, so the other ranks get the error too. `world` 2 rules use EP = world (E = 4, K = 2, H = 16,
 BS = 4); `world` 4 rules use 2 EP x 2 TP (E = 2: one expert per MoE rank).
 """
 import torch
 
-INV, MIS = "INVALID_ARGUMENT", "CONFIG_MISMATCH"
+INV, MIS, ORDER = "INVALID_ARGUMENT", "CONFIG_MISMATCH", "CALL_MISMATCH"
 BS, H, K = 4, 16, 2
 
 
@@ -185,8 +187,14 @@ RULES = [
     _d("mismatch_comm_alg", _set(comm_alg="hierarchy"), "comm_alg differs", status=MIS),
     _d("mismatch_elastic_info", lambda a, r: _elastic([0, 2, 0, 4, 0, 1, 0, 1] if r == 1 else [0, 2, 0, 4, 1, 0, 1, 0])(a, r),
        "elastic_info differs", status=MIS, on="all"),
-    _rule("mismatch_operator_order", "order", None, MIS, "same order", on=1),
+    _rule("mismatch_operator_order", "order", None, ORDER, "same order", on=1),
+    # ---- what only the Python binding checks: still every rank's error
+    _d("python_x_not_a_tensor", _x(lambda x: x.tolist()), "x must be a torch.Tensor"),
+    _d("python_x_not_on_the_cpu", _x(lambda x: torch.empty(x.shape, dtype=x.dtype, device="meta")),
+       "x must be a CPU tensor"),
     # ---- combine inputs
+    _c("python_expert_scales_not_a_tensor", _set(expert_scales=[0.5] * (BS * K)),
+       "expert_scales must be a torch.Tensor"),
     _c("combine_expert_scales_missing", _set(expert_scales=None), "expert_scales is required"),
     _c("combine_expert_scales_shape", lambda a, r: a.update(expert_scales=torch.ones(BS, K + 1)), "expert_scales must be [BS, K]"),
     _c("combine_expert_scales_nan", _nan_ws, "expert_scales contain NaN"),
