@@ -128,6 +128,19 @@ typedef struct mm_target_row {
     double ratio, target;
 } mm_target_row_t;
 
+/* Replica setting of a variant name ("O1" -> 0, "O1+r2" -> 2, "O1+prof" -> 0). */
+static int mm_variant_replicas(const char *name)
+{
+    const char *r = strstr(name, "+r");
+    return r ? atoi(r + 2) : 0;
+}
+
+/* Balanced-routing times measured so far, to report every routing against them. */
+typedef struct mm_balanced_time {
+    char key[80]; /* shape/tokens/hosts/workers/variant */
+    double t;
+} mm_balanced_time_t;
+
 static int mm_bench_layer_main(int argc, char **argv)
 {
     mm_moe_job_opts_t o;
@@ -155,7 +168,12 @@ static int mm_bench_layer_main(int argc, char **argv)
                    "--hosts H runs both sides on H simulated hosts (megamoe launch --hosts; root);\n"
                    "every row carries \"hosts\" (1 without it). With H > 1 each megamoe job also\n"
                    "runs on one host first, and the H-host rows carry over_single_host (their\n"
-                   "fwd+bwd time over the single-host one's).\n");
+                   "fwd+bwd time over the single-host one's).\n"
+                   "--replicas 0,2 also runs every schedule with replica_slots_per_rank=2 in the\n"
+                   "same job (variant \"O1+r2\"); rows carry \"replicas\", the plan (guests, rows\n"
+                   "moved, slowest rank's rows before/after), \"replicas_over_off\" (time against\n"
+                   "the same schedule without replicas, same job) and \"over_balanced\" (time\n"
+                   "against the variant's balanced-routing row of the run).\n");
             return 0;
         }
         if (!strcmp(argv[i], "--job-dir") && i + 1 < argc) job_dir = argv[++i];
@@ -220,6 +238,10 @@ static int mm_bench_layer_main(int argc, char **argv)
         if (strstr(shapes, mm_layer_shapes[s].name)) total += n_points * (n_workers * n_routes * (o.hosts > 1 ? 2 : 1) + with_torch);
     mm_target_row_t targets[64], host_targets[64];
     int n_targets = 0, n_host_targets = 0;
+    mm_balanced_time_t balanced[64];
+    int n_balanced = 0;
+    mm_target_row_t rep_targets[64];
+    int n_rep_targets = 0;
     const int n_host_runs = o.hosts > 1 ? 2 : 1; /* across hosts: also the single-host job */
     double single[MM_JOB_MAX_VARIANTS];
     for (int sp = 0; sp < n_shapes * n_points; sp++) { /* (shape, token count) pairs */
@@ -283,6 +305,43 @@ static int mm_bench_layer_main(int argc, char **argv)
                             if (res[r].variant[v].cpu_median_s > cpu) cpu = res[r].variant[v].cpu_median_s;
                         mm_bench_num("cpu_ms", cpu * 1e3);
                         mm_bench_mem_fields(res, jo.ranks); /* job-wide: every schedule in one process */
+                        const char *vname = res[0].variant[v].name;
+                        const int nrep = mm_variant_replicas(vname);
+                        mm_bench_int("replicas", nrep);
+                        if (nrep > 0) {
+                            /* the plan of the last forward (the same on every rank) */
+                            mm_bench_int("guests", res[0].guests);
+                            mm_bench_int("rows_moved", res[0].rows_moved);
+                            mm_bench_int("max_rows_plain", res[0].max_rows_plain);
+                            mm_bench_int("max_rows", res[0].max_rows);
+                            char base[16];
+                            snprintf(base, sizeof base, "%.*s", (int)(strstr(vname, "+r") - vname), vname);
+                            for (int u = 0; u < res[0].n_variants; u++)
+                                if (!strcmp(res[0].variant[u].name, base))
+                                    mm_bench_num("replicas_over_off", t / mm_job_time(res, jo.ranks, u, 0));
+                        }
+                        char key[80];
+                        snprintf(key, sizeof key, "%s/%lld/%d/%d/%s", sh->name, (long long)T,
+                                 jo.hosts, res[0].workers, vname);
+                        if (jo.route == MM_ROUTE_BALANCED && n_balanced < 64) {
+                            snprintf(balanced[n_balanced].key, sizeof balanced[0].key, "%s", key);
+                            balanced[n_balanced++].t = t;
+                        }
+                        for (int b = 0; b < n_balanced; b++)
+                            if (!strcmp(balanced[b].key, key)) {
+                                mm_bench_num("over_balanced", t / balanced[b].t);
+                                if (n_rep_targets < 64 && strstr(vname, "prof") == NULL) {
+                                    mm_target_row_t *tr = &rep_targets[n_rep_targets++];
+                                    snprintf(tr->label, sizeof tr->label, "%s %s, %d worker%s/rank, %s",
+                                             sh->name, routes[ri], res[0].workers,
+                                             res[0].workers == 1 ? "" : "s", vname);
+                                    tr->ratio = t / balanced[b].t;
+                                    tr->target = nrep > 0 && res[0].workers == 1 &&
+                                                         !strcmp(sh->name, "large")
+                                                     ? 1.2
+                                                     : 0;
+                                }
+                            }
                         if (hr == 1 && v < MM_JOB_MAX_VARIANTS && single[v] > 0) {
                             mm_bench_num("over_single_host", t / single[v]);
                             if (n_host_targets < 64) {
@@ -377,6 +436,18 @@ static int mm_bench_layer_main(int argc, char **argv)
         }
     }
     mm_bench_end();
+    if (n_rep_targets) {
+        fprintf(stderr, "\nfwd+bwd against the same variant with balanced routing (slowest rank, "
+                        "medians; target with replicas, 1 worker per rank, large shape):\n");
+        for (int i = 0; i < n_rep_targets; i++) {
+            const mm_target_row_t *t = &rep_targets[i];
+            if (t->target > 0)
+                fprintf(stderr, "  %-52s %5.2fx  target <= %.2fx  %s\n", t->label, t->ratio,
+                        t->target, t->ratio <= t->target ? "met" : "NOT met");
+            else
+                fprintf(stderr, "  %-52s %5.2fx\n", t->label, t->ratio);
+        }
+    }
     if (n_targets) {
         fprintf(stderr, "\nO1/O0 speed (fwd+bwd, slowest rank, medians of interleaved "
                         "iterations; targets at 1 worker per rank):\n");

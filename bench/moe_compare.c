@@ -47,13 +47,18 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
     double *t_it = NULL, *t_fw = NULL, *t_bw = NULL, *t_cpu = NULL;
     megamoe_status_t st;
 
-    /* one layer per listed schedule, all on the same communicator */
+    /* one layer per listed schedule and replica setting, all on the same communicator */
     megamoe_experts_params_t prm[MM_JOB_MAX_VARIANTS];
+    char names[MM_JOB_MAX_VARIANTS][16];
+    int reps[MM_JOB_MAX_VARIANTS], n_reps = mm_moe_job_replicas(o->replicas, reps, MM_JOB_MAX_VARIANTS);
+    if (n_reps < 1) MM_CMP_FAIL("bad --replicas list '%s'", o->replicas);
     size_t heap = 16u << 20;
     char list[sizeof o->schedule];
     snprintf(list, sizeof list, "%s", o->schedule);
-    for (char *tok = strtok(list, ","); tok && n_layers < MM_JOB_MAX_VARIANTS - 1;
-         tok = strtok(NULL, ",")) {
+    int rep_layer = -1; /* the first layer with replicas: its plan goes into the result */
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save))
+        for (int ri = 0; ri < n_reps && n_layers < MM_JOB_MAX_VARIANTS - 1; ri++) {
         megamoe_experts_params_t p = megamoe_experts_params_default();
         p.local_num_tokens = o->T;
         p.hidden_size = o->H;
@@ -65,7 +70,12 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
         p.schedule = strcmp(tok, "O0") == 0 ? "O0" : strcmp(tok, "O1") == 0 ? "O1" : NULL;
         if (p.schedule == NULL) MM_CMP_FAIL("unknown schedule '%s' in '%s'", tok, o->schedule);
         p.workers = o->workers;
-        if (strcmp(tok, "O1") == 0) o1 = n_layers;
+        p.replica_slots_per_rank = reps[ri];
+        /* "O1" (no replicas) or "O1+r2": the profiled wait shares are the plain O1 layer's */
+        if (reps[ri] == 0) snprintf(names[n_layers], sizeof names[0], "%s", p.schedule);
+        else snprintf(names[n_layers], sizeof names[0], "%s+r%d", p.schedule, reps[ri]);
+        if (strcmp(tok, "O1") == 0 && (o1 < 0 || reps[ri] == 0)) o1 = n_layers;
+        if (reps[ri] > 0 && rep_layer < 0) rep_layer = n_layers;
         prm[n_layers++] = p;
         heap += megamoe_experts_heap_bytes(&p, o->ranks);
     }
@@ -82,7 +92,7 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
     for (int i = 0; i < n_layers; i++) {
         if ((st = megamoe_experts_create(comm, &prm[i], &layer[i])) != MEGAMOE_OK)
             MM_CMP_FAIL("%s: %s", prm[i].schedule, megamoe_last_error());
-        snprintf(r->variant[nv].name, sizeof r->variant[0].name, "%s", prm[i].schedule);
+        snprintf(r->variant[nv].name, sizeof r->variant[0].name, "%s", names[i]);
         layer_of[nv++] = i;
     }
     if (o1 >= 0 && o->profile_variant) {
@@ -150,6 +160,13 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
     }
     megamoe_experts_info_t info;
     if (megamoe_experts_get_info(layer[0], &info) == MEGAMOE_OK) r->workers = info.workers;
+    if (rep_layer >= 0 && megamoe_experts_get_info(layer[rep_layer], &info) == MEGAMOE_OK) {
+        r->replica_slots = info.replica_slots;
+        r->guests = info.last_guests;
+        r->rows_moved = info.last_rows_moved;
+        r->max_rows_plain = info.last_max_rows_plain;
+        r->max_rows = info.last_max_rows;
+    }
 
     /* O1 wait shares: from the profiled timed iterations, or two extra profiled ones */
     if (o1 >= 0) {

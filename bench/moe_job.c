@@ -68,8 +68,28 @@ void mm_moe_job_to_args(const mm_moe_job_opts_t *o, char **argv, int *argc_p, ch
     MM_ARG("--verify", "%s", o->verify ? "yes" : "no");
     MM_ARG("--progress-fd", "%d", o->progress_fd);
     MM_ARG("--profile-variant", "%s", o->profile_variant ? "yes" : "no");
+    MM_ARG("--replicas", "%s", o->replicas[0] ? o->replicas : "0");
 #undef MM_ARG
     *argc_p = n;
+}
+
+int mm_moe_job_replicas(const char *list, int *out, int max)
+{
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", list && list[0] ? list : "0");
+    int n = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *end;
+        long v = strtol(tok, &end, 10);
+        if (*end || end == tok || v < 0 || v > 64 || n >= max) {
+            fprintf(stderr, "megamoe: --replicas takes integers in [0, 64] (guest slots per "
+                            "rank), at most %d, comma-separated; got '%s'\n",
+                    max, list);
+            return -1;
+        }
+        out[n++] = (int)v;
+    }
+    return n;
 }
 
 static int mm_parse_i64(const char *opt, const char *text, int64_t lo, int64_t hi, int64_t *v)
@@ -93,7 +113,8 @@ int mm_moe_job_parse_arg(mm_moe_job_opts_t *o, int argc, char **argv, int *i)
         "--ranks", "-n", "--tokens", "--hidden", "--intermediate", "--experts", "--top-k",
         "--capacity-factor", "--swiglu-limit", "--schedule", "--workers", "--routing", "--seed",
         "--iters", "--warmup", "--verify", "--progress-fd", "--timeout", "--profile-variant",
-        "--hosts", "--dispatch-mode", "--initial-capacity-factor", "--capacity-growth-factor"};
+        "--hosts", "--dispatch-mode", "--initial-capacity-factor", "--capacity-growth-factor",
+        "--replicas"};
     int found = 0;
     for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) found |= strcmp(opt, known[k]) == 0;
     if (!found) return 0;
@@ -140,6 +161,11 @@ int mm_moe_job_parse_arg(mm_moe_job_opts_t *o, int argc, char **argv, int *i)
     } else if (!strcmp(opt, "--progress-fd")) {
         rc = mm_parse_i64(opt, val, -1, 1 << 20, &v);
         o->progress_fd = (int)v;
+    } else if (!strcmp(opt, "--replicas")) {
+        int tmp[MM_JOB_MAX_VARIANTS];
+        if (strlen(val) >= sizeof o->replicas || mm_moe_job_replicas(val, tmp, MM_JOB_MAX_VARIANTS) < 0)
+            return -1;
+        snprintf(o->replicas, sizeof o->replicas, "%s", val);
     } else if (!strcmp(opt, "--dispatch-mode")) {
         if (strcmp(val, "push") != 0 && strcmp(val, "pull") != 0 && strcmp(val, "none") != 0) {
             fprintf(stderr, "megamoe: --dispatch-mode must be push, pull or none, got '%s'\n",
@@ -289,6 +315,8 @@ int mm_moe_job_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
     p.top_k = o->K;
     p.expert_capacity_factor = o->capacity_factor;
     p.dispatch_mode = o->dispatch_mode[0] ? o->dispatch_mode : NULL;
+    int reps[MM_JOB_MAX_VARIANTS];
+    p.replica_slots_per_rank = mm_moe_job_replicas(o->replicas, reps, MM_JOB_MAX_VARIANTS) > 0 ? reps[0] : 0;
     p.initial_capacity_factor = o->initial_capacity_factor;
     p.capacity_growth_factor = o->capacity_growth_factor;
     p.swiglu_limit = o->swiglu_limit;
@@ -371,6 +399,11 @@ int mm_moe_job_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
     r->workers = info.workers;
     r->capacity = info.capacity;
     r->recv_rows = info.last_recv_rows;
+    r->replica_slots = info.replica_slots;
+    r->guests = info.last_guests;
+    r->rows_moved = info.last_rows_moved;
+    r->max_rows_plain = info.last_max_rows_plain;
+    r->max_rows = info.last_max_rows;
     r->n_phases = tm.count < MM_JOB_MAX_PHASES ? tm.count : MM_JOB_MAX_PHASES;
     for (int i = 0; i < r->n_phases; i++) {
         snprintf(r->phase[i], sizeof r->phase[i], "%s", tm.name[i]);
@@ -435,6 +468,8 @@ int mm_moe_job_write(const char *path, const mm_moe_job_result_t *r)
 {
     FILE *f = fopen(path, "w");
     if (f == NULL) return -1;
+    fprintf(f, "replicas %d %d %lld %lld %lld\n", r->replica_slots, r->guests,
+            (long long)r->rows_moved, (long long)r->max_rows_plain, (long long)r->max_rows);
     fprintf(f, "rank %d\nranks %d\nworkers %d\ncapacity %lld\nrecv_rows %lld\n", r->rank,
             r->ranks, r->workers, (long long)r->capacity, (long long)r->recv_rows);
     fprintf(f, "iter %.9g %.9g %.9g %.9g\n", r->iter_median_s, r->iter_min_s, r->fwd_median_s,
@@ -483,6 +518,17 @@ int mm_moe_job_read(const char *path, mm_moe_job_result_t *r)
         else if (sscanf(line, "workers %lld", &a) == 1) r->workers = (int)a;
         else if (sscanf(line, "capacity %lld", &a) == 1) r->capacity = a;
         else if (sscanf(line, "recv_rows %lld", &b) == 1) r->recv_rows = b;
+        else if (strncmp(line, "replicas ", 9) == 0) {
+            long long m = 0, pl = 0, mx = 0;
+            int rs = 0, gs = 0;
+            if (sscanf(line, "replicas %d %d %lld %lld %lld", &rs, &gs, &m, &pl, &mx) == 5) {
+                r->replica_slots = rs;
+                r->guests = gs;
+                r->rows_moved = m;
+                r->max_rows_plain = pl;
+                r->max_rows = mx;
+            }
+        }
         else if (sscanf(line, "iter %lg %lg %lg %lg", &x, &y, &z, &u) == 4) {
             r->iter_median_s = x;
             r->iter_min_s = y;

@@ -30,6 +30,8 @@ typedef struct mm_moe_job_opts {
     int progress_fd;        /* rank 0 draws progress here; -1 = none */
     double timeout_s;       /* for the launcher; 0 = none */
     int hosts;              /* simulated hosts (megamoe launch --hosts); 0 = plain local ranks */
+    char replicas[32];      /* replica_slots_per_rank: "" = 0; a comparison job takes a list
+                               ("0,2": every schedule with and without) */
     int profile_variant;    /* comparison: also time O1 with the profiler recording */
 } mm_moe_job_opts_t;
 
@@ -56,7 +58,7 @@ typedef struct mm_moe_job_check {
     int pass;
 } mm_moe_job_check_t;
 
-#define MM_JOB_MAX_VARIANTS 4
+#define MM_JOB_MAX_VARIANTS 8
 #define MM_JOB_MAX_WAIT 16
 
 /* One schedule of a comparison job ("O0", "O1", "O1+prof" = O1 while the profiler records). */
@@ -90,7 +92,14 @@ typedef struct mm_moe_job_result {
      * peak / touched, bytes */
     double peak_rss_mb;
     uint64_t heap_reserved, heap_alloc_peak, heap_touched;
+    /* hot-expert replicas: the last forward's plan (the job's first replica setting) */
+    int replica_slots, guests;
+    int64_t rows_moved, max_rows_plain, max_rows;
 } mm_moe_job_result_t;
+
+/* The integers of a --replicas list into out[max]; the count, or -1 (message printed) when an
+ * item is not an integer in [0, 64]. "" is one 0. */
+int mm_moe_job_replicas(const char *list, int *out, int max);
 
 /* Child side: run this rank (RANK/WORLD_SIZE/endpoint from the environment). Returns 0 on
  * success (verification failures are in the result, not the return value). */

@@ -31,6 +31,7 @@ static void mm_run_usage(FILE *out)
             "  --initial-capacity-factor F, --capacity-growth-factor G\n"
             "                           push: start at F x T*K rows, grow by G (0 = 1.25)\n"
             "  --swiglu-limit L         0 = off (default)\n"
+            "  --replicas R             hot-expert replicas: R guest slots per rank (0 = off)\n"
             "  --routing R              balanced | zero | skew | single (balanced)\n"
             "  --schedule S             O1 (default: one fused launch per direction on the\n"
             "                           multicore executor) or O0 (host-scheduled phases)\n"
@@ -91,6 +92,12 @@ static void mm_run_report(const mm_moe_job_opts_t *o, const mm_moe_job_result_t 
     printf("\n  %-14s", "rows received");
     for (int r = 0; r < n; r++) printf(" %11lld", (long long)res[r].recv_rows);
     printf("\n");
+    if (res[0].replica_slots > 0)
+        printf("replicas: %d guest slot%s per rank; last forward: %d in use, %lld rows moved, "
+               "slowest rank %lld -> %lld rows\n",
+               res[0].replica_slots, res[0].replica_slots == 1 ? "" : "s", res[0].guests,
+               (long long)res[0].rows_moved, (long long)res[0].max_rows_plain,
+               (long long)res[0].max_rows);
 
     double t = 0, tf = 0, tb = 0;
     for (int r = 0; r < n; r++) { /* the job takes as long as its slowest rank */
@@ -173,6 +180,10 @@ static int mm_run_check_shape(const mm_moe_job_opts_t *o)
     } else if (o->capacity_factor != 0 && o->dispatch_mode[0]) {
         snprintf(msg, sizeof msg, "--capacity-factor (a fixed capacity) and --dispatch-mode "
                  "cannot be combined");
+        bad = msg;
+    } else if (strchr(o->replicas, ',') != NULL) {
+        snprintf(msg, sizeof msg, "--replicas takes one value for megamoe run (lists are for "
+                 "megamoe bench layer)");
         bad = msg;
     } else if (strcmp(o->schedule, "O0") != 0 && strcmp(o->schedule, "O1") != 0) {
         snprintf(msg, sizeof msg, "--schedule must be O0 or O1, got '%s'", o->schedule);

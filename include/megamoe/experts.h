@@ -85,6 +85,10 @@ typedef struct megamoe_experts_params {
     double initial_capacity_factor; /* "push" only: 0 = 1.25; else finite and >= 1 */
     double capacity_growth_factor;  /* "push" only: 0 = 1.25; else finite and >= 1 (1 grows to
                                        exactly the rows the call needs) */
+    int replica_slots_per_rank;    /* hot-expert replicas: R guest slots per rank (0 = off,
+                                      default; at most 64). Per call a planner gives the
+                                      hottest experts guest copies on lighter ranks (see
+                                      docs/moe.md "Load balance: hot-expert replicas") */
 } megamoe_experts_params_t;
 
 /* All fields zero except schedule = "O1": the caller must set the five shapes. */
@@ -196,6 +200,12 @@ typedef struct megamoe_experts_info {
     int64_t max_capacity;    /* rows growth stops at: the lossless bound align128(EP*T*K) */
     int growth_events;       /* capacity growths of the resource group so far */
     uint64_t shmem_heap_size; /* bytes per rank of the running SHMEM heap (0: not running) */
+    /* hot-expert replicas: the plan of the last forward (the same on every rank) */
+    int replica_slots;              /* replica_slots_per_rank */
+    int last_guests;                /* guest slots in use (0: nothing moved) */
+    int64_t last_rows_moved;        /* rows computed by guests instead of their homes */
+    int64_t last_max_rows_plain;    /* the most rows a rank would compute without replicas */
+    int64_t last_max_rows;          /* ... with the plan */
 } megamoe_experts_info_t;
 
 megamoe_status_t megamoe_experts_get_info(const megamoe_experts_t *experts,
@@ -214,6 +224,21 @@ typedef struct megamoe_experts_growth {
  * not below info.growth_events. */
 megamoe_status_t megamoe_experts_get_growth(const megamoe_experts_t *experts, int index,
                                             megamoe_experts_growth_t *growth_p);
+/* One guest slot of the last forward's replica plan. */
+typedef struct megamoe_experts_replica {
+    int rank;        /* the guest's rank */
+    int slot;        /* its guest slot, 0 .. replica_slots_per_rank - 1 */
+    int64_t expert;  /* the global expert it served */
+    int home;        /* that expert's home rank */
+    int64_t rows;    /* rows it computed (from every source) */
+} megamoe_experts_replica_t;
+
+/* The guest slots in use in the last forward (every rank's, ordered by rank then slot) into
+ * out[0 .. max); *count_p = how many there are (may exceed max). OK with 0 when replicas are
+ * off or nothing moved. */
+megamoe_status_t megamoe_experts_get_replicas(const megamoe_experts_t *experts,
+                                              megamoe_experts_replica_t *out, size_t max,
+                                              size_t *count_p);
 
 /* The layer's number N in call descriptors and CALL_MISMATCH messages ("layer #N"): layers are
  * numbered in creation order, the same on every rank (0 for NULL). */

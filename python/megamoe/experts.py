@@ -39,7 +39,8 @@ class _Params(ctypes.Structure):
                 ("workers", ctypes.c_int), ("cube_workers", ctypes.c_int),
                 ("vector_workers", ctypes.c_int), ("dispatch_mode", ctypes.c_char_p),
                 ("initial_capacity_factor", ctypes.c_double),
-                ("capacity_growth_factor", ctypes.c_double)]
+                ("capacity_growth_factor", ctypes.c_double),
+                ("replica_slots_per_rank", ctypes.c_int)]
 
 
 class _Weights(ctypes.Structure):
@@ -69,7 +70,15 @@ class _Info(ctypes.Structure):
                 ("dispatch_mode", ctypes.c_char * 8), ("capacity_policy", ctypes.c_char * 8),
                 ("initial_capacity_factor", ctypes.c_double),
                 ("capacity_growth_factor", ctypes.c_double), ("max_capacity", _c_int64),
-                ("growth_events", ctypes.c_int), ("shmem_heap_size", ctypes.c_uint64)]
+                ("growth_events", ctypes.c_int), ("shmem_heap_size", ctypes.c_uint64),
+                ("replica_slots", ctypes.c_int), ("last_guests", ctypes.c_int),
+                ("last_rows_moved", _c_int64), ("last_max_rows_plain", _c_int64),
+                ("last_max_rows", _c_int64)]
+
+
+class _Replica(ctypes.Structure):
+    _fields_ = [("rank", ctypes.c_int), ("slot", ctypes.c_int), ("expert", _c_int64),
+                ("home", ctypes.c_int), ("rows", _c_int64)]
 
 
 class _Growth(ctypes.Structure):
@@ -110,6 +119,9 @@ _L.megamoe_experts_get_info.restype = ctypes.c_int
 _L.megamoe_experts_get_info.argtypes = [_vp, _P(_Info)]
 _L.megamoe_experts_get_growth.restype = ctypes.c_int
 _L.megamoe_experts_get_growth.argtypes = [_vp, ctypes.c_int, _P(_Growth)]
+_L.megamoe_experts_get_replicas.restype = ctypes.c_int
+_L.megamoe_experts_get_replicas.argtypes = [_vp, _P(_Replica), ctypes.c_size_t,
+                                            _P(ctypes.c_size_t)]
 _L.megamoe_experts_get_timing.restype = ctypes.c_int
 _L.megamoe_experts_get_timing.argtypes = [_vp, _P(_Timing)]
 _L.megamoe_experts_reset_timing.restype = None
@@ -308,14 +320,17 @@ class MegaMoeExperts(torch.nn.Module):
     [E/EP, I, H] yourself), ``schedule`` ("O1", the default: one fused launch per direction
     on the multicore executor; "O0": host-scheduled phases), ``workers`` (threads per rank,
     0 = the rank's share of the cores), ``cube_workers`` / ``vector_workers`` (O1 roles,
-    0 = derived; docs/multicore.md).
+    0 = derived; docs/multicore.md), ``replica_slots_per_rank`` (hot-expert replicas: R guest
+    slots per rank, 0 = off; per call the hottest experts get guest copies on lighter ranks
+    and their weight gradients are summed back at home; ``info()["replicas"]`` shows the
+    last plan; docs/moe.md "Load balance: hot-expert replicas").
     """
 
     def __init__(self, local_num_tokens, hidden_size, intermediate_size, num_experts, top_k,
                  expert_capacity_factor=None, swiglu_limit=None, ep_size=1, ep_group=None,
                  create_parameters=True, schedule="O1", workers=0, cube_workers=0,
                  vector_workers=0, dispatch_mode=None, initial_capacity_factor=None,
-                 capacity_growth_factor=None):
+                 capacity_growth_factor=None, replica_slots_per_rank=0):
         super().__init__()
         from . import comm as _comm
         self._handle = ctypes.c_void_p(None)
@@ -342,6 +357,11 @@ class MegaMoeExperts(torch.nn.Module):
         p.workers = int(workers)
         p.cube_workers = int(cube_workers)
         p.vector_workers = int(vector_workers)
+        if isinstance(replica_slots_per_rank, bool) or int(replica_slots_per_rank) != \
+                replica_slots_per_rank:
+            raise ValueError("replica_slots_per_rank must be an integer, got "
+                             f"{replica_slots_per_rank!r}")
+        p.replica_slots_per_rank = int(replica_slots_per_rank)
         heap = 0
         if "HYPER_PARALLEL_SHMEM_HEAP_SIZE" not in os.environ:
             # Heap sizing when the variable is unset (docs/moe.md): the runtime starts with the
@@ -374,6 +394,7 @@ class MegaMoeExperts(torch.nn.Module):
         self.swiglu_limit = swiglu_limit
         self.ep_size = int(ep_size)
         self.schedule = schedule
+        self.replica_slots_per_rank = int(replica_slots_per_rank)
         self._tk_shape = (self.local_num_tokens, self.top_k)
         handle = ctypes.c_void_p(None)
         try:
@@ -577,7 +598,15 @@ class MegaMoeExperts(torch.nn.Module):
             check(_L.megamoe_experts_get_growth(self._handle, k, ctypes.byref(g)))
             growth.append({f: getattr(g, f) for f, _ in _Growth._fields_})
         d["growth"] = growth  # one dict per growth of the receive capacity, oldest first
+        d["replicas"] = self._replicas()  # the last forward's guest slots (replicas)
         return d
+
+    def _replicas(self):
+        n = ctypes.c_size_t(0)
+        check(_L.megamoe_experts_get_replicas(self._handle, None, 0, ctypes.byref(n)))
+        arr = (_Replica * max(1, n.value))()
+        check(_L.megamoe_experts_get_replicas(self._handle, arr, n.value, ctypes.byref(n)))
+        return [{f: getattr(arr[k], f) for f, _ in _Replica._fields_} for k in range(n.value)]
 
     @property
     def layer_number(self):
@@ -608,4 +637,5 @@ class MegaMoeExperts(torch.nn.Module):
                 f"dispatch_mode={self.dispatch_mode!r}, "
                 f"initial_capacity_factor={self.initial_capacity_factor}, "
                 f"capacity_growth_factor={self.capacity_growth_factor}, "
-                f"swiglu_limit={self.swiglu_limit}, schedule={self.schedule!r}")
+                f"swiglu_limit={self.swiglu_limit}, schedule={self.schedule!r}, "
+                f"replica_slots_per_rank={self.replica_slots_per_rank}")

@@ -18,16 +18,18 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "moe/experts_impl.h"
+#include "moe/moe_replicas.h"
 #include "moe/moe_rows.h"
 
 enum { BW_PREP, BW_DISPATCH, BW_PULL, BW_GMM_DA, BW_GMM_DW2, BW_SWIGLU, BW_GMM_DX, BW_GMM_DW1, BW_COMBINE,
-       BW_REDUCE };
+       BW_REDUCE, BW_PACK, BW_WSUM };
 
 typedef struct mm_bwd {
     mm_moe_bwd_ctx_t c;
     int phase;
     int64_t R;
-    const int64_t *group_rows;
+    const int64_t *group_rows; /* [S] */
+    const mm_gemm_weight_t **w2t, **w1t; /* [S] packed weights per slot */
     uint16_t *dy;  /* [T*K, H] permuted order (to send) */
     float *gw;     /* [T*K] grad router weights (fp32), slot order, or NULL */
     uint16_t *da;  /* [R, I] */
@@ -36,15 +38,52 @@ typedef struct mm_bwd {
     float *acc;
     int direct; /* dY written in place into the owners' receive buffers */
     int pull;   /* dY staged in this rank's own buffer, fetched by the owners (BW_PULL) */
+    int32_t *guests; /* [workers][ep * R] scratch (BW_WSUM guest lists) */
 } mm_bwd_t;
+
+/* Replicas: one TN product per slot into where its gradient goes (the output, a home expert's
+ * fp32 partial, or a guest slot's fp32 partial), split by columns like the grouped call. */
+static megamoe_status_t mm_bwd_wgrad_slots(mm_bwd_t *b, int which, int worker, int nw)
+{
+    const int64_t H = b->c.H, I = b->c.I;
+    for (int64_t j = 0; j < b->c.plan->S; j++) {
+        if (b->c.plan->slot_expert[(int64_t)b->c.x->me * b->c.plan->S + j] < 0) continue;
+        const int64_t go = b->c.plan->group_off[j];
+        mm_gemm_args_t g;
+        mm_gemm_args_init(&g);
+        g.form = MM_GEMM_TN;
+        g.K = b->group_rows[j]; /* no rows: exact zeros */
+        g.C = mm_moe_rep_wgrad_dst(&b->c, j, which, &g.c_type);
+        if (which == 2) {
+            g.M = I;
+            g.N = H;
+            g.A = b->c.sv->a + go * I;
+            g.lda = I;
+            g.B = b->c.recv + go * H;
+            g.ldb = H;
+            g.ldc = H;
+        } else {
+            g.M = H;
+            g.N = 2 * I;
+            g.A = b->c.sv->x + go * H;
+            g.lda = H;
+            g.B = b->dgu + go * 2 * I;
+            g.ldb = 2 * I;
+            g.ldc = 2 * I;
+        }
+        mm_pool_split(g.N, worker, nw, 1, &g.n0, &g.n1);
+        if (g.n0 >= g.n1) continue;
+        MM_CHECK(mm_gemm(&g));
+    }
+    return MEGAMOE_OK;
+}
 
 static megamoe_status_t mm_bwd_gemm(mm_bwd_t *b, int worker, int nw)
 {
-    megamoe_experts_t *x = b->c.x;
     const int64_t H = b->c.H, I = b->c.I;
     mm_gemm_grouped_args_t g;
     mm_gemm_grouped_args_init(&g);
-    g.num_groups = (int)x->L;
+    g.num_groups = (int)b->c.plan->S;
     g.group_rows = b->group_rows;
     int64_t align = 1;
     switch (b->phase) {
@@ -54,13 +93,14 @@ static megamoe_status_t mm_bwd_gemm(mm_bwd_t *b, int worker, int nw)
         g.N = I;
         g.A = b->c.recv;
         g.lda = H;
-        g.weights = (const mm_gemm_weight_t *const *)x->packed.w2t;
+        g.weights = b->w2t;
         g.C = b->da;
         g.ldc = I;
         g.c_type = MEGAMOE_DTYPE_BF16;
         align = mm_gemm_weight_n_align(g.weights[0]);
         break;
     case BW_GMM_DW2: /* dW2_j[I,H] = A_jᵀ · dY_j */
+        if (b->c.plan->R > 0) return mm_bwd_wgrad_slots(b, 2, worker, nw);
         g.form = MM_GEMM_TN;
         g.M = I;
         g.N = H;
@@ -79,13 +119,14 @@ static megamoe_status_t mm_bwd_gemm(mm_bwd_t *b, int worker, int nw)
         g.N = H;
         g.A = b->dgu;
         g.lda = 2 * I;
-        g.weights = (const mm_gemm_weight_t *const *)x->packed.w1t;
+        g.weights = b->w1t;
         g.C = b->dx;
         g.ldc = H;
         g.c_type = MEGAMOE_DTYPE_BF16;
         align = mm_gemm_weight_n_align(g.weights[0]);
         break;
     case BW_GMM_DW1: /* dW1_j[H,2I] = X_jᵀ · dGU_j */
+        if (b->c.plan->R > 0) return mm_bwd_wgrad_slots(b, 1, worker, nw);
         g.form = MM_GEMM_TN;
         g.M = H;
         g.N = 2 * I;
@@ -115,13 +156,11 @@ static megamoe_status_t mm_bwd_work(void *arg, int worker, int nw)
         /* dY rows go straight into their owners' receive rows when those are mapped here
          * (same host), else into the staging buffer that BW_DISPATCH then puts */
         mm_pool_split(b->c.T * K, worker, nw, 1, &lo, &hi);
-        int64_t e = lo < hi ? mm_ep_expert_of_pos(b->c.plan, lo) : 0;
         for (int64_t p = lo; p < hi; p++) {
-            while (b->c.plan->src_off[e + 1] <= p) e++;
             int64_t slot = b->c.plan->perm_slot[p];
             const uint16_t *d = b->c.dout + (slot / K) * H;
             uint16_t *dst = b->pull     ? mm_ep_stage_dst(b->c.g->xbuf, p)
-                            : b->direct ? mm_ep_dispatch_dst(b->c.g->xbuf, b->c.plan, p, e)
+                            : b->direct ? mm_ep_dispatch_dst(b->c.g->xbuf, b->c.plan, p)
                                         : b->dy + p * H;
             mm_rows_scale(dst, d, b->c.sv->w[slot], (size_t)H);
             if (b->gw) b->gw[slot] = mm_rows_dot(d, b->c.sv->y + p * H, (size_t)H);
@@ -152,6 +191,18 @@ static megamoe_status_t mm_bwd_work(void *arg, int worker, int nw)
         mm_pool_split(b->R, worker, nw, 1, &lo, &hi);
         mm_ep_combine_rows(b->c.g->xbuf, b->c.plan, b->dx, rb, lo, hi);
         return MEGAMOE_OK;
+    case BW_PACK: /* guest slots: pack the forward's weight copies for dA and dX */
+        for (int64_t gs = worker; gs < b->c.plan->R; gs += nw)
+            if (b->c.guest[gs]) MM_CHECK(mm_moe_rep_pack_backward(b->c.guest[gs]));
+        return MEGAMOE_OK;
+    case BW_WSUM: { /* local experts with guests: own partial + theirs (chunk = worker) */
+        int32_t *q = b->guests + (size_t)worker * (size_t)(b->c.x->ep * b->c.plan->R);
+        for (int64_t j = 0; j < b->c.x->L; j++) {
+            int n = mm_ep_guests_of_local(b->c.plan, j, q);
+            if (n > 0) MM_CHECK(mm_moe_rep_wsum(&b->c, j, worker, nw, q, n));
+        }
+        return MEGAMOE_OK;
+    }
     case BW_REDUCE: {
         mm_pool_split(b->c.T, worker, nw, 1, &lo, &hi);
         mm_rows_reduce_tokens(b->c.dhidden, b->c.ret, b->c.plan->slot_pos, NULL, NULL,
@@ -222,16 +273,30 @@ megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, mm_call_t *call, megam
     mm_bwd_t b;
     memset(&b, 0, sizeof b);
     int64_t *group_rows = NULL;
+    const mm_gemm_weight_t **wtab = NULL;
     if (st == MEGAMOE_OK) {
-        const int64_t R = sv->rows, Rb = R > 0 ? R : 1;
+        const int64_t R = sv->rows, Rb = R > 0 ? R : 1, S = sv->plan->S;
         mm_moe_bwd_ctx_init(&b.c, x, sv, dout, gr);
         b.R = R;
-        group_rows = calloc((size_t)L, sizeof *group_rows);
-        if (group_rows == NULL) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "group list");
+        group_rows = calloc((size_t)S, sizeof *group_rows);
+        wtab = calloc((size_t)(2 * S), sizeof *wtab);
+        if (group_rows == NULL || wtab == NULL) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "group list");
         else
-            for (int64_t j = 0; j < L; j++)
+            for (int64_t j = 0; j < S; j++)
                 group_rows[j] = sv->plan->group_off[j + 1] - sv->plan->group_off[j];
         b.group_rows = group_rows;
+        b.w2t = wtab;
+        b.w1t = wtab ? wtab + S : NULL;
+        for (int64_t j = 0; wtab && j < S; j++) { /* guest slots: after BW_PACK */
+            wtab[j] = x->packed.w2t[j < L ? j : 0];
+            wtab[S + j] = x->packed.w1t[j < L ? j : 0];
+        }
+        if (st == MEGAMOE_OK) st = mm_moe_rep_backward_begin(&b.c);
+        if (st == MEGAMOE_OK && sv->plan->R > 0) {
+            b.guests = calloc((size_t)mm_pool_size(g->pool) * (size_t)(x->ep * sv->plan->R),
+                              sizeof *b.guests);
+            if (b.guests == NULL) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "guest lists");
+        }
         void *p = NULL;
         b.pull = mm_moe_is_pull(&x->cfg);
         b.direct = !b.pull && mm_ep_dispatch_direct(g->xbuf);
@@ -261,6 +326,8 @@ megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, mm_call_t *call, megam
     st = mm_moe_backward_agree(x, call, st, sv);
     if (st != MEGAMOE_OK) {
         free(group_rows);
+        free(wtab);
+        free(b.guests);
         return st;
     }
     megamoe_status_t later = MEGAMOE_OK; /* a failure that must not strand the peers */
@@ -276,6 +343,16 @@ megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, mm_call_t *call, megam
     if (st == MEGAMOE_OK && b.pull) st = mm_bwd_phase(&b, BW_PULL, -1);
     x->phase_s[MM_PH_BWD_DISPATCH] += (double)(mm_now_ns() - tw) * 1e-9;
     if (st != MEGAMOE_OK) goto broken;
+
+    /* ---- guest slots: the forward's weight copies packed for dA and dX ---- */
+    if (local == MEGAMOE_OK && sv->plan->R > 0) {
+        local = mm_bwd_phase(&b, BW_PACK, MM_PH_BWD_GMM_DA);
+        for (int64_t gs = 0; local == MEGAMOE_OK && gs < sv->plan->R; gs++)
+            if (b.c.guest[gs]) {
+                wtab[L + gs] = b.c.guest[gs]->nt2;
+                wtab[sv->plan->S + L + gs] = b.c.guest[gs]->nt1;
+            }
+    }
 
     /* ---- owner: data grads and weight grads ---- */
     if (later == MEGAMOE_OK) later = mm_bwd_phase(&b, BW_GMM_DA, MM_PH_BWD_GMM_DA);
@@ -295,11 +372,19 @@ megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, mm_call_t *call, megam
     x->phase_s[MM_PH_BWD_COMBINE] += (double)(mm_now_ns() - tw) * 1e-9;
     if (st != MEGAMOE_OK) goto fail;
 
+    /* ---- replicas: every guest finished its partial before its combine signals ---- */
+    if (sv->plan->R > 0) {
+        st = mm_bwd_phase(&b, BW_WSUM, MM_PH_BWD_GMM_DW1);
+        if (st != MEGAMOE_OK) goto fail;
+    }
+
     st = mm_bwd_phase(&b, BW_REDUCE, MM_PH_BWD_REDUCE);
     if (st == MEGAMOE_OK && gr->topk_weights != NULL)
         st = megamoe_convert(gr->topk_weights, sv->w_dtype, b.gw, MEGAMOE_DTYPE_FP32, TK);
     if (st != MEGAMOE_OK) goto fail;
     free(group_rows);
+    free(wtab);
+    free(b.guests);
     x->backwards++;
     return MEGAMOE_OK;
 
@@ -307,5 +392,7 @@ broken:
     g->broken = 1;
 fail:
     free(group_rows);
+    free(wtab);
+    free(b.guests);
     return st;
 }

@@ -19,6 +19,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "moe/experts_impl.h"
+#include "moe/moe_replicas.h"
 #include "moe/moe_rows.h"
 
 typedef struct mm_o1_bwd {
@@ -35,21 +36,22 @@ static megamoe_status_t mm_o1_bwd_dispatch(void *ctx, mm_mc_worker_t *w, const m
     mm_o1_bwd_t *b = ctx;
     const int64_t H = b->c.H, K = b->c.K;
     const mm_ep_plan_t *p = b->c.plan;
+    const mm_ep_xbuf_t *xb = b->c.g->xbuf;
+    /* push: the tile's rows are contiguous on the owner: written in place, or staged and put;
+     * pull: staged at their own permuted positions (the owner fetches them) */
     uint16_t *stage = mm_moe_o1_scratch(&b->c.x->cfg, w).rows;
+    char *sym = (char *)xb->recv + (size_t)t->dst_row * xb->row_bytes;
+    uint16_t *base = b->pull     ? mm_ep_stage_dst(xb, t->row0)
+                     : b->direct ? mm_shmem_ptr(sym, xb->pes[t->peer])
+                                 : stage;
     for (int64_t i = 0; i < t->rows; i++) {
         int64_t pos = t->row0 + i, slot = p->perm_slot[pos];
         const uint16_t *d = b->c.dout + (slot / K) * H;
-        uint16_t *dst = b->pull     ? mm_ep_stage_dst(b->c.g->xbuf, pos)
-                        : b->direct ? mm_ep_dispatch_dst(b->c.g->xbuf, p, pos, t->e)
-                                    : stage + i * H;
-        mm_rows_scale(dst, d, b->c.sv->w[slot], (size_t)H);
+        mm_rows_scale(base + i * H, d, b->c.sv->w[slot], (size_t)H);
         if (b->gw) b->gw[slot] = mm_rows_dot(d, b->c.sv->y + pos * H, (size_t)H);
     }
-    if (!b->direct && !b->pull) { /* the tile's rows are contiguous on the owner */
-        int64_t row = p->dst_off[t->e] + (t->row0 - p->src_off[t->e]);
-        mm_shmem_put((char *)b->c.g->xbuf->recv + (size_t)row * b->c.g->xbuf->row_bytes, stage,
-                     (size_t)t->rows * b->c.g->xbuf->row_bytes, b->c.g->xbuf->pes[t->peer]);
-    }
+    if (!b->direct && !b->pull)
+        mm_shmem_put(sym, stage, (size_t)t->rows * xb->row_bytes, xb->pes[t->peer]);
     return MEGAMOE_OK;
 }
 
@@ -64,15 +66,16 @@ static megamoe_status_t mm_o1_bwd_expert(void *ctx, mm_mc_worker_t *w, const mm_
         mm_ep_pull_rows(b->c.g->xbuf, b->c.plan, (uint16_t *)b->c.recv + r0 * H, (size_t)H * 2,
                         r0, r0 + n);
     /* dA[n, I] = dY · down[j]ᵀ (the tile's dA lives only in the worker's scratch) */
-    MM_CHECK(mm_moe_o1_tile_gemm(MM_GEMM_NT, x->packed.w2t[t->j], n, H, I, b->c.recv + r0 * H,
-                                 s.a));
+    MM_CHECK(mm_moe_o1_tile_gemm(MM_GEMM_NT, mm_moe_slot_w2t(x, b->c.guest, t->j), n, H, I,
+                                 b->c.recv + r0 * H, s.a));
     mm_moe_o1_stamp(w, MM_MC_ST_GMM_DA, e, t->peer, &t0);
     uint16_t *dgu = b->dgu + r0 * 2 * I;
     MM_CHECK(mm_swiglu_bwd(n, I, b->c.sv->gu + r0 * 2 * I, 2 * I, s.a, I, dgu, 2 * I, x->cfg.limit));
     mm_moe_o1_stamp(w, MM_MC_ST_SWIGLU_GRAD, e, t->peer, &t0);
     /* dX[n, H] = dGU · gate_up[j]ᵀ straight into the source's return rows */
     void *dst = mm_moe_o1_ret_dst(b->c.g, t->peer, t->ret_row, s.rows);
-    MM_CHECK(mm_moe_o1_tile_gemm(MM_GEMM_NT, x->packed.w1t[t->j], n, 2 * I, H, dgu, dst));
+    MM_CHECK(mm_moe_o1_tile_gemm(MM_GEMM_NT, mm_moe_slot_w1t(x, b->c.guest, t->j), n, 2 * I, H,
+                                 dgu, dst));
     mm_moe_o1_ret_put(b->c.g, t->peer, t->ret_row, dst, s.rows, n);
     mm_moe_o1_stamp(w, MM_MC_ST_GMM_DX, e, t->peer, &t0);
     return MEGAMOE_OK;
@@ -89,10 +92,10 @@ static megamoe_status_t mm_o1_bwd_wgrad(void *ctx, mm_mc_worker_t *w, int which,
     mm_gemm_args_init(&g);
     g.form = MM_GEMM_TN;
     g.K = rows; /* an expert without rows gets exact zeros */
-    g.c_type = b->c.wg_type;
     g.m0 = m0;
     g.m1 = m1;
-    const size_t es = megamoe_dtype_size(b->c.wg_type);
+    /* the output, or (replicas) a home partial / a guest slot's partial in fp32 */
+    g.C = mm_moe_rep_wgrad_dst(&b->c, j, which, &g.c_type);
     if (which == 2) { /* dW2_j[I, H] = A_jᵀ · dY_j */
         g.M = I;
         g.N = H;
@@ -100,7 +103,6 @@ static megamoe_status_t mm_o1_bwd_wgrad(void *ctx, mm_mc_worker_t *w, int which,
         g.lda = I;
         g.B = b->c.recv + go * H;
         g.ldb = H;
-        g.C = (char *)b->c.dw2 + (size_t)(j * I * H) * es;
         g.ldc = H;
     } else { /* dW1_j[H, 2I] = X_jᵀ · dGU_j */
         g.M = H;
@@ -109,10 +111,28 @@ static megamoe_status_t mm_o1_bwd_wgrad(void *ctx, mm_mc_worker_t *w, int which,
         g.lda = H;
         g.B = b->dgu + go * 2 * I;
         g.ldb = 2 * I;
-        g.C = (char *)b->c.dw1 + (size_t)(j * H * 2 * I) * es;
         g.ldc = 2 * I;
     }
     return mm_gemm(&g);
+}
+
+/* Guest slot g: pack the forward's copy of its weights for dA and dX (once per copy). */
+static megamoe_status_t mm_o1_bwd_fetch(void *ctx, mm_mc_worker_t *w, int g, int64_t e)
+{
+    (void)w;
+    (void)e;
+    mm_o1_bwd_t *b = ctx;
+    if (b->c.guest == NULL || b->c.guest[g] == NULL)
+        return mm_error(MEGAMOE_INTERNAL, "guest slot %d has no weights from its forward", g);
+    return mm_moe_rep_pack_backward(b->c.guest[g]);
+}
+
+static megamoe_status_t mm_o1_bwd_wsum(void *ctx, mm_mc_worker_t *w, int64_t j, int64_t chunk,
+                                       int64_t chunks, const int32_t *guests, int n)
+{
+    (void)w;
+    mm_o1_bwd_t *b = ctx;
+    return mm_moe_rep_wsum(&b->c, j, chunk, chunks, guests, n);
 }
 
 static megamoe_status_t mm_o1_bwd_reduce(void *ctx, mm_mc_worker_t *w, int64_t t0, int64_t t1)
@@ -159,6 +179,7 @@ megamoe_status_t mm_moe_backward_o1(megamoe_experts_t *x, mm_call_t *call, megam
             st = mm_moe_scratch(g, MM_SCR_F32, TK * sizeof(float), &p);
             b.gw = p;
         }
+        if (st == MEGAMOE_OK) st = mm_moe_rep_backward_begin(&b.c);
     }
     /* The first exchange, before any data moves: the call order, every rank's checks and the
      * saved states' forward numbers (a peer in another call fails here, not in the launch). */
@@ -181,6 +202,11 @@ megamoe_status_t mm_moe_backward_o1(megamoe_experts_t *x, mm_call_t *call, megam
     l.body.expert = mm_o1_bwd_expert;
     l.body.wgrad = mm_o1_bwd_wgrad;
     l.body.reduce = mm_o1_bwd_reduce;
+    l.body.fetch = x->rep ? mm_o1_bwd_fetch : NULL;
+    l.body.wsum = x->rep ? mm_o1_bwd_wsum : NULL;
+    char note[MM_PROF_MAX_NOTE];
+    mm_moe_rep_note(l.route, note, sizeof note);
+    l.note = note[0] ? note : NULL;
     st = mm_mc_run(g->exec, &l);
     t0 = mm_now_ns();
     x->phase_s[MM_PH_BWD_LAUNCH] += (double)(t0 - t1) * 1e-9;

@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "moe/experts_impl.h"
 #include "moe/moe_buffers.h"
+#include "moe/moe_replicas.h"
 #include "moe/moe_rows.h"
 #include "shmem/comm_impl.h"
 
@@ -91,10 +92,16 @@ size_t megamoe_experts_heap_bytes(const megamoe_experts_params_t *p, int ep)
     memset(&c, 0, sizeof c);
     c.T = p->local_num_tokens;
     c.H = p->hidden_size;
+    c.I = p->intermediate_size;
+    c.E = p->num_experts;
     c.K = p->top_k;
     c.ep = ep;
     c.mode = mm_moe_mode_of(p);
+    c.replicas = p->replica_slots_per_rank;
     if (c.mode < 0 || c.T < 1 || c.K < 1 || c.H < 1) return 0;
+    if (c.replicas < 0 || c.replicas > MM_MOE_MAX_REPLICAS ||
+        (c.replicas > 0 && (c.I < 1 || c.E < ep || c.E % ep != 0)))
+        return 0;
     if (c.mode == MM_MOE_FIXED) {
         c.capacity = megamoe_experts_capacity_rows(ep, c.T, c.K, p->expert_capacity_factor);
         if (c.capacity == 0) return 0;
@@ -175,6 +182,11 @@ static megamoe_status_t mm_moe_validate(const megamoe_experts_params_t *p, int e
         return mm_error(MEGAMOE_INVALID_ARGUMENT,
                         "swiglu_limit = %g must be unset/0 (no clamp) or a finite number > 0",
                         (double)p->swiglu_limit);
+    if (p->replica_slots_per_rank < 0 || p->replica_slots_per_rank > MM_MOE_MAX_REPLICAS)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "replica_slots_per_rank = %d must be in [0, %d] (0 = no hot-expert "
+                        "replicas)",
+                        p->replica_slots_per_rank, MM_MOE_MAX_REPLICAS);
     const char *s = p->schedule ? p->schedule : "O1";
     if (strcmp(s, "O0") != 0 && strcmp(s, "O1") != 0)
         return mm_error(MEGAMOE_INVALID_ARGUMENT,
@@ -243,6 +255,7 @@ static megamoe_status_t mm_moe_agree_config(mm_shmem_team_t *team, const mm_moe_
         MM_CMP_I(mode, "dispatch_mode (0 unset, 1 push, 2 pull)")
         MM_CMP_F(initial, "initial_capacity_factor")
         MM_CMP_F(growth, "capacity_growth_factor")
+        MM_CMP_I(replicas, "replica_slots_per_rank")
         if (!field && strcmp(a->schedule, b->schedule) != 0) {
             field = "schedule";
             snprintf(va, sizeof va, "%s", a->schedule);
@@ -320,6 +333,7 @@ megamoe_status_t megamoe_experts_create(megamoe_comm_t *comm, const megamoe_expe
     }
     c.capacity = mm_moe_initial_rows(c.mode, ep, c.T, c.K, c.factor, c.initial);
     snprintf(c.schedule, sizeof c.schedule, "%s", p->schedule ? p->schedule : "O1");
+    c.replicas = p->replica_slots_per_rank;
     uint64_t number = atomic_load(&mm_moe_layer_count) + 1;
     st = mm_moe_agree_config(team, &c, &number);
     if (st == MEGAMOE_OK) st = mm_moe_group_create(&c, team, number, workers, o1 ? cube : workers,
@@ -350,6 +364,15 @@ megamoe_status_t megamoe_experts_create(megamoe_comm_t *comm, const megamoe_expe
     x->cube = o1 ? cube : workers;
     x->vector = o1 ? vector : 0;
     x->last_recv_rows = -1;
+    st = mm_moe_rep_layer_create(x);
+    st = mm_shmem_team_agree(team, st);
+    if (st != MEGAMOE_OK) {
+        mm_moe_rep_layer_destroy(x);
+        mm_moe_group_detach(x->group); /* never prepared: local */
+        mm_moe_group_unref(x->group);
+        free(x);
+        return st;
+    }
     *experts_p = x;
     return MEGAMOE_OK;
 }
@@ -384,8 +407,8 @@ megamoe_status_t megamoe_experts_share(megamoe_experts_t *const *layers, size_t 
             st = mm_error(MEGAMOE_INVALID_ARGUMENT,
                           "layer %zu has a different configuration than layer 0 (T, H, I, E, K, "
                           "EP, expert_capacity_factor, swiglu_limit, schedule, dispatch_mode, "
-                          "initial_capacity_factor and capacity_growth_factor must match to "
-                          "share execution resources)",
+                          "initial_capacity_factor, capacity_growth_factor and "
+                          "replica_slots_per_rank must match to share execution resources)",
                           i);
         }
     }
@@ -461,6 +484,7 @@ megamoe_status_t megamoe_experts_close(megamoe_experts_t *x)
     }
     x->closed = 1;
     mm_moe_packed_free(x);
+    mm_moe_rep_layer_destroy(x); /* copies still used by saved states live on in them */
     megamoe_status_t ds = mm_moe_group_detach(x->group);
     atomic_store(&x->group->busy, 0);
     return st != MEGAMOE_OK ? st : ds;
@@ -473,6 +497,7 @@ void megamoe_experts_destroy(megamoe_experts_t *x)
         MM_WARN("a MegaMoeExperts layer was destroyed without close(); its resource group stays "
                 "allocated until the process exits");
     mm_moe_packed_free(x);
+    mm_moe_rep_layer_destroy(x);
     mm_moe_group_unref(x->group);
     free(x);
 }
@@ -499,6 +524,11 @@ megamoe_status_t mm_moe_saved_create(const megamoe_experts_t *x, mm_ep_plan_t *p
         st = mm_moe_buf_alloc(TK * (size_t)H * 2, "saved expert outputs", (void **)&sv->y);
     if (st == MEGAMOE_OK)
         st = mm_moe_buf_alloc(TK * sizeof(float), "saved router weights", (void **)&sv->w);
+    if (st == MEGAMOE_OK && x->cfg.replicas > 0) {
+        sv->guest = calloc((size_t)x->cfg.replicas, sizeof *sv->guest);
+        if (sv->guest == NULL) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "saved guest weights");
+        else sv->n_guest = x->cfg.replicas;
+    }
     if (st != MEGAMOE_OK) {
         megamoe_experts_saved_destroy(sv); /* plan is still the caller's */
         return st;
@@ -511,6 +541,7 @@ megamoe_status_t mm_moe_saved_create(const megamoe_experts_t *x, mm_ep_plan_t *p
 void megamoe_experts_saved_destroy(megamoe_experts_saved_t *s)
 {
     if (s == NULL) return;
+    mm_moe_rep_saved_release(s);
     mm_ep_plan_destroy(s->plan);
     mm_moe_buf_free(s->x);
     mm_moe_buf_free(s->gu);
@@ -767,6 +798,13 @@ megamoe_status_t megamoe_experts_get_info(const megamoe_experts_t *x,
     in.group_layers = x->group->layers;
     in.closed = x->closed;
     in.last_recv_rows = x->last_recv_rows;
+    in.replica_slots = x->cfg.replicas;
+    if (x->rep) {
+        in.last_guests = x->rep->n_guests;
+        in.last_rows_moved = x->rep->rows_moved;
+        in.last_max_rows_plain = x->rep->max_rows_plain;
+        in.last_max_rows = x->rep->max_rows;
+    }
     *info_p = in;
     return MEGAMOE_OK;
 }
@@ -781,6 +819,30 @@ megamoe_status_t megamoe_experts_get_growth(const megamoe_experts_t *x, int inde
                         "get_growth: event %d does not exist (the resource group grew %d times)",
                         index, x->group->n_growth);
     *growth_p = x->group->growth[index];
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t megamoe_experts_get_replicas(const megamoe_experts_t *x,
+                                              megamoe_experts_replica_t *out, size_t max,
+                                              size_t *count_p)
+{
+    if (x == NULL || count_p == NULL || (out == NULL && max > 0))
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "get_replicas: NULL argument");
+    size_t n = 0;
+    const mm_moe_rep_layer_t *r = x->rep;
+    for (int q = 0; r && q < r->ep * r->R; q++) {
+        if (r->slot_expert[q] < 0) continue;
+        if (n < max) {
+            megamoe_experts_replica_t *o = &out[n];
+            o->rank = q / r->R;
+            o->slot = q % r->R;
+            o->expert = r->slot_expert[q];
+            o->home = (int)(o->expert / x->L);
+            o->rows = r->slot_rows[q];
+        }
+        n++;
+    }
+    *count_p = n;
     return MEGAMOE_OK;
 }
 

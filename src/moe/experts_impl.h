@@ -22,6 +22,8 @@
 /* Capacity policy / dispatch mode (docs/moe.md "Capacity and dispatch modes"). */
 enum { MM_MOE_FIXED = 0, MM_MOE_PUSH = 1, MM_MOE_PULL = 2 };
 
+#define MM_MOE_MAX_REPLICAS 64 /* replica_slots_per_rank */
+
 /* Everything that must be equal on every rank and between layers sharing a group. */
 typedef struct mm_moe_config {
     int64_t T, H, I, E, K;
@@ -32,6 +34,7 @@ typedef struct mm_moe_config {
     char schedule[8];
     int32_t mode;    /* MM_MOE_* */
     double initial, growth; /* MM_MOE_PUSH: resolved factors (else 0) */
+    int32_t replicas; /* guest slots per rank (replica_slots_per_rank; 0 = off) */
 } mm_moe_config_t;
 
 static inline int mm_moe_is_o1(const mm_moe_config_t *c) { return c->schedule[1] == '1'; }
@@ -111,6 +114,7 @@ typedef struct mm_moe_group {
     mm_pool_t *pool;
     mm_mc_plan_t *plan; /* O1 static plan and executor */
     mm_mc_exec_t *exec;
+    struct mm_moe_rep_group *rep; /* hot-expert replicas (moe_replicas.h); NULL when off */
     mm_moe_scratch_t scratch;
     atomic_int busy; /* serial use: a second thread is rejected */
 } mm_moe_group_t;
@@ -137,6 +141,7 @@ struct megamoe_experts {
     mm_moe_group_t *group;
     mm_moe_packed_t packed;
     int64_t last_recv_rows;
+    struct mm_moe_rep_layer *rep; /* guest weight copies, last plan (moe_replicas.h) */
     double phase_s[MM_PH_COUNT];
     uint64_t forwards, backwards;
 };
@@ -153,6 +158,8 @@ struct megamoe_experts_saved {
     megamoe_dtype_t w_dtype;
     uint64_t gen;   /* the forward's number in its group (O1: launch generation; O0: fwd_gen);
                        a backward needs the same one on every rank */
+    struct mm_moe_guest_w **guest; /* [n_guest] the guest weights this forward used (refs) */
+    int n_guest;    /* R (0: no replicas) */
 };
 
 /* ---- group.c ---- */
@@ -209,6 +216,7 @@ typedef struct mm_moe_fwd_ctx {
     uint16_t *xsave, *gu, *a; /* saved [R, H], [R, 2I], [R, I]; NULL for inference */
     uint16_t *ysave;          /* [T*K, H] or NULL */
     const float *w;           /* [T*K] router weights (fp32), slot order */
+    struct mm_moe_guest_w **guest; /* [R] guest slots' weights of this call (replicas) */
 } mm_moe_fwd_ctx_t;
 /* The shared fields of a forward over plan; with sv (training) its saved buffers. */
 void mm_moe_fwd_ctx_init(mm_moe_fwd_ctx_t *c, megamoe_experts_t *x, const mm_ep_plan_t *plan,
@@ -227,6 +235,9 @@ typedef struct mm_moe_bwd_ctx {
     uint16_t *dhidden;     /* [T, H] */
     void *dw1, *dw2;
     megamoe_dtype_t wg_type;
+    struct mm_moe_guest_w **guest; /* [R] the forward's guest weights (replicas) */
+    float **hpart;  /* [L] fp32 weight-gradient partial of a local expert with guests when
+                       the output is bf16 (else NULL entries): WSUM adds the guests' to it */
 } mm_moe_bwd_ctx_t;
 void mm_moe_bwd_ctx_init(mm_moe_bwd_ctx_t *c, megamoe_experts_t *x,
                          const megamoe_experts_saved_t *sv, const void *dout,

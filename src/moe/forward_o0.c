@@ -16,26 +16,27 @@
 #include "base/error.h"
 #include "moe/experts_impl.h"
 #include "moe/moe_buffers.h"
+#include "moe/moe_replicas.h"
 #include "moe/moe_rows.h"
 
-enum { FW_DISPATCH, FW_PULL, FW_GMM1, FW_SWIGLU, FW_GMM2, FW_COMBINE, FW_REDUCE };
+enum { FW_DISPATCH, FW_PULL, FW_FETCH, FW_GMM1, FW_SWIGLU, FW_GMM2, FW_COMBINE, FW_REDUCE };
 
 typedef struct mm_fwd {
     mm_moe_fwd_ctx_t c;        /* gu, a: scratch [R, 2I], [R, I] for inference */
     int phase;
     int64_t R;
-    const int64_t *group_rows; /* [L] rows per local expert */
+    const int64_t *group_rows; /* [S] rows per slot (local experts, then guest slots) */
+    const mm_gemm_weight_t **w1, **w2; /* [S] packed weights per slot */
     uint16_t *y;               /* [R, H] */
     float *acc;                /* [workers, H] */
 } mm_fwd_t;
 
 static megamoe_status_t mm_fwd_gemm(mm_fwd_t *f, int worker, int nw, int second)
 {
-    megamoe_experts_t *x = f->c.x;
     mm_gemm_grouped_args_t g;
     mm_gemm_grouped_args_init(&g);
     g.form = MM_GEMM_NN;
-    g.num_groups = (int)x->L;
+    g.num_groups = (int)f->c.plan->S;
     g.group_rows = f->group_rows;
     g.c_type = MEGAMOE_DTYPE_BF16;
     if (!second) { /* [R,H] · gate_up[j] [H,2I] */
@@ -43,7 +44,7 @@ static megamoe_status_t mm_fwd_gemm(mm_fwd_t *f, int worker, int nw, int second)
         g.N = 2 * f->c.I;
         g.A = f->c.recv;
         g.lda = f->c.H;
-        g.weights = (const mm_gemm_weight_t *const *)x->packed.w1;
+        g.weights = f->w1;
         g.C = f->c.gu;
         g.ldc = 2 * f->c.I;
     } else { /* [R,I] · down[j] [I,H] */
@@ -51,7 +52,7 @@ static megamoe_status_t mm_fwd_gemm(mm_fwd_t *f, int worker, int nw, int second)
         g.N = f->c.H;
         g.A = f->c.a;
         g.lda = f->c.I;
-        g.weights = (const mm_gemm_weight_t *const *)x->packed.w2;
+        g.weights = f->w2;
         g.C = f->y;
         g.ldc = f->c.H;
     }
@@ -76,6 +77,13 @@ static megamoe_status_t mm_fwd_work(void *arg, int worker, int nw)
         mm_pool_split(f->R, worker, nw, 1, &b, &e);
         if (e > b)
             mm_ep_pull_rows(f->c.g->xbuf, f->c.plan, (uint16_t *)f->c.recv + b * f->c.H, rb, b, e);
+        return MEGAMOE_OK;
+    case FW_FETCH: /* guest slots: the weights from their homes (worker w: slots w, w + n) */
+        for (int64_t gs = worker; gs < f->c.plan->R; gs += nw) {
+            const int64_t ex = f->c.plan->slot_expert[(int64_t)f->c.x->me * f->c.plan->S +
+                                                      f->c.x->L + gs];
+            if (ex >= 0) MM_CHECK(mm_moe_rep_fetch(f->c.x, (int)gs, ex));
+        }
         return MEGAMOE_OK;
     case FW_GMM1:
         if (f->c.xsave && f->c.xsave != f->c.recv) { /* keep the received tokens for dW1 */
@@ -153,10 +161,16 @@ megamoe_status_t mm_moe_forward_begin(megamoe_experts_t *x, mm_call_t *call,
     }
     mm_ep_plan_t *plan = NULL;
     /* push and pull cannot overflow: the route checks against the lossless bound */
-    mm_ep_shape_t shape = {x->ep, x->me, x->cfg.T, x->cfg.K, x->cfg.E,
-                           x->cfg.mode == MM_MOE_FIXED ? x->cfg.capacity
-                                                       : mm_moe_bound_rows(&x->cfg),
-                           x->cfg.factor};
+    mm_ep_shape_t shape;
+    memset(&shape, 0, sizeof shape);
+    shape.ep = x->ep;
+    shape.me = x->me;
+    shape.tokens = x->cfg.T;
+    shape.top_k = x->cfg.K;
+    shape.experts = x->cfg.E;
+    shape.capacity = x->cfg.mode == MM_MOE_FIXED ? x->cfg.capacity : mm_moe_bound_rows(&x->cfg);
+    shape.capacity_factor = x->cfg.factor;
+    mm_moe_rep_shape(x, &shape);
     if (st == MEGAMOE_OK) st = mm_ep_plan_create(&shape, &plan);
     uint64_t t1 = mm_now_ns();
     x->phase_s[prepare_phase] += (double)(t1 - t0) * 1e-9;
@@ -203,11 +217,19 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, mm_call_t *call, megamo
     mm_moe_fwd_ctx_init(&f.c, x, plan, in, output, NULL);
     f.R = R;
     megamoe_experts_saved_t *sv = NULL;
-    int64_t *group_rows = calloc((size_t)L, sizeof *group_rows);
-    if (group_rows == NULL) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "group list");
+    const int64_t S = plan->S;
+    int64_t *group_rows = calloc((size_t)S, sizeof *group_rows);
+    const mm_gemm_weight_t **wtab = calloc((size_t)(2 * S), sizeof *wtab);
+    if (group_rows == NULL || wtab == NULL) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "group list");
     else
-        for (int64_t j = 0; j < L; j++) group_rows[j] = plan->group_off[j + 1] - plan->group_off[j];
+        for (int64_t j = 0; j < S; j++) group_rows[j] = plan->group_off[j + 1] - plan->group_off[j];
     f.group_rows = group_rows;
+    f.w1 = wtab;
+    f.w2 = wtab ? wtab + S : NULL;
+    for (int64_t j = 0; wtab && j < L; j++) {
+        wtab[j] = x->packed.w1[j];
+        wtab[S + j] = x->packed.w2[j];
+    }
     if (st == MEGAMOE_OK && saved_p != NULL) {
         st = mm_moe_saved_create(x, plan, in->topk_weights_dtype, &sv);
         if (st == MEGAMOE_OK) mm_moe_fwd_ctx_init(&f.c, x, plan, in, output, sv);
@@ -243,11 +265,15 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, mm_call_t *call, megamo
     st = mm_shmem_team_agree(x->team, st);
     if (st != MEGAMOE_OK) {
         free(group_rows);
+        free(wtab);
         if (sv) sv->plan = NULL;
         megamoe_experts_saved_destroy(sv);
         mm_ep_plan_destroy(plan);
         return st;
     }
+    /* replicas: publish what guests will fetch; its completion travels with the dispatch
+     * signals (they follow it) */
+    mm_moe_rep_publish(x, wts, plan, NULL);
 
     /* ---- dispatch: token rows straight into their final receive rows ---- */
     megamoe_status_t later = MEGAMOE_OK; /* a failure that must not strand the peers */
@@ -260,8 +286,18 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, mm_call_t *call, megamo
     x->phase_s[MM_PH_FWD_DISPATCH] += (double)(mm_now_ns() - tw) * 1e-9;
     if (st != MEGAMOE_OK) goto broken;
 
+    /* ---- guest slots' weights (the homes published them before their dispatch signals) ---- */
+    if (plan->R > 0) {
+        later = mm_fwd_phase(&f, FW_FETCH, MM_PH_FWD_DISPATCH);
+        for (int64_t gs = 0; later == MEGAMOE_OK && gs < plan->R; gs++) {
+            mm_moe_guest_w_t *gw = x->rep->cur[gs];
+            wtab[L + gs] = gw ? gw->nn1 : x->packed.w1[0]; /* an unused slot has no rows */
+            wtab[S + L + gs] = gw ? gw->nn2 : x->packed.w2[0];
+        }
+    }
+
     /* ---- expert compute on the received rows ---- */
-    later = mm_fwd_phase(&f, FW_GMM1, MM_PH_FWD_GMM1);
+    if (later == MEGAMOE_OK) later = mm_fwd_phase(&f, FW_GMM1, MM_PH_FWD_GMM1);
     if (later == MEGAMOE_OK) later = mm_fwd_phase(&f, FW_SWIGLU, MM_PH_FWD_SWIGLU);
     if (later == MEGAMOE_OK) later = mm_fwd_phase(&f, FW_GMM2, MM_PH_FWD_GMM2);
 
@@ -285,6 +321,8 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, mm_call_t *call, megamo
     if (st != MEGAMOE_OK) goto fail;
 
     free(group_rows);
+    free(wtab);
+    mm_moe_rep_forward_done(x, plan, sv, 1);
     x->last_recv_rows = R;
     x->forwards++;
     g->fwd_gen++; /* every rank got here (the combine was agreed): the same number everywhere */
@@ -300,6 +338,8 @@ broken:
     g->broken = 1;
 fail:
     free(group_rows);
+    free(wtab);
+    mm_moe_rep_forward_done(x, plan, NULL, 0);
     if (sv) sv->plan = NULL;
     megamoe_experts_saved_destroy(sv);
     mm_ep_plan_destroy(plan);

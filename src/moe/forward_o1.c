@@ -20,6 +20,7 @@
 #include "base/error.h"
 #include "moe/experts_impl.h"
 #include "moe/moe_buffers.h"
+#include "moe/moe_replicas.h"
 #include "moe/moe_rows.h"
 
 static size_t mm_o1_layout(const mm_moe_config_t *c, size_t off[5])
@@ -138,16 +139,26 @@ static megamoe_status_t mm_o1_fwd_expert(void *ctx, mm_mc_worker_t *w, const mm_
     }
     uint16_t *gu = f->c.gu ? f->c.gu + r0 * 2 * I : s.gu;
     uint16_t *a = f->c.a ? f->c.a + r0 * I : s.a;
-    MM_CHECK(mm_moe_o1_tile_gemm(MM_GEMM_NN, f->c.x->packed.w1[t->j], n, H, 2 * I, xin, gu));
+    MM_CHECK(mm_moe_o1_tile_gemm(MM_GEMM_NN, mm_moe_slot_w1(f->c.x, f->c.guest, t->j), n, H,
+                                 2 * I, xin, gu));
     mm_moe_o1_stamp(w, MM_MC_ST_GMM1, e, t->peer, &t0);
     MM_CHECK(mm_swiglu_fwd(n, I, gu, 2 * I, a, I, f->c.x->cfg.limit));
     mm_moe_o1_stamp(w, MM_MC_ST_SWIGLU, e, t->peer, &t0);
     /* GMM2 straight into the source's return rows: the combine needs no copy */
     void *dst = mm_moe_o1_ret_dst(f->c.g, t->peer, t->ret_row, s.rows);
-    MM_CHECK(mm_moe_o1_tile_gemm(MM_GEMM_NN, f->c.x->packed.w2[t->j], n, I, H, a, dst));
+    MM_CHECK(mm_moe_o1_tile_gemm(MM_GEMM_NN, mm_moe_slot_w2(f->c.x, f->c.guest, t->j), n, I, H, a,
+                                 dst));
     mm_moe_o1_ret_put(f->c.g, t->peer, t->ret_row, dst, s.rows, n);
     mm_moe_o1_stamp(w, MM_MC_ST_GMM2, e, t->peer, &t0);
     return MEGAMOE_OK;
+}
+
+/* Guest slot g: its home published the weights (the executor waited for the ready line). */
+static megamoe_status_t mm_o1_fwd_fetch(void *ctx, mm_mc_worker_t *w, int g, int64_t e)
+{
+    (void)w;
+    mm_o1_fwd_t *f = ctx;
+    return mm_moe_rep_fetch(f->c.x, g, e);
 }
 
 static megamoe_status_t mm_o1_fwd_reduce(void *ctx, mm_mc_worker_t *w, int64_t t0, int64_t t1)
@@ -173,6 +184,9 @@ megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, mm_call_t *call, megamo
     if (st != MEGAMOE_OK) return st;
     const int64_t R = plan->recv_rows;
     uint64_t t0 = mm_now_ns();
+    /* replicas: publish the weights of local experts with guests and tell the guests first
+     * (their FETCH waits for it; a local failure below does not skip it) */
+    mm_moe_rep_publish(x, wts, plan, g->exec);
 
     /* ---- buffers (saved ones sized to the rows actually received) ---- */
     mm_o1_fwd_t f;
@@ -191,6 +205,7 @@ megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, mm_call_t *call, megamo
     if (st == MEGAMOE_OK && f.c.w != in->topk_weights) /* fp32 router weights in slot order */
         st = megamoe_convert((float *)f.c.w, MEGAMOE_DTYPE_FP32, in->topk_weights,
                              in->topk_weights_dtype, TK);
+    if (x->rep) f.c.guest = x->rep->cur;
     x->phase_s[MM_PH_FWD_PREPARE] += (double)(mm_now_ns() - t0) * 1e-9;
 
     /* ---- the launch (a local failure above: this rank only signals, all ranks fail) ---- */
@@ -205,9 +220,14 @@ megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, mm_call_t *call, megamo
     l.body.dispatch = mm_o1_fwd_dispatch;
     l.body.expert = mm_o1_fwd_expert;
     l.body.reduce = mm_o1_fwd_reduce;
+    l.body.fetch = x->rep ? mm_o1_fwd_fetch : NULL;
+    char note[MM_PROF_MAX_NOTE];
+    mm_moe_rep_note(plan, note, sizeof note);
+    l.note = note[0] ? note : NULL;
     st = mm_mc_run(g->exec, &l);
     x->phase_s[MM_PH_FWD_LAUNCH] += (double)(mm_now_ns() - t0) * 1e-9;
     if (mm_mc_broken(g->exec)) g->broken = 1;
+    mm_moe_rep_forward_done(x, plan, sv, st == MEGAMOE_OK);
     if (st != MEGAMOE_OK) {
         if (sv) sv->plan = NULL;
         megamoe_experts_saved_destroy(sv);

@@ -22,6 +22,7 @@
 #include "base/error.h"
 #include "moe/experts_impl.h"
 #include "moe/moe_buffers.h"
+#include "moe/moe_replicas.h"
 
 #define MM_MOE_HEAP_SLACK ((size_t)16 << 20)
 #define MM_MOE_HEAP_ROUND ((size_t)64 << 20)
@@ -34,8 +35,8 @@ size_t mm_moe_heap_need(const mm_moe_config_t *c, int64_t rows)
     const int64_t tk = c->T * c->K;
     if (mm_moe_is_pull(c)) rows = tk; /* the sources' staging buffer replaces the receive one */
     size_t need = mm_ep_xbuf_heap_bytes((int)c->ep, rows, tk, (size_t)c->H * 2);
-    if (mm_moe_is_o1(c)) need += mm_mc_heap_bytes((int)c->ep, c->E / c->ep);
-    return need;
+    if (mm_moe_is_o1(c)) need += mm_mc_heap_bytes((int)c->ep, c->E / c->ep, c->replicas);
+    return need + mm_moe_rep_heap_bytes(c);
 }
 
 /* What to ask for when this process starts SHMEM with the heap size unset. */
@@ -161,6 +162,17 @@ megamoe_status_t mm_moe_group_prepare(mm_moe_group_t *g)
         st = mm_ep_xbuf_create(g->team,
                                mm_moe_is_pull(&g->cfg) ? g->cfg.T * g->cfg.K : g->capacity,
                                g->cfg.T * g->cfg.K, (size_t)g->cfg.H * 2, &g->xbuf);
+    if (st == MEGAMOE_OK) {
+        /* hot-expert replicas: publication and partial areas (collective) */
+        st = mm_moe_rep_group_create(g);
+        if (st != MEGAMOE_OK) {
+            char text[1024];
+            snprintf(text, sizeof text, "%s", megamoe_last_error());
+            mm_ep_xbuf_destroy(g->xbuf); /* collective, like its creation */
+            g->xbuf = NULL;
+            mm_set_last_error(text);
+        }
+    }
     if (st == MEGAMOE_OK && mm_moe_is_o1(&g->cfg)) {
         /* O1: the static plan and the executor's signal area (collective) */
         int n = mm_shmem_team_n_pes(g->team);
@@ -168,7 +180,7 @@ megamoe_status_t mm_moe_group_prepare(mm_moe_group_t *g)
         for (int i = 0; host && i < n; i++)
             host[i] = mm_shmem_host_of(mm_shmem_team_world_pe(g->team, i));
         mm_mc_shape_t sh = {n, mm_shmem_team_my_pe(g->team), g->cfg.T, g->cfg.H, g->cfg.I,
-                            g->cfg.E, g->cfg.K, g->cube, g->vector, host};
+                            g->cfg.E, g->cfg.K, g->cube, g->vector, host, g->cfg.replicas};
         megamoe_status_t ps = mm_mc_plan_create(&sh, &g->plan);
         free(host);
         ps = mm_shmem_team_agree(g->team, ps);
@@ -180,7 +192,8 @@ megamoe_status_t mm_moe_group_prepare(mm_moe_group_t *g)
             snprintf(text, sizeof text, "%s", megamoe_last_error());
             mm_mc_plan_destroy(g->plan);
             g->plan = NULL;
-            mm_ep_xbuf_destroy(g->xbuf); /* collective, like its creation */
+            mm_moe_rep_group_destroy(g); /* collective, like its creation */
+            mm_ep_xbuf_destroy(g->xbuf);
             g->xbuf = NULL;
             mm_set_last_error(text);
             st = ps;
@@ -210,6 +223,8 @@ megamoe_status_t mm_moe_group_detach(mm_moe_group_t *g)
         g->exec = NULL;
         mm_mc_plan_destroy(g->plan);
         g->plan = NULL;
+        megamoe_status_t rs0 = mm_moe_rep_group_destroy(g);
+        if (st == MEGAMOE_OK) st = rs0;
         megamoe_status_t xs = mm_ep_xbuf_destroy(g->xbuf);
         if (st == MEGAMOE_OK) st = xs;
         g->xbuf = NULL;

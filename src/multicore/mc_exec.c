@@ -36,7 +36,7 @@
 const char *const mm_mc_stage_names[MM_MC_STAGES] = {
     "dispatch", "gmm1",   "swiglu",      "gmm2",    "combine", "done",      "reduce",
     "dispatch_grad", "gmm_da", "swiglu_grad", "gmm_dx",  "combine_grad", "dw2", "dw1",
-    "done_grad", "reduce_grad",
+    "done_grad", "reduce_grad", "fetch", "fetch_grad", "slot_done", "wsum",
 };
 
 void (*mm_mc_test_task_hook)(int64_t tasks_run);
@@ -53,6 +53,7 @@ _Static_assert(sizeof(mm_mc_slot_t) == MM_MC_SLOT_BYTES, "status slot size");
 
 /* Private counter lines. */
 enum { MM_PV_CURSOR = 0, MM_PV_WORK = 2, MM_PV_ABORT, MM_PV_RUN, MM_PV_LOCAL, MM_PV_EXPERT };
+/* after the S expert lines: S wgrad lines, then R fetched lines */
 
 struct mm_mc_exec {
     const mm_mc_plan_t *plan;
@@ -61,12 +62,14 @@ struct mm_mc_exec {
     int ep, me, n_workers;
     int *pes;
     void *sym;           /* symmetric signal area */
-    uint64_t *arrival;   /* [L * EP] lines */
+    uint64_t *arrival;   /* [S * EP] lines */
     uint64_t *done;      /* [EP] lines */
+    uint64_t *ready;     /* [R] lines: guest slot g's weights published (SET gen) */
+    uint64_t *part;      /* [EP * R] lines: rank d's guest slot g partial done (SET gen) */
     mm_mc_slot_t *slots; /* [2][EP] */
     uint64_t *priv;      /* private lines (MM_PV_*) */
     /* the current launch (written while the workers are parked) */
-    uint64_t gen, arrival_target, done_target, expert_target, work_target;
+    uint64_t gen, arrival_target, done_target, expert_target, work_target, wgrad_target;
     const mm_mc_graph_t *graph;
     mm_mc_launch_t launch;
     int null_mode;
@@ -92,6 +95,16 @@ static inline uint64_t *mm_mc_arrival(mm_mc_exec_t *x, int64_t j, int s)
 {
     return mm_mc_line(x->arrival, j * x->ep + s);
 }
+static inline uint64_t *mm_mc_wgrad_line(mm_mc_exec_t *x, int64_t j)
+{
+    return mm_mc_line(x->priv, MM_PV_EXPERT + x->plan->S + j);
+}
+static inline uint64_t *mm_mc_fetched_line(mm_mc_exec_t *x, int g)
+{
+    return mm_mc_line(x->priv, MM_PV_EXPERT + 2 * x->plan->S + g);
+}
+
+uint64_t *mm_mc_ready_line(mm_mc_exec_t *x, int g) { return mm_mc_line(x->ready, g); }
 
 /* ---- creation -------------------------------------------------------------------------------- */
 
@@ -125,8 +138,8 @@ megamoe_status_t mm_mc_exec_create(const mm_mc_plan_t *plan, mm_shmem_team_t *te
         if (x->pes == NULL || x->workers == NULL)
             st = mm_error(MEGAMOE_OUT_OF_MEMORY, "O1 executor tables");
         if (st == MEGAMOE_OK)
-            st = mm_aligned_calloc((size_t)(MM_PV_EXPERT + plan->L) * 64, 64, "O1 counters",
-                                   (void **)&x->priv);
+            st = mm_aligned_calloc((size_t)(MM_PV_EXPERT + 2 * plan->S + plan->s.R) * 64, 64,
+                                   "O1 counters", (void **)&x->priv);
         if (st == MEGAMOE_OK)
             st = mm_aligned_alloc(stride * (size_t)nw, 4096, "O1 worker scratch", &x->scratch);
         for (int w = 0; st == MEGAMOE_OK && w < nw; w++) {
@@ -141,12 +154,15 @@ megamoe_status_t mm_mc_exec_create(const mm_mc_plan_t *plan, mm_shmem_team_t *te
     /* The symmetric allocation is collective: agree first so every rank takes part or none. */
     st = mm_shmem_team_agree(team, st);
     if (st == MEGAMOE_OK) {
-        st = mm_shmem_team_malloc(team, mm_mc_heap_bytes(ep, plan->L), 4096, &x->sym);
+        const size_t bytes = mm_mc_heap_bytes(ep, plan->L, plan->s.R);
+        st = mm_shmem_team_malloc(team, bytes, 4096, &x->sym);
         if (st == MEGAMOE_OK) {
-            memset(x->sym, 0, mm_mc_heap_bytes(ep, plan->L));
+            memset(x->sym, 0, bytes);
             x->arrival = x->sym;
-            x->done = mm_mc_line(x->arrival, plan->L * ep);
-            x->slots = (mm_mc_slot_t *)(void *)mm_mc_line(x->done, ep);
+            x->done = mm_mc_line(x->arrival, plan->S * ep);
+            x->ready = mm_mc_line(x->done, ep);
+            x->part = mm_mc_line(x->ready, plan->s.R);
+            x->slots = (mm_mc_slot_t *)(void *)mm_mc_line(x->part, (int64_t)ep * plan->s.R);
             /* nobody signals before every rank zeroed its counters */
             st = mm_shmem_team_barrier(team);
         }
@@ -263,18 +279,31 @@ static int mm_mc_stage_of(const mm_mc_exec_t *x, const mm_mc_task_t *t)
     case MM_MC_WGRAD2: return MM_MC_ST_DW2;
     case MM_MC_WGRAD1: return MM_MC_ST_DW1;
     case MM_MC_DONE: return bwd ? MM_MC_ST_DONE_GRAD : MM_MC_ST_DONE;
+    case MM_MC_FETCH: return bwd ? MM_MC_ST_FETCH_GRAD : MM_MC_ST_FETCH;
+    case MM_MC_SLOT_DONE: return MM_MC_ST_SLOT_DONE;
+    case MM_MC_WSUM: return MM_MC_ST_WSUM;
     default: return bwd ? MM_MC_ST_REDUCE_GRAD : MM_MC_ST_REDUCE;
     }
 }
 
+/* Global expert a task works for (the trace's owner): slots map to experts through the
+ * routing plan of the launch (guest slots change from call to call). */
 static int64_t mm_mc_owner_of(const mm_mc_exec_t *x, const mm_mc_task_t *t)
 {
-    const int64_t L = x->plan->L;
+    const int64_t L = x->plan->L, S = x->plan->S;
+    const mm_ep_plan_t *r = x->null_mode ? NULL : x->launch.route;
     switch (t->type) {
-    case MM_MC_DISPATCH: return (int64_t)t->peer * L + t->j;
+    case MM_MC_DISPATCH:
+        if (t->j >= L) return r ? r->slot_expert[(int64_t)t->peer * S + t->j] : -1;
+        return (int64_t)t->peer * L + t->j;
     case MM_MC_EXPERT:
     case MM_MC_WGRAD2:
-    case MM_MC_WGRAD1: return (int64_t)x->me * L + t->j;
+    case MM_MC_WGRAD1:
+    case MM_MC_FETCH:
+    case MM_MC_SLOT_DONE:
+        if (t->j >= L) return r ? r->slot_expert[(int64_t)x->me * S + t->j] : -1;
+        return (int64_t)x->me * L + t->j;
+    case MM_MC_WSUM: return (int64_t)x->me * L + t->j;
     default: return -1;
     }
 }
@@ -311,12 +340,15 @@ static int mm_mc_ready(mm_mc_exec_t *x, const mm_mc_task_t *t, mm_mc_tile_t *tl,
             *amount = t->k == 0 ? (uint64_t)p->NT : 0;
             return 1;
         }
-        tl->j = t->j;
-        tl->peer = t->peer;
-        tl->e = (int64_t)t->peer * p->L + t->j;
-        mm_mc_slot_geometry(r->src_off[tl->e + 1] - r->src_off[tl->e], t->k, p->NT, &tl->rows,
-                            amount);
-        tl->row0 = r->src_off[tl->e] + (int64_t)t->k * MM_MC_TILE;
+        {
+            const int64_t dv = (int64_t)t->peer * p->S + t->j; /* destination slot */
+            tl->j = t->j;
+            tl->peer = t->peer;
+            tl->e = r->slot_expert[dv];
+            mm_mc_slot_geometry(r->seg_rows[dv], t->k, p->NT, &tl->rows, amount);
+            tl->row0 = r->seg_pos[dv] + (int64_t)t->k * MM_MC_TILE;
+            tl->dst_row = r->seg_dst[dv] + (int64_t)t->k * MM_MC_TILE;
+        }
         return 1;
     case MM_MC_EXPERT: {
         if (x->null_mode) {
@@ -326,11 +358,31 @@ static int mm_mc_ready(mm_mc_exec_t *x, const mm_mc_task_t *t, mm_mc_tile_t *tl,
         int64_t b = (int64_t)t->j * x->ep + t->peer;
         tl->j = t->j;
         tl->peer = t->peer;
-        tl->e = (int64_t)x->me * p->L + t->j;
+        tl->e = r->slot_expert[(int64_t)x->me * p->S + t->j];
         mm_mc_slot_geometry(r->blk_rows[b], t->k, p->NT, &tl->rows, amount);
         tl->row0 = r->blk_off[b] + (int64_t)t->k * MM_MC_TILE;
         tl->ret_row = r->ret_off[b] + (int64_t)t->k * MM_MC_TILE;
-        return tl->rows == 0 || mm_mc_load(mm_mc_arrival(x, t->j, t->peer)) >= x->arrival_target;
+        if (tl->rows == 0) return 1;
+        if (t->j >= p->L && mm_mc_load(mm_mc_fetched_line(x, (int)(t->j - p->L))) < x->gen)
+            return 0; /* a guest slot's weights are not there yet */
+        return mm_mc_load(mm_mc_arrival(x, t->j, t->peer)) >= x->arrival_target;
+    }
+    case MM_MC_FETCH: {
+        if (x->null_mode || x->launch.dir == MM_MC_BWD) return 1;
+        if (r->slot_expert[(int64_t)x->me * p->S + t->j] < 0) return 1; /* unused slot */
+        return mm_mc_load(mm_mc_line(x->ready, t->k)) >= x->gen;
+    }
+    case MM_MC_SLOT_DONE:
+        return mm_mc_load(mm_mc_wgrad_line(x, t->j)) >= x->wgrad_target;
+    case MM_MC_WSUM: {
+        if (mm_mc_load(mm_mc_wgrad_line(x, t->j)) < x->wgrad_target) return 0;
+        if (x->null_mode) return 1;
+        const int nslots = x->ep * p->s.R;
+        for (int q = 0; q < nslots; q++)
+            if (r->rep->slot_expert[q] == (int64_t)x->me * p->L + t->j &&
+                mm_mc_load(mm_mc_line(x->part, q)) < x->gen)
+                return 0;
+        return 1;
     }
     case MM_MC_WGRAD2:
         if (x->null_mode) return 1;
@@ -384,6 +436,25 @@ static void mm_mc_describe_wait(mm_mc_exec_t *x, const mm_mc_task_t *t, char *bu
         break;
     case MM_MC_WGRAD1:
         snprintf(buf, len, "the data-gradient tiles of local expert %d", t->j);
+        return;
+    case MM_MC_FETCH:
+        snprintf(buf, len, "the home of the expert guest slot %d serves to publish its weights "
+                 "(ready line %llu, needs %llu)", t->k,
+                 (unsigned long long)mm_mc_load(mm_mc_line(x->ready, t->k)),
+                 (unsigned long long)x->gen);
+        return;
+    case MM_MC_SLOT_DONE:
+        snprintf(buf, len, "the weight-gradient chunks of guest slot %d", t->k);
+        return;
+    case MM_MC_WSUM:
+        for (int q = 0; x->launch.route && x->launch.route->rep && q < x->ep * x->plan->s.R; q++)
+            if (x->launch.route->rep->slot_expert[q] == (int64_t)x->me * x->plan->L + t->j &&
+                mm_mc_load(mm_mc_line(x->part, q)) < x->gen) {
+                snprintf(buf, len, "rank %d's weight-gradient partial of local expert %d (guest "
+                         "slot %d)", q / x->plan->s.R, t->j, q % x->plan->s.R);
+                return;
+            }
+        snprintf(buf, len, "the weight gradients of local expert %d", t->j);
         return;
     default:
         break;
@@ -462,12 +533,47 @@ static void mm_mc_execute(mm_mc_exec_t *x, mm_mc_worker_t *w, int32_t id, const 
         int which = t->type == MM_MC_WGRAD1 ? 1 : 2;
         int64_t m0, m1;
         mm_pool_split(which == 1 ? p->s.H : p->s.I, t->k, (int)p->wchunks, 16, &m0, &m1);
-        if (m1 > m0 && !skip) {
+        if (m1 > m0 && !skip && owner >= 0) { /* an unused guest slot has no partial */
             st = b->wgrad(b->ctx, w, which, t->j, m0, m1);
             if (w->ring) mm_mc_trace(w, stage, owner, -1, t0, mm_now_ns());
         }
+        __atomic_fetch_add(mm_mc_wgrad_line(x, t->j), 1, __ATOMIC_RELEASE);
         break;
     }
+    case MM_MC_FETCH:
+        if (!skip && owner >= 0 && b->fetch) {
+            st = b->fetch(b->ctx, w, t->k, owner);
+            if (w->ring) mm_mc_trace(w, stage, owner, (int)(owner / p->L), t0, mm_now_ns());
+        }
+        __atomic_store_n(mm_mc_fetched_line(x, t->k), x->gen, __ATOMIC_RELEASE);
+        break;
+    case MM_MC_SLOT_DONE: {
+        /* every rank learns that this guest slot's partial (if any) is complete */
+        uint64_t *line = mm_mc_line(x->part, (int64_t)x->me * p->s.R + t->k);
+        uint64_t s0 = w->ring ? mm_now_ns() : 0;
+        for (int i = 0; i < x->ep; i++) {
+            int d = (x->me + i) % x->ep;
+            if (d == x->me) __atomic_store_n(line, x->gen, __ATOMIC_RELEASE);
+            else mm_shmem_signal_op(line, x->gen, MM_SHMEM_SIGNAL_SET, x->pes[d]);
+        }
+        if (w->ring)
+            mm_prof_push(w->ring, MM_PROF_SIGNAL, (uint8_t)stage, w->task, (int32_t)owner, -1,
+                         w->invocation, s0, mm_now_ns());
+        break;
+    }
+    case MM_MC_WSUM:
+        if (!skip && b->wsum) {
+            int32_t guests[MM_MC_MAX_GUESTS];
+            int n = 0;
+            const mm_ep_replica_plan_t *rp = x->launch.route->rep;
+            for (int q = 0; q < x->ep * p->s.R && n < MM_MC_MAX_GUESTS; q++)
+                if (rp->slot_expert[q] == owner) guests[n++] = q;
+            if (n > 0) {
+                st = b->wsum(b->ctx, w, t->j, t->k, p->wchunks, guests, n);
+                if (w->ring) mm_mc_trace(w, stage, owner, -1, t0, mm_now_ns());
+            }
+        }
+        break;
     case MM_MC_DONE:
         mm_mc_publish(x, w);
         break;
@@ -594,6 +700,7 @@ megamoe_status_t mm_mc_run(mm_mc_exec_t *x, const mm_mc_launch_t *l)
     x->done_target = x->gen;
     x->expert_target += (uint64_t)(x->ep * p->NT);
     x->work_target += (uint64_t)x->graph->n_counted;
+    if (l->dir == MM_MC_BWD) x->wgrad_target += (uint64_t)(2 * p->wchunks);
     x->null_mode = l->local != MEGAMOE_OK || l->route == NULL;
     x->local = l->local;
     x->fatal = MEGAMOE_OK;
@@ -619,6 +726,7 @@ megamoe_status_t mm_mc_run(mm_mc_exec_t *x, const mm_mc_launch_t *l)
     }
     const int on = mm_prof_on(x->prof);
     uint32_t inv = on ? mm_prof_begin(x->prof, l->dir == MM_MC_BWD ? "backward" : "forward") : 0;
+    if (on && l->note) mm_prof_note(x->prof, l->note);
     for (int i = 0; i < x->n_workers; i++) {
         mm_mc_worker_t *w = &x->workers[i];
         w->ring = on ? mm_prof_ring(x->prof, (mm_prof_role_t)w->role, w->role_index) : NULL;

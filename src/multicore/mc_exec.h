@@ -27,6 +27,16 @@
  * happens before its owner's DONE, which every rank waited for. Status slots alternate by
  * generation parity (a peer can be at most one launch ahead).
  *
+ * Hot-expert replicas (R guest slots, plan->S = L + R slots). Symmetric lines written by peers:
+ * ready[g] (SET to the launch generation by the home of the expert guest slot g serves, once
+ * it published the weights; FETCH g waits for it in the forward) and part[d][g] (SET to the
+ * generation by rank d when guest slot g's weight-gradient partial is complete, or at once
+ * when the slot is unused or the rank takes part without data; WSUM of a home expert waits
+ * for its guests' lines). Every rank sets all of its part lines in every backward, so nothing
+ * waits for a line the plan of another rank does not know about. Private: fetched[g] (the
+ * generation whose weights FETCH g made ready; EXPERT tiles of slot L + g wait for it) and
+ * wgrad[j] (+1 per WGRAD chunk of slot j; SLOT_DONE and WSUM wait for 2 * wchunks more).
+ *
  * Failure. A lost peer or a timeout in any wait (HYPER_PARALLEL_SHMEM_TIMEOUT_SEC without
  * progress) stops every worker of the rank and returns PEER_LOST/TIMEOUT; the executor is
  * then broken (only destroy remains). Every surviving rank waits for the lost rank's DONE, so
@@ -50,6 +60,7 @@
 
 #define MM_MC_MAX_WORKERS 1024 /* the worker pool's limit */
 #define MM_MC_SLOT_BYTES 256
+#define MM_MC_MAX_GUESTS 4096 /* guests of one expert passed to a WSUM body */
 
 typedef struct mm_mc_exec mm_mc_exec_t;
 
@@ -72,6 +83,7 @@ typedef struct mm_mc_tile {
     int64_t row0;    /* DISPATCH: first permuted position; EXPERT: first receive row */
     int64_t rows;    /* 1..128 */
     int64_t ret_row; /* EXPERT: first row of the tile in the source's return buffer */
+    int64_t dst_row; /* DISPATCH: first row of the tile in the destination's receive buffer */
 } mm_mc_tile_t;
 
 /* The math of one launch (provided by the layer). Bodies run on any worker, concurrently with
@@ -85,6 +97,13 @@ typedef struct mm_mc_body {
                               int64_t m1);
     /* tokens [t0, t1); called only when every rank's status is OK */
     megamoe_status_t (*reduce)(void *ctx, mm_mc_worker_t *w, int64_t t0, int64_t t1);
+    /* hot-expert replicas (NULL when the layer has no guest slots): guest slot g serves
+     * `expert` this launch (forward: its home published the weights; backward: pack NT) */
+    megamoe_status_t (*fetch)(void *ctx, mm_mc_worker_t *w, int g, int64_t expert);
+    /* backward: local expert j's weight gradients = its own partial + the guests' partials,
+     * chunk `chunk` of `chunks`; guests[n] are the slots (d*R + g) that served j */
+    megamoe_status_t (*wsum)(void *ctx, mm_mc_worker_t *w, int64_t j, int64_t chunk,
+                             int64_t chunks, const int32_t *guests, int n);
 } mm_mc_body_t;
 
 typedef struct mm_mc_launch {
@@ -93,11 +112,16 @@ typedef struct mm_mc_launch {
     megamoe_status_t local;    /* failure on this rank before the launch (text: last error) */
     uint64_t tag;              /* must be equal on every rank (backward: forward generation) */
     const char *tag_what;      /* what a tag mismatch means, for the error text */
+    const char *note;          /* (optional) recorded with the launch's trace invocation */
     int pull;                  /* rows reach the owner through its EXPERT tasks (they fetch
                                   them), not with the arrival signals: WGRAD2 then waits for
                                   expert j's tiles like WGRAD1 */
     mm_mc_body_t body;
 } mm_mc_launch_t;
+
+/* Symmetric line guest slot g of this rank waits on for its weights (the home sets it to the
+ * generation of the launch that will fetch them: mm_mc_generation() + 1 before a forward). */
+uint64_t *mm_mc_ready_line(mm_mc_exec_t *exec, int g);
 
 /* Collective over team (symmetric allocation of the signal area, zeroed, then a barrier).
  * pool must have plan->s.cube + plan->s.vector workers; worker_scratch bytes per worker. */
@@ -139,6 +163,10 @@ enum {
     MM_MC_ST_DW1,
     MM_MC_ST_DONE_GRAD,
     MM_MC_ST_REDUCE_GRAD,
+    MM_MC_ST_FETCH,
+    MM_MC_ST_FETCH_GRAD,
+    MM_MC_ST_SLOT_DONE,
+    MM_MC_ST_WSUM,
     MM_MC_STAGES
 };
 extern const char *const mm_mc_stage_names[MM_MC_STAGES];

@@ -99,10 +99,11 @@ static int mm_mc_rank_order(int ep, int me, const int *host, int *to, int *from)
 
 static megamoe_status_t mm_mc_build(mm_mc_plan_t *p, int dir)
 {
-    const int ep = p->s.ep, me = p->s.me;
-    const int64_t L = p->L, NT = p->NT, E = p->s.E, tt = p->s.T / MM_MC_TILE;
-    int64_t n_vec = E * NT + 1 + tt;
-    int64_t n_cube = L * ep * NT + (dir == MM_MC_BWD ? 2 * L * p->wchunks : 0);
+    const int ep = p->s.ep, me = p->s.me, R = p->s.R, bwd = dir == MM_MC_BWD;
+    const int64_t L = p->L, S = p->S, NT = p->NT, tt = p->s.T / MM_MC_TILE;
+    int64_t n_vec = S * ep * NT + 1 + tt + (bwd ? R : 0);
+    int64_t n_cube = S * ep * NT + (bwd ? 2 * S * p->wchunks : 0) + R +
+                     (bwd && R > 0 ? L * p->wchunks : 0);
     mm_mc_graph_t *g = &p->graph[dir];
     MM_CHECK(mm_mc_graph_alloc(g, n_cube, n_vec));
 
@@ -113,27 +114,37 @@ static megamoe_status_t mm_mc_build(mm_mc_plan_t *p, int dir)
         return mm_error(MEGAMOE_OUT_OF_MEMORY, "cannot allocate the O1 plan's rank order");
     }
 
-    /* vector: RATR dispatch, then DONE, then the source-side reduce */
-    for (int64_t j = 0; j < L; j++)
+    /* vector: RATR dispatch (home slots, then guest slots), the guest slots' "partial done"
+     * (backward), then DONE, then the source-side reduce */
+    for (int64_t j = 0; j < S; j++)
         for (int64_t k = 0; k < NT; k++)
             for (int i = 0; i < ep; i++) mm_mc_push(g, MM_MC_DISPATCH, MM_MC_VECTOR, to[i], j, k);
+    for (int k = 0; bwd && k < R; k++) mm_mc_push(g, MM_MC_SLOT_DONE, MM_MC_VECTOR, -1, L + k, k);
     mm_mc_push(g, MM_MC_DONE, MM_MC_VECTOR, -1, -1, 0);
     for (int64_t k = 0; k < tt; k++) mm_mc_push(g, MM_MC_REDUCE, MM_MC_VECTOR, -1, -1, k);
 
     /* cube: expert tiles in the order RATR makes them arrive (own block first); backward: the
      * weight gradients of expert j follow the tiles of expert j + 1, so they find j's tiles
      * done (no worker stalls on them) while X_j, dY_j and dGU_j are still in the caches */
-    for (int64_t j = 0; j <= L; j++) {
-        for (int i = 0; j < L && i < ep; i++)
+    /* guest slots first (after their FETCH): a guest's weight-gradient partial is then done
+     * early and its home's WSUM does not wait for the end of the guest's own work */
+    for (int k = 0; k < R; k++) mm_mc_push(g, MM_MC_FETCH, MM_MC_CUBE, -1, L + k, k);
+    for (int64_t i = 0; i <= S; i++) {
+        const int64_t j = i < S ? (i < R ? L + i : i - R) : -1;         /* slot of position i */
+        const int64_t prev = i == 0 ? -1 : (i - 1 < R ? L + i - 1 : i - 1 - R);
+        for (int q = 0; j >= 0 && q < ep; q++)
             for (int64_t k = 0; k < NT; k++)
-                mm_mc_push(g, MM_MC_EXPERT, MM_MC_CUBE, from[i], j, k);
-        if (dir == MM_MC_BWD && j >= 1) {
+                mm_mc_push(g, MM_MC_EXPERT, MM_MC_CUBE, from[q], j, k);
+        if (bwd && prev >= 0) {
             for (int64_t c = 0; c < p->wchunks; c++)
-                mm_mc_push(g, MM_MC_WGRAD2, MM_MC_CUBE, -1, j - 1, c);
+                mm_mc_push(g, MM_MC_WGRAD2, MM_MC_CUBE, -1, prev, c);
             for (int64_t c = 0; c < p->wchunks; c++)
-                mm_mc_push(g, MM_MC_WGRAD1, MM_MC_CUBE, -1, j - 1, c);
+                mm_mc_push(g, MM_MC_WGRAD1, MM_MC_CUBE, -1, prev, c);
         }
     }
+    /* the home experts' gradients with their guests' partials, after every own task */
+    for (int64_t j = 0; bwd && R > 0 && j < L; j++)
+        for (int64_t c = 0; c < p->wchunks; c++) mm_mc_push(g, MM_MC_WSUM, MM_MC_CUBE, -1, j, c);
     free(to);
     free(from);
     return MEGAMOE_OK;
@@ -143,7 +154,8 @@ megamoe_status_t mm_mc_plan_create(const mm_mc_shape_t *s, mm_mc_plan_t **plan_p
 {
     if (s->ep < 1 || s->ep > INT16_MAX || s->me < 0 || s->me >= s->ep || s->T < MM_MC_TILE ||
         s->T % MM_MC_TILE != 0 || s->H < 1 || s->I < 1 || s->K < 1 || s->E < 1 ||
-        s->E % s->ep != 0 || s->cube < 0 || s->vector < 0 || s->cube + s->vector < 1)
+        s->E % s->ep != 0 || s->cube < 0 || s->vector < 0 || s->cube + s->vector < 1 ||
+        s->R < 0 || s->R > 1024)
         return mm_error(MEGAMOE_INVALID_ARGUMENT,
                         "O1 plan: invalid shape (EP %d, rank %d, T %lld, H %lld, I %lld, E %lld, K "
                         "%lld, %d cube + %d vector workers)",
@@ -154,6 +166,7 @@ megamoe_status_t mm_mc_plan_create(const mm_mc_shape_t *s, mm_mc_plan_t **plan_p
     p->s = *s;
     p->s.host = s->host; /* used by the build below only */
     p->L = s->E / s->ep;
+    p->S = p->L + s->R;
     p->NT = s->T * s->K / MM_MC_TILE;
     /* Enough weight-gradient chunks that every worker can take part; results do not depend
      * on the chunking (each element is one product over all the expert's rows). */
@@ -218,8 +231,9 @@ megamoe_status_t mm_mc_workers(int total, int explicit_total, int cube, int vect
     return MEGAMOE_OK;
 }
 
-size_t mm_mc_heap_bytes(int ep, int64_t L)
+size_t mm_mc_heap_bytes(int ep, int64_t L, int R)
 {
-    size_t lines = (size_t)(L * ep + ep) * 64;
+    /* arrival [S][EP], done [EP], weights ready [R], guest partial done [EP][R] */
+    size_t lines = (size_t)((L + R) * ep + ep + R + (int64_t)ep * R) * 64;
     return mm_align_up(lines + (size_t)2 * (size_t)ep * MM_MC_SLOT_BYTES, 4096);
 }

@@ -17,15 +17,28 @@
  *                      dA + SwiGLU' + dX; results go straight into the source's return rows
  *   WGRAD2   (cube)    bwd dW2_j = A_jᵀ·dY_j, chunk k of the I rows of dW2_j
  *   WGRAD1   (cube)    bwd dW1_j = X_jᵀ·dGU_j, chunk k of the H rows of dW1_j
+ *   FETCH    (cube)    hot-expert replicas: guest slot k's weights (forward: once its home
+ *                      published them; backward: the NT packing of the forward's copy)
+ *   SLOT_DONE (vector) bwd: guest slot k's weight-gradient partial is complete: tell every rank
+ *   WSUM     (cube)    bwd: expert j's weight gradient = own partial + its guests' partials,
+ *                      chunk k (after the guests said SLOT_DONE)
  *   DONE     (vector)  publish this rank's status and tell every rank it will write no more
  *   REDUCE   (vector)  source side: sum the K returned rows of tokens [128k, 128k + 128)
+ *
+ * Slots. With R guest slots per rank (hot-expert replicas, ops/ep_replicas.h) a rank has
+ * S = L + R slots: j < L is local expert j, j = L + g is guest slot g; DISPATCH, EXPERT and
+ * WGRAD tasks exist for every slot (empty slots cost one metadata check), so the graph stays
+ * static while the plan of the call decides which expert a guest slot serves.
  *
  * Queues. Vector: DISPATCH tiles in RATR order (rank r: for local expert j, for tile k, for
  * i in 0..EP-1, destination (r + i) mod EP; reference design §3), then DONE, then REDUCE.
  * Cube: EXPERT tiles in arrival order (for j, for i, source (r - i) mod EP, for k); in the
  * backward WGRAD2/WGRAD1 of expert j follow the tiles of expert j + 1 (one expert of lag: their
  * inputs are done and still in cache, and they overlap the next expert's data gradients and
- * the peers' combine).
+ * the peers' combine). With replicas the cube queue starts with the R FETCH tasks (they
+ * overlap the dispatch), then takes the guest slots before the local experts (a guest's
+ * partial is then ready early), and the backward ends with the WSUM chunks; the backward
+ * vector queue has the R SLOT_DONE tasks between the dispatch and DONE.
  */
 #ifndef MM_MULTICORE_MC_PLAN_H
 #define MM_MULTICORE_MC_PLAN_H
@@ -47,6 +60,9 @@ typedef enum mm_mc_type {
     MM_MC_WGRAD1,
     MM_MC_DONE,
     MM_MC_REDUCE,
+    MM_MC_FETCH,
+    MM_MC_SLOT_DONE,
+    MM_MC_WSUM,
     MM_MC_TYPES
 } mm_mc_type_t;
 
@@ -54,8 +70,9 @@ typedef struct mm_mc_task {
     uint8_t type;  /* mm_mc_type_t */
     uint8_t role;  /* queue it sits in */
     int16_t peer;  /* DISPATCH: destination; EXPERT: source; else -1 */
-    int32_t j;     /* local expert (of the destination for DISPATCH); -1 when none */
-    int32_t k;     /* tile slot, weight-gradient chunk or token tile */
+    int32_t j;     /* slot (of the destination for DISPATCH): local expert or L + guest slot;
+                      -1 when none */
+    int32_t k;     /* tile slot, weight-gradient chunk, token tile or guest slot */
 } mm_mc_task_t;
 
 typedef struct mm_mc_graph {
@@ -72,11 +89,13 @@ typedef struct mm_mc_shape {
     int cube, vector; /* workers of each role (one may be 0: the others serve its queue) */
     const int *host;  /* [ep] host index of each member, for the host-aware RATR order (NULL:
                        * one host); only read while the plan is built */
+    int R;            /* guest slots per rank (hot-expert replicas; 0 = none) */
 } mm_mc_shape_t;
 
 typedef struct mm_mc_plan {
     mm_mc_shape_t s;
     int64_t L;       /* local experts */
+    int64_t S;       /* slots: L + R */
     int64_t NT;      /* tile slots per block: T*K / 128 */
     int64_t wchunks; /* weight-gradient chunks per expert and product */
     mm_mc_graph_t graph[2];
@@ -93,7 +112,8 @@ void mm_mc_plan_destroy(mm_mc_plan_t *plan);
 megamoe_status_t mm_mc_workers(int total, int explicit_total, int cube, int vector, int *cube_p,
                                int *vector_p);
 
-/* Symmetric heap bytes of the executor's signal area (counters and status slots). */
-size_t mm_mc_heap_bytes(int ep, int64_t local_experts);
+/* Symmetric heap bytes of the executor's signal area (counters and status slots) for
+ * local_experts and R guest slots per rank. */
+size_t mm_mc_heap_bytes(int ep, int64_t local_experts, int R);
 
 #endif /* MM_MULTICORE_MC_PLAN_H */

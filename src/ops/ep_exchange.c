@@ -108,27 +108,34 @@ void mm_ep_dispatch_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, const voi
 {
     if (p0 >= p1) return;
     const size_t rb = x->row_bytes;
-    int64_t e = mm_ep_expert_of_pos(p, p0);
+    /* segments: this rank's contiguous rows for one destination slot, in permuted order */
+    int32_t k = mm_ep_seg_of_pos(p, p0);
     int64_t pos = p0;
-    while (pos < p1) {
-        while (p->src_off[e + 1] <= pos) e++; /* skip empty experts */
-        int64_t end = p->src_off[e + 1] < p1 ? p->src_off[e + 1] : p1;
-        int pe = x->pes[e / p->L];
-        int64_t row = p->dst_off[e] + (pos - p->src_off[e]);
+    while (pos < p1 && k < p->n_seg) {
+        const int32_t q = p->seg_order[k];
+        const int64_t s0 = p->seg_pos[q], s1 = s0 + p->seg_rows[q];
+        if (s1 <= pos) {
+            k++;
+            continue;
+        }
+        int64_t end = s1 < p1 ? s1 : p1;
+        int pe = x->pes[q / p->S];
+        int64_t row = p->seg_dst[q] + (pos - s0);
         if (!gather) {
             mm_ep_put_rows(x->recv, row, (const char *)src + (size_t)pos * ld, ld, end - pos, rb,
                            pe);
         } else {
             char *dst_local = (char *)x->recv + (size_t)row * rb;
             char *direct = mm_ep_direct(dst_local, pe);
-            for (int64_t q = pos; q < end; q++) {
-                const char *s = (const char *)src + (size_t)(p->perm_slot[q] / p->K) * ld;
-                size_t off = (size_t)(q - pos) * rb;
-                if (direct) memcpy(direct + off, s, rb);
-                else mm_shmem_put(dst_local + off, s, rb, pe);
+            for (int64_t r = pos; r < end; r++) {
+                const char *sr = (const char *)src + (size_t)(p->perm_slot[r] / p->K) * ld;
+                size_t off = (size_t)(r - pos) * rb;
+                if (direct) memcpy(direct + off, sr, rb);
+                else mm_shmem_put(dst_local + off, sr, rb, pe);
             }
         }
         pos = end;
+        k++;
     }
 }
 
@@ -139,18 +146,18 @@ int mm_ep_dispatch_direct(const mm_ep_xbuf_t *x)
     return 1;
 }
 
-void *mm_ep_dispatch_dst(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, int64_t pos,
-                         int64_t e)
+void *mm_ep_dispatch_dst(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, int64_t pos)
 {
-    int64_t row = p->dst_off[e] + (pos - p->src_off[e]);
-    return mm_shmem_ptr((char *)x->recv + (size_t)row * x->row_bytes, x->pes[e / p->L]);
+    int dest;
+    int64_t row = mm_ep_dst_row(p, pos, &dest);
+    return mm_shmem_ptr((char *)x->recv + (size_t)row * x->row_bytes, x->pes[dest]);
 }
 
 void mm_ep_combine_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, const void *rows,
                         size_t ld, int64_t r0, int64_t r1)
 {
     const int ep = p->ep;
-    const int64_t nblk = p->L * ep;
+    const int64_t nblk = p->S * ep;
     for (int64_t b = 0; b < nblk && r0 < r1; b++) {
         int64_t bo = p->blk_off[b], bn = p->blk_rows[b];
         if (bn == 0 || bo + bn <= r0) continue;
@@ -177,7 +184,7 @@ void mm_ep_pull_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, void *dst, si
 {
     const int ep = p->ep;
     const size_t rb = x->row_bytes;
-    const int64_t nblk = p->L * ep;
+    const int64_t nblk = p->S * ep;
     for (int64_t b = 0; b < nblk && r0 < r1; b++) {
         int64_t bo = p->blk_off[b], bn = p->blk_rows[b];
         if (bn == 0 || bo + bn <= r0) continue;

@@ -78,8 +78,7 @@ int mm_ep_dispatch_direct(const mm_ep_xbuf_t *x);
 /* Address of the destination row of this rank's permuted position p in its owner's receive
  * buffer (valid when mm_ep_dispatch_direct()). Rows written there count as sent once
  * mm_ep_done(MM_EP_DISPATCH) runs after the writers finished. */
-void *mm_ep_dispatch_dst(const mm_ep_xbuf_t *x, const mm_ep_plan_t *plan, int64_t p,
-                         int64_t expert);
+void *mm_ep_dispatch_dst(const mm_ep_xbuf_t *x, const mm_ep_plan_t *plan, int64_t p);
 
 /* Put received-order rows [r0, r1) of rows (ld bytes apart, row r = result of receive row r)
  * back into their sources' return buffers. Thread-safe for disjoint ranges. */

@@ -33,22 +33,53 @@ megamoe_status_t mm_ep_plan_create(const mm_ep_shape_t *s, mm_ep_plan_t **plan_p
     p->L = s->experts / s->ep;
     p->capacity = s->capacity;
     p->capacity_factor = s->capacity_factor;
-    size_t tk = (size_t)(p->T * p->K), e = (size_t)p->E, lb = (size_t)(p->L * p->ep);
+    if (s->replica_slots < 0 || s->replica_slots > 1024) {
+        free(p);
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "replica_slots_per_rank = %d must be in [0, 1024]", s->replica_slots);
+    }
+    p->R = s->replica_slots;
+    p->S = p->L + p->R;
+    p->replica_cost = s->replica_cost;
+    size_t tk = (size_t)(p->T * p->K), e = (size_t)p->E, lb = (size_t)(p->S * p->ep);
+    size_t slots = (size_t)p->ep * (size_t)p->S;
     p->counts = calloc((size_t)p->ep * e, sizeof *p->counts);
     p->hist = calloc(e, sizeof *p->hist);
     p->src_off = calloc(e + 1, sizeof *p->src_off);
     p->perm_slot = calloc(tk, sizeof *p->perm_slot);
     p->slot_pos = calloc(tk, sizeof *p->slot_pos);
     p->dst_off = calloc(e, sizeof *p->dst_off);
-    p->group_off = calloc((size_t)p->L + 1, sizeof *p->group_off);
+    p->group_off = calloc((size_t)p->S + 1, sizeof *p->group_off);
     p->blk_off = calloc(lb, sizeof *p->blk_off);
     p->blk_rows = calloc(lb, sizeof *p->blk_rows);
     p->ret_off = calloc(lb, sizeof *p->ret_off);
-    if (!p->counts || !p->hist || !p->src_off || !p->perm_slot || !p->slot_pos || !p->dst_off ||
-        !p->group_off || !p->blk_off || !p->blk_rows || !p->ret_off) {
+    p->slot_expert = calloc(slots, sizeof *p->slot_expert);
+    p->seg_pos = calloc(slots, sizeof *p->seg_pos);
+    p->seg_rows = calloc(slots, sizeof *p->seg_rows);
+    p->seg_dst = calloc(slots, sizeof *p->seg_dst);
+    p->seg_order = calloc(slots, sizeof *p->seg_order);
+    p->bcount = calloc(slots * (size_t)p->ep, sizeof *p->bcount);
+    p->src_prefix = calloc((size_t)p->ep * (e + 1), sizeof *p->src_prefix);
+    int ok = p->counts && p->hist && p->src_off && p->perm_slot && p->slot_pos && p->dst_off &&
+             p->group_off && p->blk_off && p->blk_rows && p->ret_off && p->slot_expert &&
+             p->seg_pos && p->seg_rows && p->seg_dst && p->seg_order && p->bcount &&
+             p->src_prefix;
+    if (ok && s->host_of != NULL) {
+        p->host_of = calloc((size_t)p->ep, sizeof *p->host_of);
+        ok = p->host_of != NULL;
+        if (ok) memcpy(p->host_of, s->host_of, (size_t)p->ep * sizeof *p->host_of);
+    }
+    if (!ok) {
         mm_ep_plan_destroy(p);
         return mm_error(MEGAMOE_OUT_OF_MEMORY, "cannot allocate a routing plan for T*K=%zu rows",
                         tk);
+    }
+    if (p->R > 0) {
+        megamoe_status_t st = mm_ep_replica_plan_create(p->ep, p->E, p->R, &p->rep);
+        if (st != MEGAMOE_OK) {
+            mm_ep_plan_destroy(p);
+            return st;
+        }
     }
     *plan_p = p;
     return MEGAMOE_OK;
@@ -67,6 +98,15 @@ void mm_ep_plan_destroy(mm_ep_plan_t *p)
     free(p->blk_off);
     free(p->blk_rows);
     free(p->ret_off);
+    free(p->slot_expert);
+    free(p->seg_pos);
+    free(p->seg_rows);
+    free(p->seg_dst);
+    free(p->seg_order);
+    free(p->bcount);
+    free(p->src_prefix);
+    free(p->host_of);
+    mm_ep_replica_plan_destroy(p->rep);
     free(p);
 }
 
@@ -185,43 +225,99 @@ static megamoe_status_t mm_ep_permute(mm_ep_plan_t *p, const void *ids, megamoe_
     return MEGAMOE_OK;
 }
 
-/* Offsets from the gathered counts (identical on every rank). */
+/* Offsets from the gathered counts and the replica plan (identical on every rank). */
 static void mm_ep_offsets(mm_ep_plan_t *p)
 {
-    const int ep = p->ep, me = p->me;
-    const int64_t E = p->E, L = p->L;
+    const int ep = p->ep, me = p->me, R = p->R, nslots = ep * R;
+    const int64_t E = p->E, L = p->L, S = p->S;
     const int32_t *c = p->counts;
-    /* Source side: where my block for expert e starts on its owner. */
-    for (int64_t e = 0; e < E; e++) {
-        int64_t d = e / L, j = e % L, off = 0;
-        for (int64_t jj = 0; jj < j; jj++)
-            for (int s = 0; s < ep; s++) off += c[(size_t)s * E + (size_t)(d * L + jj)];
-        for (int s = 0; s < me; s++) off += c[(size_t)s * E + (size_t)e];
-        p->dst_off[e] = off;
+    const mm_ep_replica_plan_t *rp = p->rep;
+    int64_t *B = p->bcount, *pre = p->src_prefix;
+    /* source s's permuted offset of each expert */
+    for (int s = 0; s < ep; s++) {
+        int64_t *ps = pre + (size_t)s * (size_t)(E + 1);
+        ps[0] = 0;
+        for (int64_t e = 0; e < E; e++) ps[e + 1] = ps[e] + c[(size_t)s * (size_t)E + (size_t)e];
     }
-    /* Destination side. */
+    /* slot map and the rows of every block (d, v, s) */
+    for (int d = 0; d < ep; d++)
+        for (int64_t v = 0; v < S; v++) {
+            const size_t dv = (size_t)d * (size_t)S + (size_t)v;
+            const int64_t e = v < L ? (int64_t)d * L + v : rp->slot_expert[d * R + (v - L)];
+            p->slot_expert[dv] = (int32_t)e;
+            for (int s = 0; s < ep; s++) {
+                int64_t n = 0;
+                if (v < L) n = rp ? mm_ep_replica_home_rows(rp, c, s, e) : c[(size_t)s * (size_t)E + (size_t)e];
+                else if (e >= 0) n = rp->take[(size_t)s * (size_t)nslots + (size_t)(d * R + (v - L))];
+                B[dv * (size_t)ep + (size_t)s] = n;
+            }
+        }
+    /* where source s's share for slot (d, v) starts in its permuted order: after the home's
+     * share and the shares of the guest slots of the same expert before it */
+#define MM_PART_POS(s_, d_, v_, out_)                                                      \
+    do {                                                                                   \
+        const int64_t e_ = p->slot_expert[(size_t)(d_) * (size_t)S + (size_t)(v_)];          \
+        int64_t pos_ = pre[(size_t)(s_) * (size_t)(E + 1) + (size_t)e_];                    \
+        if ((v_) >= L) {                                                                   \
+            const int hd_ = (int)(e_ / L);                                                 \
+            pos_ += B[((size_t)hd_ * (size_t)S + (size_t)(e_ % L)) * (size_t)ep + (size_t)(s_)]; \
+            const int q_ = (d_) * R + (int)((v_) - L);                                     \
+            for (int qq_ = 0; qq_ < q_; qq_++)                                             \
+                if (rp->slot_expert[qq_] == e_)                                            \
+                    pos_ += rp->take[(size_t)(s_) * (size_t)nslots + (size_t)qq_];         \
+        }                                                                                  \
+        (out_) = pos_;                                                                     \
+    } while (0)
+    /* destination side */
     int64_t row = 0;
-    for (int64_t j = 0; j < L; j++) {
-        int64_t e = (int64_t)me * L + j;
-        p->group_off[j] = row;
+    for (int64_t v = 0; v < S; v++) {
+        p->group_off[v] = row;
         for (int s = 0; s < ep; s++) {
-            int64_t n = c[(size_t)s * E + (size_t)e], ret = 0;
-            for (int64_t ee = 0; ee < e; ee++) ret += c[(size_t)s * E + (size_t)ee];
-            p->blk_off[j * ep + s] = row;
-            p->blk_rows[j * ep + s] = n;
-            p->ret_off[j * ep + s] = ret;
+            const int64_t n = B[((size_t)me * (size_t)S + (size_t)v) * (size_t)ep + (size_t)s];
+            int64_t ret = 0;
+            if (p->slot_expert[(size_t)me * (size_t)S + (size_t)v] >= 0) MM_PART_POS(s, me, v, ret);
+            p->blk_off[v * ep + s] = row;
+            p->blk_rows[v * ep + s] = n;
+            p->ret_off[v * ep + s] = ret;
             row += n;
         }
     }
-    p->group_off[L] = row;
+    p->group_off[S] = row;
     p->recv_rows = row;
+    /* source side: this rank's share of every slot, and the segments in permuted order */
+    for (int d = 0; d < ep; d++) {
+        int64_t off = 0;
+        for (int64_t v = 0; v < S; v++) {
+            const size_t dv = (size_t)d * (size_t)S + (size_t)v;
+            int64_t before = 0;
+            for (int s = 0; s < me; s++) before += B[dv * (size_t)ep + (size_t)s];
+            p->seg_rows[dv] = B[dv * (size_t)ep + (size_t)me];
+            p->seg_dst[dv] = off + before;
+            p->seg_pos[dv] = 0;
+            if (p->slot_expert[dv] >= 0) MM_PART_POS(me, d, v, p->seg_pos[dv]);
+            for (int s = 0; s < ep; s++) off += B[dv * (size_t)ep + (size_t)s];
+        }
+    }
+#undef MM_PART_POS
+    p->n_seg = 0;
+    for (int64_t e = 0; e < E; e++) {
+        const int hd = (int)(e / L);
+        const int32_t home = (int32_t)((int64_t)hd * S + e % L);
+        p->dst_off[e] = p->seg_dst[home];
+        if (p->seg_rows[home] > 0) p->seg_order[p->n_seg++] = home;
+        for (int q = 0; rp && q < nslots; q++)
+            if (rp->slot_expert[q] == e) {
+                const int32_t dv = (int32_t)((int64_t)(q / R) * S + L + q % R);
+                if (p->seg_rows[dv] > 0) p->seg_order[p->n_seg++] = dv;
+            }
+    }
     /* Whole team: the largest receive count. */
     p->max_recv = -1;
     p->max_recv_rank = 0;
     for (int d = 0; d < ep; d++) {
         int64_t r = 0;
-        for (int s = 0; s < ep; s++)
-            for (int64_t e = (int64_t)d * L; e < (int64_t)(d + 1) * L; e++) r += c[(size_t)s * E + (size_t)e];
+        for (size_t i = (size_t)d * (size_t)S * (size_t)ep; i < (size_t)(d + 1) * (size_t)S * (size_t)ep; i++)
+            r += B[i];
         if (r > p->max_recv) {
             p->max_recv = r;
             p->max_recv_rank = d;
@@ -255,6 +351,12 @@ megamoe_status_t mm_ep_route(mm_ep_plan_t *p, mm_shmem_team_t *team, mm_call_t *
     for (int s = 0; s < p->ep; s++)
         memcpy(p->counts + (size_t)s * (size_t)p->E, mm_call_payload(call, s), cb);
 
+    if (p->rep != NULL) {
+        /* identical input on every rank, so the same plan everywhere */
+        mm_ep_replica_input_t in = {p->ep, p->E, p->R, p->counts, p->host_of, p->capacity,
+                                    p->replica_cost};
+        MM_CHECK(mm_ep_replica_plan(&in, p->rep));
+    }
     mm_ep_offsets(p);
     if (p->max_recv > p->capacity) {
         int64_t tk = p->T * p->K;
@@ -284,4 +386,21 @@ int64_t mm_ep_expert_of_pos(const mm_ep_plan_t *p, int64_t pos)
         else hi = mid - 1;
     }
     return lo;
+}
+
+int32_t mm_ep_seg_of_pos(const mm_ep_plan_t *p, int64_t pos)
+{
+    int32_t lo = 0, hi = p->n_seg - 1; /* last segment starting at or before pos */
+    while (lo < hi) {
+        int32_t mid = (lo + hi + 1) / 2;
+        if (p->seg_pos[p->seg_order[mid]] <= pos) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+int mm_ep_guests_of_local(const mm_ep_plan_t *p, int64_t j, int32_t *out)
+{
+    if (p->rep == NULL) return 0;
+    return mm_ep_replica_guests_of(p->rep, (int64_t)p->me * p->L + j, out);
 }

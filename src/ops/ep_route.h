@@ -15,11 +15,20 @@
  *  Row i of this rank's expert-e block goes to row dst_off[e] + i of rank e/L's receive buffer,
  *  and row i of block (j, s) returns to row ret_off[j*EP+s] + i of rank s's return buffer.
  *
+ * Hot-expert replicas (shape.replica_slots = R > 0, ep_replicas.h): every rank also has R
+ * guest slots, so the destination side has S = L + R slots per rank: slot v < L is local
+ * expert v, slot L + g is guest slot g, serving the expert slot_expert[d*S + v] (-1 when
+ * unused in this call). The routing plan then splits a hot expert's rows: source s sends the
+ * first rows of its expert-e block to e's home and the next ones to each guest slot of e in
+ * slot order, so every (destination slot, source) pair is still one contiguous range on both
+ * sides. With R = 0, S = L and every slot is its home expert (the layout above).
+ *
  * Building a plan is collective over the team: each rank counts its slots per expert, the
- * counts are all-gathered (counts[s][e] on every rank), and every rank derives the same
- * offsets. Capacity: every destination's received rows are compared with the capacity on every
- * rank from the same gathered matrix, so an overflow is the same CAPACITY_OVERFLOW everywhere,
- * before any data moves. Invalid expert ids on any rank are INVALID_ARGUMENT on every rank.
+ * counts are all-gathered (counts[s][e] on every rank), every rank runs the replica planner on
+ * them (R > 0) and derives the same offsets. Capacity: every destination's received rows
+ * (with the replica plan's split) are compared with the capacity on every rank from the same
+ * gathered matrix, so an overflow is the same CAPACITY_OVERFLOW everywhere, before any data
+ * moves. Invalid expert ids on any rank are INVALID_ARGUMENT on every rank.
  */
 #ifndef MM_OPS_EP_ROUTE_H
 #define MM_OPS_EP_ROUTE_H
@@ -30,6 +39,7 @@
 #include "megamoe/status.h"
 
 #include "ops/call_order.h"
+#include "ops/ep_replicas.h"
 #include "shmem/shmem.h"
 
 typedef struct mm_ep_shape {
@@ -40,6 +50,9 @@ typedef struct mm_ep_shape {
     int64_t experts;    /* E (global), divisible by ep */
     int64_t capacity;   /* receive rows per rank (the symmetric receive buffer) */
     double capacity_factor; /* for the overflow message only: 0 = lossless */
+    int replica_slots;  /* R guest slots per rank (0 = no replicas) */
+    const int32_t *host_of; /* [ep] host of each rank for the replica costs; NULL = one host */
+    mm_ep_replica_cost_t replica_cost; /* used when replica_slots > 0 */
 } mm_ep_shape_t;
 
 typedef struct mm_ep_plan {
@@ -54,14 +67,30 @@ typedef struct mm_ep_plan {
     int64_t *src_off;   /* [E + 1] */
     int32_t *perm_slot; /* [T*K] permuted position -> slot */
     int32_t *slot_pos;  /* [T*K] slot -> permuted position */
-    int64_t *dst_off;   /* [E] first row in the destination's receive buffer */
+    int64_t *dst_off;   /* [E] first row of the home's share in the home's receive buffer */
 
-    /* destination side */
+    /* slots (hot-expert replicas) */
+    int R;                /* guest slots per rank */
+    int64_t S;            /* slots per rank: L + R */
+    int32_t *slot_expert; /* [ep * S]: global expert served by slot (d, v); -1 = unused */
+    mm_ep_replica_plan_t *rep; /* the replica plan of the call; NULL when R == 0 */
+    int32_t *host_of;     /* [ep] copy of the shape's host map, or NULL */
+    mm_ep_replica_cost_t replica_cost;
+    int64_t *bcount;      /* [ep * S * ep] rows of block (d, v, s), index (d*S + v)*ep + s */
+    int64_t *src_prefix;  /* [ep * (E + 1)] source s's permuted offset of expert e */
+    /* source side by destination slot (d, v), index d*S + v: this rank's rows for it */
+    int64_t *seg_pos;   /* [ep * S] first permuted position */
+    int64_t *seg_rows;  /* [ep * S] */
+    int64_t *seg_dst;   /* [ep * S] first row in d's receive buffer */
+    int32_t *seg_order; /* non-empty (d, v) in permuted order */
+    int32_t n_seg;
+
+    /* destination side (blocks of slots: (v, s), index v * ep + s) */
     int64_t recv_rows;  /* rows this rank receives */
-    int64_t *group_off; /* [L + 1] */
-    int64_t *blk_off;   /* [L * ep] */
-    int64_t *blk_rows;  /* [L * ep] */
-    int64_t *ret_off;   /* [L * ep] row in source s's return buffer */
+    int64_t *group_off; /* [S + 1] */
+    int64_t *blk_off;   /* [S * ep] */
+    int64_t *blk_rows;  /* [S * ep] */
+    int64_t *ret_off;   /* [S * ep] row in source s's return buffer (its permuted position) */
 
     /* whole team */
     int64_t max_recv;  /* the largest receive count of any rank */
@@ -96,5 +125,17 @@ extern uint64_t mm_ep_count_passes;
 
 /* Global expert of permuted position p on the source side (binary search over src_off). */
 int64_t mm_ep_expert_of_pos(const mm_ep_plan_t *plan, int64_t p);
+/* Index into seg_order of the segment holding permuted position p (binary search). */
+int32_t mm_ep_seg_of_pos(const mm_ep_plan_t *plan, int64_t p);
+/* Destination rank and receive row of this rank's permuted position p. */
+static inline int64_t mm_ep_dst_row(const mm_ep_plan_t *plan, int64_t p, int *dest_p)
+{
+    const int32_t q = plan->seg_order[mm_ep_seg_of_pos(plan, p)];
+    *dest_p = (int)(q / plan->S);
+    return plan->seg_dst[q] + (p - plan->seg_pos[q]);
+}
+/* Slots hosting a guest of local expert j of this rank (index d*R + g of the replica plan)
+ * into out[] (room for ep*R); 0 when none or R == 0. */
+int mm_ep_guests_of_local(const mm_ep_plan_t *plan, int64_t j, int32_t *out);
 
 #endif /* MM_OPS_EP_ROUTE_H */

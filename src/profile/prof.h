@@ -78,6 +78,7 @@ static inline int mm_prof_on(const mm_prof_session_t *session)
 #define MM_PROF_MAX_RECORDS (1u << 26)        /* per worker (2 GiB of records) */
 #define MM_PROF_MAX_STAGES 256                /* mm_prof_record.stage is a uint8_t */
 #define MM_PROF_MAX_NAME 64                   /* stage and direction names, with the NUL */
+#define MM_PROF_MAX_NOTE 256                  /* an invocation's note, with the NUL */
 
 /* stage_names: table indexed by mm_prof_record.stage (copied; 1..256 names, each shorter
  * than MM_PROF_MAX_NAME). n_cube, n_vector >= 0 with at least one worker; records_per_worker
@@ -106,6 +107,11 @@ mm_prof_ring_t *mm_prof_ring(mm_prof_session_t *session, mm_prof_role_t role, in
  * MM_PROF_MAX_NAME - 1 bytes; NULL = "unknown"). */
 uint32_t mm_prof_begin(mm_prof_session_t *session, const char *direction);
 void mm_prof_end(mm_prof_session_t *session);
+/* Attach a note to the open invocation (e.g. the plan a launch ran: "replicas: expert 0 on
+ * rank 1 (3106 rows)"); exported as the invocation's "note" and shown by `megamoe trace`.
+ * Copied, truncated to MM_PROF_MAX_NOTE - 1 bytes; call between begin and end on the
+ * launching thread. A NULL session or no open invocation: no-op. */
+void mm_prof_note(mm_prof_session_t *session, const char *text);
 
 /* Pause (0) or resume (1) recording; the producer sees it at its next mm_prof_on(). Call
  * between launches. */

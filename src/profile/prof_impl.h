@@ -17,6 +17,7 @@ typedef struct mm_prof_ring_slot {
 typedef struct mm_prof_invocation {
     uint64_t begin_ns, end_ns; /* end_ns 0 while open */
     char direction[MM_PROF_MAX_NAME];
+    char note[MM_PROF_MAX_NOTE]; /* "" = none */
 } mm_prof_invocation_t;
 
 struct mm_prof_session {

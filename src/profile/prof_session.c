@@ -147,6 +147,7 @@ uint32_t mm_prof_begin(mm_prof_session_t *s, const char *direction)
         if (len >= MM_PROF_MAX_NAME) len = MM_PROF_MAX_NAME - 1;
         memcpy(inv->direction, d, len);
         inv->direction[len] = '\0';
+        inv->note[0] = '\0';
     } else {
         s->inv_lost++;
     }
@@ -164,6 +165,17 @@ void mm_prof_end(mm_prof_session_t *s)
         inv->end_ns = now > inv->begin_ns ? now : inv->begin_ns + 1;
     }
     s->inv_open = 0;
+}
+
+void mm_prof_note(mm_prof_session_t *s, const char *text)
+{
+    if (s == NULL || !s->inv_open || text == NULL || s->n_inv == 0 || s->n_inv > s->inv_cap)
+        return;
+    mm_prof_invocation_t *inv = &s->inv[s->n_inv - 1];
+    size_t len = strlen(text);
+    if (len >= MM_PROF_MAX_NOTE) len = MM_PROF_MAX_NOTE - 1;
+    memcpy(inv->note, text, len);
+    inv->note[len] = '\0';
 }
 
 void mm_prof_set_active(mm_prof_session_t *s, int active)

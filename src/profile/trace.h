@@ -56,7 +56,9 @@ typedef struct mm_trace_invocation {
     uint32_t index;
     uint32_t direction;  /* string id */
     int64_t begin_ns, end_ns; /* end_ns < begin_ns: never ended */
+    uint32_t note;       /* string id of the producer's note; MM_TRACE_NO_NOTE = none */
 } mm_trace_invocation_t;
+#define MM_TRACE_NO_NOTE UINT32_MAX
 
 typedef struct mm_trace_rank {
     int rank;

@@ -33,7 +33,10 @@ static megamoe_status_t mm_trace_add_session(mm_trace_t *t, const mm_prof_sessio
         st = mm_trace_intern(t, inv->direction, strlen(inv->direction), &dir_ids[i]);
         if (st != MEGAMOE_OK) break;
         mm_trace_invocation_t ti = {pid, group, i, dir_ids[i], (int64_t)inv->begin_ns,
-                                    inv->end_ns ? (int64_t)inv->end_ns : -1};
+                                    inv->end_ns ? (int64_t)inv->end_ns : -1, MM_TRACE_NO_NOTE};
+        if (inv->note[0] != '\0')
+            st = mm_trace_intern(t, inv->note, strlen(inv->note), &ti.note);
+        if (st != MEGAMOE_OK) break;
         st = mm_trace_add_invocation(t, &ti);
         if (st == MEGAMOE_OK && inv->end_ns == 0)
             st = mm_trace_warn(t, "rank %d: invocation %u (%s) was begun but never ended", pid,

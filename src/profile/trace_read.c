@@ -334,6 +334,10 @@ static megamoe_status_t mm_read_meta(mm_reader_t *rd, const mm_json_value_t *met
             inv.index = (uint32_t)index;
             const char *d = dir != NULL && dir->type == MM_JSON_STRING ? dir->u.str : "unknown";
             MM_CHECK(mm_trace_intern(rd->t, d, strlen(d), &inv.direction));
+            const mm_json_value_t *note = mm_json_get(v, "note");
+            inv.note = MM_TRACE_NO_NOTE;
+            if (note != NULL && note->type == MM_JSON_STRING)
+                MM_CHECK(mm_trace_intern(rd->t, note->u.str, note->len, &inv.note));
             inv.begin_ns = ts;
             inv.end_ns = ended != NULL && ended->type == MM_JSON_FALSE ? -1 : ts + dur;
             MM_CHECK(mm_trace_add_invocation(rd->t, &inv));

@@ -266,6 +266,12 @@ static void mm_summary_text_rank(const mm_trace_t *t, const mm_trace_rank_t *rk,
     fputs(" ms, span ", out);
     mm_put_ms(out, 0, rs->wall_ns);
     fprintf(out, " ms, %" PRIu64 " records, %" PRIu64 " dropped\n", rs->records, rk->dropped);
+    for (size_t i = 0; i < t->n_invs; i++) { /* the producers' notes (e.g. a replica plan) */
+        const mm_trace_invocation_t *inv = &t->invs[i];
+        if (!mm_inv_shown(inv, rs->pid, invocation) || inv->note == MM_TRACE_NO_NOTE) continue;
+        fprintf(out, "  %s #%" PRIu32 ": %s\n", mm_trace_str(t, inv->direction), inv->index,
+                mm_trace_str(t, inv->note));
+    }
     for (int role = 0; role <= MM_TRACK_OTHER; role++) {
         if (role == MM_TRACK_LAUNCH) continue;
         int any = 0;

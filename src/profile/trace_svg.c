@@ -194,7 +194,12 @@ static void mm_svg_launch_row(const mm_svg_t *g, int pid, int group, double y)
         fprintf(g->out, "\" height=\"%d\" fill=\"%s\" stroke=\"#555555\" stroke-width=\"0.5\"><title>",
                 MM_SVG_ROW, fill);
         mm_svg_text_escaped(g->out, dir);
-        fprintf(g->out, " #%" PRIu32 "</title></rect>\n", inv->index);
+        fprintf(g->out, " #%" PRIu32, inv->index);
+        if (inv->note != MM_TRACE_NO_NOTE) {
+            fputs(": ", g->out);
+            mm_svg_text_escaped(g->out, mm_trace_str(t, inv->note));
+        }
+        fputs("</title></rect>\n", g->out);
         if (b - a > 70) {
             fputs("<text x=\"", g->out);
             mm_svg_num(g->out, a + 3);
@@ -202,7 +207,12 @@ static void mm_svg_launch_row(const mm_svg_t *g, int pid, int group, double y)
             mm_svg_num(g->out, y + MM_SVG_ROW - 4);
             fputs("\" class=\"small\">", g->out);
             mm_svg_text_escaped(g->out, dir);
-            fprintf(g->out, " #%" PRIu32 "</text>\n", inv->index);
+            fprintf(g->out, " #%" PRIu32, inv->index);
+            if (inv->note != MM_TRACE_NO_NOTE && b - a > 300) { /* room for the note */
+                fputs(" - ", g->out);
+                mm_svg_text_escaped(g->out, mm_trace_str(t, inv->note));
+            }
+            fputs("</text>\n", g->out);
         }
     }
 }

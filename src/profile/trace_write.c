@@ -106,6 +106,10 @@ static void mm_trace_put_invocation_fields(FILE *out, const mm_trace_t *t,
             inv->group, inv->index);
     mm_trace_put_json_string(out, mm_trace_str(t, inv->direction));
     fprintf(out, ",\"ts\":%s,\"dur\":%s,\"ended\":%s", ts, dur, ended ? "true" : "false");
+    if (inv->note != MM_TRACE_NO_NOTE) {
+        fputs(",\"note\":", out);
+        mm_trace_put_json_string(out, mm_trace_str(t, inv->note));
+    }
 }
 
 megamoe_status_t mm_trace_write(const mm_trace_t *t, FILE *out)
@@ -163,6 +167,10 @@ megamoe_status_t mm_trace_write(const mm_trace_t *t, FILE *out)
                 "\"dur\":%s,\"args\":{\"invocation\":%" PRIu32 ",\"direction\":",
                 inv->pid, tid, ts, dur, inv->index);
         mm_trace_put_json_string(out, mm_trace_str(t, inv->direction));
+        if (inv->note != MM_TRACE_NO_NOTE) {
+            fputs(",\"note\":", out);
+            mm_trace_put_json_string(out, mm_trace_str(t, inv->note));
+        }
         fputs("}}", out);
     }
     /* The records. */

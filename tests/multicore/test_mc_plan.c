@@ -11,9 +11,18 @@
 #include "multicore/mc_exec.h"
 #include "multicore/mc_plan.h"
 
+static mm_mc_plan_t *mm_plan_r(int ep, int me, int64_t T, int64_t E, int64_t K, int cube,
+                               int vector, int R)
+{
+    mm_mc_shape_t s = {ep, me, T, 64, 32, E, K, cube, vector, NULL, R};
+    mm_mc_plan_t *p = NULL;
+    if (mm_mc_plan_create(&s, &p) != MEGAMOE_OK) return NULL;
+    return p;
+}
+
 static mm_mc_plan_t *mm_plan(int ep, int me, int64_t T, int64_t E, int64_t K, int cube, int vector)
 {
-    mm_mc_shape_t s = {ep, me, T, 64, 32, E, K, cube, vector, NULL};
+    mm_mc_shape_t s = {ep, me, T, 64, 32, E, K, cube, vector, NULL, 0};
     mm_mc_plan_t *p = NULL;
     if (mm_mc_plan_create(&s, &p) != MEGAMOE_OK) return NULL;
     return p;
@@ -106,7 +115,7 @@ MM_TEST(ratr_order_across_hosts)
     const int ep = 6, host[6] = {0, 0, 0, 1, 1, 1};
     mm_mc_plan_t *p[6];
     for (int r = 0; r < ep; r++) {
-        mm_mc_shape_t s = {ep, r, 256, 64, 32, 12, 2, 1, 0, host};
+        mm_mc_shape_t s = {ep, r, 256, 64, 32, 12, 2, 1, 0, host, 0};
         ASSERT_OK(mm_mc_plan_create(&s, &p[r]));
     }
     for (int step = 0; step < ep; step++) {
@@ -155,11 +164,66 @@ MM_TEST(worker_roles)
     ASSERT_STATUS(mm_mc_workers(2, 0, 0, 0, &c, &v), MEGAMOE_INVALID_ARGUMENT);
     unsetenv("MEGAMOE_CUBE_WORKERS");
     unsetenv("MEGAMOE_VECTOR_WORKERS");
-    mm_mc_shape_t bad = {2, 0, 100, 64, 32, 4, 2, 1, 0, NULL};
+    mm_mc_shape_t bad = {2, 0, 100, 64, 32, 4, 2, 1, 0, NULL, 0};
     mm_mc_plan_t *p = NULL;
     ASSERT_STATUS(mm_mc_plan_create(&bad, &p), MEGAMOE_INVALID_ARGUMENT); /* T % 128 */
-    ASSERT_TRUE(mm_mc_heap_bytes(2, 4) % 4096 == 0);
-    ASSERT_TRUE(mm_mc_heap_bytes(2, 4) >= (size_t)(4 * 2 + 2) * 64 + 2 * 2 * MM_MC_SLOT_BYTES);
+    ASSERT_TRUE(mm_mc_heap_bytes(2, 4, 0) % 4096 == 0);
+    ASSERT_TRUE(mm_mc_heap_bytes(2, 4, 0) >= (size_t)(4 * 2 + 2) * 64 + 2 * 2 * MM_MC_SLOT_BYTES);
+    /* guest slots: their arrival lines, ready lines and every rank's partial lines */
+    ASSERT_TRUE(mm_mc_heap_bytes(2, 4, 2) >=
+                (size_t)((4 + 2) * 2 + 2 + 2 + 2 * 2) * 64 + 2 * 2 * MM_MC_SLOT_BYTES);
+}
+
+/* Hot-expert replicas: S = L + R slots get dispatch, expert and weight-gradient tasks; FETCH
+ * heads the cube queue, the backward's SLOT_DONE sits between the dispatch and DONE, WSUM of
+ * every local expert ends the cube queue. */
+MM_TEST(replica_slots_in_the_plan)
+{
+    const int R = 2;
+    mm_mc_plan_t *p = mm_plan_r(2, 1, 256, 8, 2, 2, 1, R);
+    ASSERT_TRUE(p != NULL);
+    ASSERT_EQ_INT(p->L, 4);
+    ASSERT_EQ_INT(p->S, 6);
+    const int64_t NT = p->NT, wc = p->wchunks;
+    for (int dir = 0; dir < 2; dir++) {
+        const mm_mc_graph_t *g = &p->graph[dir];
+        ASSERT_EQ_INT(g->n_queue[MM_MC_VECTOR], 6 * 2 * NT + (dir ? R : 0) + 1 + 2);
+        ASSERT_EQ_INT(g->n_queue[MM_MC_CUBE],
+                      R + 6 * 2 * NT + (dir ? 2 * 6 * wc + 4 * wc : 0));
+        for (int k = 0; k < R; k++) {
+            const mm_mc_task_t *t = &g->tasks[g->queue[MM_MC_CUBE][k]];
+            ASSERT_EQ_INT(t->type, MM_MC_FETCH);
+            ASSERT_EQ_INT(t->k, k);
+            ASSERT_EQ_INT(t->j, 4 + k);
+        }
+        /* then the guest slots' tiles, then the local experts' */
+        ASSERT_EQ_INT(g->tasks[g->queue[MM_MC_CUBE][R]].type, MM_MC_EXPERT);
+        ASSERT_EQ_INT(g->tasks[g->queue[MM_MC_CUBE][R]].j, 4);
+        ASSERT_EQ_INT(g->tasks[g->queue[MM_MC_CUBE][R + 2 * 2 * NT + (dir ? 2 * wc : 0)]].j, 0);
+        int slot_done = 0, done_at = -1, dispatch_j_max = -1;
+        for (int i = 0; i < g->n_queue[MM_MC_VECTOR]; i++) {
+            const mm_mc_task_t *t = &g->tasks[g->queue[MM_MC_VECTOR][i]];
+            if (t->type == MM_MC_DISPATCH && t->j > dispatch_j_max) dispatch_j_max = t->j;
+            if (t->type == MM_MC_SLOT_DONE) {
+                ASSERT_TRUE(done_at < 0);
+                slot_done++;
+            }
+            if (t->type == MM_MC_DONE) done_at = i;
+        }
+        ASSERT_EQ_INT(dispatch_j_max, 5);
+        ASSERT_EQ_INT(slot_done, dir ? R : 0);
+        int wsum = 0;
+        for (int i = 0; i < g->n_queue[MM_MC_CUBE]; i++) {
+            const mm_mc_task_t *t = &g->tasks[g->queue[MM_MC_CUBE][i]];
+            if (t->type == MM_MC_WSUM) {
+                wsum++;
+                ASSERT_TRUE(i >= g->n_queue[MM_MC_CUBE] - 4 * wc); /* the tail */
+            }
+        }
+        ASSERT_EQ_INT(wsum, dir ? 4 * wc : 0);
+        ASSERT_EQ_INT(g->n_counted, g->n_tasks - 1 - 2);
+    }
+    mm_mc_plan_destroy(p);
 }
 
 /* ---- the GEMM property behind "O1 bits == O0 bits" ----------------------------------------- */

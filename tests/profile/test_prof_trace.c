@@ -707,3 +707,55 @@ MM_TEST(public_session_api)
     ASSERT_STATUS(megamoe_profile_begin(NULL, "x", NULL), MEGAMOE_INVALID_ARGUMENT);
     megamoe_profile_destroy(NULL);
 }
+
+/* A producer's note (e.g. the replica plan of a launch) travels with its invocation: export,
+ * read back, write again (same bytes), and the summary prints it. */
+MM_TEST(invocation_notes_travel_with_the_trace)
+{
+    mm_prof_session_t *s;
+    ASSERT_OK(mm_prof_session_create(0, 1, 0, 64, stages, 5, &s));
+    mm_prof_note(s, "ignored: no open invocation");
+    uint32_t id = mm_prof_begin(s, "forward");
+    mm_prof_note(s, "replicas: expert 0 (rank 0) on rank 1 slot 0: 833 rows \"q\"");
+    mm_prof_push(mm_prof_ring(s, MM_PROF_CUBE, 0), MM_PROF_COMPUTE, 1, 0, 0, -1, id, 100, 200);
+    mm_prof_end(s);
+    mm_prof_begin(s, "backward"); /* no note */
+    mm_prof_end(s);
+    const char *path = tmp_path("notes/trace_0.json");
+    ASSERT_OK(mm_prof_export_file((const mm_prof_session_t *const *)&s, 1, path));
+    mm_trace_t a;
+    mm_trace_init(&a);
+    ASSERT_OK(mm_trace_read_file(&a, path));
+    ASSERT_EQ_INT(a.n_invs, 2);
+    ASSERT_TRUE(a.invs[0].note != MM_TRACE_NO_NOTE);
+    ASSERT_EQ_STR(mm_trace_str(&a, a.invs[0].note),
+                  "replicas: expert 0 (rank 0) on rank 1 slot 0: 833 rows \"q\"");
+    ASSERT_TRUE(a.invs[1].note == MM_TRACE_NO_NOTE);
+    char *t1 = NULL, *t2 = NULL;
+    size_t n1 = 0, n2 = 0;
+    FILE *m = open_memstream(&t1, &n1);
+    ASSERT_OK(mm_trace_write(&a, m));
+    fclose(m);
+    mm_trace_t b;
+    mm_trace_init(&b);
+    const char *again = tmp_path("notes/again.json");
+    ASSERT_OK(mm_trace_write_file(&a, again));
+    ASSERT_OK(mm_trace_read_file(&b, again));
+    m = open_memstream(&t2, &n2);
+    ASSERT_OK(mm_trace_write(&b, m));
+    fclose(m);
+    ASSERT_EQ_INT(n1, n2);
+    ASSERT_TRUE(memcmp(t1, t2, n1) == 0);
+    char *sum = NULL;
+    size_t ns = 0;
+    m = open_memstream(&sum, &ns);
+    ASSERT_OK(mm_trace_print_summary(&a, 0, -1, m));
+    fclose(m);
+    ASSERT_CONTAINS(sum, "forward #0: replicas: expert 0 (rank 0) on rank 1 slot 0: 833 rows");
+    free(sum);
+    free(t1);
+    free(t2);
+    mm_trace_free(&a);
+    mm_trace_free(&b);
+    mm_prof_session_destroy(s);
+}
