@@ -1,0 +1,382 @@
+"""Qwen-MoE optimizer-step benchmark: A (CommonEPExperts, plain torch) vs B (MegaMoeExperts).
+
+    megamoe launch -n 2 -- /usr/bin/python3 examples/qwen_moe/benchmark.py [flags]
+    /usr/bin/python3 -m torch.distributed.run --nproc_per_node 2 --redirects 2 --tee 2 \
+        examples/qwen_moe/benchmark.py [flags]
+
+Both models are built from the same seed; A's dense weights and expert shards are copied from
+B's, and the copy is checked bit for bit. First step: loss, logits, every local gradient and
+every parameter after one AdamW step (fp32 master weights) of B are compared with A's on every
+rank, each element within rtol 2e-2 and atol 2e-3 x max(1, max |A|) (the project's rule,
+bench/moe_verify.h). Then warm-up and measured optimizer steps, A and B interleaved step by step
+so both see the same machine load; each step's time is the slowest rank's. Rank 0 prints one
+JSON object on stdout (and a table on stderr); exit status 1 when the accuracy check fails.
+"""
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import training  # noqa: E402  (also puts the megamoe package on the path)
+import megamoe  # noqa: E402
+from common_experts import CommonEPExperts  # noqa: E402
+from model import QwenMoeConfig, QwenMoeModel  # noqa: E402
+
+RTOL, ATOL, REL_L2, REL_MAX = 2e-2, 2e-3, 1e-2, 2e-2  # bench/moe_verify.h
+
+
+def _capacity(value):
+    if value.lower() == "none":
+        return None
+    f = float(value)
+    if not math.isfinite(f) or f < 1:
+        raise argparse.ArgumentTypeError(f"capacity factor must be 'none' or >= 1, got {value}")
+    return f
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    d = QwenMoeConfig()
+    dims = p.add_argument_group("model (defaults: sized for a 2-core machine)")
+    for flag, field in (("vocab", "vocab_size"), ("hidden", "hidden_size"),
+                        ("layers", "num_layers"), ("heads", "num_attention_heads"),
+                        ("kv-heads", "num_key_value_heads"), ("seq-len", "seq_len"),
+                        ("batch", "batch_size"), ("experts", "num_experts"), ("top-k", "top_k"),
+                        ("intermediate", "intermediate_size"),
+                        ("shared-intermediate", "shared_expert_intermediate_size")):
+        dims.add_argument("--" + flag, dest=field, type=int, default=getattr(d, field),
+                          help=f"{field} (default {getattr(d, field)})")
+    for flag, field in (("rope-theta", "rope_theta"), ("rms-norm-eps", "rms_norm_eps"),
+                        ("init-std", "initializer_range"),
+                        ("routed-scaling-factor", "routed_scaling_factor")):
+        dims.add_argument("--" + flag, dest=field, type=float, default=getattr(d, field))
+    dims.add_argument("--capacity-factor", dest="expert_capacity_factor", type=_capacity,
+                      default=None, help="MegaMoeExperts expert_capacity_factor (none = lossless)")
+    dims.add_argument("--schedule", choices=("O0", "O1"), default=d.schedule)
+    dims.add_argument("--dispatch-mode", choices=("push", "pull"), default=None,
+                      help="passed to MegaMoeExperts when given (versions that have it)")
+    run = p.add_argument_group("run")
+    run.add_argument("--warmup-steps", type=int, default=3)
+    run.add_argument("--measured-steps", type=int, default=5)
+    run.add_argument("--lr", type=float, default=1e-3)
+    run.add_argument("--weight-decay", type=float, default=0.01)
+    run.add_argument("--seed", type=int, default=42)
+    run.add_argument("--threads", type=int, default=0,
+                     help="torch threads per rank (0 = cores / local ranks)")
+    run.add_argument("--accuracy-only", action="store_true",
+                     help="compare the first step, skip the timed steps")
+    run.add_argument("--profile", metavar="DIR",
+                     help="write the MegaKernel trace of one extra B step to DIR "
+                          "(trace_<rank>.json, timeline.svg)")
+    run.add_argument("--output", metavar="FILE", help="also write the JSON to FILE (rank 0)")
+    a = p.parse_args(argv)
+    if a.warmup_steps < 0 or a.measured_steps < 1:
+        p.error("--warmup-steps must be >= 0 and --measured-steps >= 1")
+    return a
+
+
+def build_config(a, ep_size):
+    fields = {f: getattr(a, f) for f in QwenMoeConfig.__dataclass_fields__ if hasattr(a, f)}
+    return QwenMoeConfig(**fields, ep_size=ep_size)
+
+
+def build_models(cfg, seed):
+    """B (MegaMoeExperts) from the seed, then A with B's weights (checked equal later)."""
+    torch.manual_seed(seed)
+    mega = QwenMoeModel(cfg, ep_group=dist.group.WORLD)
+
+    def common_factory(c):
+        return CommonEPExperts(c.hidden_size, c.intermediate_size, c.num_experts, c.top_k,
+                               c.ep_size, dist.group.WORLD)
+
+    torch.manual_seed(seed)
+    common = QwenMoeModel(cfg, experts_factory=common_factory)
+    dense = {k: v for k, v in mega.state_dict().items() if ".mlp.experts." not in k}
+    missing, _ = common.load_state_dict(dense, strict=False)
+    assert all(".mlp.experts." in k for k in missing), missing
+    for lc, lm in zip(common.layers, mega.layers):
+        lc.mlp.experts.copy_from_mega(lm.mlp.experts)
+    return common, mega
+
+
+def canonical(model, value):
+    """name -> value(parameter) for every parameter (value: the parameter, its local gradient,
+    its fp32 master); routed experts in the MegaMoeExperts layout."""
+    out = {}
+    expert_ids = {id(p) for p in model.expert_parameters()}
+    for name, p in model.named_parameters():
+        if id(p) not in expert_ids:
+            out[name] = value(p)
+    for i, layer in enumerate(model.layers):
+        ex = layer.mlp.experts
+        if isinstance(ex, CommonEPExperts):
+            gu, dn = ex.to_mega_layout(value(ex.w13), value(ex.w2))
+        else:
+            gu, dn = value(ex.gate_up_weight).detach(), value(ex.down_weight).detach()
+        out[f"layers.{i}.mlp.experts.gate_up_weight"] = gu
+        out[f"layers.{i}.mlp.experts.down_weight"] = dn
+    return out
+
+
+def _param(p):
+    return p.detach()
+
+
+def _grad(p):
+    # torch autograd leaves no gradient on experts that got no token; MegaMoeExperts writes 0
+    return torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
+
+
+def _master_of(opt):
+    masters = {id(p): m for p, m in zip(opt.params, opt.masters)}
+    return lambda p: masters[id(p)]
+
+
+class RoutingOverride:
+    """Makes B route its first step like A did: discrete top-k choices must not decide an
+    implementation comparison (a near-tie that bf16 rounding breaks differently would move a
+    token to another expert). A's choices are recorded, B's router weights are recomputed from
+    B's own logits at A's choices, and the tokens whose own top-k differed are counted."""
+
+    def __init__(self):
+        self.ids, self.differing, self.handles = [], [], []
+
+    def record(self, model):
+        for layer in model.layers:
+            self.handles.append(layer.mlp.gate.register_forward_hook(
+                lambda mod, inp, out: self.ids.append(out[1].clone())))
+
+    def force(self, model):
+        for i, layer in enumerate(model.layers):
+            self.handles.append(layer.mlp.gate.register_forward_hook(
+                lambda mod, inp, out, i=i: self._force(mod, inp, out, i)))
+
+    def _force(self, router, inputs, out, layer):
+        ids = self.ids[layer]
+        own = out[1]
+        self.differing.append(int((own.sort(-1).values != ids.sort(-1).values).any(-1).sum()))
+        return router.weights_for(router.logits(inputs[0]), ids), ids
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
+def compare(name, got, want, rule):
+    """This rank's numbers for B (got) against A (want); the verdict comes after
+    reduce_results has summed them over the ranks."""
+    g, w = got.detach().float().reshape(-1), want.detach().float().reshape(-1)
+    if g.shape != w.shape:
+        raise RuntimeError(f"{name}: {g.numel()} elements (B) vs {w.numel()} (A)")
+    err = (g - w).abs()
+    bound = RTOL * w.abs() + ATOL * max(1.0, w.abs().max().item() if w.numel() else 0.0)
+    return {"name": name, "rule": rule,
+            "stats": [float(not torch.isfinite(g).all()), float((err > bound).sum()),
+                      float(w.numel()), err.pow(2).sum().item(), w.pow(2).sum().item(),
+                      err.max().item() if w.numel() else 0.0,
+                      w.abs().max().item() if w.numel() else 0.0,
+                      (err / bound).max().item() if w.numel() else 0.0]}
+
+
+def reduce_results(rows):
+    """Sum / max each tensor's numbers over the ranks (dense tensors are replicas, expert
+    tensors shards: together, the whole model) and apply the tensor's rule."""
+    t = torch.tensor([r["stats"] for r in rows], dtype=torch.float64)
+    sums = t[:, 1:5].clone()
+    dist.all_reduce(sums)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    out = []
+    for r, mx, sm in zip(rows, t.tolist(), sums.tolist()):
+        outside, n, err2, ref2 = sm
+        rel_l2 = math.sqrt(err2 / ref2) if ref2 > 0 else math.sqrt(err2)
+        rel_max = mx[5] / mx[6] if mx[6] > 0 else mx[5]
+        ok = {"elementwise": outside == 0,
+              "norm": rel_l2 <= REL_L2 and rel_max <= REL_MAX}[r["rule"]]
+        out.append({"name": r["name"], "rule": r["rule"], "passed": mx[0] == 0 and ok,
+                    "elements_outside_elementwise_bound": int(outside),
+                    "max_err_over_elementwise_bound": mx[7], "rel_l2": rel_l2,
+                    "max_abs_err": mx[5], "max_err_over_max_ref": rel_max})
+    return out
+
+
+def first_step_accuracy(models, opts, batch, world):
+    """One optimizer step of A, then of B with A's routing; compare on every rank."""
+    common, mega = models["common"], models["mega_moe"]
+    init_c, init_m = canonical(common, _param), canonical(mega, _param)
+    same = torch.tensor(float(all(torch.equal(init_c[k], init_m[k]) for k in init_m)))
+    dist.all_reduce(same, op=dist.ReduceOp.MIN)
+    del init_c, init_m
+    routing = RoutingOverride()
+    res = {}
+    for key in ("common", "mega_moe"):
+        (routing.record if key == "common" else routing.force)(models[key])
+        opts[key].zero_grad()
+        loss, logits = training.forward_backward(models[key], *batch, world)
+        grads = canonical(models[key], _grad)
+        opts[key].step()
+        routing.remove()
+        res[key] = (loss, logits, grads)
+    (lc, gc_logits, gc), (lm, gm_logits, gm) = res["common"], res["mega_moe"]
+    rows = [compare("loss", lm, lc, "elementwise"), compare("logits", gm_logits, gc_logits, "norm")]
+    rows += [compare("grad." + k, gm[k], gc[k], "norm") for k in gm]
+    pc = canonical(common, _master_of(opts["common"]))
+    pm = canonical(mega, _master_of(opts["mega_moe"]))
+    rows += [compare("param." + k, pm[k], pc[k], "elementwise") for k in pm]
+    rows = reduce_results(rows)
+    rows.insert(0, {"name": "initial parameters", "rule": "bitwise", "passed": bool(same)})
+    flips = torch.tensor(routing.differing, dtype=torch.int64)
+    dist.all_reduce(flips)
+    for i, n in enumerate(flips.tolist()):
+        rows.append({"name": f"routing.layers.{i}", "rule": "B routed like A (count only)",
+                     "passed": True, "tokens_whose_own_top_k_differed": n})
+    return all(r["passed"] for r in rows), rows
+
+
+def timed_step(model, opt, timer, batch, world):
+    dist.barrier()
+    timer.reset()
+    t0 = time.perf_counter()
+    training.optimizer_step(model, opt, *batch, world)
+    step_s = time.perf_counter() - t0
+    t = torch.tensor([step_s, timer.total_s, timer.forward_s, timer.backward_s],
+                     dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the job is as fast as its slowest rank
+    return [x * 1e3 for x in t.tolist()]
+
+
+def measure(models, opts, batch, world, a):
+    timers = {k: training.ExpertsTimer(m) for k, m in models.items()}
+    samples = {k: [] for k in models}
+    for i in range(a.warmup_steps + a.measured_steps):
+        for key in ("common", "mega_moe"):
+            ms = timed_step(models[key], opts[key], timers[key], batch, world)
+            if i >= a.warmup_steps:
+                samples[key].append(ms)
+    for t in timers.values():
+        t.remove()
+    return {k: {name: statistics.median(s[j] for s in v)
+                for j, name in enumerate(("step", "moe", "moe_fwd", "moe_bwd"))}
+            | {"step_min": min(s[0] for s in v), "step_max": max(s[0] for s in v)}
+            for k, v in samples.items()}
+
+
+def profile_one_step(model, opt, batch, world, directory, rank):
+    with megamoe.profiler.mega_kernel_profile(dir=directory) as prof:
+        training.optimizer_step(model, opt, *batch, world)
+        prof.step()
+    dist.barrier()
+    if rank == 0:
+        svg = os.path.join(directory, "timeline.svg")
+        megamoe.profiler.render_svg(directory, svg)
+        print(f"benchmark: MegaKernel trace of one B step in {directory}/trace_<rank>.json, "
+              f"{svg} (`megamoe trace summary {directory}`)", file=sys.stderr)
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    rank, world, threads = training.init_distributed(a.threads)
+    cfg = build_config(a, world)
+    models = {}
+    try:
+        common, mega = build_models(cfg, a.seed)
+        models = {"common": common, "mega_moe": mega}
+        opts = {k: training.MasterWeightAdamW(m, lr=a.lr, weight_decay=a.weight_decay)
+                for k, m in models.items()}
+        g = torch.Generator().manual_seed(a.seed + 10_000 + rank)
+        ids = torch.randint(0, cfg.vocab_size, (cfg.batch_size, cfg.seq_len), generator=g)
+        batch = (ids, ids.clone())
+        passed, rows = first_step_accuracy(models, opts, batch, world)
+        timing = None
+        if passed and not a.accuracy_only:
+            timing = measure(models, opts, batch, world, a)
+        if passed and a.profile:
+            profile_one_step(mega, opts["mega_moe"], batch, world, a.profile, rank)
+        result = report(a, cfg, world, threads, passed, rows, timing)
+        if rank == 0:
+            text = json.dumps(result)
+            print(text, flush=True)
+            if a.output:
+                with open(a.output, "w") as f:
+                    f.write(text + "\n")
+            print_table(passed, rows, timing)
+        return 0 if passed else 1
+    finally:
+        for m in models.values():
+            m.close()
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def report(a, cfg, world, threads, passed, rows, timing):
+    def pair(key):
+        return None if timing is None else {k: timing[k][key] for k in ("common", "mega_moe")}
+
+    def ratio(d):
+        return None if d is None else d["common"] / d["mega_moe"]
+
+    step, moe = pair("step"), pair("moe")
+    config = dict(dataclasses.asdict(cfg), local_num_tokens=cfg.local_num_tokens, world_size=world,
+                  threads_per_rank=threads, warmup_steps=a.warmup_steps,
+                  measured_steps=a.measured_steps, lr=a.lr, weight_decay=a.weight_decay,
+                  seed=a.seed, optimizer="AdamW, fp32 master weights", dtype="bfloat16",
+                  accuracy_rule={
+                      "elementwise": f"every element within rtol {RTOL} * |A| + atol {ATOL} * "
+                                     "max(1, max |A|) (loss, parameters after the step)",
+                      "norm": f"relative L2 <= {REL_L2} and max |err| <= {REL_MAX} * max |A| "
+                              "(logits, gradients)",
+                      "all": "finite; B routes its first step like A"})
+    return {
+        "config": config,
+        "accuracy": {"passed": passed, "tensors": rows},
+        "median_step_ms": step,
+        "speedup": ratio(step),
+        "moe_ms": moe,
+        "moe_speedup": ratio(moe),
+        "moe_share": None if timing is None else {k: moe[k] / step[k] for k in step},
+        "versions": {"megamoe": megamoe.__version__, "torch": torch.__version__,
+                     "python": platform.python_version(), "library": megamoe.library_path},
+    }
+
+
+def print_table(passed, rows, timing):
+    tensors = [r for r in rows if "rel_l2" in r]
+    flips = [r["tokens_whose_own_top_k_differed"] for r in rows
+             if "tokens_whose_own_top_k_differed" in r]
+    worst_l2 = max(tensors, key=lambda r: r["rel_l2"])
+    elem = [r for r in tensors if r["rule"] == "elementwise"]
+    worst_el = max(elem, key=lambda r: r["max_err_over_elementwise_bound"])
+    print(f"accuracy: {'passed' if passed else 'FAILED'} ({len(tensors)} tensors); largest rel "
+          f"L2 {worst_l2['rel_l2']:.2e} ({worst_l2['name']}); elementwise: worst "
+          f"{worst_el['max_err_over_elementwise_bound']:.3f} of the bound "
+          f"({worst_el['name']}); tokens whose own top-k differed from A's, per layer: "
+          f"{flips}", file=sys.stderr)
+    for r in rows:
+        if not r["passed"]:
+            print(f"  FAIL {r['name']} ({r['rule']}): " + ", ".join(
+                f"{k} {v:.3g}" for k, v in r.items() if isinstance(v, (int, float))
+                and not isinstance(v, bool)), file=sys.stderr)
+    if timing:
+        print(f"{'':10} {'step ms':>9} {'min':>9} {'max':>9} {'experts ms':>11} {'fwd':>8} "
+              f"{'bwd':>8} {'share':>6}", file=sys.stderr)
+        for k, t in timing.items():
+            print(f"{k:10} {t['step']:9.1f} {t['step_min']:9.1f} {t['step_max']:9.1f} "
+                  f"{t['moe']:11.1f} {t['moe_fwd']:8.1f} {t['moe_bwd']:8.1f} "
+                  f"{t['moe'] / t['step']:6.1%}", file=sys.stderr)
+        c, m = timing["common"], timing["mega_moe"]
+        print(f"speedup: step {c['step'] / m['step']:.2f}x, routed experts "
+              f"{c['moe'] / m['moe']:.2f}x", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""The optimizer step both scripts use: AdamW on fp32 master weights of a bfloat16 model,
+dense gradients averaged over the ranks, expert gradients kept on their owner; a timer for the
+routed-experts call inside the step; per-rank checkpoints; process-group setup.
+"""
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+try:
+    import megamoe  # noqa: F401
+except ImportError:  # run from a source checkout without PYTHONPATH=python
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+    import megamoe  # noqa: F401
+
+
+def init_distributed(threads=0):
+    """gloo process group from the launcher's env (torchrun or `megamoe launch`); torch gets
+    this rank's share of the cores (MegaMoeExperts takes the same share for its workers)."""
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    if threads <= 0:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+        threads = max(1, (os.cpu_count() or 1) // max(1, local))
+    torch.set_num_threads(threads)
+    return dist.get_rank(), dist.get_world_size(), threads
+
+
+class MasterWeightAdamW:
+    """torch.optim.AdamW over fp32 copies of the model's bfloat16 parameters.
+
+    step(): bf16 gradients -> fp32 master gradients (dense ones summed over the ranks in one
+    flat all-reduce: each rank backpropagates loss / world, so the sum is the gradient of the
+    mean loss; expert gradients already hold every rank's tokens), AdamW on the masters, masters
+    rounded back into the model. A missing gradient (an expert that got no tokens in torch
+    autograd) counts as zero, as MegaMoeExperts reports it."""
+
+    def __init__(self, model, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+                 group=None):
+        self.group = group
+        self.dense = list(model.dense_parameters())
+        self.experts = list(model.expert_parameters())
+        self.params = self.dense + self.experts
+        self.masters = [p.detach().float().clone() for p in self.params]
+        n_dense = sum(p.numel() for p in self.dense)
+        self._flat = torch.zeros(n_dense, dtype=torch.float32)
+        off = 0
+        for m, p in zip(self.masters, self.params):
+            if off < n_dense:
+                m.grad = self._flat[off:off + p.numel()].view_as(m)
+                off += p.numel()
+            else:
+                m.grad = torch.zeros_like(m)
+        self.opt = torch.optim.AdamW(self.masters, lr=lr, betas=betas, eps=eps,
+                                     weight_decay=weight_decay, foreach=True)
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        for m, p in zip(self.masters, self.params):
+            if p.grad is None:
+                m.grad.zero_()
+            else:
+                m.grad.copy_(p.grad)
+        if dist.is_initialized() and dist.get_world_size(self.group) > 1:
+            dist.all_reduce(self._flat, group=self.group)
+        self.opt.step()
+        for m, p in zip(self.masters, self.params):
+            p.copy_(m)
+
+    def state_dict(self):
+        return {"adamw": self.opt.state_dict(), "masters": [m.detach() for m in self.masters]}
+
+    @torch.no_grad()
+    def load_state_dict(self, state):
+        for m, p, saved in zip(self.masters, self.params, state["masters"]):
+            m.copy_(saved)
+            p.copy_(m)
+        self.opt.load_state_dict(state["adamw"])
+
+
+class _Stamp(torch.autograd.Function):
+    """Identity whose forward and backward record a time: placed on the experts' inputs
+    ("begin") and output ("end"), its backward marks where the experts' backward ends / begins."""
+
+    @staticmethod
+    def forward(ctx, timer, edge, *xs):
+        ctx.timer, ctx.edge = timer, edge
+        outs = tuple(x.view_as(x) for x in xs)
+        return outs if len(outs) > 1 else outs[0]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.timer._backward_edge(ctx.edge)
+        return (None, None) + grads
+
+
+class ExpertsTimer:
+    """Seconds spent in the routed-experts call of every layer, forward and backward.
+
+    Forward hooks on each experts module stamp the call; identity autograd nodes on its
+    differentiable inputs and its output stamp the backward (autograd runs the experts' backward
+    between them: nothing else depends on those nodes). Same hooks for both implementations."""
+
+    def __init__(self, model):
+        self.forward_s = self.backward_s = 0.0
+        self._t_fwd = self._t_bwd = None
+        self.handles = []
+        for layer in model.layers:
+            mod = layer.mlp.experts
+            self.handles.append(mod.register_forward_pre_hook(self._pre))
+            self.handles.append(mod.register_forward_hook(self._post))
+
+    def reset(self):
+        self.forward_s = self.backward_s = 0.0
+
+    @property
+    def total_s(self):
+        return self.forward_s + self.backward_s
+
+    def _pre(self, module, args):
+        hidden, ids, weights = args[:3]
+        hidden, weights = _Stamp.apply(self, "begin", hidden, weights)
+        self._t_fwd = time.perf_counter()
+        return (hidden, ids, weights) + tuple(args[3:])
+
+    def _post(self, module, args, out):
+        self.forward_s += time.perf_counter() - self._t_fwd
+        return _Stamp.apply(self, "end", out)
+
+    def _backward_edge(self, edge):
+        now = time.perf_counter()
+        if edge == "end":          # the output's gradient arrived: the experts' backward starts
+            self._t_bwd = now
+        elif self._t_bwd is not None:
+            self.backward_s += now - self._t_bwd
+            self._t_bwd = None
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
+def forward_backward(model, input_ids, labels, world):
+    """Forward and backward of one step; returns (local loss, logits), both detached."""
+    out = model(input_ids, labels)
+    (out["loss"] / world).backward()
+    return out["loss"].detach(), out["logits"].detach()
+
+
+def optimizer_step(model, opt, input_ids, labels, world):
+    """One complete optimizer step: zero grads, forward, backward, gradient sync, AdamW."""
+    opt.zero_grad()
+    loss, logits = forward_backward(model, input_ids, labels, world)
+    opt.step()
+    return loss, logits
+
+
+def save_checkpoint(path, model, opt, extra):
+    """This rank's checkpoint: the model (dense weights and this rank's expert shards), the
+    optimizer (fp32 masters and AdamW moments) and ``extra`` (step, config, ...)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = path + ".tmp"
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), **extra}, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path, model, opt):
+    state = torch.load(path)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    return state
