@@ -30,41 +30,14 @@ sys.path.insert(0, HERE)
 import training  # noqa: E402  (also puts the megamoe package on the path)
 import megamoe  # noqa: E402
 from common_experts import CommonEPExperts  # noqa: E402
-from model import QwenMoeConfig, QwenMoeModel  # noqa: E402
+from model import QwenMoeModel  # noqa: E402
 
 RTOL, ATOL, REL_L2, REL_MAX = 2e-2, 2e-3, 1e-2, 2e-2  # bench/moe_verify.h
 
 
-def _capacity(value):
-    if value.lower() == "none":
-        return None
-    f = float(value)
-    if not math.isfinite(f) or f < 1:
-        raise argparse.ArgumentTypeError(f"capacity factor must be 'none' or >= 1, got {value}")
-    return f
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    d = QwenMoeConfig()
-    dims = p.add_argument_group("model (defaults: sized for a 2-core machine)")
-    for flag, field in (("vocab", "vocab_size"), ("hidden", "hidden_size"),
-                        ("layers", "num_layers"), ("heads", "num_attention_heads"),
-                        ("kv-heads", "num_key_value_heads"), ("seq-len", "seq_len"),
-                        ("batch", "batch_size"), ("experts", "num_experts"), ("top-k", "top_k"),
-                        ("intermediate", "intermediate_size"),
-                        ("shared-intermediate", "shared_expert_intermediate_size")):
-        dims.add_argument("--" + flag, dest=field, type=int, default=getattr(d, field),
-                          help=f"{field} (default {getattr(d, field)})")
-    for flag, field in (("rope-theta", "rope_theta"), ("rms-norm-eps", "rms_norm_eps"),
-                        ("init-std", "initializer_range"),
-                        ("routed-scaling-factor", "routed_scaling_factor")):
-        dims.add_argument("--" + flag, dest=field, type=float, default=getattr(d, field))
-    dims.add_argument("--capacity-factor", dest="expert_capacity_factor", type=_capacity,
-                      default=None, help="MegaMoeExperts expert_capacity_factor (none = lossless)")
-    dims.add_argument("--schedule", choices=("O0", "O1"), default=d.schedule)
-    dims.add_argument("--dispatch-mode", choices=("push", "pull"), default=None,
-                      help="passed to MegaMoeExperts when given (versions that have it)")
+    training.add_model_arguments(p)
     run = p.add_argument_group("run")
     run.add_argument("--warmup-steps", type=int, default=3)
     run.add_argument("--measured-steps", type=int, default=5)
@@ -83,11 +56,6 @@ def parse_args(argv=None):
     if a.warmup_steps < 0 or a.measured_steps < 1:
         p.error("--warmup-steps must be >= 0 and --measured-steps >= 1")
     return a
-
-
-def build_config(a, ep_size):
-    fields = {f: getattr(a, f) for f in QwenMoeConfig.__dataclass_fields__ if hasattr(a, f)}
-    return QwenMoeConfig(**fields, ep_size=ep_size)
 
 
 def build_models(cfg, seed):
@@ -286,7 +254,7 @@ def profile_one_step(model, opt, batch, world, directory, rank):
 def main(argv=None):
     a = parse_args(argv)
     rank, world, threads = training.init_distributed(a.threads)
-    cfg = build_config(a, world)
+    cfg = training.config_from_args(a, world)
     models = {}
     try:
         common, mega = build_models(cfg, a.seed)

@@ -2,7 +2,10 @@
 dense gradients averaged over the ranks, expert gradients kept on their owner; a timer for the
 routed-experts call inside the step; per-rank checkpoints; process-group setup.
 """
+import argparse
+import math
 import os
+import socket
 import sys
 import time
 
@@ -17,9 +20,21 @@ except ImportError:  # run from a source checkout without PYTHONPATH=python
     import megamoe  # noqa: F401
 
 
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def init_distributed(threads=0):
-    """gloo process group from the launcher's env (torchrun or `megamoe launch`); torch gets
-    this rank's share of the cores (MegaMoeExperts takes the same share for its workers)."""
+    """gloo process group from the launcher's env (torchrun or `megamoe launch`), or a
+    one-rank group when started without a launcher; torch gets this rank's share of the cores
+    (MegaMoeExperts takes the same share for its workers)."""
+    if "RANK" not in os.environ:  # plain `python3 train.py`: EP 1
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        os.environ.setdefault("HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT",
+                              f"tcp://127.0.0.1:{_free_port()}")
     if not dist.is_initialized():
         dist.init_process_group("gloo")
     if threads <= 0:
@@ -27,6 +42,55 @@ def init_distributed(threads=0):
         threads = max(1, (os.cpu_count() or 1) // max(1, local))
     torch.set_num_threads(threads)
     return dist.get_rank(), dist.get_world_size(), threads
+
+
+def _capacity(value):
+    if value.lower() == "none":
+        return None
+    f = float(value)
+    if not math.isfinite(f) or f < 1:
+        raise argparse.ArgumentTypeError(f"capacity factor must be 'none' or >= 1, got {value}")
+    return f
+
+
+_INT_FLAGS = (("vocab", "vocab_size"), ("hidden", "hidden_size"), ("layers", "num_layers"),
+              ("heads", "num_attention_heads"), ("kv-heads", "num_key_value_heads"),
+              ("seq-len", "seq_len"), ("batch", "batch_size"), ("experts", "num_experts"),
+              ("top-k", "top_k"), ("intermediate", "intermediate_size"),
+              ("shared-intermediate", "shared_expert_intermediate_size"))
+_FLOAT_FLAGS = (("rope-theta", "rope_theta"), ("rms-norm-eps", "rms_norm_eps"),
+                ("init-std", "initializer_range"),
+                ("routed-scaling-factor", "routed_scaling_factor"))
+
+
+def add_model_arguments(parser, **defaults):
+    """A flag for every QwenMoeConfig field (EP = the world size); defaults: the config's,
+    overridden by ``defaults`` (field name -> value)."""
+    from model import QwenMoeConfig
+    base = {f: getattr(QwenMoeConfig(), f) for f in QwenMoeConfig.__dataclass_fields__}
+    base.update(defaults)
+    g = parser.add_argument_group("model")
+    for flag, field in _INT_FLAGS:
+        g.add_argument("--" + flag, dest=field, type=int, default=base[field],
+                       help=f"{field} (default {base[field]})")
+    for flag, field in _FLOAT_FLAGS:
+        g.add_argument("--" + flag, dest=field, type=float, default=base[field],
+                       help=f"{field} (default {base[field]})")
+    g.add_argument("--capacity-factor", dest="expert_capacity_factor", type=_capacity,
+                   default=base["expert_capacity_factor"],
+                   help="MegaMoeExperts expert_capacity_factor (none = lossless, the default)")
+    g.add_argument("--schedule", choices=("O0", "O1"), default=base["schedule"],
+                   help="MegaMoeExperts schedule (default O1)")
+    g.add_argument("--dispatch-mode", choices=("push", "pull"), default=base["dispatch_mode"],
+                   help="passed to MegaMoeExperts when given (versions that have it)")
+    return g
+
+
+def config_from_args(args, ep_size):
+    from model import QwenMoeConfig
+    fields = {f: getattr(args, f) for f in QwenMoeConfig.__dataclass_fields__ if hasattr(args, f)}
+    fields["ep_size"] = ep_size
+    return QwenMoeConfig(**fields)
 
 
 class MasterWeightAdamW:
