@@ -4,7 +4,8 @@ JOBS ?= $(shell nproc)
 PY := /usr/bin/python3
 BUILD := build/release
 APT_PACKAGES := cmake make gcc g++ libdnnl-dev libopenmpi-dev openmpi-bin \
-                python3-torch python3-numpy python3-pytest iproute2
+                python3-torch python3-numpy python3-pytest iproute2 python3-matplotlib \
+                python3-tqdm
 # Labels of the C tests that also run under ThreadSanitizer (runtime and executor).
 TSAN_LABELS ?= shmem|multicore|tsan
 
