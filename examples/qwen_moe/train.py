@@ -36,7 +36,7 @@ BACKENDS = ("mega_moe", "common")
 LABELS = {"mega_moe": "B: MegaMoeExperts", "common": "A: CommonEPExperts (plain torch EP)"}
 # a model that learns visibly within a few hundred CPU steps
 TRAIN_DEFAULTS = dict(hidden_size=256, num_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, seq_len=256, batch_size=1, num_experts=8, top_k=2,
+                      num_key_value_heads=2, seq_len=128, batch_size=4, num_experts=8, top_k=2,
                       intermediate_size=256, shared_expert_intermediate_size=256)
 
 
@@ -49,7 +49,7 @@ def parse_args(argv=None):
     r.add_argument("--steps", type=int, default=200, help="train until this many steps")
     r.add_argument("--backends", default="mega_moe,common",
                    help="comma-separated: mega_moe (B), common (A); default both")
-    r.add_argument("--lr", type=float, default=3e-3)
+    r.add_argument("--lr", type=float, default=2e-3)
     r.add_argument("--weight-decay", type=float, default=0.01)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--threads", type=int, default=0, help="torch threads per rank (0 = auto)")
