@@ -5,12 +5,14 @@
         examples/qwen_moe/benchmark.py [flags]
 
 Both models are built from the same seed; A's dense weights and expert shards are copied from
-B's, and the copy is checked bit for bit. First step: loss, logits, every local gradient and
-every parameter after one AdamW step (fp32 master weights) of B are compared with A's on every
-rank, each element within rtol 2e-2 and atol 2e-3 x max(1, max |A|) (the project's rule,
-bench/moe_verify.h). Then warm-up and measured optimizer steps, A and B interleaved step by step
-so both see the same machine load; each step's time is the slowest rank's. Rank 0 prints one
-JSON object on stdout (and a table on stderr); exit status 1 when the accuracy check fails.
+B's, and the copy is checked bit for bit. First step (B routed like A): the loss, the logits,
+every local gradient and every parameter after one AdamW step (fp32 master weights) of B are
+compared with A's on every rank by the project's rule (bench/moe_verify.h): the loss and the
+parameters elementwise (rtol 2e-2 |A| + atol 2e-3 max(1, max |A|)), the logits and gradients by
+relative L2 <= 1 % and max |err| <= 2 % of max |A| (README.md says why). Then warm-up and
+measured optimizer steps, A and B interleaved step by step so both see the same machine load;
+each step's time is the slowest rank's. Rank 0 prints one JSON object on stdout (and a table on
+stderr); exit status 1 when the accuracy check fails.
 """
 import argparse
 import dataclasses
@@ -30,7 +32,6 @@ sys.path.insert(0, HERE)
 import training  # noqa: E402  (also puts the megamoe package on the path)
 import megamoe  # noqa: E402
 from common_experts import CommonEPExperts  # noqa: E402
-from model import QwenMoeModel  # noqa: E402
 
 RTOL, ATOL, REL_L2, REL_MAX = 2e-2, 2e-3, 1e-2, 2e-2  # bench/moe_verify.h
 
@@ -60,20 +61,9 @@ def parse_args(argv=None):
 
 def build_models(cfg, seed):
     """B (MegaMoeExperts) from the seed, then A with B's weights (checked equal later)."""
-    torch.manual_seed(seed)
-    mega = QwenMoeModel(cfg, ep_group=dist.group.WORLD)
-
-    def common_factory(c):
-        return CommonEPExperts(c.hidden_size, c.intermediate_size, c.num_experts, c.top_k,
-                               c.ep_size, dist.group.WORLD)
-
-    torch.manual_seed(seed)
-    common = QwenMoeModel(cfg, experts_factory=common_factory)
-    dense = {k: v for k, v in mega.state_dict().items() if ".mlp.experts." not in k}
-    missing, _ = common.load_state_dict(dense, strict=False)
-    assert all(".mlp.experts." in k for k in missing), missing
-    for lc, lm in zip(common.layers, mega.layers):
-        lc.mlp.experts.copy_from_mega(lm.mlp.experts)
+    mega = training.build_model(cfg, "mega_moe", seed)
+    common = training.build_model(cfg, "common", seed)
+    training.copy_weights_from_mega(common, mega)
     return common, mega
 
 

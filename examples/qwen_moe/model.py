@@ -14,6 +14,7 @@ E/EP routed experts (expert parallel: their gradients are complete on the owning
 :meth:`QwenMoeModel.expert_parameters` tells the two apart. ``examples/qwen_moe/training.py`` has
 the optimizer step that does this.
 """
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -198,6 +199,9 @@ def mega_moe_experts(cfg, ep_group=None):
     """The routed experts of one layer: MegaMoeExperts on this rank's E/EP experts."""
     kwargs = {}
     if cfg.dispatch_mode is not None:
+        if "dispatch_mode" not in inspect.signature(MegaMoeExperts.__init__).parameters:
+            raise ValueError(f"dispatch_mode={cfg.dispatch_mode!r}: this megamoe's "
+                             "MegaMoeExperts has no dispatch_mode parameter; leave it unset")
         kwargs["dispatch_mode"] = cfg.dispatch_mode
     return MegaMoeExperts(local_num_tokens=cfg.local_num_tokens, hidden_size=cfg.hidden_size,
                           intermediate_size=cfg.intermediate_size, num_experts=cfg.num_experts,

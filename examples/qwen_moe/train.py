@@ -29,8 +29,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import training  # noqa: E402  (also puts the megamoe package on the path)
 import megamoe  # noqa: E402
-from common_experts import CommonEPExperts  # noqa: E402
-from model import QwenMoeModel  # noqa: E402
 
 BACKENDS = ("mega_moe", "common")
 LABELS = {"mega_moe": "B: MegaMoeExperts", "common": "A: CommonEPExperts (plain torch EP)"}
@@ -97,28 +95,6 @@ class ByteText:
         return ids, ids.clone()
 
 
-def build(cfg, backend, seed):
-    torch.manual_seed(seed)
-    if backend == "mega_moe":
-        return QwenMoeModel(cfg, ep_group=dist.group.WORLD)
-
-    def common_factory(c):
-        return CommonEPExperts(c.hidden_size, c.intermediate_size, c.num_experts, c.top_k,
-                               c.ep_size, dist.group.WORLD)
-    return QwenMoeModel(cfg, experts_factory=common_factory)
-
-
-def same_start(models):
-    """A starts from B's weights (its experts converted to its own layout)."""
-    if set(models) != set(BACKENDS):
-        return
-    common, mega = models["common"], models["mega_moe"]
-    dense = {k: v for k, v in mega.state_dict().items() if ".mlp.experts." not in k}
-    common.load_state_dict(dense, strict=False)
-    for lc, lm in zip(common.layers, mega.layers):
-        lc.mlp.experts.copy_from_mega(lm.mlp.experts)
-
-
 def ckpt_path(directory, backend, rank):
     return os.path.join(directory, backend, f"rank{rank}.pt")
 
@@ -173,8 +149,9 @@ def main(argv=None):
     models, opts = {}, {}
     try:
         for key in a.backends:
-            models[key] = build(cfg, key, a.seed)
-        same_start(models)
+            models[key] = training.build_model(cfg, key, a.seed)
+        if set(models) == set(BACKENDS):  # A starts from B's weights
+            training.copy_weights_from_mega(models["common"], models["mega_moe"])
         for key, m in models.items():
             opts[key] = training.MasterWeightAdamW(m, lr=a.lr, weight_decay=a.weight_decay)
         start, losses = 0, {k: [] for k in models}

@@ -18,6 +18,9 @@ try:
 except ImportError:  # run from a source checkout without PYTHONPATH=python
     sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
     import megamoe  # noqa: F401
+sys.path.insert(0, HERE)
+from common_experts import CommonEPExperts  # noqa: E402
+from model import QwenMoeConfig, QwenMoeModel  # noqa: E402
 
 
 def _free_port():
@@ -66,7 +69,6 @@ _FLOAT_FLAGS = (("rope-theta", "rope_theta"), ("rms-norm-eps", "rms_norm_eps"),
 def add_model_arguments(parser, **defaults):
     """A flag for every QwenMoeConfig field (EP = the world size); defaults: the config's,
     overridden by ``defaults`` (field name -> value)."""
-    from model import QwenMoeConfig
     base = {f: getattr(QwenMoeConfig(), f) for f in QwenMoeConfig.__dataclass_fields__}
     base.update(defaults)
     g = parser.add_argument_group("model")
@@ -87,10 +89,33 @@ def add_model_arguments(parser, **defaults):
 
 
 def config_from_args(args, ep_size):
-    from model import QwenMoeConfig
     fields = {f: getattr(args, f) for f in QwenMoeConfig.__dataclass_fields__ if hasattr(args, f)}
     fields["ep_size"] = ep_size
     return QwenMoeConfig(**fields)
+
+
+def build_model(cfg, backend, seed, group=None):
+    """QwenMoeModel from ``seed`` with routed experts "mega_moe" (B: MegaMoeExperts) or
+    "common" (A: CommonEPExperts), expert parallel over ``group`` (default WORLD)."""
+    group = dist.group.WORLD if group is None else group
+    torch.manual_seed(seed)
+    if backend == "mega_moe":
+        return QwenMoeModel(cfg, ep_group=group)
+    if backend != "common":
+        raise ValueError(f"backend must be 'mega_moe' or 'common', got {backend!r}")
+    return QwenMoeModel(cfg, experts_factory=lambda c: CommonEPExperts(
+        c.hidden_size, c.intermediate_size, c.num_experts, c.top_k, c.ep_size, group))
+
+
+@torch.no_grad()
+def copy_weights_from_mega(common, mega):
+    """Give A (common) B's weights: dense ones as they are, expert shards converted."""
+    dense = {k: v for k, v in mega.state_dict().items() if ".mlp.experts." not in k}
+    missing, _ = common.load_state_dict(dense, strict=False)
+    if any(".mlp.experts." not in k for k in missing):
+        raise RuntimeError(f"the two models differ outside the experts: {missing}")
+    for lc, lm in zip(common.layers, mega.layers):
+        lc.mlp.experts.copy_from_mega(lm.mlp.experts)
 
 
 class MasterWeightAdamW:
