@@ -230,9 +230,8 @@ def measure(models, opts, batch, world, a):
 
 
 def profile_one_step(model, opt, batch, world, directory, rank):
-    with megamoe.profiler.mega_kernel_profile(dir=directory) as prof:
+    with megamoe.profiler.mega_kernel_profile(dir=directory):  # the block is the window
         training.optimizer_step(model, opt, *batch, world)
-        prof.step()
     dist.barrier()
     if rank == 0:
         svg = os.path.join(directory, "timeline.svg")
@@ -260,7 +259,11 @@ def main(argv=None):
             timing = measure(models, opts, batch, world, a)
         if passed and a.profile:
             profile_one_step(mega, opts["mega_moe"], batch, world, a.profile, rank)
-        result = report(a, cfg, world, threads, passed, rows, timing)
+        info = mega.layers[0].mlp.experts.info()
+        experts_info = {k: info[k] for k in (
+            "schedule", "workers", "cube_workers", "vector_workers", "dispatch_mode",
+            "capacity_policy", "capacity", "max_capacity", "growth_events") if k in info}
+        result = report(a, cfg, world, threads, passed, rows, timing, experts_info)
         if rank == 0:
             text = json.dumps(result)
             print(text, flush=True)
@@ -276,7 +279,7 @@ def main(argv=None):
         dist.destroy_process_group()
 
 
-def report(a, cfg, world, threads, passed, rows, timing):
+def report(a, cfg, world, threads, passed, rows, timing, experts_info):
     def pair(key):
         return None if timing is None else {k: timing[k][key] for k in ("common", "mega_moe")}
 
@@ -288,6 +291,7 @@ def report(a, cfg, world, threads, passed, rows, timing):
                   threads_per_rank=threads, warmup_steps=a.warmup_steps,
                   measured_steps=a.measured_steps, lr=a.lr, weight_decay=a.weight_decay,
                   seed=a.seed, optimizer="AdamW, fp32 master weights", dtype="bfloat16",
+                  mega_moe_experts=experts_info,
                   accuracy_rule={
                       "elementwise": f"every element within rtol {RTOL} * |A| + atol {ATOL} * "
                                      "max(1, max |A|) (loss, parameters after the step)",

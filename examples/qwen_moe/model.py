@@ -14,7 +14,6 @@ E/EP routed experts (expert parallel: their gradients are complete on the owning
 :meth:`QwenMoeModel.expert_parameters` tells the two apart. ``examples/qwen_moe/training.py`` has
 the optimizer step that does this.
 """
-import inspect
 import math
 from dataclasses import dataclass
 
@@ -30,8 +29,10 @@ class QwenMoeConfig:
     """Shapes of the model; validated on construction (ValueError names the rule).
 
     ``batch_size`` sequences of ``seq_len`` tokens per rank make the experts' fixed
-    ``local_num_tokens`` (T, a multiple of 128). ``expert_capacity_factor`` None = lossless.
-    ``dispatch_mode`` is passed to MegaMoeExperts only when set (for versions that have it).
+    ``local_num_tokens`` (T, a multiple of 128). The experts' receive capacity: the seed's
+    ``expert_capacity_factor`` (None = lossless), or HyperParallel's ``dispatch_mode`` ("push"
+    with ``initial_capacity_factor`` / ``capacity_growth_factor``, or "pull"); unset fields are
+    not passed to MegaMoeExperts, so its defaults apply.
     """
     vocab_size: int = 256
     hidden_size: int = 1024
@@ -52,6 +53,8 @@ class QwenMoeConfig:
     expert_capacity_factor: float = None
     schedule: str = "O1"
     dispatch_mode: str = None
+    initial_capacity_factor: float = None
+    capacity_growth_factor: float = None
 
     @property
     def local_num_tokens(self):
@@ -90,10 +93,12 @@ class QwenMoeConfig:
         if self.local_num_tokens % 128:
             raise ValueError(f"batch_size * seq_len = {self.local_num_tokens} tokens per rank "
                              "must be a multiple of 128 (MegaMoeExperts' fixed T)")
-        f = self.expert_capacity_factor
-        if f is not None and not (isinstance(f, (int, float)) and math.isfinite(f) and f >= 1):
-            raise ValueError(f"expert_capacity_factor must be None (lossless) or a finite "
-                             f"number >= 1, got {f!r}")
+        for name in ("expert_capacity_factor", "initial_capacity_factor",
+                     "capacity_growth_factor"):
+            f = getattr(self, name)
+            if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float))
+                                  or not math.isfinite(f) or f < 1):
+                raise ValueError(f"{name} must be None or a finite number >= 1, got {f!r}")
         if self.schedule not in ("O0", "O1"):
             raise ValueError(f"schedule must be 'O0' or 'O1', got {self.schedule!r}")
         if self.dispatch_mode not in (None, "push", "pull"):
@@ -197,12 +202,11 @@ class Router(nn.Module):
 
 def mega_moe_experts(cfg, ep_group=None):
     """The routed experts of one layer: MegaMoeExperts on this rank's E/EP experts."""
-    kwargs = {}
-    if cfg.dispatch_mode is not None:
-        if "dispatch_mode" not in inspect.signature(MegaMoeExperts.__init__).parameters:
-            raise ValueError(f"dispatch_mode={cfg.dispatch_mode!r}: this megamoe's "
-                             "MegaMoeExperts has no dispatch_mode parameter; leave it unset")
-        kwargs["dispatch_mode"] = cfg.dispatch_mode
+    # HyperParallel's capacity spelling, passed only when set (docs/moe.md "Capacity and
+    # dispatch modes": one spelling per layer; MegaMoeExperts raises ValueError otherwise)
+    kwargs = {k: getattr(cfg, k) for k in ("dispatch_mode", "initial_capacity_factor",
+                                           "capacity_growth_factor")
+              if getattr(cfg, k) is not None}
     return MegaMoeExperts(local_num_tokens=cfg.local_num_tokens, hidden_size=cfg.hidden_size,
                           intermediate_size=cfg.intermediate_size, num_experts=cfg.num_experts,
                           top_k=cfg.top_k, expert_capacity_factor=cfg.expert_capacity_factor,

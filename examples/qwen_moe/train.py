@@ -183,9 +183,8 @@ def main(argv=None):
                 profile = (a.profile and key == "mega_moe"
                            and step == min(start + 1, a.steps - 1))
                 if profile:
-                    with megamoe.profiler.mega_kernel_profile(dir=a.profile) as prof:
+                    with megamoe.profiler.mega_kernel_profile(dir=a.profile):  # one window
                         loss, _ = training.optimizer_step(models[key], opts[key], *batch, world)
-                        prof.step()
                 else:
                     loss, _ = training.optimizer_step(models[key], opts[key], *batch, world)
                 step_losses[i] = loss.double()

@@ -84,7 +84,13 @@ def add_model_arguments(parser, **defaults):
     g.add_argument("--schedule", choices=("O0", "O1"), default=base["schedule"],
                    help="MegaMoeExperts schedule (default O1)")
     g.add_argument("--dispatch-mode", choices=("push", "pull"), default=base["dispatch_mode"],
-                   help="passed to MegaMoeExperts when given (versions that have it)")
+                   help="MegaMoeExperts dispatch_mode (HyperParallel's spelling; default unset)")
+    g.add_argument("--initial-capacity-factor", type=_capacity,
+                   default=base["initial_capacity_factor"],
+                   help="MegaMoeExperts initial_capacity_factor (push; default unset)")
+    g.add_argument("--capacity-growth-factor", type=_capacity,
+                   default=base["capacity_growth_factor"],
+                   help="MegaMoeExperts capacity_growth_factor (push; default unset)")
     return g
 
 

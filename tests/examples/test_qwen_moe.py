@@ -29,10 +29,14 @@ def launch(n, script, *args, timeout=180):
     return subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=timeout)
 
 
-def test_benchmark_first_step_accuracy_two_ranks(megamoe_bin, tmp_path):
+@pytest.mark.parametrize("capacity", ["lossless", "push-growing"])
+def test_benchmark_first_step_accuracy_two_ranks(megamoe_bin, tmp_path, capacity):
     out = tmp_path / "result.json"
+    extra = [] if capacity == "lossless" else [
+        "--dispatch-mode", "push", "--initial-capacity-factor", "1", "--capacity-growth-factor",
+        "1"]
     r = launch(2, "benchmark.py", *SMALL, "--layers", "2", "--accuracy-only", "--output",
-               str(out))
+               str(out), *extra)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     result = json.loads(out.read_text())
     # the same object is the one line rank 0 printed on stdout
@@ -51,6 +55,11 @@ def test_benchmark_first_step_accuracy_two_ranks(megamoe_bin, tmp_path):
     assert all(t["passed"] for t in acc["tensors"])
     assert result["config"]["ep_size"] == 2 and result["config"]["local_num_tokens"] == 128
     assert result["median_step_ms"] is None and result["speedup"] is None  # --accuracy-only
+    experts = result["config"]["mega_moe_experts"]
+    if capacity == "push-growing":  # T*K rows to start with; the routing needs more
+        assert experts["dispatch_mode"] == "push" and experts["growth_events"] >= 1, experts
+    else:
+        assert experts["capacity"] == 2 * 128 * 2 and experts["growth_events"] == 0, experts
 
 
 def test_benchmark_fails_when_b_is_wrong(megamoe_bin, tmp_path):
