@@ -47,6 +47,9 @@ def parse_args(argv=None):
     run.add_argument("--seed", type=int, default=42)
     run.add_argument("--threads", type=int, default=0,
                      help="torch threads per rank (0 = cores / local ranks)")
+    run.add_argument("--fp32-reference", action="store_true",
+                     help="also run the first step in float32 (A's code) and report how far A "
+                          "and B each are from it (rel_l2_vs_fp32 per tensor)")
     run.add_argument("--accuracy-only", action="store_true",
                      help="compare the first step, skip the timed steps")
     run.add_argument("--profile", metavar="DIR",
@@ -131,45 +134,57 @@ class RoutingOverride:
         self.handles = []
 
 
-def compare(name, got, want, rule):
-    """This rank's numbers for B (got) against A (want); the verdict comes after
-    reduce_results has summed them over the ranks."""
+def compare(name, got, want, rule, fp32=None):
+    """This rank's numbers for B (got) against A (want), and of both against the fp32 model
+    when given; the verdict comes after reduce_results has summed them over the ranks."""
     g, w = got.detach().float().reshape(-1), want.detach().float().reshape(-1)
     if g.shape != w.shape:
         raise RuntimeError(f"{name}: {g.numel()} elements (B) vs {w.numel()} (A)")
     err = (g - w).abs()
     bound = RTOL * w.abs() + ATOL * max(1.0, w.abs().max().item() if w.numel() else 0.0)
-    return {"name": name, "rule": rule,
-            "stats": [float(not torch.isfinite(g).all()), float((err > bound).sum()),
-                      float(w.numel()), err.pow(2).sum().item(), w.pow(2).sum().item(),
-                      err.max().item() if w.numel() else 0.0,
-                      w.abs().max().item() if w.numel() else 0.0,
-                      (err / bound).max().item() if w.numel() else 0.0]}
+    stats = [float(not torch.isfinite(g).all()), float((err > bound).sum()), float(w.numel()),
+             err.pow(2).sum().item(), w.pow(2).sum().item(),
+             err.max().item() if w.numel() else 0.0, w.abs().max().item() if w.numel() else 0.0,
+             (err / bound).max().item() if w.numel() else 0.0]
+    if fp32 is not None:
+        f = fp32.detach().float().reshape(-1)
+        stats += [(w - f).pow(2).sum().item(), (g - f).pow(2).sum().item(), f.pow(2).sum().item()]
+    return {"name": name, "rule": rule, "stats": stats}
+
+
+_SUMMED = [1, 2, 3, 4, 8, 9, 10]  # stats summed over the ranks (the others: max)
 
 
 def reduce_results(rows):
     """Sum / max each tensor's numbers over the ranks (dense tensors are replicas, expert
     tensors shards: together, the whole model) and apply the tensor's rule."""
-    t = torch.tensor([r["stats"] for r in rows], dtype=torch.float64)
-    sums = t[:, 1:5].clone()
+    width = max(len(r["stats"]) for r in rows)
+    t = torch.tensor([r["stats"] + [0.0] * (width - len(r["stats"])) for r in rows],
+                     dtype=torch.float64)
+    cols = [c for c in _SUMMED if c < width]
+    sums = t[:, cols].clone()
     dist.all_reduce(sums)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    t[:, cols] = sums
     out = []
-    for r, mx, sm in zip(rows, t.tolist(), sums.tolist()):
-        outside, n, err2, ref2 = sm
-        rel_l2 = math.sqrt(err2 / ref2) if ref2 > 0 else math.sqrt(err2)
-        rel_max = mx[5] / mx[6] if mx[6] > 0 else mx[5]
-        ok = {"elementwise": outside == 0,
-              "norm": rel_l2 <= REL_L2 and rel_max <= REL_MAX}[r["rule"]]
-        out.append({"name": r["name"], "rule": r["rule"], "passed": mx[0] == 0 and ok,
-                    "elements_outside_elementwise_bound": int(outside),
-                    "max_err_over_elementwise_bound": mx[7], "rel_l2": rel_l2,
-                    "max_abs_err": mx[5], "max_err_over_max_ref": rel_max})
+    for r, v in zip(rows, t.tolist()):
+        rel_l2 = math.sqrt(v[3] / v[4]) if v[4] > 0 else math.sqrt(v[3])
+        rel_max = v[5] / v[6] if v[6] > 0 else v[5]
+        ok = {"elementwise": v[1] == 0, "norm": rel_l2 <= REL_L2 and rel_max <= REL_MAX}
+        row = {"name": r["name"], "rule": r["rule"], "passed": v[0] == 0 and ok[r["rule"]],
+               "elements_outside_elementwise_bound": int(v[1]),
+               "max_err_over_elementwise_bound": v[7], "rel_l2": rel_l2, "max_abs_err": v[5],
+               "max_err_over_max_ref": rel_max}
+        if len(r["stats"]) > 8:
+            row["rel_l2_vs_fp32"] = {k: math.sqrt(v[c] / v[10]) if v[10] > 0 else 0.0
+                                     for k, c in (("common", 8), ("mega_moe", 9))}
+        out.append(row)
     return out
 
 
 def first_step_accuracy(models, opts, batch, world):
-    """One optimizer step of A, then of B with A's routing; compare on every rank."""
+    """One optimizer step of A, then (with A's routing) of the fp32 model when there is one,
+    then of B; compare on every rank."""
     common, mega = models["common"], models["mega_moe"]
     init_c, init_m = canonical(common, _param), canonical(mega, _param)
     same = torch.tensor(float(all(torch.equal(init_c[k], init_m[k]) for k in init_m)))
@@ -177,20 +192,23 @@ def first_step_accuracy(models, opts, batch, world):
     del init_c, init_m
     routing = RoutingOverride()
     res = {}
-    for key in ("common", "mega_moe"):
+    for key in ("common", "fp32", "mega_moe"):
+        if key not in models:
+            continue
         (routing.record if key == "common" else routing.force)(models[key])
         opts[key].zero_grad()
         loss, logits = training.forward_backward(models[key], *batch, world)
         grads = canonical(models[key], _grad)
         opts[key].step()
         routing.remove()
-        res[key] = (loss, logits, grads)
-    (lc, gc_logits, gc), (lm, gm_logits, gm) = res["common"], res["mega_moe"]
-    rows = [compare("loss", lm, lc, "elementwise"), compare("logits", gm_logits, gc_logits, "norm")]
-    rows += [compare("grad." + k, gm[k], gc[k], "norm") for k in gm]
-    pc = canonical(common, _master_of(opts["common"]))
-    pm = canonical(mega, _master_of(opts["mega_moe"]))
-    rows += [compare("param." + k, pm[k], pc[k], "elementwise") for k in pm]
+        params = canonical(models[key], _master_of(opts[key]))
+        res[key] = {"loss": loss, "logits": logits, **{"grad." + k: v for k, v in grads.items()},
+                    **{"param." + k: v for k, v in params.items()}}
+        if key == "fp32":
+            routing.differing.clear()  # count B's own choices only
+    c, m, f = res["common"], res["mega_moe"], res.get("fp32")
+    rows = [compare(k, m[k], c[k], "norm" if k == "logits" or k.startswith("grad.")
+                    else "elementwise", None if f is None else f[k]) for k in m]
     rows = reduce_results(rows)
     rows.insert(0, {"name": "initial parameters", "rule": "bitwise", "passed": bool(same)})
     flips = torch.tensor(routing.differing, dtype=torch.int64)
@@ -248,12 +266,19 @@ def main(argv=None):
     try:
         common, mega = build_models(cfg, a.seed)
         models = {"common": common, "mega_moe": mega}
+        if a.fp32_reference:
+            models["fp32"] = training.build_model(cfg, "common", a.seed)
+            training.copy_weights_from_mega(models["fp32"], mega)
+            models["fp32"].float()
         opts = {k: training.MasterWeightAdamW(m, lr=a.lr, weight_decay=a.weight_decay)
                 for k, m in models.items()}
         g = torch.Generator().manual_seed(a.seed + 10_000 + rank)
         ids = torch.randint(0, cfg.vocab_size, (cfg.batch_size, cfg.seq_len), generator=g)
         batch = (ids, ids.clone())
         passed, rows = first_step_accuracy(models, opts, batch, world)
+        if "fp32" in models:  # only for the first step
+            models.pop("fp32").close()
+            opts.pop("fp32")
         timing = None
         if passed and not a.accuracy_only:
             timing = measure(models, opts, batch, world, a)
@@ -323,6 +348,12 @@ def print_table(passed, rows, timing):
           f"{worst_el['max_err_over_elementwise_bound']:.3f} of the bound "
           f"({worst_el['name']}); tokens whose own top-k differed from A's, per layer: "
           f"{flips}", file=sys.stderr)
+    vs32 = [r for r in tensors if "rel_l2_vs_fp32" in r]
+    if vs32:
+        worst = {k: max(vs32, key=lambda r: r["rel_l2_vs_fp32"][k]) for k in ("common", "mega_moe")}
+        print("against the fp32 model, largest rel L2: " + ", ".join(
+            f"{k} {w['rel_l2_vs_fp32'][k]:.2e} ({w['name']})" for k, w in worst.items()),
+            file=sys.stderr)
     for r in rows:
         if not r["passed"]:
             print(f"  FAIL {r['name']} ({r['rule']}): " + ", ".join(

@@ -32,7 +32,7 @@ def launch(n, script, *args, timeout=180):
 @pytest.mark.parametrize("capacity", ["lossless", "push-growing"])
 def test_benchmark_first_step_accuracy_two_ranks(megamoe_bin, tmp_path, capacity):
     out = tmp_path / "result.json"
-    extra = [] if capacity == "lossless" else [
+    extra = ["--fp32-reference"] if capacity == "lossless" else [
         "--dispatch-mode", "push", "--initial-capacity-factor", "1", "--capacity-growth-factor",
         "1"]
     r = launch(2, "benchmark.py", *SMALL, "--layers", "2", "--accuracy-only", "--output",
@@ -55,6 +55,9 @@ def test_benchmark_first_step_accuracy_two_ranks(megamoe_bin, tmp_path, capacity
     assert all(t["passed"] for t in acc["tensors"])
     assert result["config"]["ep_size"] == 2 and result["config"]["local_num_tokens"] == 128
     assert result["median_step_ms"] is None and result["speedup"] is None  # --accuracy-only
+    if capacity == "lossless":  # both bf16 models measured against the fp32 one
+        vs32 = [t["rel_l2_vs_fp32"] for t in acc["tensors"] if "rel_l2" in t]
+        assert len(vs32) == 56 and all(0 <= v["mega_moe"] < 0.05 for v in vs32), vs32
     experts = result["config"]["mega_moe_experts"]
     if capacity == "push-growing":  # T*K rows to start with; the routing needs more
         assert experts["dispatch_mode"] == "push" and experts["growth_events"] >= 1, experts
