@@ -6,7 +6,8 @@ BUILD := build/release
 APT_PACKAGES := cmake make gcc g++ libdnnl-dev libopenmpi-dev openmpi-bin libucx-dev pkg-config \
                 python3-torch python3-numpy python3-pytest iproute2 \
                 libtorch-dev python3-pip python3-venv python3-setuptools python3-wheel \
-                python3-matplotlib clang libclang-rt-14-dev
+                python3-matplotlib clang libclang-rt-14-dev \
+                python3-tqdm
 # Labels of the C tests that also run under ThreadSanitizer (runtime and executor).
 TSAN_LABELS ?= shmem|multicore|tsan
 # `make fuzz`: seconds per libFuzzer target (docs/reliability.md).

@@ -10,7 +10,9 @@
 
 #define MM_LAUNCH_MAX_PROCS 256
 #define MM_LAUNCH_MAX_FAULTS 16
-#define MM_LAUNCH_BUF 8192
+/* Output is forwarded line by line with a prefix; a line up to this long stays one line (a
+ * benchmark's one-line JSON result), a longer one is cut into pieces of this size. */
+#define MM_LAUNCH_BUF 65536
 
 /* One supervised process: a rank, a per-host launcher (--per-host) or mpirun (--mpirun). */
 typedef struct mm_launch_proc {

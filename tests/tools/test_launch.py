@@ -158,3 +158,16 @@ def test_hosts_options_are_checked_before_anything_is_created(megamoe_bin):
         r = run_megamoe(["launch"] + args, timeout=20)
         assert r.returncode == 2, (args, r.stderr)
         assert message in r.stderr, (args, r.stderr)
+
+
+def test_long_lines_stay_whole(megamoe_bin):
+    # a benchmark's one-line JSON result (tens of KB) keeps one prefix and no break inside;
+    # beyond the launcher's 64 KiB line buffer a line is cut into pieces
+    code = ("import sys; sys.stdout.write('x' * 40000 + '\\nshort\\n' + 'y' * 70000 + '\\n')")
+    r = run_megamoe(["launch", "-n", "2", "--", PY, "-c", code])
+    assert r.returncode == 0, r.stderr
+    for rank in (0, 1):
+        lines = [l for l in r.stdout.splitlines() if l.startswith(f"[rank {rank}] ")]
+        assert lines[:2] == [f"[rank {rank}] " + "x" * 40000, f"[rank {rank}] short"], \
+            [l[:40] for l in lines]
+        assert "".join(l[len(f"[rank {rank}] "):] for l in lines[2:]) == "y" * 70000
