@@ -72,6 +72,7 @@ static megamoe_status_t mm_bwd_gemm(mm_bwd_t *b, int worker, int nw)
         g.ldc = H;
         g.c_group_stride = I * H;
         g.c_type = b->c.wg_type;
+        g.backend = b->c.g->gemm_plain;
         break;
     case BW_GMM_DX: /* dX[R,H] = dGU[R,2I] · gate_up[j]ᵀ */
         g.form = MM_GEMM_NT;
@@ -97,6 +98,7 @@ static megamoe_status_t mm_bwd_gemm(mm_bwd_t *b, int worker, int nw)
         g.ldc = 2 * I;
         g.c_group_stride = H * 2 * I;
         g.c_type = b->c.wg_type;
+        g.backend = b->c.g->gemm_plain;
         break;
     default:
         return mm_error(MEGAMOE_INTERNAL, "phase %d is not a GEMM", b->phase);

@@ -90,6 +90,7 @@ static megamoe_status_t mm_o1_bwd_wgrad(void *ctx, mm_mc_worker_t *w, int which,
     g.form = MM_GEMM_TN;
     g.K = rows; /* an expert without rows gets exact zeros */
     g.c_type = b->c.wg_type;
+    g.backend = b->c.g->gemm_plain; /* resolved at group creation, not here on a worker */
     g.m0 = m0;
     g.m1 = m1;
     const size_t es = megamoe_dtype_size(b->c.wg_type);

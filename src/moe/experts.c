@@ -571,8 +571,11 @@ static megamoe_status_t mm_moe_pack_set(megamoe_experts_t *x, mm_gemm_weight_t *
     }
     for (int64_t j = 0; j < x->L; j++) {
         const uint16_t *src = base + j * stride;
-        if ((*set)[j] == NULL)
-            MM_CHECK(mm_gemm_weight_create(NULL, form, K, N, src, ld, version, &(*set)[j]));
+        if ((*set)[j] == NULL) {
+            const mm_gemm_backend_ops_t *be = NULL;
+            MM_CHECK(mm_gemm_backend_for_weight_of(x->group->gemm_choice, form, K, N, &be));
+            MM_CHECK(mm_gemm_weight_create(be, form, K, N, src, ld, version, &(*set)[j]));
+        }
         else
             MM_CHECK(mm_gemm_weight_update((*set)[j], src, ld, version, NULL));
     }

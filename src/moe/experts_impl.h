@@ -94,6 +94,8 @@ typedef struct mm_moe_group {
     mm_shmem_team_t *team;
     int workers;
     int cube, vector; /* O1 roles (cube + vector == workers) */
+    mm_gemm_choice_t gemm_choice;            /* MEGAMOE_GEMM at creation: packs the weights */
+    const mm_gemm_backend_ops_t *gemm_plain; /* its backend for plain operands (TN dW) */
     int layers;      /* layers attached */
     int open_layers; /* attached and not closed */
     int used;        /* a forward ran (sharing is no longer allowed) */

@@ -18,6 +18,7 @@
 
 #include "megamoe/ops.h"
 
+#include "kernels/rows.h"
 #include "shmem/comm_impl.h"
 #include "shmem/shmem.h"
 
@@ -238,13 +239,7 @@ void mm_v2_copy(void *dst, const void *src, size_t n, int stream);
 void mm_v2_widen(megamoe_dtype_t t, const void *src, float *dst, int64_t n);
 /* Round n fp32 values to XType (RNE). */
 void mm_v2_narrow(megamoe_dtype_t t, const float *src, void *dst, int64_t n);
-/* acc[i] = fl(acc[i] + fl(f32(y[i]) * s)) for XType y (no fused multiply-add). */
-void mm_v2_axpy_x(megamoe_dtype_t t, float *acc, const void *y, float s, int64_t n);
-/* acc[i] = fl(acc[i] + v[i] * s) / acc[i] = fl(acc[i] + v[i]). */
-void mm_v2_axpy_f(float *acc, const float *v, float s, int64_t n);
-void mm_v2_add_x(megamoe_dtype_t t, float *acc, const void *y, int64_t n);
-/* The fixed 16-lane summation order used for dot products and sums of squares. */
-float mm_v2_sum16(const float *v, int64_t n);
+/* (Accumulating rows and the fixed 16-lane sums: kernels/rows.h.) */
 /* XType(a + b) rounded once from the exact sum (bf16: fp32 add then RNE, as the device). */
 void mm_v2_tp_add(megamoe_dtype_t t, const void *a, const void *b, void *out, int64_t n);
 
