@@ -48,7 +48,7 @@
     MM_ENV(UCX_NET_DEVICES, "UCX_NET_DEVICES", STRING, "", 0, 0, "", \
            "UCX's own device list, used as given; unset: megamoe picks the interface that carries the bootstrap connection to rank 0.") \
     MM_ENV(GEMM, "MEGAMOE_GEMM", ENUM, "auto", 0, 0, "auto|amx|avx512|onednn|ref", \
-           "BF16 GEMM backend; auto: oneDNN where built, big packed weights on the own avx512 kernel when the CPU has no AMX (docs/kernels.md).") \
+           "BF16 GEMM backend, read when a MegaMoeExperts layer is created; auto: oneDNN where built, big packed weights on the own avx512 kernel when the CPU has no AMX (docs/kernels.md).") \
     MM_ENV(THREADS, "MEGAMOE_THREADS", INT, "0", 0, 4096, "", \
            "Cores given to each rank (0 = online cores / local ranks).") \
     MM_ENV(CUBE_WORKERS, "MEGAMOE_CUBE_WORKERS", INT, "0", 0, 4096, "", \

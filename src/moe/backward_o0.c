@@ -1,4 +1,4 @@
-/* O0 backward (reference design §1.5), each phase one step of the group's worker pool:
+/* O0 backward (the graph of docs/moe.md "Semantics"), each phase one step of the group's worker pool:
  *   source:  dY[t,k] = w[t,k] · dOut[t] (bf16 rows, permuted order) and
  *            grad w[t,k] = <dOut[t], y[t,k]>           (fp32, y saved by the forward)
  *   dispatch dY rows to the expert owners (the forward's plan, receive order)
