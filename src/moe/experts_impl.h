@@ -19,8 +19,13 @@
 #include "ops/ep_route.h"
 #include "shmem/shmem.h"
 
-/* Capacity policy / dispatch mode (docs/moe.md "Capacity and dispatch modes"). */
-enum { MM_MOE_FIXED = 0, MM_MOE_PUSH = 1, MM_MOE_PULL = 2 };
+/* Capacity policy / dispatch mode (docs/moe.md "Capacity and dispatch modes"): fixed is the
+ * unset dispatch_mode, push and pull its words. */
+typedef enum mm_moe_mode { MM_MOE_FIXED = 0, MM_MOE_PUSH = 1, MM_MOE_PULL = 2 } mm_moe_mode_t;
+/* The schedules ("O0", "O1": mm_moe_schedule_name). */
+typedef enum mm_moe_schedule { MM_MOE_O0 = 0, MM_MOE_O1 = 1 } mm_moe_schedule_t;
+#define MM_MOE_SCHEDULE_DEFAULT MM_MOE_O1
+const char *mm_moe_schedule_name(mm_moe_schedule_t s);
 
 /* Everything that must be equal on every rank and between layers sharing a group. */
 typedef struct mm_moe_config {
@@ -29,12 +34,12 @@ typedef struct mm_moe_config {
     double factor;   /* MM_MOE_FIXED: expert_capacity_factor (0 = lossless) */
     float limit;
     int64_t capacity; /* initial receive rows (pull: 0) */
-    char schedule[8];
-    int32_t mode;    /* MM_MOE_* */
+    mm_moe_schedule_t schedule;
+    mm_moe_mode_t mode;
     double initial, growth; /* MM_MOE_PUSH: resolved factors (else 0) */
 } mm_moe_config_t;
 
-static inline int mm_moe_is_o1(const mm_moe_config_t *c) { return c->schedule[1] == '1'; }
+static inline int mm_moe_is_o1(const mm_moe_config_t *c) { return c->schedule == MM_MOE_O1; }
 static inline int mm_moe_is_pull(const mm_moe_config_t *c) { return c->mode == MM_MOE_PULL; }
 /* The lossless bound align128(EP*T*K): no rank can receive more. */
 static inline int64_t mm_moe_bound_rows(const mm_moe_config_t *c)
