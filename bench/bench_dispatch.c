@@ -373,7 +373,7 @@ static void mm_bd_mpi_combine(mm_bd_mpi_t *m, const uint16_t *eo)
         for (int c0 = 0; c0 < MM_BD_H; c0 += 1024) {
             int n = MM_BD_H - c0 < 1024 ? MM_BD_H - c0 : 1024;
             for (int k = 0; k < K; k++)
-                mm_v2_axpy_x(MEGAMOE_DTYPE_BF16, acc + c0, slot[t * K + k] + c0, m->w[t * K + k], n);
+                mm_rows_axpy(MEGAMOE_DTYPE_BF16, acc + c0, slot[t * K + k] + c0, m->w[t * K + k], n);
         }
         megamoe_convert(m->xo + (size_t)t * MM_BD_H, MEGAMOE_DTYPE_BF16, acc, MEGAMOE_DTYPE_FP32, MM_BD_H);
     }

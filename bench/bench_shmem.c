@@ -3,9 +3,9 @@
  * One invocation measures, for 64 KiB ... 64 MiB, the bandwidth of mm_shmem_put, of a plain
  * memcpy into the peer's mapping and of MPI_Put + MPI_Win_flush (Open MPI, a window from
  * MPI_Win_allocate) on the same source buffer, then the signal round-trip latency and the
- * 2-rank barrier latency. Both ranks move data at the same time, each to the other, as in
- * machine_limits.md section 5; GB/s are per rank (bytes one rank writes / its time). Each
- * figure is the median of several trials, and the trials of the three copies are interleaved
+ * 2-rank barrier latency. Both ranks move data at the same time, each to the other (as the
+ * machine study before this project measured MPI); GB/s are per rank (bytes one rank writes
+ * / its time). Each figure is the median of several trials, and the trials of the three copies are interleaved
  * in rotating order, so noise from other work on the machine hits them alike.
  *
  * The command starts its own two ranks: `mpirun -np 2 --bind-to core` running this binary as

@@ -149,8 +149,41 @@ megamoe_status_t megamoe_combine_add_rms_norm(const megamoe_combine_add_rms_norm
  * operator call). Optional: destroying the last communicator frees them itself. */
 megamoe_status_t megamoe_ops_release(void);
 
-/* sizeof() of the argument structs, for bindings that mirror them (ctypes). */
-int64_t megamoe_ops_struct_size(int which); /* 0 tensor, 1 dispatch, 2 combine, 3 add_rms_norm */
+/* ---- quantisation modes ----------------------------------------------------------------- */
+
+/* How a mode treats the smoothing scales tensor (dispatch's scales). */
+enum { MEGAMOE_SCALES_NONE = 0, MEGAMOE_SCALES_OPTIONAL = 1, MEGAMOE_SCALES_REQUIRED = 2 };
+/* Which table megamoe_quant_mode_info() reads. */
+enum { MEGAMOE_QUANT_DISPATCH = 0, MEGAMOE_QUANT_COMBINE = 1 };
+
+/* One quantisation mode as the operators implement it (the same table their validation and
+ * data paths use; docs/v2_spec.md §4, §5.2). */
+typedef struct megamoe_quant_mode_info {
+    int64_t mode;              /* the quant_mode / comm_quant_mode value */
+    const char *name;          /* "none", "static", "per_token", "per_group", "mx"; combine:
+                                  "none", "int8", "mx_fp8_e5m2", "mx_fp8_e4m3fn" */
+    int same_as_input;         /* the data keep the token's dtype (no quantisation) */
+    uint32_t out_dtypes;       /* else bit (1 << megamoe_dtype_t) per accepted expand_x dtype
+                                  (dispatch) / the wire dtype (combine) */
+    int64_t scale_group;       /* elements per scale: 0 none, -1 one per row */
+    megamoe_dtype_t scale_dtype; /* of the scales (FP32, E8M0), unless scale_same_as_input */
+    int scale_same_as_input;   /* the scales have the token's dtype (combine int8) */
+    int smoothing;             /* dispatch: MEGAMOE_SCALES_*; combine: MEGAMOE_SCALES_NONE */
+} megamoe_quant_mode_info_t;
+
+/* Entry index of table `which` (MEGAMOE_QUANT_DISPATCH / _COMBINE); NOT_FOUND past the end. */
+megamoe_status_t megamoe_quant_mode_info(int which, int index, megamoe_quant_mode_info_t *info);
+
+/* The structs of this header, for bindings that mirror them (ctypes). */
+typedef enum megamoe_ops_struct {
+    MEGAMOE_OPS_STRUCT_TENSOR = 0,           /* megamoe_tensor_t */
+    MEGAMOE_OPS_STRUCT_DISPATCH_V2 = 1,      /* megamoe_dispatch_v2_args_t */
+    MEGAMOE_OPS_STRUCT_COMBINE_V2 = 2,       /* megamoe_combine_v2_args_t */
+    MEGAMOE_OPS_STRUCT_ADD_RMS_NORM = 3,     /* megamoe_combine_add_rms_norm_args_t */
+    MEGAMOE_OPS_STRUCT_QUANT_MODE_INFO = 4,  /* megamoe_quant_mode_info_t */
+} megamoe_ops_struct_t;
+/* sizeof() of one of them; -1 for a value that names none. */
+int64_t megamoe_ops_struct_size(megamoe_ops_struct_t which);
 
 MEGAMOE_API_END
 #ifdef __cplusplus

@@ -23,6 +23,7 @@ Unwritten output regions are zero. The combines' ``comm_quant_mode`` is 0, 2 (in
 Semantics: docs/ops.md.
 """
 import ctypes
+from typing import NamedTuple
 
 import torch
 
@@ -37,7 +38,8 @@ __all__ = ["npu_moe_distribute_dispatch_v2", "npu_moe_distribute_combine_v2",
            "npu_moe_distribute_combine_add_rms_norm", "moe_distribute_dispatch_v2",
            "moe_distribute_combine_v2", "moe_distribute_combine_add_rms_norm",
            "npu_moe_distribute_dispatch", "npu_moe_distribute_combine", "moe_distribute_dispatch",
-           "moe_distribute_combine", "float8_e4m3fn", "float8_e5m2", "release"]
+           "moe_distribute_combine", "float8_e4m3fn", "float8_e5m2", "release", "QuantMode",
+           "quant_modes", "comm_quant_modes"]
 
 # megamoe_dtype_t codes (include/megamoe/dtype.h)
 _FP32, _BF16, _FP16, _E4M3, _E5M2, _E8M0, _INT8, _UINT8, _INT32, _INT64, _BOOL = range(11)
@@ -115,10 +117,66 @@ _L.megamoe_ops_struct_size.restype = ctypes.c_int64
 _L.megamoe_ops_struct_size.argtypes = [ctypes.c_int]
 _L.megamoe_ops_release.restype = ctypes.c_int
 _L.megamoe_ops_release.argtypes = []
-for _i, _st in enumerate((_Tensor, _DispatchArgs, _CombineArgs, _AddRmsNormArgs)):
+
+
+# ---- quantisation modes: the library's one table (megamoe_quant_mode_info) --------------------
+
+class _QuantInfo(ctypes.Structure):
+    _fields_ = [("mode", ctypes.c_int64), ("name", ctypes.c_char_p), ("same_as_input", ctypes.c_int),
+                ("out_dtypes", ctypes.c_uint32), ("scale_group", ctypes.c_int64),
+                ("scale_dtype", ctypes.c_int), ("scale_same_as_input", ctypes.c_int),
+                ("smoothing", ctypes.c_int)]
+
+
+class QuantMode(NamedTuple):
+    """One quant_mode (dispatch) or comm_quant_mode (combine) as the library implements it."""
+    mode: int
+    name: str            # "none", "static", "per_token", "per_group", "mx"; "int8", "mx_fp8_e5m2", ...
+    out_dtypes: tuple    # accepted expand_x dtypes (dispatch) / the wire dtype (combine); () = x's own
+    scale_group: int     # elements per scale: 0 none, -1 one per row
+    scale_dtype: object  # torch.float32 or the e8m0 bytes (torch.uint8); None: x's own (int8 transport)
+    smoothing: str       # the dispatch scales tensor: "none", "optional" or "required"
+
+
+# megamoe_ops_struct_t (include/megamoe/ops.h): the mirrors above must have the library's sizes
+_STRUCTS = {0: _Tensor, 1: _DispatchArgs, 2: _CombineArgs, 3: _AddRmsNormArgs, 4: _QuantInfo}
+for _i, _st in _STRUCTS.items():
     if _L.megamoe_ops_struct_size(_i) != ctypes.sizeof(_st):
         raise ImportError(f"megamoe.ops: {_st.__name__} is {ctypes.sizeof(_st)} bytes but the "
                           f"library's is {_L.megamoe_ops_struct_size(_i)}; rebuild libmegamoe")
+
+_L.megamoe_quant_mode_info.restype = ctypes.c_int
+_L.megamoe_quant_mode_info.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(_QuantInfo)]
+
+
+def _quant_table(which):
+    rows, info = [], _QuantInfo()
+    while _L.megamoe_quant_mode_info(which, len(rows), ctypes.byref(info)) == 0:
+        codes = [c for c in range(32) if info.out_dtypes >> c & 1]
+        rows.append(QuantMode(
+            info.mode, info.name.decode(),
+            tuple(_PY_DTYPE.get(c, _TO_TORCH.get(c)) for c in codes),
+            info.scale_group, None if info.scale_same_as_input else _TO_TORCH.get(info.scale_dtype),
+            ("none", "optional", "required")[info.smoothing]))
+    return tuple(rows)
+
+
+_PY_DTYPE = {_E4M3: float8_e4m3fn, _E5M2: float8_e5m2}  # fp8: the dtype tokens, not uint8
+_QUANT_MODES = _quant_table(0)
+_COMM_QUANT_MODES = _quant_table(1)
+# expand_x dtypes a caller may ask for: x's own (mode 0) and every quantised one in the table
+_Y_TORCH = {torch.bfloat16, torch.float16} | {d for m in _QUANT_MODES for d in m.out_dtypes
+                                              if isinstance(d, torch.dtype)}
+
+
+def quant_modes():
+    """The dispatch quant_modes (a tuple of QuantMode), from the library's table."""
+    return _QUANT_MODES
+
+
+def comm_quant_modes():
+    """The combine comm_quant_modes (a tuple of QuantMode), from the library's table."""
+    return _COMM_QUANT_MODES
 
 
 def release():
@@ -209,7 +267,7 @@ def _y_code(y_dtype):
         return y_dtype
     if isinstance(y_dtype, Float8Dtype):
         return y_dtype.code
-    if y_dtype in (torch.int8, torch.bfloat16, torch.float16):
+    if y_dtype in _Y_TORCH:
         return _FROM_TORCH[y_dtype]
     return _FP32  # never a valid expand_x type: the library names the rule
 

@@ -2,15 +2,7 @@
 #ifndef MM_BASE_CPU_H
 #define MM_BASE_CPU_H
 
-#if defined(__x86_64__) || defined(__i386__)
-#define MM_X86 1
-#define MM_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
-#define MM_TARGET_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
-#else
-#define MM_X86 0
-#define MM_TARGET_AVX512
-#define MM_TARGET_AVX512BF16
-#endif
+#include "arch.h" /* MM_X86, MM_TARGET_AVX512* */
 
 /* AVX-512 F+BW+VL+DQ usable (CPU and OS state). */
 int mm_cpu_has_avx512(void);
@@ -22,8 +14,6 @@ int mm_cpu_has_amx_bf16(void);
 const char *mm_cpu_brand(void);
 /* Online logical cores. */
 int mm_cpu_count(void);
-
-
 
 /* Ask the kernel once per process for AMX tile-data permission (arch_prctl
  * ARCH_REQ_XCOMP_PERM). Returns 1 when AMX-BF16 may be used, 0 otherwise (never faults). */

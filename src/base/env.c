@@ -30,12 +30,6 @@ static const mm_env_def_t mm_env_defs[MM_ENV_COUNT] = {
 
 static const char *const mm_env_type_names[] = {"string", "size", "bool", "int", "enum"};
 
-/* The log level variable is parsed while deciding whether to log, so its errors must not log
- * (that would recurse); they are still recorded as the last error. */
-#define MM_ENV_ERROR(id, ...)                                                             \
-    ((id) == MM_ENV_LOG_LEVEL ? mm_error_quiet(MEGAMOE_INVALID_ARGUMENT, __VA_ARGS__)      \
-                              : mm_error(MEGAMOE_INVALID_ARGUMENT, __VA_ARGS__))
-
 int mm_env_is_set(mm_env_id_t id) { return getenv(mm_env_defs[id].name) != NULL; }
 
 const char *mm_env_name(mm_env_id_t id) { return mm_env_defs[id].name; }
@@ -176,8 +170,9 @@ megamoe_status_t mm_env_int(mm_env_id_t id, int64_t *value_p)
     const char *t = mm_env_text(id);
     if (t == NULL) return mm_error_quiet(MEGAMOE_NOT_FOUND, "%s is not set", d->name);
     if (mm_is_blank(t))
-        return MM_ENV_ERROR(id, "%s is set but empty; use an integer in [%" PRId64 ", %" PRId64 "]",
-                            d->name, d->lo, d->hi);
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "%s is set but empty; use an integer in [%" PRId64 ", %" PRId64 "]",
+                        d->name, d->lo, d->hi);
     return mm_parse_int(d->name, t, d->lo, d->hi, value_p);
 }
 
@@ -205,18 +200,13 @@ megamoe_status_t mm_env_enum(mm_env_id_t id, int *index_p)
     const mm_env_def_t *d = &mm_env_defs[id];
     const char *t = mm_env_text(id);
     if (t == NULL) return mm_error_quiet(MEGAMOE_NOT_FOUND, "%s is not set", d->name);
-    size_t tlen = strlen(t);
-    int index = 0;
-    for (const char *c = d->choices; *c; index++) {
-        const char *end = strchr(c, '|');
-        size_t len = end ? (size_t)(end - c) : strlen(c);
-        if (len == tlen && strncasecmp(c, t, len) == 0) {
-            *index_p = index;
-            return MEGAMOE_OK;
-        }
-        c += len + (end ? 1 : 0);
+    int index = mm_env_choice_index(d->choices, t);
+    if (index >= 0) {
+        *index_p = index;
+        return MEGAMOE_OK;
     }
-    return MM_ENV_ERROR(id, "%s='%s' is not accepted; use one of %s", d->name, t, d->choices);
+    return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s='%s' is not accepted; use one of %s", d->name,
+                    t, d->choices);
 }
 
 megamoe_status_t mm_env_string(mm_env_id_t id, const char **value_p)

@@ -12,14 +12,7 @@
 
 #include "megamoe/status.h"
 
-#include "env_table.h"
-
-typedef enum mm_env_id {
-#define MM_ENV_ID_(id, name, type, def, lo, hi, choices, help) MM_ENV_##id,
-    MM_ENV_TABLE(MM_ENV_ID_)
-#undef MM_ENV_ID_
-        MM_ENV_COUNT
-} mm_env_id_t;
+#include "env_ids.h" /* mm_env_id_t: MM_ENV_<ID> of env_table.h */
 
 /* 1 when the variable is set (even to an empty string), else 0. */
 int mm_env_is_set(mm_env_id_t id);

@@ -4,9 +4,15 @@
  * fix; callers above only propagate the status. mm_error() logs at error level, stores the text
  * as the thread's megamoe_last_error() and returns the status, so the usual form is
  *     return mm_error(MEGAMOE_INVALID_ARGUMENT, "top_k %d must be in [1, %d]", k, e);
+ *
+ * Inside base the files call downwards only (docs/architecture.md): status.c (strings, the
+ * last-error text, mm_error_quiet) < log.c (level, prefix, callback) < error.c (mm_error) <
+ * env.c and the rest. The log reads its own variable without env.c, whose errors it logs.
  */
 #ifndef MM_BASE_ERROR_H
 #define MM_BASE_ERROR_H
+
+#include <stdarg.h>
 
 #include "megamoe/log.h"
 #include "megamoe/status.h"
@@ -23,6 +29,9 @@ megamoe_status_t mm_error(megamoe_status_t status, const char *fmt, ...) MM_PRIN
 /* Same, but the message is only remembered, not logged (for errors the caller expects and
  * handles, e.g. probing). */
 megamoe_status_t mm_error_quiet(megamoe_status_t status, const char *fmt, ...) MM_PRINTF(2, 3);
+
+/* mm_error_quiet with a va_list. */
+megamoe_status_t mm_error_vquiet(megamoe_status_t status, const char *fmt, va_list ap);
 
 /* The error megamoe_fail_next_call() left for this thread's next collective call (consumed:
  * the text becomes the last error), or OK. Every collective entry calls it first and takes

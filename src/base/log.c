@@ -1,4 +1,7 @@
-/* Logging: level from MEGAMOE_LOG_LEVEL (read once), rank prefix, user callback. */
+/* Logging: level from MEGAMOE_LOG_LEVEL (read once), rank prefix, user callback.
+ *
+ * Below env.c (which logs its errors): the level is read straight from the table's row
+ * (env_ids.h), and a bad value only records the error (status.c) and keeps the default. */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -6,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "env.h"
+#include "env_ids.h"
 #include "error.h"
 
 static atomic_int mm_log_level = -1; /* -1: not yet read from the environment */
@@ -27,12 +30,18 @@ static int mm_log_level_resolve(void)
 {
     int level = atomic_load_explicit(&mm_log_level, memory_order_relaxed);
     if (level >= 0) return level;
-    int index = MEGAMOE_LOG_WARN;
-    if (mm_env_enum(MM_ENV_LOG_LEVEL, &index) != MEGAMOE_OK) {
-        /* The bad value was recorded as last error; fall back to the default so the error
-         * itself can still be shown. */
-        index = MEGAMOE_LOG_WARN;
+    const char *name = mm_env_row_name(MM_ENV_LOG_LEVEL);
+    const char *choices = mm_env_row_choices(MM_ENV_LOG_LEVEL); /* = mm_level_names' order */
+    const char *text = getenv(name);
+    int index = mm_env_choice_index(choices, mm_env_row_default(MM_ENV_LOG_LEVEL));
+    if (text != NULL) {
+        int chosen = mm_env_choice_index(choices, text);
+        if (chosen >= 0) index = chosen;
+        else /* recorded, not logged (that would recurse); the default lets it be shown */
+            mm_error_quiet(MEGAMOE_INVALID_ARGUMENT, "%s='%s' is not accepted; use one of %s",
+                           name, text, choices);
     }
+    if (index < 0) index = MEGAMOE_LOG_WARN;
     int expected = -1;
     atomic_compare_exchange_strong(&mm_log_level, &expected, index);
     return atomic_load(&mm_log_level);
@@ -67,7 +76,7 @@ static void mm_log_emit_v(megamoe_log_level_t level, const char *fmt, va_list ap
         off = (size_t)snprintf(line, sizeof line, "[megamoe][rank %d][%s] ", rank,
                                megamoe_log_level_name(level));
     } else {
-        const char *env_rank = getenv("RANK");
+        const char *env_rank = getenv(mm_env_row_name(MM_ENV_RANK));
         if (env_rank && *env_rank)
             off = (size_t)snprintf(line, sizeof line, "[megamoe][rank %.16s][%s] ", env_rank,
                                    megamoe_log_level_name(level));

@@ -36,11 +36,38 @@ static megamoe_status_t mm_gemm_probe(const mm_gemm_backend_ops_t *b)
     return b->probe ? b->probe() : MEGAMOE_OK;
 }
 
-megamoe_status_t mm_gemm_backend_get(const char *name, const mm_gemm_backend_ops_t **backend_p)
+const char *mm_gemm_choice_name(mm_gemm_choice_t choice)
 {
+    static const char *const names[MM_GEMM_CHOICE_COUNT] = {
+#define MM_GEMM_CHOICE_NAME_(id) MM_GEMM_NAME_##id,
+        MM_GEMM_CHOICES(MM_GEMM_CHOICE_NAME_)
+#undef MM_GEMM_CHOICE_NAME_
+    };
+    return (int)choice >= 0 && choice < MM_GEMM_CHOICE_COUNT ? names[choice] : NULL;
+}
+
+/* UNSUPPORTED for amx, with the reason. */
+static megamoe_status_t mm_gemm_amx_unsupported(void)
+{
+    const char *why = !mm_cpu_has_amx_bf16()
+                          ? "this CPU has no AMX-BF16 (cpuid)"
+                      : !mm_cpu_request_amx()
+                          ? "the kernel refused AMX tile-data permission (arch_prctl)"
+                          : "the own AMX backend is not built yet (issue 8)";
+    return mm_error(MEGAMOE_UNSUPPORTED,
+                    "MEGAMOE_GEMM=" MM_GEMM_NAME_AMX ": %s; use MEGAMOE_GEMM=" MM_GEMM_NAME_ONEDNN
+                    " (oneDNN uses AMX itself where present) or " MM_GEMM_NAME_AUTO,
+                    why);
+}
+
+megamoe_status_t mm_gemm_backend_of(mm_gemm_choice_t choice,
+                                    const mm_gemm_backend_ops_t **backend_p)
+{
+    const char *name = mm_gemm_choice_name(choice);
     if (name == NULL || backend_p == NULL)
-        return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_gemm_backend_get: NULL argument");
-    if (strcasecmp(name, "auto") == 0) {
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_gemm_backend_of: choice %d or NULL backend_p",
+                        (int)choice);
+    if (choice == MM_GEMM_CHOICE_AUTO) {
         /* Registry order is preference order; ref always probes OK. */
         for (int i = 0; i < MM_GEMM_BACKEND_COUNT; i++)
             if (mm_gemm_probe(mm_gemm_backends[i]) == MEGAMOE_OK) {
@@ -49,66 +76,65 @@ megamoe_status_t mm_gemm_backend_get(const char *name, const mm_gemm_backend_ops
             }
         return mm_error(MEGAMOE_INTERNAL, "no usable GEMM backend");
     }
-    if (strcasecmp(name, "amx") == 0) {
-        const char *why = !mm_cpu_has_amx_bf16()
-                              ? "this CPU has no AMX-BF16 (cpuid)"
-                          : !mm_cpu_request_amx()
-                              ? "the kernel refused AMX tile-data permission (arch_prctl)"
-                              : "the own AMX backend is not built yet (issue 8)";
-        return mm_error(MEGAMOE_UNSUPPORTED,
-                        "MEGAMOE_GEMM=amx: %s; use MEGAMOE_GEMM=onednn (oneDNN uses AMX itself "
-                        "where present) or auto",
-                        why);
-    }
+    if (choice == MM_GEMM_CHOICE_AMX) return mm_gemm_amx_unsupported();
     for (int i = 0; i < MM_GEMM_BACKEND_COUNT; i++) {
-        if (strcasecmp(name, mm_gemm_backends[i]->name) != 0) continue;
+        if (strcmp(name, mm_gemm_backends[i]->name) != 0) continue;
         megamoe_status_t st = mm_gemm_probe(mm_gemm_backends[i]);
         if (st != MEGAMOE_OK)
-            return mm_error(st, "MEGAMOE_GEMM=%s is not usable here: %s; use auto or ref", name,
-                            megamoe_last_error());
+            return mm_error(st, "MEGAMOE_GEMM=%s is not usable here: %s; use " MM_GEMM_NAME_AUTO
+                            " or " MM_GEMM_NAME_REF, name, megamoe_last_error());
         *backend_p = mm_gemm_backends[i];
         return MEGAMOE_OK;
     }
-    if (strcasecmp(name, "onednn") == 0)
+    if (choice == MM_GEMM_CHOICE_ONEDNN)
         return mm_error(MEGAMOE_UNSUPPORTED,
-                        "MEGAMOE_GEMM=onednn: this build has no oneDNN backend; install "
-                        "libdnnl-dev (make deps) and configure with -DMEGAMOE_WITH_ONEDNN=ON");
+                        "MEGAMOE_GEMM=" MM_GEMM_NAME_ONEDNN ": this build has no oneDNN backend; "
+                        "install libdnnl-dev (make deps) and configure with "
+                        "-DMEGAMOE_WITH_ONEDNN=ON");
     return mm_error(MEGAMOE_UNSUPPORTED, "MEGAMOE_GEMM=%s: no such backend in this build", name);
 }
 
-/* The MEGAMOE_GEMM word (read at every call). */
-static megamoe_status_t mm_gemm_env_word(const char **word_p)
+megamoe_status_t mm_gemm_backend_get(const char *name, const mm_gemm_backend_ops_t **backend_p)
 {
-    static const char *const words[] = {"auto", "amx", "avx512", "onednn", "ref"};
+    if (name == NULL || backend_p == NULL)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_gemm_backend_get: NULL argument");
+    for (int c = 0; c < MM_GEMM_CHOICE_COUNT; c++)
+        if (strcasecmp(name, mm_gemm_choice_name((mm_gemm_choice_t)c)) == 0)
+            return mm_gemm_backend_of((mm_gemm_choice_t)c, backend_p);
+    return mm_error(MEGAMOE_UNSUPPORTED, "MEGAMOE_GEMM=%s: no such backend in this build", name);
+}
+
+megamoe_status_t mm_gemm_choice_from_env(mm_gemm_choice_t *choice_p)
+{
+    /* the env table lists MM_GEMM_CHOICES in the same order (tests/kernels/test_gemm.c) */
     int index = 0;
     megamoe_status_t st = mm_env_enum(MM_ENV_GEMM, &index);
-    if (st == MEGAMOE_NOT_FOUND) index = 0;
+    if (st == MEGAMOE_NOT_FOUND) index = MM_GEMM_CHOICE_AUTO;
     else if (st != MEGAMOE_OK) return st;
-    if (index < 0 || index >= (int)(sizeof words / sizeof words[0]))
+    if (index < 0 || index >= MM_GEMM_CHOICE_COUNT)
         return mm_error(MEGAMOE_INTERNAL, "MEGAMOE_GEMM choice %d out of range", index);
-    *word_p = words[index];
+    *choice_p = (mm_gemm_choice_t)index;
     return MEGAMOE_OK;
 }
 
 megamoe_status_t mm_gemm_backend_default(const mm_gemm_backend_ops_t **backend_p)
 {
-    const char *word = NULL;
-    MM_CHECK(mm_gemm_env_word(&word));
-    return mm_gemm_backend_get(word, backend_p);
+    mm_gemm_choice_t choice = MM_GEMM_CHOICE_AUTO;
+    MM_CHECK(mm_gemm_choice_from_env(&choice));
+    return mm_gemm_backend_of(choice, backend_p);
 }
 
-megamoe_status_t mm_gemm_backend_for_weight(mm_gemm_form_t form, int64_t K, int64_t N,
-                                            const mm_gemm_backend_ops_t **backend_p)
+megamoe_status_t mm_gemm_backend_for_weight_of(mm_gemm_choice_t choice, mm_gemm_form_t form,
+                                               int64_t K, int64_t N,
+                                               const mm_gemm_backend_ops_t **backend_p)
 {
     if (backend_p == NULL)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_gemm_backend_for_weight: NULL backend_p");
-    const char *word = NULL;
-    MM_CHECK(mm_gemm_env_word(&word));
 #if MM_X86
     /* auto: big NN/NT weights on the own AVX512-BF16 kernel where it beats oneDNN's
      * avx512_core_bf16 brgemm (no AMX; docs/kernels.md has the numbers behind the bound). */
-    if (strcasecmp(word, "auto") == 0 && (form == MM_GEMM_NN || form == MM_GEMM_NT) &&
-        K > 0 && N >= MM_GEMM_AUTO_OWN_MIN_N && K * N >= MM_GEMM_AUTO_OWN_MIN_KN &&
+    if (choice == MM_GEMM_CHOICE_AUTO && (form == MM_GEMM_NN || form == MM_GEMM_NT) && K > 0 &&
+        N >= MM_GEMM_AUTO_OWN_MIN_N && K * N >= MM_GEMM_AUTO_OWN_MIN_KN &&
         !mm_cpu_has_amx_bf16() && mm_gemm_avx512_ops.probe() == MEGAMOE_OK) {
         *backend_p = &mm_gemm_avx512_ops;
         return MEGAMOE_OK;
@@ -116,7 +142,15 @@ megamoe_status_t mm_gemm_backend_for_weight(mm_gemm_form_t form, int64_t K, int6
 #else
     (void)form, (void)K, (void)N;
 #endif
-    return mm_gemm_backend_get(word, backend_p);
+    return mm_gemm_backend_of(choice, backend_p);
+}
+
+megamoe_status_t mm_gemm_backend_for_weight(mm_gemm_form_t form, int64_t K, int64_t N,
+                                            const mm_gemm_backend_ops_t **backend_p)
+{
+    mm_gemm_choice_t choice = MM_GEMM_CHOICE_AUTO;
+    MM_CHECK(mm_gemm_choice_from_env(&choice));
+    return mm_gemm_backend_for_weight_of(choice, form, K, N, backend_p);
 }
 
 /* ---- per-thread scratch ------------------------------------------------------------------ */

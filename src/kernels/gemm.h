@@ -23,7 +23,12 @@
  * keeps a pointer to its caller-owned source: a column sub-block whose n0 is not a multiple
  * of mm_gemm_weight_n_align() falls back to the source (correct, slower).
  *
- * Backends: MEGAMOE_GEMM = auto | amx | avx512 | onednn | ref (src/base/env_table.h).
+ * Backends: MEGAMOE_GEMM = auto | amx | avx512 | onednn | ref (MM_GEMM_CHOICES below; the same
+ * words, in the same order, as src/base/env_table.h, which a test checks). The variable is read
+ * once by whoever owns a set of products (a MegaMoE resource group at creation, a packed weight
+ * at creation, a benchmark at start) and the resolved backend is passed in the arguments, so
+ * worker threads never read the environment (which another thread, e.g. Python's os.environ,
+ * may be changing).
  *   ref     plain C, fp32 accumulate, k ascending; every form and option (tests, no oneDNN).
  *   onednn  oneDNN 2.6 matmul: packed (and small dense plain) weights run fixed-M brgemm
  *           primitives on row chunks; other plain operands run one runtime-shape primitive
@@ -50,6 +55,28 @@
 #include "megamoe/status.h"
 
 #define MM_GEMM_END INT64_MAX /* range end meaning "to the end of the dimension" */
+
+/* The MEGAMOE_GEMM words, the one list: the enum, the registry names (each backend's `name` is
+ * its MM_GEMM_NAME_*), messages and the benchmark's rows come from it. */
+#define MM_GEMM_NAME_AUTO "auto"
+#define MM_GEMM_NAME_AMX "amx"
+#define MM_GEMM_NAME_AVX512 "avx512"
+#define MM_GEMM_NAME_ONEDNN "onednn"
+#define MM_GEMM_NAME_REF "ref"
+#define MM_GEMM_CHOICES(X) X(AUTO) X(AMX) X(AVX512) X(ONEDNN) X(REF)
+
+typedef enum mm_gemm_choice {
+#define MM_GEMM_CHOICE_ENUM_(id) MM_GEMM_CHOICE_##id,
+    MM_GEMM_CHOICES(MM_GEMM_CHOICE_ENUM_)
+#undef MM_GEMM_CHOICE_ENUM_
+        MM_GEMM_CHOICE_COUNT
+} mm_gemm_choice_t;
+
+/* "auto", "amx", ...; NULL out of range. */
+const char *mm_gemm_choice_name(mm_gemm_choice_t choice);
+/* MEGAMOE_GEMM now (unset: auto; a bad word: INVALID_ARGUMENT naming the accepted ones). Call
+ * it on the thread that owns the products, once, not on workers. */
+megamoe_status_t mm_gemm_choice_from_env(mm_gemm_choice_t *choice_p);
 
 typedef enum mm_gemm_form {
     MM_GEMM_NN = 0,
@@ -79,7 +106,9 @@ typedef struct mm_gemm_args {
     int accumulate;
     int64_t m0, m1, n0, n1; /* sub-block of C; ends may be MM_GEMM_END */
     int threads;            /* OpenMP threads allowed inside the call; <= 1: the caller only */
-    const mm_gemm_backend_ops_t *backend; /* NULL: the weight's backend, else MEGAMOE_GEMM */
+    /* NULL: the weight's backend, else MEGAMOE_GEMM read now (tests and tools only: owners of
+     * products running on workers resolve it once, mm_gemm_backend_of) */
+    const mm_gemm_backend_ops_t *backend;
 } mm_gemm_args_t;
 
 /* Grouped product over local experts: the group list (rows per group, zeros allowed, groups
@@ -156,7 +185,7 @@ void mm_gemm_weight_destroy(mm_gemm_weight_t *weight);
  * handles empty ranges and K = 0, and turns a packed-weight call whose n0 is not aligned into
  * a plain call on the weight's source, so `gemm` only sees non-empty, valid sub-blocks. */
 struct mm_gemm_backend_ops {
-    const char *name; /* the MEGAMOE_GEMM word */
+    const char *name; /* the MEGAMOE_GEMM word: MM_GEMM_NAME_* */
     /* (optional) OK when usable here; else UNSUPPORTED via mm_error_quiet() with the reason. */
     megamoe_status_t (*probe)(void);
     /* Compute the sub-block. Plain operands, or args->weight packed by this backend. */
@@ -173,16 +202,22 @@ struct mm_gemm_backend_ops {
 /* Backend by MEGAMOE_GEMM word ("ref", "onednn", ...; "auto" resolves). UNSUPPORTED (message
  * names the reason and the alternative) when not built or not usable on this CPU. */
 megamoe_status_t mm_gemm_backend_get(const char *name, const mm_gemm_backend_ops_t **backend_p);
-/* The backend MEGAMOE_GEMM selects (read at every call; cheap). Plain operands and TN. */
-megamoe_status_t mm_gemm_backend_default(const mm_gemm_backend_ops_t **backend_p);
-/* The backend mm_gemm_weight_create(NULL, ...) packs a weight with: as the default, except
- * that auto puts big weights (K*N >= MM_GEMM_AUTO_OWN_MIN_KN, N >= MM_GEMM_AUTO_OWN_MIN_N)
- * on the own avx512 backend when the CPU has AVX512-BF16 and no AMX-BF16: there it beats
- * oneDNN's avx512_core_bf16 kernel by 3-27% (1.08x on the MoE shapes), and on smaller
- * weights oneDNN is up to 8% faster (docs/kernels.md). Products through the weight use its
- * backend. */
+/* The backend a choice gives plain operands and TN (auto: the first usable in the registry). */
+megamoe_status_t mm_gemm_backend_of(mm_gemm_choice_t choice,
+                                    const mm_gemm_backend_ops_t **backend_p);
+/* The backend a choice packs a weight of form [K,N] with: as mm_gemm_backend_of, except that
+ * auto puts big weights (K*N >= MM_GEMM_AUTO_OWN_MIN_KN, N >= MM_GEMM_AUTO_OWN_MIN_N) on the
+ * own avx512 backend when the CPU has AVX512-BF16 and no AMX-BF16: there it beats oneDNN's
+ * avx512_core_bf16 kernel by 3-27% (1.08x on the MoE shapes), and on smaller weights oneDNN is
+ * up to 8% faster (docs/kernels.md). Products through the weight use its backend. */
 #define MM_GEMM_AUTO_OWN_MIN_KN ((int64_t)2 * 1024 * 1024)
 #define MM_GEMM_AUTO_OWN_MIN_N 512
+megamoe_status_t mm_gemm_backend_for_weight_of(mm_gemm_choice_t choice, mm_gemm_form_t form,
+                                               int64_t K, int64_t N,
+                                               const mm_gemm_backend_ops_t **backend_p);
+/* The same two with MEGAMOE_GEMM read now (mm_gemm_choice_from_env): the default of
+ * mm_gemm() and mm_gemm_weight_create() called without a backend. */
+megamoe_status_t mm_gemm_backend_default(const mm_gemm_backend_ops_t **backend_p);
 megamoe_status_t mm_gemm_backend_for_weight(mm_gemm_form_t form, int64_t K, int64_t N,
                                             const mm_gemm_backend_ops_t **backend_p);
 /* Backends built into this library, in registry order; NULL past the end. */

@@ -250,7 +250,7 @@ static megamoe_status_t mm_avx512_weight_pack(mm_gemm_weight_t *w)
 static void mm_avx512_weight_release(mm_gemm_weight_t *w) { mm_aligned_free(w->data); }
 
 const mm_gemm_backend_ops_t mm_gemm_avx512_ops = {
-    .name = "avx512",
+    .name = MM_GEMM_NAME_AVX512,
     .probe = mm_avx512_probe,
     .gemm = mm_avx512_gemm,
     .weight_pack = mm_avx512_weight_pack,

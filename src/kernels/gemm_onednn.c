@@ -583,7 +583,7 @@ static void mm_onednn_weight_release(mm_gemm_weight_t *w)
 }
 
 const mm_gemm_backend_ops_t mm_gemm_onednn_ops = {
-    .name = "onednn",
+    .name = MM_GEMM_NAME_ONEDNN,
     .probe = mm_onednn_probe,
     .gemm = mm_onednn_gemm,
     .weight_pack = mm_onednn_weight_pack,

@@ -64,7 +64,7 @@ static megamoe_status_t mm_ref_weight_pack(mm_gemm_weight_t *w)
 static void mm_ref_weight_release(mm_gemm_weight_t *w) { mm_aligned_free(w->data); }
 
 const mm_gemm_backend_ops_t mm_gemm_ref_ops = {
-    .name = "ref",
+    .name = MM_GEMM_NAME_REF,
     .probe = NULL,
     .gemm = mm_ref_gemm,
     .weight_pack = mm_ref_weight_pack,

@@ -1,5 +1,5 @@
 /* Row quantisers of dispatch (MoeDistributeDispatchV2 quantMode 1..4) and combine's int8
- * transport (commQuantMode 2), bit-exact to ../shared/docs/dispatch_combine_v2_spec.md §4, §5.2.
+ * transport (commQuantMode 2), bit-exact to docs/v2_spec.md §4, §5.2.
  *
  * Notation: f32(x) exact widening of a bf16/fp16 element; fl32(e) one IEEE fp32 operation
  * rounded to nearest even; RNE round half to even. Inputs are one row of h elements, bf16 or

@@ -1,4 +1,4 @@
-/* O0 backward (reference design §1.5), each phase one step of the group's worker pool:
+/* O0 backward (the graph of docs/moe.md "Semantics"), each phase one step of the group's worker pool:
  *   source:  dY[t,k] = w[t,k] · dOut[t] (bf16 rows, permuted order) and
  *            grad w[t,k] = <dOut[t], y[t,k]>           (fp32, y saved by the forward)
  *   dispatch dY rows to the expert owners (the forward's plan, receive order)
@@ -112,6 +112,7 @@ static megamoe_status_t mm_bwd_gemm(mm_bwd_t *b, int worker, int nw)
         g.ldc = H;
         g.c_group_stride = I * H;
         g.c_type = b->c.wg_type;
+        g.backend = b->c.g->gemm_plain;
         break;
     case BW_GMM_DX: /* dX[R,H] = dGU[R,2I] · gate_up[j]ᵀ */
         g.form = MM_GEMM_NT;
@@ -138,6 +139,7 @@ static megamoe_status_t mm_bwd_gemm(mm_bwd_t *b, int worker, int nw)
         g.ldc = 2 * I;
         g.c_group_stride = H * 2 * I;
         g.c_type = b->c.wg_type;
+        g.backend = b->c.g->gemm_plain;
         break;
     default:
         return mm_error(MEGAMOE_INTERNAL, "phase %d is not a GEMM", b->phase);

@@ -92,6 +92,7 @@ static megamoe_status_t mm_o1_bwd_wgrad(void *ctx, mm_mc_worker_t *w, int which,
     mm_gemm_args_init(&g);
     g.form = MM_GEMM_TN;
     g.K = rows; /* an expert without rows gets exact zeros */
+    g.backend = b->c.g->gemm_plain; /* resolved at group creation, not here on a worker */
     g.m0 = m0;
     g.m1 = m1;
     /* the output, or (replicas) a home partial / a guest slot's partial in fp32 */

@@ -64,11 +64,33 @@ int64_t megamoe_experts_capacity_rows(int64_t ep, int64_t tokens, int64_t top_k,
 }
 
 /* The dispatch mode of params (MM_MOE_*), -1 when it names none. */
+/* The public words of the dispatch modes and schedules, indexed by their enums. */
+static const char *const mm_moe_mode_words[] = {[MM_MOE_FIXED] = NULL, [MM_MOE_PUSH] = "push",
+                                                [MM_MOE_PULL] = "pull"};
+static const char *const mm_moe_schedule_words[] = {[MM_MOE_O0] = "O0", [MM_MOE_O1] = "O1"};
+
+const char *mm_moe_schedule_name(mm_moe_schedule_t s)
+{
+    return (unsigned)s < sizeof mm_moe_schedule_words / sizeof mm_moe_schedule_words[0]
+               ? mm_moe_schedule_words[s]
+               : "?";
+}
+
+/* The schedule a name (NULL: the default) selects; -1 for an unknown one. */
+static int mm_moe_schedule_of(const char *name)
+{
+    if (name == NULL) return MM_MOE_SCHEDULE_DEFAULT;
+    for (int s = 0; s < (int)(sizeof mm_moe_schedule_words / sizeof mm_moe_schedule_words[0]); s++)
+        if (strcmp(name, mm_moe_schedule_words[s]) == 0) return s;
+    return -1;
+}
+
+/* The dispatch mode of the parameters (unset: fixed); -1 for an unknown word. */
 static int mm_moe_mode_of(const megamoe_experts_params_t *p)
 {
     if (p->dispatch_mode == NULL) return MM_MOE_FIXED;
-    if (strcmp(p->dispatch_mode, "push") == 0) return MM_MOE_PUSH;
-    if (strcmp(p->dispatch_mode, "pull") == 0) return MM_MOE_PULL;
+    for (int m = 0; m < (int)(sizeof mm_moe_mode_words / sizeof mm_moe_mode_words[0]); m++)
+        if (mm_moe_mode_words[m] && strcmp(p->dispatch_mode, mm_moe_mode_words[m]) == 0) return m;
     return -1;
 }
 
@@ -76,7 +98,7 @@ static int mm_moe_mode_of(const megamoe_experts_params_t *p)
 
 /* Initial receive rows of a valid configuration (push: min(initial, EP) * T*K, the original's
  * rule; pull: none). */
-static int64_t mm_moe_initial_rows(int mode, int64_t ep, int64_t T, int64_t K, double factor,
+static int64_t mm_moe_initial_rows(mm_moe_mode_t mode, int64_t ep, int64_t T, int64_t K, double factor,
                                    double initial)
 {
     if (mode == MM_MOE_PULL) return 0;
@@ -96,9 +118,10 @@ size_t megamoe_experts_heap_bytes(const megamoe_experts_params_t *p, int ep)
     c.E = p->num_experts;
     c.K = p->top_k;
     c.ep = ep;
-    c.mode = mm_moe_mode_of(p);
+    const int mode = mm_moe_mode_of(p);
     c.replicas = p->replica_slots_per_rank;
-    if (c.mode < 0 || c.T < 1 || c.K < 1 || c.H < 1) return 0;
+    if (mode < 0 || c.T < 1 || c.K < 1 || c.H < 1) return 0;
+    c.mode = (mm_moe_mode_t)mode;
     if (c.replicas < 0 || c.replicas > MM_MOE_MAX_REPLICAS ||
         (c.replicas > 0 && (c.I < 1 || c.E < ep || c.E % ep != 0)))
         return 0;
@@ -187,12 +210,11 @@ static megamoe_status_t mm_moe_validate(const megamoe_experts_params_t *p, int e
                         "replica_slots_per_rank = %d must be in [0, %d] (0 = no hot-expert "
                         "replicas)",
                         p->replica_slots_per_rank, MM_MOE_MAX_REPLICAS);
-    const char *s = p->schedule ? p->schedule : "O1";
-    if (strcmp(s, "O0") != 0 && strcmp(s, "O1") != 0)
+    if (mm_moe_schedule_of(p->schedule) < 0)
         return mm_error(MEGAMOE_INVALID_ARGUMENT,
                         "schedule \"%.16s\" is unknown; use \"O1\" (the multicore executor, "
                         "default) or \"O0\" (host-scheduled phases)",
-                        s);
+                        p->schedule);
     if (p->workers < 0 || p->workers > MM_POOL_MAX_WORKERS)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "workers = %d must be in [0, %d] (0 = default)",
                         p->workers, MM_POOL_MAX_WORKERS);
@@ -256,10 +278,10 @@ static megamoe_status_t mm_moe_agree_config(mm_shmem_team_t *team, const mm_moe_
         MM_CMP_F(initial, "initial_capacity_factor")
         MM_CMP_F(growth, "capacity_growth_factor")
         MM_CMP_I(replicas, "replica_slots_per_rank")
-        if (!field && strcmp(a->schedule, b->schedule) != 0) {
+        if (!field && a->schedule != b->schedule) {
             field = "schedule";
-            snprintf(va, sizeof va, "%s", a->schedule);
-            snprintf(vb, sizeof vb, "%s", b->schedule);
+            snprintf(va, sizeof va, "%s", mm_moe_schedule_name(a->schedule));
+            snprintf(vb, sizeof vb, "%s", mm_moe_schedule_name(b->schedule));
         }
 #undef MM_CMP_I
 #undef MM_CMP_F
@@ -293,7 +315,7 @@ megamoe_status_t megamoe_experts_create(megamoe_comm_t *comm, const megamoe_expe
      * are the group's own, so ranks outside it never call into it. */
     if (st == MEGAMOE_OK) st = mm_moe_validate(p, ep);
     int workers = 0, cube = 0, vector = 0;
-    const int o1 = st == MEGAMOE_OK && (p->schedule == NULL || strcmp(p->schedule, "O1") == 0);
+    const int o1 = st == MEGAMOE_OK && mm_moe_schedule_of(p->schedule) == MM_MOE_O1;
     if (st == MEGAMOE_OK) {
         workers = p->workers;
         if (workers == 0) st = mm_pool_default_workers(&workers);
@@ -324,7 +346,7 @@ megamoe_status_t megamoe_experts_create(megamoe_comm_t *comm, const megamoe_expe
     c.ep = ep;
     c.factor = p->expert_capacity_factor;
     c.limit = p->swiglu_limit;
-    c.mode = mm_moe_mode_of(p);
+    c.mode = (mm_moe_mode_t)mm_moe_mode_of(p);
     if (c.mode == MM_MOE_PUSH) {
         c.initial = p->initial_capacity_factor != 0 ? p->initial_capacity_factor
                                                     : MM_MOE_DEFAULT_FACTOR;
@@ -332,7 +354,7 @@ megamoe_status_t megamoe_experts_create(megamoe_comm_t *comm, const megamoe_expe
                                                   : MM_MOE_DEFAULT_FACTOR;
     }
     c.capacity = mm_moe_initial_rows(c.mode, ep, c.T, c.K, c.factor, c.initial);
-    snprintf(c.schedule, sizeof c.schedule, "%s", p->schedule ? p->schedule : "O1");
+    c.schedule = (mm_moe_schedule_t)mm_moe_schedule_of(p->schedule);
     c.replicas = p->replica_slots_per_rank;
     uint64_t number = atomic_load(&mm_moe_layer_count) + 1;
     st = mm_moe_agree_config(team, &c, &number);
@@ -602,8 +624,11 @@ static megamoe_status_t mm_moe_pack_set(megamoe_experts_t *x, mm_gemm_weight_t *
     }
     for (int64_t j = 0; j < x->L; j++) {
         const uint16_t *src = base + j * stride;
-        if ((*set)[j] == NULL)
-            MM_CHECK(mm_gemm_weight_create(NULL, form, K, N, src, ld, version, &(*set)[j]));
+        if ((*set)[j] == NULL) {
+            const mm_gemm_backend_ops_t *be = NULL;
+            MM_CHECK(mm_gemm_backend_for_weight_of(x->group->gemm_choice, form, K, N, &be));
+            MM_CHECK(mm_gemm_weight_create(be, form, K, N, src, ld, version, &(*set)[j]));
+        }
         else
             MM_CHECK(mm_gemm_weight_update((*set)[j], src, ld, version, NULL));
     }
@@ -790,7 +815,7 @@ megamoe_status_t megamoe_experts_get_info(const megamoe_experts_t *x,
         free(ds);
     }
     in.swiglu_limit = x->cfg.limit;
-    snprintf(in.schedule, sizeof in.schedule, "%s", x->cfg.schedule);
+    snprintf(in.schedule, sizeof in.schedule, "%s", mm_moe_schedule_name(x->cfg.schedule));
     in.workers = x->group->workers;
     in.cube_workers = x->group->cube;
     in.vector_workers = x->group->vector;

@@ -19,8 +19,13 @@
 #include "ops/ep_route.h"
 #include "shmem/shmem.h"
 
-/* Capacity policy / dispatch mode (docs/moe.md "Capacity and dispatch modes"). */
-enum { MM_MOE_FIXED = 0, MM_MOE_PUSH = 1, MM_MOE_PULL = 2 };
+/* Capacity policy / dispatch mode (docs/moe.md "Capacity and dispatch modes"): fixed is the
+ * unset dispatch_mode, push and pull its words. */
+typedef enum mm_moe_mode { MM_MOE_FIXED = 0, MM_MOE_PUSH = 1, MM_MOE_PULL = 2 } mm_moe_mode_t;
+/* The schedules ("O0", "O1": mm_moe_schedule_name). */
+typedef enum mm_moe_schedule { MM_MOE_O0 = 0, MM_MOE_O1 = 1 } mm_moe_schedule_t;
+#define MM_MOE_SCHEDULE_DEFAULT MM_MOE_O1
+const char *mm_moe_schedule_name(mm_moe_schedule_t s);
 
 #define MM_MOE_MAX_REPLICAS 64 /* replica_slots_per_rank */
 
@@ -31,13 +36,13 @@ typedef struct mm_moe_config {
     double factor;   /* MM_MOE_FIXED: expert_capacity_factor (0 = lossless) */
     float limit;
     int64_t capacity; /* initial receive rows (pull: 0) */
-    char schedule[8];
-    int32_t mode;    /* MM_MOE_* */
+    mm_moe_schedule_t schedule;
+    mm_moe_mode_t mode;
     double initial, growth; /* MM_MOE_PUSH: resolved factors (else 0) */
     int32_t replicas; /* guest slots per rank (replica_slots_per_rank; 0 = off) */
 } mm_moe_config_t;
 
-static inline int mm_moe_is_o1(const mm_moe_config_t *c) { return c->schedule[1] == '1'; }
+static inline int mm_moe_is_o1(const mm_moe_config_t *c) { return c->schedule == MM_MOE_O1; }
 static inline int mm_moe_is_pull(const mm_moe_config_t *c) { return c->mode == MM_MOE_PULL; }
 /* The lossless bound align128(EP*T*K): no rank can receive more. */
 static inline int64_t mm_moe_bound_rows(const mm_moe_config_t *c)
@@ -97,6 +102,8 @@ typedef struct mm_moe_group {
     mm_shmem_team_t *team;
     int workers;
     int cube, vector; /* O1 roles (cube + vector == workers) */
+    mm_gemm_choice_t gemm_choice;            /* MEGAMOE_GEMM at creation: packs the weights */
+    const mm_gemm_backend_ops_t *gemm_plain; /* its backend for plain operands (TN dW) */
     int layers;      /* layers attached */
     int open_layers; /* attached and not closed */
     int used;        /* a forward ran (sharing is no longer allowed) */

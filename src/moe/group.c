@@ -54,6 +54,12 @@ megamoe_status_t mm_moe_group_create(const mm_moe_config_t *cfg, mm_shmem_team_t
                                      uint64_t id, int workers, int cube, int vector,
                                      mm_moe_group_t **group_p)
 {
+    /* MEGAMOE_GEMM once for the group, here on the caller's thread: its workers never read
+     * the environment (docs/kernels.md "Backends and selection") */
+    mm_gemm_choice_t gemm = MM_GEMM_CHOICE_AUTO;
+    const mm_gemm_backend_ops_t *gemm_plain = NULL;
+    MM_CHECK(mm_gemm_choice_from_env(&gemm));
+    MM_CHECK(mm_gemm_backend_of(gemm, &gemm_plain));
     mm_moe_group_t *g = calloc(1, sizeof *g);
     if (g == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "cannot allocate a resource group");
     g->calls.id = id;
@@ -64,6 +70,8 @@ megamoe_status_t mm_moe_group_create(const mm_moe_config_t *cfg, mm_shmem_team_t
     g->workers = workers;
     g->cube = cube;
     g->vector = vector;
+    g->gemm_choice = gemm;
+    g->gemm_plain = gemm_plain;
     g->layers = 1;
     g->open_layers = 1;
     g->capacity = cfg->capacity;

@@ -3,25 +3,19 @@
 #include "multicore/mc_exec.h"
 
 #include <pthread.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/backoff.h"
 #include "base/clock.h"
 #include "base/cpu.h"
 #include "base/error.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define MM_MC_PAUSE() _mm_pause()
-#else
-#define MM_MC_PAUSE() __asm__ __volatile__("" ::: "memory")
-#endif
-
-/* Waiting (from the first miss): spin, then yield (lets a thread sharing the core run), then
- * sleep up to MM_MC_SLEEP_MAX_NS, so an idle worker costs little and wakes within ~0.2 ms.
+/* Waiting (base/backoff.h, from the first miss): spin, then yield (lets a thread sharing the
+ * core run), then sleep up to MM_MC_SLEEP_MAX_NS, so an idle worker costs little and wakes
+ * within ~0.2 ms.
  * When the job's workers outnumber the cores (every rank is on this host), a spinning or
  * yielding worker only steals time from the one computing on its core: it then spins
  * briefly and sleeps at once. */
@@ -608,8 +602,8 @@ static megamoe_status_t mm_mc_worker_main(void *arg, int index, int n_workers)
         order[0] = MM_MC_VECTOR;
         order[1] = MM_MC_CUBE;
     }
-    uint64_t wait_t0 = 0, sleep_ns = 20000;
-    unsigned spins = 0;
+    mm_backoff_t b;
+    mm_backoff_init(&b, x->spin_ns, x->yield_ns, MM_MC_SLEEP_MAX_NS);
     int32_t waited_for = -1;
     for (;;) {
         if (__atomic_load_n(mm_mc_line(x->priv, MM_PV_ABORT), __ATOMIC_ACQUIRE)) return MEGAMOE_OK;
@@ -634,14 +628,12 @@ static megamoe_status_t mm_mc_worker_main(void *arg, int index, int n_workers)
                 retry = 1; /* another worker took it: look again at once */
                 break;
             }
-            if (wait_t0 != 0) {
+            if (b.start != 0) { /* it waited: record the wait, start afresh */
                 if (w->ring)
                     mm_prof_push(w->ring, MM_PROF_WAIT, (uint8_t)mm_mc_stage_of(x, t), id,
-                                 (int32_t)mm_mc_owner_of(x, t), t->peer, w->invocation, wait_t0,
+                                 (int32_t)mm_mc_owner_of(x, t), t->peer, w->invocation, b.start,
                                  mm_now_ns());
-                wait_t0 = 0;
-                sleep_ns = 20000;
-                spins = 0;
+                mm_backoff_reset(&b);
             }
             mm_mc_execute(x, w, id, t, &tile, amount);
             retry = 1;
@@ -650,13 +642,8 @@ static megamoe_status_t mm_mc_worker_main(void *arg, int index, int n_workers)
         if (!open) return MEGAMOE_OK;
         if (retry) continue;
         /* nothing ready: back off, watching the clock, the peers and the timeout */
-        if (wait_t0 == 0) wait_t0 = mm_now_ns();
-        if (++spins < 32) {
-            MM_MC_PAUSE();
-            continue;
-        }
-        spins = 0;
-        uint64_t elapsed = mm_now_ns() - wait_t0;
+        uint64_t elapsed;
+        if (!mm_backoff_miss(&b, &elapsed)) continue;
         megamoe_status_t st = mm_shmem_check_liveness();
         if (st == MEGAMOE_OK && elapsed >= x->timeout_ns) {
             char what[256];
@@ -673,14 +660,7 @@ static megamoe_status_t mm_mc_worker_main(void *arg, int index, int n_workers)
             mm_mc_fatal(x, st);
             return st;
         }
-        if (elapsed < x->spin_ns) continue;
-        if (elapsed < x->yield_ns) {
-            sched_yield();
-        } else {
-            mm_sleep_ns(sleep_ns);
-            if (sleep_ns < MM_MC_SLEEP_MAX_NS) sleep_ns *= 2;
-        }
-        spins = 31; /* slow phases: check the clock after every miss */
+        mm_backoff_wait(&b, elapsed, UINT64_MAX);
     }
 }
 

@@ -31,7 +31,7 @@
  * static while the plan of the call decides which expert a guest slot serves.
  *
  * Queues. Vector: DISPATCH tiles in RATR order (rank r: for local expert j, for tile k, for
- * i in 0..EP-1, destination (r + i) mod EP; reference design §3), then DONE, then REDUCE.
+ * i in 0..EP-1, destination (r + i) mod EP, the original scheduler's RATR rule), then DONE, then REDUCE.
  * Cube: EXPERT tiles in arrival order (for j, for i, source (r - i) mod EP, for k); in the
  * backward WGRAD2/WGRAD1 of expert j follow the tiles of expert j + 1 (one expert of lag: their
  * inputs are done and still in cache, and they overlap the next expert's data gradients and

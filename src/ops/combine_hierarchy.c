@@ -215,7 +215,7 @@ megamoe_status_t mm_v2c_hier_run(mm_v2_combine_t *c, const uint8_t *processed)
                               "for token %lld", (long long)grp, (long long)t);
                 break;
             }
-            mm_v2_axpy_f(acc, (const float *)p, 1.0f, h);
+            mm_rows_axpy_f32(acc, (const float *)p, 1.0f, h);
         }
         if (st != MEGAMOE_OK) break;
         for (int64_t k = 0; k < g->K; k++) {
@@ -223,7 +223,8 @@ megamoe_status_t mm_v2c_hier_run(mm_v2_combine_t *c, const uint8_t *processed)
             if (ids[t * g->K + k] >= g->E) mm_v2c_special(c, t, ids[t * g->K + k], w[t * g->K + k], acc, scratch);
         }
         if (a->shared_expert_x.data)
-            mm_v2_add_x(g->xtype, acc, (const uint8_t *)a->shared_expert_x.data + (size_t)t * xrow, h);
+            mm_rows_axpy(g->xtype, acc,
+                         (const uint8_t *)a->shared_expert_x.data + (size_t)t * xrow, 1.0f, h);
         mm_v2c_emit(c, t, acc, scratch);
     }
     return st;

@@ -28,7 +28,7 @@ const uint8_t *mm_v2c_row(const mm_v2_combine_t *c, int64_t i)
 const uint8_t *mm_v2c_payload(const mm_v2_combine_t *c, int64_t i, uint8_t *tmp)
 {
     if (!c->c.comm_quant) return mm_v2c_row(c, i);
-    mm_v2_cq_quant((int)c->c.comm_quant, c->c.xtype, c->c.h, mm_v2c_row(c, i), tmp);
+    mm_v2_cq_quant(c->c.cqmode, c->c.xtype, c->c.h, mm_v2c_row(c, i), tmp);
     return tmp;
 }
 
@@ -37,12 +37,10 @@ void mm_v2c_accumulate(const mm_v2_combine_t *c, float *acc, const uint8_t *payl
 {
     int64_t h = c->c.h;
     if (c->c.comm_quant) {
-        mm_v2_cq_dequant_f32((int)c->c.comm_quant, c->c.xtype, h, payload, scratch);
-        mm_v2_axpy_f(acc, scratch, weighted ? w : 1.0f, h);
-    } else if (weighted) {
-        mm_v2_axpy_x(c->c.xtype, acc, payload, w, h);
+        mm_v2_cq_dequant_f32(c->c.cqmode, c->c.xtype, h, payload, scratch);
+        mm_rows_axpy_f32(acc, scratch, weighted ? w : 1.0f, h);
     } else {
-        mm_v2_add_x(c->c.xtype, acc, payload, h);
+        mm_rows_axpy(c->c.xtype, acc, payload, weighted ? w : 1.0f, h);
     }
 }
 
@@ -73,7 +71,7 @@ static void mm_v2c_const_gates(const mm_v2_combine_t *c, int64_t t, int64_t ci, 
     for (int j = 0; j < 2; j++) {
         mm_v2_widen(g->xtype, (const uint8_t *)al[j]->data + (size_t)ci * xrow, tmp, h);
         for (int64_t i = 0; i < h; i++) tmp[i] = tmp[i] * xf[i];
-        alpha[j] = mm_v2_sum16(tmp, h);
+        alpha[j] = mm_rows_sum16(tmp, h);
     }
     float m = alpha[0] > alpha[1] ? alpha[0] : alpha[1];
     float d0 = alpha[0] - m, d1 = alpha[1] - m;
@@ -110,12 +108,12 @@ static void mm_v2c_term_chunk(const mm_v2_combine_t *c, const mm_v2c_term_t *tm,
     megamoe_dtype_t xt = c->c.xtype;
     size_t xs = c->c.xsize;
     switch (tm->kind) {
-    case MM_V2C_ROW_W: mm_v2_axpy_x(xt, acc, tm->p + (size_t)c0 * xs, tm->w, n); break;
-    case MM_V2C_ROW: mm_v2_add_x(xt, acc, tm->p + (size_t)c0 * xs, n); break;
+    case MM_V2C_ROW_W: mm_rows_axpy(xt, acc, tm->p + (size_t)c0 * xs, tm->w, n); break;
+    case MM_V2C_ROW: mm_rows_axpy(xt, acc, tm->p + (size_t)c0 * xs, 1.0f, n); break;
     case MM_V2C_CQ_W:
     case MM_V2C_CQ:
-        mm_v2_cq_dequant_range((int)c->c.comm_quant, xt, c->c.h, tm->p, c0, n, tmp);
-        mm_v2_axpy_f(acc, tmp, tm->kind == MM_V2C_CQ_W ? tm->w : 1.0f, n);
+        mm_v2_cq_dequant_range(c->c.cqmode, xt, c->c.h, tm->p, c0, n, tmp);
+        mm_rows_axpy_f32(acc, tmp, tm->kind == MM_V2C_CQ_W ? tm->w : 1.0f, n);
         break;
     case MM_V2C_CONST: {
         float *xf = tmp, *vf = tmp + n;
@@ -169,14 +167,14 @@ void mm_v2c_emit(const mm_v2_combine_t *c, int64_t t, float *acc, float *scratch
     /* add + RMSNorm (spec §5.4): s = acc + residual (acc not rounded first) */
     const megamoe_combine_add_rms_norm_args_t *r = c->arn;
     float *tmp = scratch;
-    mm_v2_add_x(g->xtype, acc, (const uint8_t *)r->residual_x.data + (size_t)t * xrow, h);
+    mm_rows_axpy(g->xtype, acc, (const uint8_t *)r->residual_x.data + (size_t)t * xrow, 1.0f, h);
     mm_v2_narrow(g->xtype, acc, x, h);
     float inv_h = 1.0f / (float)h;
     for (int64_t i = 0; i < h; i++) {
         float sq = acc[i] * acc[i];
         tmp[i] = sq * inv_h;
     }
-    float ms = mm_v2_sum16(tmp, h) + (float)r->norm_eps;
+    float ms = mm_rows_sum16(tmp, h) + (float)r->norm_eps;
     float rstd = 1.0f / sqrtf(ms);
     ((float *)r->rstd.data)[t] = rstd;
     for (int64_t i = 0; i < h; i++) tmp[i] = acc[i] * rstd;
@@ -191,7 +189,7 @@ void mm_v2c_emit(const mm_v2_combine_t *c, int64_t t, float *acc, float *scratch
 
 /* ---- local checks ---------------------------------------------------------------------- */
 
-static megamoe_status_t mm_v2c_local(mm_v2_combine_t *c, int op)
+static megamoe_status_t mm_v2c_local(mm_v2_combine_t *c, mm_v2_op_t op)
 {
     const megamoe_combine_v2_args_t *a = c->a;
     MM_CHECK(mm_v2_combine_config(a, op, &c->c));
@@ -412,7 +410,7 @@ static void mm_v2c_zero_unprocessed(const mm_v2_combine_t *c, const uint8_t *pro
     }
 }
 
-static megamoe_status_t mm_v2c_run(mm_v2_combine_t *c, int op)
+static megamoe_status_t mm_v2c_run(mm_v2_combine_t *c, mm_v2_op_t op)
 {
     const megamoe_combine_v2_args_t *a = c->a;
     megamoe_status_t local = mm_take_next_call_error();
@@ -424,7 +422,7 @@ static megamoe_status_t mm_v2c_run(mm_v2_combine_t *c, int op)
                               uses_tp));
     c->n = c->call.n_world;
     if (local == MEGAMOE_OK) {
-        c->pay = g->comm_quant ? mm_v2_cq_bytes((int)g->comm_quant, g->h, g->xsize) : (size_t)g->h * g->xsize;
+        c->pay = g->comm_quant ? mm_v2_cq_bytes(g->cqmode, g->h, g->xsize) : (size_t)g->h * g->xsize;
         c->cstride = mm_align_up(mm_align_up(c->pay, 8) + 8, 64);
         size_t h = (size_t)g->h, bs = (size_t)g->bs, xrow = h * g->xsize;
         size_t need = mm_v2_piece(bs) + mm_v2_piece((size_t)g->W * 8) +
@@ -481,7 +479,7 @@ static megamoe_status_t mm_v2c_run(mm_v2_combine_t *c, int op)
 }
 
 static megamoe_status_t mm_v2c_entry(const megamoe_combine_v2_args_t *a,
-                                     const megamoe_combine_add_rms_norm_args_t *arn, int op)
+                                     const megamoe_combine_add_rms_norm_args_t *arn, mm_v2_op_t op)
 {
     mm_v2_combine_t c;
     memset(&c, 0, sizeof c);

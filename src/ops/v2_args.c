@@ -14,7 +14,7 @@ static struct {
     size_t size;
 } mm_v2_scratch_cache[MM_V2_WS_COUNT];
 
-megamoe_status_t mm_v2_scratch_init(mm_v2_scratch_t *s, int kind, size_t bytes)
+megamoe_status_t mm_v2_scratch_init(mm_v2_scratch_t *s, mm_v2_ws_kind_t kind, size_t bytes)
 {
     s->used = 0;
     s->size = 0;
@@ -127,15 +127,17 @@ megamoe_combine_add_rms_norm_args_t megamoe_combine_add_rms_norm_args_default(vo
     return a;
 }
 
-int64_t megamoe_ops_struct_size(int which)
+int64_t megamoe_ops_struct_size(megamoe_ops_struct_t which)
 {
     switch (which) {
-    case 0: return (int64_t)sizeof(megamoe_tensor_t);
-    case 1: return (int64_t)sizeof(megamoe_dispatch_v2_args_t);
-    case 2: return (int64_t)sizeof(megamoe_combine_v2_args_t);
-    case 3: return (int64_t)sizeof(megamoe_combine_add_rms_norm_args_t);
-    default: return -1;
+    case MEGAMOE_OPS_STRUCT_TENSOR: return (int64_t)sizeof(megamoe_tensor_t);
+    case MEGAMOE_OPS_STRUCT_DISPATCH_V2: return (int64_t)sizeof(megamoe_dispatch_v2_args_t);
+    case MEGAMOE_OPS_STRUCT_COMBINE_V2: return (int64_t)sizeof(megamoe_combine_v2_args_t);
+    case MEGAMOE_OPS_STRUCT_ADD_RMS_NORM:
+        return (int64_t)sizeof(megamoe_combine_add_rms_norm_args_t);
+    case MEGAMOE_OPS_STRUCT_QUANT_MODE_INFO: return (int64_t)sizeof(megamoe_quant_mode_info_t);
     }
+    return -1;
 }
 
 megamoe_status_t mm_v2_check_out(const megamoe_tensor_t *got, const megamoe_tensor_t *want,
@@ -167,10 +169,8 @@ void mm_v2_dispatch_out_shapes(const mm_v2_cfg_t *c, megamoe_dispatch_v2_args_t 
 {
     int64_t rows = c->T * c->A;
     a->expand_x = mm_v2_tensor(c->ytype, 2, rows, c->h, 0);
-    if (c->quant == 3)
-        a->dynamic_scales = mm_v2_tensor(MEGAMOE_DTYPE_FP32, 2, rows, c->scale_elems, 0);
-    else if (c->quant == 4)
-        a->dynamic_scales = mm_v2_tensor(MEGAMOE_DTYPE_E8M0, 2, rows, c->scale_elems, 0);
+    if (c->qmode->scales_2d) /* [rows, scales per row]; else torch_npu's [T*A] fp32 */
+        a->dynamic_scales = mm_v2_tensor(c->qmode->scale_type, 2, rows, c->scale_elems, 0);
     else
         a->dynamic_scales = mm_v2_tensor(MEGAMOE_DTYPE_FP32, 1, rows, 0, 0);
     int64_t assist = c->bs * c->k > 128 * c->A ? c->bs * c->k : 128 * c->A;

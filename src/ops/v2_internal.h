@@ -19,13 +19,20 @@
 #include "megamoe/ops.h"
 #include "ops/call_order.h"
 
+#include "kernels/rows.h"
+#include "ops/v2_modes.h"
 #include "shmem/comm_impl.h"
 #include "shmem/shmem.h"
 
 /* ---- configuration --------------------------------------------------------------------- */
 
-enum { MM_V2_OP_DISPATCH = 1, MM_V2_OP_COMBINE = 2, MM_V2_OP_ADD_RMS_NORM = 3 };
-enum { MM_V2_ALG_FULLMESH = 0, MM_V2_ALG_FULLMESH_V2 = 1, MM_V2_ALG_HIERARCHY = 2 };
+typedef enum mm_v2_op { MM_V2_OP_DISPATCH = 1, MM_V2_OP_COMBINE = 2, MM_V2_OP_ADD_RMS_NORM = 3 } mm_v2_op_t;
+/* comm_alg: "" and "fullmesh_v1", "fullmesh_v2", "hierarchy" */
+typedef enum mm_v2_alg {
+    MM_V2_ALG_FULLMESH = 0,
+    MM_V2_ALG_FULLMESH_V2 = 1,
+    MM_V2_ALG_HIERARCHY = 2
+} mm_v2_alg_t;
 
 /* Attributes that must be equal on every rank of an EP group (names in v2_validate.c). */
 enum {
@@ -53,7 +60,7 @@ enum {
 };
 
 typedef struct mm_v2_cfg {
-    int op;
+    mm_v2_op_t op;
     /* shapes */
     int64_t bs, h, k;
     megamoe_dtype_t xtype;   /* token type (dispatch x, combine expand_x) */
@@ -61,8 +68,11 @@ typedef struct mm_v2_cfg {
     size_t xsize, ysize;     /* element sizes */
     /* attributes (NS normalised: S == 0 && NS == 1 -> 0) */
     int64_t W, rank, E, S, NS, K, Z, Cp, Cn, quant, comm_quant, tp, tp_rank, T;
+    const mm_v2_quant_mode_t *qmode;        /* the row of quant (dispatch) */
+    const mm_v2_comm_quant_mode_t *cqmode;  /* the row of comm_quant (combine) */
     int64_t gbs_real, max_bs, A, L_moe, L_out, n_counts;
-    int alg, mask_dim, ent_type;
+    mm_v2_alg_t alg;
+    int mask_dim, ent_type;
     int hier_group;          /* ranks per hierarchy group */
     /* effective values (elastic_info with isScaled = 1 replaces W, S, E and the rank id) */
     int scaled;
@@ -81,7 +91,7 @@ typedef struct mm_v2_cfg {
  * parameter and the rule for every semantic rule of the spec (validation only, no
  * communication). For the checks that read whole tensors (ids, masks, NaN) see below. */
 megamoe_status_t mm_v2_dispatch_config(const megamoe_dispatch_v2_args_t *a, mm_v2_cfg_t *cfg);
-megamoe_status_t mm_v2_combine_config(const megamoe_combine_v2_args_t *a, int op,
+megamoe_status_t mm_v2_combine_config(const megamoe_combine_v2_args_t *a, mm_v2_op_t op,
                                       mm_v2_cfg_t *cfg);
 /* Data checks of the inputs common to both operators: id range (and elastic holes), mask
  * shape/type/prefix rule. n_active_p: tokens processed (all, prefix, or any-true rows). */
@@ -118,7 +128,9 @@ int64_t mm_v2_active_tokens(const mm_v2_cfg_t *cfg, const uint8_t *mask, uint8_t
 
 /* ---- agreement and workspace ----------------------------------------------------------- */
 
-enum { MM_V2_WS_DISPATCH = 0, MM_V2_WS_COMBINE = 1, MM_V2_WS_COUNT = 2 };
+/* The two workspace pools (and call kinds): dispatch's and combine's (+ add_rms_norm). */
+typedef enum mm_v2_ws_kind { MM_V2_WS_DISPATCH = 0, MM_V2_WS_COMBINE = 1 } mm_v2_ws_kind_t;
+#define MM_V2_WS_COUNT 2
 #define MM_V2_MAX_SEGS 8
 
 /* ---- scopes (v2_scope.c): the ranks a call involves, their team, call order and pools ---- */
@@ -163,7 +175,7 @@ typedef struct mm_v2_record {
 /* A call. Its "PEs" are the scope's member indices (0..n_world-1): records, counts and signal
  * lines are indexed by them; mm_v2_wpe() turns one into the world rank the SHMEM calls take. */
 typedef struct mm_v2_call {
-    int kind;                   /* MM_V2_WS_* */
+    mm_v2_ws_kind_t kind;
     int n_world, me;            /* members of the scope and my index */
     mm_v2_scope_t *scope;
     mm_shmem_team_t *ep, *tp;   /* NULL when absent */
@@ -185,7 +197,7 @@ static inline int32_t *mm_v2_rec_counts(const mm_v2_call_t *call, int pe)
 
 /* Start a call: requires the runtime to run. Finds the scope (uses_tp: the world, else ep's
  * team), fills n_world/me and allocates the records. */
-megamoe_status_t mm_v2_call_begin(mm_v2_call_t *call, int kind, megamoe_comm_t *ep,
+megamoe_status_t mm_v2_call_begin(mm_v2_call_t *call, mm_v2_ws_kind_t kind, megamoe_comm_t *ep,
                                   megamoe_comm_t *tp, int uses_tp);
 /* Exchange the records (mine = mm_v2_rec(call, call->me), filled by the caller) as the first
  * exchange of a call of call_kind (MM_CALL_DISPATCH_V2, ... in ops/call_order.h: the call
@@ -234,31 +246,36 @@ typedef struct mm_v2_scratch {
 
 /* Bytes to reserve for a piece of n bytes (64-byte aligned pieces). */
 static inline size_t mm_v2_piece(size_t n) { return ((n ? n : 1) + 63) / 64 * 64; }
-megamoe_status_t mm_v2_scratch_init(mm_v2_scratch_t *s, int kind, size_t bytes);
+megamoe_status_t mm_v2_scratch_init(mm_v2_scratch_t *s, mm_v2_ws_kind_t kind, size_t bytes);
 /* A zeroed piece of n bytes (the reservation must cover it). */
 void *mm_v2_scratch_take(mm_v2_scratch_t *s, size_t n);
 void mm_v2_scratch_free(mm_v2_scratch_t *s);
 /* Free the cached scratch buffers (megamoe_ops_release). */
 void mm_v2_scratch_release(void);
 
-/* ---- row transforms (the one place that calls the kernels' quantisers) ----------------- */
+/* ---- row transforms (v2_modes.c: the one place that calls the kernels' quantisers) ------- */
 
 /* Quantise (or copy) one token row for dispatch into out (row_bytes) and scale_out
- * (scale_bytes). smooth: the scales row for this expert (NULL: none); for quant_mode 1 with a
- * [1] / [H] scales tensor the caller passes that. */
-void mm_v2_quant_row(const mm_v2_cfg_t *cfg, const void *x, const float *smooth,
-                     int64_t smooth_len, void *out, void *scale_out);
-/* Combine transport quantisation, mode = commQuantMode: 2 int8 (q[H], then XType scales per
- * block of 8), 3 / 4 MX fp8_e5m2 / fp8_e4m3fn (q[H], then E8M0 scales per block of 32); one
- * record of mm_v2_cq_bytes(mode, h, xsize) bytes. */
-size_t mm_v2_cq_bytes(int mode, int64_t h, size_t xsize);
-void mm_v2_cq_quant(int mode, megamoe_dtype_t xtype, int64_t h, const void *y, void *rec);
-/* Dequantise a record to fp32 (y' of the spec: mode 2 rounds to XType first, the MX modes do not);
- * out has room for 2 * h floats (the second half is scratch). */
-void mm_v2_cq_dequant_f32(int mode, megamoe_dtype_t xtype, int64_t h, const void *rec, float *out);
+ * (scale_bytes), as cfg's quant_mode says. smooth: the scales row for this expert (NULL:
+ * none); for quant_mode 1 with a [1] / [H] scales tensor the caller passes that. */
+static inline void mm_v2_quant_row(const mm_v2_cfg_t *cfg, const void *x, const float *smooth,
+                                   int64_t smooth_len, void *out, void *scale_out)
+{
+    cfg->qmode->row(cfg, x, smooth, smooth_len, out, scale_out);
+}
+/* Combine transport records (mode: a comm_quant_mode row with a block, i.e. not "none"):
+ * q[H] (int8, or fp8 for MX), then at an 8-aligned offset the scales (per 8 elements in the
+ * row type for int8, per 32 as E8M0 for MX); mm_v2_cq_bytes(mode, h, xsize) bytes. */
+size_t mm_v2_cq_bytes(const mm_v2_comm_quant_mode_t *mode, int64_t h, size_t xsize);
+void mm_v2_cq_quant(const mm_v2_comm_quant_mode_t *mode, megamoe_dtype_t xtype, int64_t h,
+                    const void *y, void *rec);
+/* Dequantise a record to fp32 (y' of the spec: int8 rounds to XType first, the MX modes do
+ * not); out has room for 2 * h floats (the second half is scratch). */
+void mm_v2_cq_dequant_f32(const mm_v2_comm_quant_mode_t *mode, megamoe_dtype_t xtype, int64_t h,
+                          const void *rec, float *out);
 /* The same for elements [c0, c0 + n) of the row (c0 a multiple of 32; out: 2 * n floats). */
-void mm_v2_cq_dequant_range(int mode, megamoe_dtype_t xtype, int64_t h, const void *rec,
-                            int64_t c0, int64_t n, float *out);
+void mm_v2_cq_dequant_range(const mm_v2_comm_quant_mode_t *mode, megamoe_dtype_t xtype,
+                            int64_t h, const void *rec, int64_t c0, int64_t n, float *out);
 
 /* ---- small numeric helpers (exact; see docs/ops.md) ------------------------------------ */
 
@@ -269,13 +286,7 @@ void mm_v2_copy(void *dst, const void *src, size_t n, int stream);
 void mm_v2_widen(megamoe_dtype_t t, const void *src, float *dst, int64_t n);
 /* Round n fp32 values to XType (RNE). */
 void mm_v2_narrow(megamoe_dtype_t t, const float *src, void *dst, int64_t n);
-/* acc[i] = fl(acc[i] + fl(f32(y[i]) * s)) for XType y (no fused multiply-add). */
-void mm_v2_axpy_x(megamoe_dtype_t t, float *acc, const void *y, float s, int64_t n);
-/* acc[i] = fl(acc[i] + v[i] * s) / acc[i] = fl(acc[i] + v[i]). */
-void mm_v2_axpy_f(float *acc, const float *v, float s, int64_t n);
-void mm_v2_add_x(megamoe_dtype_t t, float *acc, const void *y, int64_t n);
-/* The fixed 16-lane summation order used for dot products and sums of squares. */
-float mm_v2_sum16(const float *v, int64_t n);
+/* (Accumulating rows and the fixed 16-lane sums: kernels/rows.h.) */
 /* XType(a + b) rounded once from the exact sum (bf16: fp32 add then RNE, as the device). */
 void mm_v2_tp_add(megamoe_dtype_t t, const void *a, const void *b, void *out, int64_t n);
 

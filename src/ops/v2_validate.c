@@ -19,11 +19,6 @@ static int mm_is_token_type(megamoe_dtype_t t)
     return t == MEGAMOE_DTYPE_BF16 || t == MEGAMOE_DTYPE_FP16;
 }
 
-static int mm_is_fp8(megamoe_dtype_t t)
-{
-    return t == MEGAMOE_DTYPE_FP8_E4M3FN || t == MEGAMOE_DTYPE_FP8_E5M2;
-}
-
 static megamoe_status_t mm_check_tensor(const megamoe_tensor_t *t, const char *name,
                                         megamoe_dtype_t dtype, int ndim)
 {
@@ -343,44 +338,47 @@ megamoe_status_t mm_v2_dispatch_config(const megamoe_dispatch_v2_args_t *a, mm_v
                          &a->performance_info, &a->x_active_mask};
     MM_CHECK(mm_v2_common(c, &in));
     MM_CHECK(mm_v2_k_total(c));
-    /* quantisation */
+    /* quantisation: the mode's row of the table (v2_modes.c) */
     c->quant = a->quant_mode;
-    if (c->quant < 0 || c->quant > 4) MM_BAD("quant_mode %lld must be in [0, 4]", (long long)c->quant);
-    megamoe_dtype_t y = a->expand_x.dtype;
-    int y_ok;
-    switch (c->quant) {
-    case 0: y_ok = y == c->xtype; break;
-    case 1: y_ok = y == MEGAMOE_DTYPE_INT8; break;
-    case 2: y_ok = y == MEGAMOE_DTYPE_INT8 || mm_is_fp8(y); break;
-    default: y_ok = mm_is_fp8(y); break;
+    const mm_v2_quant_mode_t *q = c->qmode = mm_v2_quant_mode(c->quant);
+    if (q == NULL) {
+        const mm_v2_quant_mode_t *lo = mm_v2_quant_mode_at(0), *hi = lo;
+        for (size_t i = 1; mm_v2_quant_mode_at(i); i++) hi = mm_v2_quant_mode_at(i);
+        MM_BAD("quant_mode %lld must be in [%lld, %lld]", (long long)c->quant,
+               (long long)lo->mode, (long long)hi->mode);
     }
+    megamoe_dtype_t y = a->expand_x.dtype;
+    int y_ok = q->same_as_x ? y == c->xtype
+                            : (unsigned)y < 32u && (q->out_types & MM_V2_TYPE_BIT(y)) != 0;
     if (!y_ok) {
-        if (a->expand_x.data != NULL)
-            MM_BAD("expand_x dtype %s does not fit quant_mode %lld (mode 0: the x dtype; 1: int8; "
-                   "2: int8, fp8_e4m3fn or fp8_e5m2; 3 and 4: fp8_e4m3fn or fp8_e5m2)",
-                   megamoe_dtype_name(y), (long long)c->quant);
-        y = c->quant == 0 ? c->xtype : c->quant <= 2 ? MEGAMOE_DTYPE_INT8 : MEGAMOE_DTYPE_FP8_E4M3FN;
+        if (a->expand_x.data != NULL) {
+            char want[96];
+            mm_v2_quant_out_types_text(q, want, sizeof want);
+            MM_BAD("expand_x dtype %s does not fit quant_mode %lld (%s): use %s",
+                   megamoe_dtype_name(y), (long long)c->quant, q->name, want);
+        }
+        y = q->same_as_x ? c->xtype : q->out_default;
     }
     c->ytype = y;
     c->ysize = megamoe_dtype_size(y);
     c->row_bytes = (size_t)c->h * c->ysize;
-    c->scale_elems = c->quant == 2 ? 1 : c->quant == 3 ? (c->h + 127) / 128
-                   : c->quant == 4 ? ((c->h + 31) / 32 + 1) / 2 * 2 : 0;
-    c->scale_bytes = (size_t)c->scale_elems * (c->quant == 4 ? 1 : 4);
+    c->scale_elems = mm_v2_quant_scale_count(q, c->h);
+    c->scale_bytes = (size_t)c->scale_elems * megamoe_dtype_size(q->scale_type);
     const megamoe_tensor_t *s = &a->scales;
     if (s->data != NULL) {
         if (s->dtype != MEGAMOE_DTYPE_FP32) MM_BAD("scales must be fp32, got %s", megamoe_dtype_name(s->dtype));
-        if (c->quant == 0) MM_BAD("scales must not be given with quant_mode 0");
-        if (c->quant == 4) MM_BAD("scales must not be given with quant_mode 4 (MX)");
+        if (q->smoothing == MEGAMOE_SCALES_NONE)
+            MM_BAD("scales must not be given with quant_mode %lld (%s)", (long long)c->quant,
+                   q->name);
         int full = s->ndim == 2 && s->shape[0] == c->NS + c->E && s->shape[1] == c->h;
-        int flat = c->quant == 1 && s->ndim == 1 && (s->shape[0] == 1 || s->shape[0] == c->h);
+        int flat = q->flat_scales && s->ndim == 1 && (s->shape[0] == 1 || s->shape[0] == c->h);
         if (!full && !flat)
             MM_BAD("scales must be [shared_expert_num + moe_expert_num, H] = [%lld, %lld]%s",
                    (long long)(c->NS + c->E), (long long)c->h,
-                   c->quant == 1 ? " (or [1] / [H] with quant_mode 1)" : "");
+                   q->flat_scales ? " (or [1] / [H] with this quant_mode)" : "");
         if (mm_v2_has_nan(s->data, megamoe_tensor_numel(s))) MM_BAD("scales contain NaN");
-    } else if (c->quant == 1) {
-        MM_BAD("quant_mode 1 (static) needs scales");
+    } else if (q->smoothing == MEGAMOE_SCALES_REQUIRED) {
+        MM_BAD("quant_mode %lld (%s) needs scales", (long long)c->quant, q->name);
     }
     if (a->expert_scales.data != NULL) {
         MM_CHECK(mm_check_tensor(&a->expert_scales, "expert_scales", MEGAMOE_DTYPE_FP32, 2));
@@ -391,7 +389,8 @@ megamoe_status_t mm_v2_dispatch_config(const megamoe_dispatch_v2_args_t *a, mm_v
     return MEGAMOE_OK;
 }
 
-megamoe_status_t mm_v2_combine_config(const megamoe_combine_v2_args_t *a, int op, mm_v2_cfg_t *c)
+megamoe_status_t mm_v2_combine_config(const megamoe_combine_v2_args_t *a, mm_v2_op_t op,
+                                      mm_v2_cfg_t *c)
 {
     memset(c, 0, sizeof *c);
     c->op = op;
@@ -407,9 +406,12 @@ megamoe_status_t mm_v2_combine_config(const megamoe_combine_v2_args_t *a, int op
     MM_CHECK(mm_v2_common(c, &in));
     MM_CHECK(mm_v2_k_total(c));
     c->comm_quant = a->comm_quant_mode;
-    if (c->comm_quant != 0 && c->comm_quant != 2 && c->comm_quant != 3 && c->comm_quant != 4)
-        MM_BAD("comm_quant_mode must be 0, 2 (int8 transport), 3 (MX fp8_e5m2) or 4 (MX "
-               "fp8_e4m3fn), got %lld", (long long)c->comm_quant);
+    c->cqmode = mm_v2_comm_quant_mode(c->comm_quant);
+    if (c->cqmode == NULL) {
+        char modes[128];
+        mm_v2_comm_quant_list_text(modes, sizeof modes);
+        MM_BAD("comm_quant_mode must be %s, got %lld", modes, (long long)c->comm_quant);
+    }
     if (a->out_dtype != 0) MM_BAD("out_dtype is reserved and must be 0");
     if (a->group_list_type != 0) MM_BAD("group_list_type is reserved and must be 0");
     if (a->activation_scale.data || a->weight_scale.data || a->group_list.data)

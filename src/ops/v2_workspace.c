@@ -29,7 +29,7 @@ static const char *const mm_v2_attr_names[MM_V2_NATTR] = {
     "const_expert_num", "comm_quant_mode", "elastic_info",
     "MEGAMOE_RANKS_PER_NODE"};
 
-megamoe_status_t mm_v2_call_begin(mm_v2_call_t *call, int kind, megamoe_comm_t *ep,
+megamoe_status_t mm_v2_call_begin(mm_v2_call_t *call, mm_v2_ws_kind_t kind, megamoe_comm_t *ep,
                                   megamoe_comm_t *tp, int uses_tp)
 {
     memset(call, 0, sizeof *call);

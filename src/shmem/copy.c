@@ -26,10 +26,6 @@
 #define MM_USE_MOVSB 0
 #endif
 
-#if MM_X86
-#include <immintrin.h>
-#endif
-
 #if MM_USE_MOVSB
 #include <cpuid.h>
 
@@ -85,7 +81,7 @@ MM_TARGET_AVX512 static void mm_copy_nt_avx512(void *dst, const void *src, size_
         n -= 64;
     }
     if (n) memcpy(d, s, n);
-    _mm_sfence(); /* streaming stores are weakly ordered: fence before any signal */
+    mm_store_fence(); /* streaming stores are weakly ordered: fence before any signal */
 }
 #endif
 

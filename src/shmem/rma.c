@@ -12,22 +12,8 @@
  */
 #include <string.h>
 
+#include "base/arch.h"
 #include "shmem_internal.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define MM_SFENCE() _mm_sfence()
-#else
-#define MM_SFENCE() ((void)0)
-#endif
-
-#if defined(__SANITIZE_THREAD__)
-/* TSan does not model fences; an atomic read-modify-write gives it the same ordering. */
-static uint64_t mm_fence_word;
-#define MM_FENCE(order) ((void)__atomic_fetch_add(&mm_fence_word, 0, order))
-#else
-#define MM_FENCE(order) __atomic_thread_fence(order)
-#endif
 
 /* Remote address of [sym, sym + n) on pe; NULL (with the error recorded, *bad_p set) when
  * invalid, or when the peer is not mapped (then *off_p is set for the engine). */
@@ -137,8 +123,8 @@ uint64_t mm_shmem_signal_fetch(const uint64_t *sig)
 
 megamoe_status_t mm_shmem_fence(void)
 {
-    MM_SFENCE();
-    MM_FENCE(__ATOMIC_RELEASE);
+    mm_store_fence();
+    mm_thread_fence(__ATOMIC_RELEASE);
     mm_shmem_global_t *g = &mm_shmem_g;
     if (mm_shmem_running_now() && g->engine) return g->engine_ops->fence(g->engine);
     return MEGAMOE_OK;
@@ -146,8 +132,8 @@ megamoe_status_t mm_shmem_fence(void)
 
 megamoe_status_t mm_shmem_quiet(void)
 {
-    MM_SFENCE();
-    MM_FENCE(__ATOMIC_SEQ_CST);
+    mm_store_fence();
+    mm_thread_fence(__ATOMIC_SEQ_CST);
     mm_shmem_global_t *g = &mm_shmem_g;
     if (mm_shmem_running_now() && g->engine) return g->engine_ops->quiet(g->engine);
     return MEGAMOE_OK;

@@ -1,26 +1,17 @@
-/* Waiting on a 64-bit word: spin, then yield, then sleep, with timeout and liveness checks.
+/* Waiting on a 64-bit word: the library's back-off (base/backoff.h: spin with pause, yield,
+ * sleep), with timeout and liveness checks.
  *
- * Phases (from the first miss): up to MM_WAIT_SPIN_NS spinning with a pause instruction (a
- * flag written by a peer on another core arrives in ~0.1-0.3 us, machine_limits.md 5.2), then
- * sched_yield until MM_WAIT_YIELD_NS (lets a peer sharing this core run), then sleeps growing
- * from 20 us to MM_WAIT_SLEEP_MAX_NS, so an idle waiter costs almost no CPU. The clock is read
- * every few spins; at each read the timeout (HYPER_PARALLEL_SHMEM_TIMEOUT_SEC) and the peer
- * liveness (two atomic loads) are checked, so PEER_LOST follows a death by at most one sleep
- * plus the monitor's reaction time. With peers on other hosts every spin also progresses the
+ * A flag written by a peer on another core arrives in ~0.1-0.3 us (docs/shmem.md), so the
+ * first MM_WAIT_SPIN_NS are spent spinning; yielding until MM_WAIT_YIELD_NS lets a peer sharing
+ * this core run; then sleeps grow to MM_WAIT_SLEEP_MAX_NS, so an idle waiter costs almost no
+ * CPU. At each clock read the timeout (HYPER_PARALLEL_SHMEM_TIMEOUT_SEC) and the peer liveness
+ * (two atomic loads) are checked, so PEER_LOST follows a death by at most one sleep plus the
+ * monitor's reaction time. With peers on other hosts every spin also progresses the
  * inter-host engine.
  */
-#include <sched.h>
-
-#include "base/clock.h"
+#include "base/backoff.h"
 #include "base/env.h"
 #include "shmem_internal.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define MM_PAUSE() _mm_pause()
-#else
-#define MM_PAUSE() __asm__ __volatile__("" ::: "memory")
-#endif
 
 #define MM_WAIT_SPIN_NS 50000ull
 #define MM_WAIT_YIELD_NS 2000000ull
@@ -65,22 +56,19 @@ megamoe_status_t mm_shmem_wait_impl(const uint64_t *addr, int cmp, uint64_t valu
         if (value_p) *value_p = v;
         return MEGAMOE_OK;
     }
-    uint64_t start = mm_now_ns(), timeout = mm_wait_timeout_ns(), sleep_ns = 20000;
+    const uint64_t timeout = mm_wait_timeout_ns();
     int live = mm_shmem_running_now();
     /* with peers on other hosts the word may be written by the engine: drive it (the progress
      * thread does too, but a waiter that progresses sees a signal sooner) */
     mm_shmem_engine_t *engine = live ? mm_shmem_g.engine : NULL;
-    unsigned spins = 0;
+    mm_backoff_t b;
+    mm_backoff_init(&b, MM_WAIT_SPIN_NS, MM_WAIT_YIELD_NS, MM_WAIT_SLEEP_MAX_NS);
     for (;;) {
         v = __atomic_load_n(addr, __ATOMIC_ACQUIRE);
         if (mm_shmem_cmp(v, cmp, value)) break;
         if (engine && mm_shmem_g.engine_ops->progress(engine)) continue;
-        if (++spins < 32) { /* read the clock every 32 spins only */
-            MM_PAUSE();
-            continue;
-        }
-        spins = 0;
-        uint64_t elapsed = mm_now_ns() - start;
+        uint64_t elapsed;
+        if (!mm_backoff_miss(&b, &elapsed)) continue;
         if (live) {
             megamoe_status_t st = mm_shmem_check_peers(what);
             if (st != MEGAMOE_OK) return st;
@@ -92,18 +80,7 @@ megamoe_status_t mm_shmem_wait_impl(const uint64_t *addr, int cmp, uint64_t valu
                             "legitimately takes longer", what, (double)elapsed * 1e-9,
                             (const void *)addr, mm_cmp_names[cmp], (unsigned long long)value,
                             (unsigned long long)v);
-        if (elapsed < MM_WAIT_SPIN_NS) {
-            MM_PAUSE();
-            continue;
-        }
-        if (elapsed < MM_WAIT_YIELD_NS) {
-            sched_yield();
-        } else {
-            uint64_t left = timeout - elapsed;
-            mm_sleep_ns(sleep_ns < left ? sleep_ns : left);
-            if (sleep_ns < MM_WAIT_SLEEP_MAX_NS) sleep_ns *= 2;
-        }
-        spins = 31; /* slow phases: check the clock after every miss */
+        mm_backoff_wait(&b, elapsed, timeout - elapsed);
     }
     mm_tsan_order_after_engine();
     if (value_p) *value_p = v;

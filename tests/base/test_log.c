@@ -2,6 +2,7 @@
 
 #include "base/error.h"
 #include "harness/harness.h"
+#include "megamoe/config.h"
 #include "megamoe/log.h"
 
 static char captured[512];
@@ -37,4 +38,23 @@ MM_TEST(level_names)
     ASSERT_EQ_STR(megamoe_log_level_name(MEGAMOE_LOG_TRACE), "trace");
     ASSERT_EQ_STR(megamoe_log_level_name(MEGAMOE_LOG_OFF), "off");
     ASSERT_EQ_STR(megamoe_log_level_name((megamoe_log_level_t)42), "unknown");
+}
+
+MM_TEST(level_words_are_the_env_table_choices)
+{
+    /* log.c reads MEGAMOE_LOG_LEVEL as an index into the table's words */
+    char want[128] = "one of ";
+    for (int l = MEGAMOE_LOG_TRACE; l <= MEGAMOE_LOG_OFF; l++) {
+        if (l > MEGAMOE_LOG_TRACE) strcat(want, "|");
+        strcat(want, megamoe_log_level_name((megamoe_log_level_t)l));
+    }
+    int found = 0;
+    for (size_t i = 0; i < megamoe_config_count(); i++) {
+        megamoe_config_entry_t e;
+        ASSERT_OK(megamoe_config_entry(i, &e));
+        if (strcmp(e.name, "MEGAMOE_LOG_LEVEL") != 0) continue;
+        ASSERT_EQ_STR(e.accepted, want);
+        found = 1;
+    }
+    ASSERT_TRUE(found);
 }

@@ -9,6 +9,7 @@
 #include "base/cpu.h"
 #include "harness/harness.h"
 #include "kernels/gemm.h"
+#include "megamoe/config.h"
 #include "megamoe/dtype.h"
 #include "megamoe/log.h"
 
@@ -594,6 +595,57 @@ MM_TEST(backend_selection_by_environment)
 #endif
     unsetenv("MEGAMOE_GEMM");
     megamoe_log_set_level(MEGAMOE_LOG_WARN);
+}
+
+MM_TEST(backend_names_come_from_one_list)
+{
+    /* the env table's words for MEGAMOE_GEMM are MM_GEMM_CHOICES, in order (the choice is
+     * read as an index into them) */
+    char want[128] = "one of ";
+    for (int c = 0; c < MM_GEMM_CHOICE_COUNT; c++) {
+        if (c) strcat(want, "|");
+        strcat(want, mm_gemm_choice_name((mm_gemm_choice_t)c));
+    }
+    int found = 0;
+    for (size_t i = 0; i < megamoe_config_count(); i++) {
+        megamoe_config_entry_t e;
+        ASSERT_OK(megamoe_config_entry(i, &e));
+        if (strcmp(e.name, "MEGAMOE_GEMM") != 0) continue;
+        ASSERT_EQ_STR(e.accepted, want);
+        found = 1;
+    }
+    ASSERT_TRUE(found);
+    ASSERT_TRUE(mm_gemm_choice_name(MM_GEMM_CHOICE_COUNT) == NULL);
+    /* every registered backend is named by a word of the list, and that word selects it */
+    for (int i = 0; mm_gemm_backend_at(i) != NULL; i++) {
+        const mm_gemm_backend_ops_t *b = mm_gemm_backend_at(i), *got = NULL;
+        int listed = 0;
+        for (int c = 0; c < MM_GEMM_CHOICE_COUNT; c++)
+            if (strcmp(b->name, mm_gemm_choice_name((mm_gemm_choice_t)c)) == 0) {
+                listed = 1;
+                if (mm_gemm_backend_of((mm_gemm_choice_t)c, &got) == MEGAMOE_OK)
+                    ASSERT_TRUE(got == b);
+            }
+        ASSERT_TRUE(listed);
+    }
+}
+
+MM_TEST(the_choice_is_read_once_by_its_owner)
+{
+    /* a resolved choice does not follow later changes of the variable */
+    mm_gemm_choice_t c = MM_GEMM_CHOICE_AUTO;
+    const mm_gemm_backend_ops_t *plain = NULL, *w = NULL;
+    setenv("MEGAMOE_GEMM", "ref", 1);
+    ASSERT_OK(mm_gemm_choice_from_env(&c));
+    ASSERT_EQ_INT(c, MM_GEMM_CHOICE_REF);
+    setenv("MEGAMOE_GEMM", "auto", 1);
+    ASSERT_OK(mm_gemm_backend_of(c, &plain));
+    ASSERT_OK(mm_gemm_backend_for_weight_of(c, MM_GEMM_NN, 4096, 4096, &w));
+    ASSERT_EQ_STR(plain->name, "ref");
+    ASSERT_EQ_STR(w->name, "ref");
+    unsetenv("MEGAMOE_GEMM");
+    ASSERT_OK(mm_gemm_choice_from_env(&c));
+    ASSERT_EQ_INT(c, MM_GEMM_CHOICE_AUTO);
 }
 
 MM_TEST(auto_puts_big_weights_on_the_own_kernel_without_amx)

@@ -1,5 +1,5 @@
 """Every quantiser against an independent numpy implementation of
-dispatch_combine_v2_spec.md §4 (quantMode 1-4) and §5.2 (combine int8 transport), written here
+docs/v2_spec.md §4 (quantMode 1-4) and §5.2 (combine int8 transport), written here
 from the spec text (fp8 by nearest-value search over the code table, not bit tricks). Rows
 cover ties, saturation, zero / NaN / Inf rows, subnormals, odd H, bf16 and fp16 inputs, with
 and without smooth scales, on the library's AVX-512 and scalar paths."""

@@ -710,3 +710,28 @@ MM_TEST(huge_shapes_are_refused_without_overflow)
     ASSERT_CONTAINS(megamoe_last_error(), "num_experts");
     ASSERT_TRUE(x == NULL);
 }
+
+/* MEGAMOE_GEMM is read once, when the layer (its resource group) is created: its workers never
+ * read the environment, so a change afterwards (even to a word that is not accepted) changes
+ * nothing, and a bad word fails creation on every rank. */
+MM_TEST(gemm_backend_is_fixed_when_the_layer_is_created)
+{
+    const int ep = mm_test_world();
+    megamoe_comm_t *comm = mm_test_comm();
+    mm_moe_problem_t P;
+    ASSERT_EQ_INT(mm_moe_problem_create(&P, ep, T_, H_, I_, E_, K_, MM_ROUTE_SKEW, 5), 0);
+    megamoe_experts_params_t prm = mm_params(0);
+    megamoe_experts_t *x = NULL;
+    setenv("MEGAMOE_GEMM", "ref", 1);
+    ASSERT_OK(megamoe_experts_create(comm, &prm, &x));
+    setenv("MEGAMOE_GEMM", "no-such-backend", 1);
+    mm_fwd_bwd_check(x, &P, 0.0f, NULL, "gemm fixed at creation");
+    ASSERT_OK(megamoe_experts_close(x));
+    megamoe_experts_destroy(x);
+    x = NULL;
+    ASSERT_STATUS(megamoe_experts_create(comm, &prm, &x), MEGAMOE_INVALID_ARGUMENT);
+    ASSERT_CONTAINS(megamoe_last_error(), "MEGAMOE_GEMM");
+    ASSERT_TRUE(x == NULL);
+    unsetenv("MEGAMOE_GEMM");
+    mm_moe_problem_free(&P);
+}

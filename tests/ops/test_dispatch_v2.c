@@ -6,6 +6,7 @@
 
 #include "harness/harness.h"
 #include "megamoe/comm.h"
+#include "megamoe/log.h"
 #include "megamoe/ops.h"
 #include "shmem/shmem.h"
 
@@ -294,6 +295,64 @@ MM_TEST(output_shapes_checked_on_every_rank)
         ASSERT_CONTAINS(megamoe_last_error(), keys[c]);
     }
     ASSERT_OK(megamoe_dispatch_v2(&ex.a));
+    example_free(&ex);
+}
+
+/* megamoe_quant_mode_info() is the table infer and validation use: every mode's accepted
+ * expand_x dtypes give that dtype and its dynamic_scales layout, others are replaced by the
+ * mode's default (infer) and rejected (the call). */
+MM_TEST(quant_mode_table_drives_infer)
+{
+    ASSERT_TRUE(world() != NULL);
+    example_t ex;
+    memset(&ex, 0, sizeof ex);
+    ASSERT_OK(example_dispatch(&ex, 1));
+    float scales[(E + 0) * H];
+    for (int i = 0; i < E * H; i++) scales[i] = 1.0f;
+    megamoe_quant_mode_info_t q;
+    int n = 0;
+    for (; megamoe_quant_mode_info(MEGAMOE_QUANT_DISPATCH, n, &q) == MEGAMOE_OK; n++) {
+        for (int t = 0; t < MEGAMOE_DTYPE_COUNT_; t++) {
+            megamoe_dispatch_v2_args_t a = ex.a;
+            a.quant_mode = q.mode;
+            a.scales = q.smoothing == MEGAMOE_SCALES_NONE ? megamoe_tensor_none()
+                                                          : tens(scales, MEGAMOE_DTYPE_FP32, 2, E, H);
+            a.expand_x.dtype = (megamoe_dtype_t)t;
+            a.expand_x.data = NULL; /* infer keeps a fitting dtype, replaces another */
+            const int fits = q.same_as_input ? t == MEGAMOE_DTYPE_BF16 : (q.out_dtypes >> t) & 1;
+            ASSERT_OK(megamoe_dispatch_v2_infer(&a));
+            if (fits) ASSERT_EQ_INT(a.expand_x.dtype, t);
+            else ASSERT_TRUE(q.same_as_input ? a.expand_x.dtype == MEGAMOE_DTYPE_BF16
+                                             : ((q.out_dtypes >> a.expand_x.dtype) & 1) != 0);
+            const int64_t per_row = q.scale_group == 0 ? 0
+                                    : q.scale_group < 0 ? 1
+                                                        : (H + q.scale_group - 1) / q.scale_group;
+            if (a.dynamic_scales.ndim == 2) {
+                ASSERT_TRUE(q.scale_group > 0); /* per group / block: [rows, groups (MX: even)] */
+                ASSERT_TRUE(a.dynamic_scales.shape[1] >= per_row && a.dynamic_scales.shape[1] <= per_row + 1);
+                ASSERT_EQ_INT(a.dynamic_scales.dtype, q.scale_dtype);
+            } else {
+                ASSERT_EQ_INT(a.dynamic_scales.dtype, MEGAMOE_DTYPE_FP32);
+            }
+            if (!fits && t != MEGAMOE_DTYPE_BF16) { /* a caller's wrong dtype is refused */
+                megamoe_dispatch_v2_args_t b = ex.a;
+                b.quant_mode = q.mode;
+                b.scales = a.scales;
+                b.expand_x.dtype = (megamoe_dtype_t)t;
+                megamoe_log_set_level(MEGAMOE_LOG_OFF);
+                ASSERT_STATUS(megamoe_dispatch_v2(&b), MEGAMOE_INVALID_ARGUMENT);
+                megamoe_log_set_level(MEGAMOE_LOG_WARN);
+                ASSERT_CONTAINS(megamoe_last_error(), "does not fit quant_mode");
+                ASSERT_CONTAINS(megamoe_last_error(), q.name);
+            }
+        }
+    }
+    ASSERT_EQ_INT(n, 5);
+    ASSERT_STATUS(megamoe_quant_mode_info(MEGAMOE_QUANT_DISPATCH, n, &q), MEGAMOE_NOT_FOUND);
+    int m = 0;
+    while (megamoe_quant_mode_info(MEGAMOE_QUANT_COMBINE, m, &q) == MEGAMOE_OK) m++;
+    ASSERT_EQ_INT(m, 4); /* 0, 2, 3, 4 */
+    ASSERT_STATUS(megamoe_quant_mode_info(7, 0, &q), MEGAMOE_INVALID_ARGUMENT);
     example_free(&ex);
 }
 

@@ -63,3 +63,20 @@ def test_fp8_tokens():
     assert megamoe.float8_e5m2 is ops.float8_e5m2
     assert repr(ops.float8_e4m3fn) == "megamoe.float8_e4m3fn"
     assert ops.float8_e4m3fn is not ops.float8_e5m2
+
+
+def test_quant_modes_come_from_the_library_table():
+    import torch
+    modes = {m.mode: m for m in ops.quant_modes()}
+    assert sorted(modes) == [0, 1, 2, 3, 4]
+    assert modes[0].name == "none" and modes[0].out_dtypes == ()
+    assert modes[1].smoothing == "required" and modes[1].out_dtypes == (torch.int8,)
+    assert set(modes[3].out_dtypes) == {ops.float8_e4m3fn, ops.float8_e5m2}
+    assert modes[4].smoothing == "none" and modes[4].scale_group == 32
+    assert [m.mode for m in ops.comm_quant_modes()] == [0, 2, 3, 4]
+    assert ops.comm_quant_modes()[1].scale_dtype is None  # int8 transport: x's own dtype
+    # the y_dtype a caller may pass is exactly what some mode accepts (or x's own dtype)
+    for m in ops.quant_modes():
+        for d in m.out_dtypes:
+            assert ops._y_code(d) in (3, 4, 6)
+    assert ops._y_code(torch.float64) == 0  # refused by the library, naming the rule

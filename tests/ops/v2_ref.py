@@ -1,5 +1,5 @@
 """Independent numpy model of MoeDistributeDispatchV2 / CombineV2 / CombineAddRmsNorm, written
-from ../shared/docs/dispatch_combine_v2_spec.md (A3 behaviour) and docs/ops.md's numeric choices;
+from docs/v2_spec.md (A3 behaviour) and docs/ops.md's numeric choices;
 it never calls libmegamoe. One process simulates every rank of the world.
 
 World layout (torch_npu's tests): world rank r has ep rank r // T and tp rank r % T (T =

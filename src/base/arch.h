@@ -1,0 +1,48 @@
+/* The architecture-specific one-liners every layer needs: which ISA this is, the target
+ * attributes of the AVX-512 code, the spin-wait pause and the fences. One place, so a port to
+ * another ISA (or a sanitizer quirk) is one edit. Header only; needs libc and the compiler. */
+#ifndef MM_BASE_ARCH_H
+#define MM_BASE_ARCH_H
+
+#if defined(__x86_64__) || defined(__i386__)
+#define MM_X86 1
+#include <immintrin.h>
+#define MM_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#define MM_TARGET_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#else
+#define MM_X86 0
+#define MM_TARGET_AVX512
+#define MM_TARGET_AVX512BF16
+#endif
+
+/* One iteration of a spin-wait: `pause` on x86 (frees the sibling hyper-thread and avoids the
+ * memory-order flush on exit), a compiler barrier elsewhere. */
+static inline void mm_cpu_pause(void)
+{
+#if MM_X86
+    _mm_pause();
+#else
+    __asm__ __volatile__("" ::: "memory");
+#endif
+}
+
+/* Orders earlier non-temporal (streaming) stores before later stores: needed before a signal
+ * that publishes data written with them. Nothing to do where there are none. */
+static inline void mm_store_fence(void)
+{
+#if MM_X86
+    _mm_sfence();
+#endif
+}
+
+/* A thread fence of the given __ATOMIC_* order. ThreadSanitizer does not model fences; an
+ * atomic read-modify-write on a dummy word gives it the same ordering (the word is per file,
+ * so under TSan such fences pair only within one file, as the RMA layer's do). */
+#if defined(__SANITIZE_THREAD__)
+static unsigned long mm_arch_fence_word __attribute__((unused));
+#define mm_thread_fence(order) ((void)__atomic_fetch_add(&mm_arch_fence_word, 0, (order)))
+#else
+#define mm_thread_fence(order) __atomic_thread_fence(order)
+#endif
+
+#endif /* MM_BASE_ARCH_H */
