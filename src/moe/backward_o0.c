@@ -280,10 +280,22 @@ megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, mm_call_t *call, megam
         const int64_t R = sv->rows, Rb = R > 0 ? R : 1, S = sv->plan->S;
         mm_moe_bwd_ctx_init(&b.c, x, sv, dout, gr);
         b.R = R;
-        group_rows = calloc((size_t)S, sizeof *group_rows);
-        wtab = calloc((size_t)(2 * S), sizeof *wtab);
-        if (group_rows == NULL || wtab == NULL) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "group list");
-        else
+        /* the group lists live in the group's scratch (zeroed, as the guest lists need) */
+        const size_t rows_bytes = mm_align_up((size_t)S * sizeof *group_rows, 64);
+        const size_t wtab_bytes = mm_align_up((size_t)(2 * S) * sizeof *wtab, 64);
+        const size_t guest_bytes = sv->plan->R > 0 ? (size_t)mm_pool_size(g->pool) *
+                                                         (size_t)(x->ep * sv->plan->R) *
+                                                         sizeof *b.guests
+                                                   : 0;
+        void *lists = NULL;
+        st = mm_moe_scratch(g, MM_SCR_LISTS, rows_bytes + wtab_bytes + guest_bytes, &lists);
+        if (st == MEGAMOE_OK) {
+            memset(lists, 0, rows_bytes + wtab_bytes + guest_bytes);
+            group_rows = lists;
+            wtab = (const mm_gemm_weight_t **)(void *)((char *)lists + rows_bytes);
+            if (guest_bytes > 0) b.guests = (void *)((char *)lists + rows_bytes + wtab_bytes);
+        }
+        if (st == MEGAMOE_OK)
             for (int64_t j = 0; j < S; j++)
                 group_rows[j] = sv->plan->group_off[j + 1] - sv->plan->group_off[j];
         b.group_rows = group_rows;
@@ -294,11 +306,6 @@ megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, mm_call_t *call, megam
             wtab[S + j] = x->packed.w1t[j < L ? j : 0];
         }
         if (st == MEGAMOE_OK) st = mm_moe_rep_backward_begin(&b.c);
-        if (st == MEGAMOE_OK && sv->plan->R > 0) {
-            b.guests = calloc((size_t)mm_pool_size(g->pool) * (size_t)(x->ep * sv->plan->R),
-                              sizeof *b.guests);
-            if (b.guests == NULL) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "guest lists");
-        }
         void *p = NULL;
         b.pull = mm_moe_is_pull(&x->cfg);
         b.direct = !b.pull && mm_ep_dispatch_direct(g->xbuf);
@@ -327,9 +334,6 @@ megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, mm_call_t *call, megam
      * numbers are decided in this one exchange, on every rank alike. */
     st = mm_moe_backward_agree(x, call, st, sv);
     if (st != MEGAMOE_OK) {
-        free(group_rows);
-        free(wtab);
-        free(b.guests);
         return st;
     }
     megamoe_status_t later = MEGAMOE_OK; /* a failure that must not strand the peers */
@@ -384,17 +388,11 @@ megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, mm_call_t *call, megam
     if (st == MEGAMOE_OK && gr->topk_weights != NULL)
         st = megamoe_convert(gr->topk_weights, sv->w_dtype, b.gw, MEGAMOE_DTYPE_FP32, TK);
     if (st != MEGAMOE_OK) goto fail;
-    free(group_rows);
-    free(wtab);
-    free(b.guests);
     x->backwards++;
     return MEGAMOE_OK;
 
 broken:
     g->broken = 1;
 fail:
-    free(group_rows);
-    free(wtab);
-    free(b.guests);
     return st;
 }

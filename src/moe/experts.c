@@ -9,6 +9,7 @@
 #include "base/alloc.h"
 #include "base/env.h"
 #include "base/error.h"
+#include "base/freelist.h"
 #include "moe/experts_impl.h"
 #include "moe/moe_buffers.h"
 #include "moe/moe_replicas.h"
@@ -31,6 +32,8 @@ static const int mm_moe_o0_phases[] = {
 static const int mm_moe_o1_phases[] = {MM_PH_FWD_PREPARE, MM_PH_FWD_ROUTE, MM_PH_FWD_LAUNCH,
                                        MM_PH_BWD_PREPARE, MM_PH_BWD_LAUNCH, MM_PH_BWD_FINISH};
 
+/* saved states handed back (one per outstanding forward) */
+static mm_freelist_t mm_moe_saved_blocks = MM_FREELIST_INIT;
 static atomic_uint_fast64_t mm_moe_serial = 1;
 /* Layers this process created (their numbers, "layer #N", are agreed across ranks). */
 static atomic_uint_fast64_t mm_moe_layer_count;
@@ -529,8 +532,12 @@ megamoe_status_t mm_moe_saved_create(const megamoe_experts_t *x, mm_ep_plan_t *p
 {
     const int64_t H = x->cfg.H, I = x->cfg.I, R = plan->recv_rows, Rb = R > 0 ? R : 1;
     const size_t TK = (size_t)x->cfg.T * (size_t)x->cfg.K;
-    megamoe_experts_saved_t *sv = calloc(1, sizeof *sv);
-    if (sv == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "saved state");
+    /* the state and its guest table in one block, kept in mm_moe_saved_blocks when destroyed */
+    const size_t head = mm_align_up(sizeof(megamoe_experts_saved_t), 64);
+    megamoe_experts_saved_t *sv = NULL;
+    MM_CHECK(mm_freelist_get(&mm_moe_saved_blocks,
+                             head + (size_t)x->cfg.replicas * sizeof *sv->guest, 1, "saved state",
+                             (void **)&sv));
     sv->layer_serial = x->serial;
     sv->rows = R;
     sv->w_dtype = w_dtype;
@@ -547,9 +554,8 @@ megamoe_status_t mm_moe_saved_create(const megamoe_experts_t *x, mm_ep_plan_t *p
     if (st == MEGAMOE_OK)
         st = mm_moe_buf_alloc(TK * sizeof(float), "saved router weights", (void **)&sv->w);
     if (st == MEGAMOE_OK && x->cfg.replicas > 0) {
-        sv->guest = calloc((size_t)x->cfg.replicas, sizeof *sv->guest);
-        if (sv->guest == NULL) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "saved guest weights");
-        else sv->n_guest = x->cfg.replicas;
+        sv->guest = (void *)((char *)sv + head);
+        sv->n_guest = x->cfg.replicas;
     }
     if (st != MEGAMOE_OK) {
         megamoe_experts_saved_destroy(sv); /* plan is still the caller's */
@@ -570,7 +576,7 @@ void megamoe_experts_saved_destroy(megamoe_experts_saved_t *s)
     mm_moe_buf_free(s->a);
     mm_moe_buf_free(s->y);
     mm_moe_buf_free(s->w);
-    free(s);
+    mm_freelist_put(&mm_moe_saved_blocks, s);
 }
 
 megamoe_status_t mm_moe_enter(megamoe_experts_t *x, int kind)

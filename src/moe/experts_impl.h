@@ -79,8 +79,8 @@ enum {
 /* Per-call scratch that is not saved for backward; grown on demand, shared by the layers of a
  * group (they run serially). */
 typedef struct mm_moe_scratch {
-    void *buf[9];
-    size_t bytes[9];
+    void *buf[10];
+    size_t bytes[10];
 } mm_moe_scratch_t;
 enum {
     MM_SCR_GU,  /* [R, 2I] bf16 (inference forward) */
@@ -92,6 +92,7 @@ enum {
     MM_SCR_ACC, /* [workers, H] fp32 accumulators */
     MM_SCR_F32, /* [T*K] fp32 router weights / their gradients */
     MM_SCR_RECV, /* pull: [R, H] bf16 rows fetched from the sources (inference X, dY) */
+    MM_SCR_LISTS, /* O0 group lists: [S] rows per slot, [2S] weight table, guest lists */
 };
 
 /* One resource group: symmetric exchange buffers, the worker pool, the SHMEM reference. */

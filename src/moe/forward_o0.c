@@ -218,10 +218,20 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, mm_call_t *call, megamo
     f.R = R;
     megamoe_experts_saved_t *sv = NULL;
     const int64_t S = plan->S;
-    int64_t *group_rows = calloc((size_t)S, sizeof *group_rows);
-    const mm_gemm_weight_t **wtab = calloc((size_t)(2 * S), sizeof *wtab);
-    if (group_rows == NULL || wtab == NULL) st = mm_error(MEGAMOE_OUT_OF_MEMORY, "group list");
-    else
+    /* the group lists live in the group's scratch (zeroed: unused guest entries stay NULL) */
+    int64_t *group_rows = NULL;
+    const mm_gemm_weight_t **wtab = NULL;
+    {
+        const size_t rows_bytes = mm_align_up((size_t)S * sizeof *group_rows, 64);
+        void *lists = NULL;
+        st = mm_moe_scratch(g, MM_SCR_LISTS, rows_bytes + (size_t)(2 * S) * sizeof *wtab, &lists);
+        if (st == MEGAMOE_OK) {
+            memset(lists, 0, rows_bytes + (size_t)(2 * S) * sizeof *wtab);
+            group_rows = lists;
+            wtab = (const mm_gemm_weight_t **)(void *)((char *)lists + rows_bytes);
+        }
+    }
+    if (st == MEGAMOE_OK)
         for (int64_t j = 0; j < S; j++) group_rows[j] = plan->group_off[j + 1] - plan->group_off[j];
     f.group_rows = group_rows;
     f.w1 = wtab;
@@ -264,8 +274,6 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, mm_call_t *call, megamo
     /* Nothing has moved yet: a failure anywhere stops every rank here. */
     st = mm_shmem_team_agree(x->team, st);
     if (st != MEGAMOE_OK) {
-        free(group_rows);
-        free(wtab);
         if (sv) sv->plan = NULL;
         megamoe_experts_saved_destroy(sv);
         mm_ep_plan_destroy(plan);
@@ -320,8 +328,6 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, mm_call_t *call, megamo
     st = mm_fwd_phase(&f, FW_REDUCE, MM_PH_FWD_REDUCE);
     if (st != MEGAMOE_OK) goto fail;
 
-    free(group_rows);
-    free(wtab);
     mm_moe_rep_forward_done(x, plan, sv, 1);
     x->last_recv_rows = R;
     x->forwards++;
@@ -337,8 +343,6 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, mm_call_t *call, megamo
 broken:
     g->broken = 1;
 fail:
-    free(group_rows);
-    free(wtab);
     mm_moe_rep_forward_done(x, plan, NULL, 0);
     if (sv) sv->plan = NULL;
     megamoe_experts_saved_destroy(sv);

@@ -347,8 +347,7 @@ void mm_moe_rep_saved_release(megamoe_experts_saved_t *sv)
 {
     if (sv->guest == NULL) return;
     for (int g = 0; g < sv->n_guest; g++) mm_moe_guest_unref(sv->guest[g]);
-    free(sv->guest);
-    sv->guest = NULL;
+    sv->guest = NULL; /* the table lives in the saved state's own block */
 }
 
 /* ---- backward --------------------------------------------------------------------------------- */

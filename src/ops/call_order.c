@@ -9,6 +9,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "base/freelist.h"
 
 #define MM_CALL_MAGIC 0xc411de5c0de0beefull
 #define MM_CALL_TEXT 512
@@ -16,6 +17,9 @@
  * peers' call is); a larger payload follows in a second allgather once the calls agreed. */
 #define MM_CALL_INLINE ((size_t)16 << 10)
 #define MM_CALL_NOTICE 300
+
+/* Gathered records and payloads of calls that ended, handed out again to the next call. */
+static mm_freelist_t mm_call_blocks = MM_FREELIST_INIT;
 
 /* One member's record. Its first bytes are laid out like an mm_shmem_team_agree entry (an
  * int32 status, then text): a peer that is in a plain agree while we are here reads
@@ -167,8 +171,8 @@ void mm_call_begin(mm_call_t *c, mm_call_group_t *group, int kind, uint64_t obje
 
 void mm_call_end(mm_call_t *c)
 {
-    free(c->records);
-    free(c->payloads);
+    mm_freelist_put(&mm_call_blocks, c->records);
+    mm_freelist_put(&mm_call_blocks, c->payloads);
     c->records = c->payloads = NULL;
 }
 
@@ -347,17 +351,22 @@ megamoe_status_t mm_call_exchange(mm_call_t *c, mm_shmem_team_t *team, megamoe_s
     const size_t pb = mm_align_up(payload_bytes, 8);
     const int inl = sizeof(mm_call_wire_t) + pb <= MM_CALL_INLINE;
     const size_t rb = sizeof(mm_call_wire_t) + (inl ? pb : 0);
-    free(c->records);
-    free(c->payloads);
+    mm_freelist_put(&mm_call_blocks, c->payloads); /* (a call may exchange more than once) */
     c->payloads = NULL;
     c->n = n;
     c->rec_bytes = rb;
     c->payload_bytes = payload_bytes;
     c->inline_payload = inl;
     /* n gathered records, ours to send, then n + 1 message slots (mm_call_failure) */
-    c->records = malloc((size_t)(n + 1) * (rb + MM_CALL_TEXT));
+    const size_t need = (size_t)(n + 1) * (rb + MM_CALL_TEXT);
+    if (c->records != NULL && mm_freelist_size(c->records) < need) {
+        mm_freelist_put(&mm_call_blocks, c->records);
+        c->records = NULL;
+    }
     megamoe_status_t st = MEGAMOE_OK;
-    if (c->records == NULL)
+    if (c->records == NULL &&
+        mm_freelist_get(&mm_call_blocks, need, 0, "call records", (void **)&c->records) !=
+            MEGAMOE_OK)
         return mm_error(MEGAMOE_OUT_OF_MEMORY, "%s: no memory for %d call records", c->what, n);
     mm_call_wire_t *mine = (mm_call_wire_t *)(void *)(c->records + (size_t)n * rb);
     memset(mine, 0, rb);
@@ -406,10 +415,10 @@ megamoe_status_t mm_call_exchange(mm_call_t *c, mm_shmem_team_t *team, megamoe_s
                           (unsigned long long)mm_call_rec(c, i)->payload_bytes);
     if (st != MEGAMOE_OK || inl || payload_bytes == 0) return st;
     /* a large payload: the calls agree, so every member sends the same size */
-    c->payloads = malloc((size_t)n * payload_bytes);
-    megamoe_status_t ps = c->payloads ? MEGAMOE_OK
-                                      : mm_error(MEGAMOE_OUT_OF_MEMORY, "%s: no memory for the "
-                                                 "gathered payloads", c->what);
+    megamoe_status_t ps = mm_freelist_get(&mm_call_blocks, (size_t)n * payload_bytes, 0,
+                                          "gathered payloads", (void **)&c->payloads);
+    if (ps != MEGAMOE_OK)
+        ps = mm_error(MEGAMOE_OUT_OF_MEMORY, "%s: no memory for the gathered payloads", c->what);
     ps = mm_shmem_team_agree(team, ps);
     if (ps != MEGAMOE_OK) return ps;
     return mm_shmem_team_allgather(team, c->payloads, payload, payload_bytes);

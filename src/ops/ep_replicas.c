@@ -4,7 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/alloc.h"
 #include "base/error.h"
+#include "base/freelist.h"
+
+static mm_freelist_t mm_ep_replica_blocks = MM_FREELIST_INIT;
 
 mm_ep_replica_cost_t mm_ep_replica_cost_default(void)
 {
@@ -24,46 +28,53 @@ megamoe_status_t mm_ep_replica_plan_create(int ep, int64_t E, int R, mm_ep_repli
         return mm_error(MEGAMOE_INVALID_ARGUMENT,
                         "replica plan: EP %d, E %lld, %d guest slots per rank out of range", ep,
                         (long long)E, R);
-    mm_ep_replica_plan_t *p = calloc(1, sizeof *p);
-    if (p == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "replica plan");
+    /* One zeroed block for the plan and its arrays, kept in mm_ep_replica_blocks when handed
+     * back: a steady state of one shape allocates nothing. */
+    const size_t slots = (size_t)ep * (size_t)R, n = (size_t)ep;
+    const size_t sizes[] = {
+        sizeof(mm_ep_replica_plan_t),
+        slots * sizeof(int32_t),     /* slot_expert */
+        slots * n * sizeof(int32_t), /* take */
+        n * sizeof(int64_t),         /* load_plain */
+        n * sizeof(int64_t),         /* load */
+        (size_t)E * sizeof(int64_t), /* w_home */
+        n * sizeof(int64_t),         /* w_eff */
+        slots * sizeof(int64_t),     /* w_slot_rows */
+        n * sizeof(int64_t),         /* w_left */
+        (slots + 1) * sizeof(int64_t), /* w_quota */
+        (slots + 1) * sizeof(int32_t), /* w_parts */
+    };
+    enum { NPARTS = sizeof sizes / sizeof sizes[0] };
+    size_t total = 0;
+    for (int i = 0; i < NPARTS; i++) total += mm_align_up(sizes[i], 64);
+    char *blk = NULL;
+    if (mm_freelist_get(&mm_ep_replica_blocks, total, 1, "replica plan", (void **)&blk) !=
+        MEGAMOE_OK)
+        return mm_error(MEGAMOE_OUT_OF_MEMORY, "replica plan for %zu guest slots", slots);
+    void *part[NPARTS];
+    for (size_t i = 0, off = 0; i < NPARTS; off += mm_align_up(sizes[i], 64), i++) part[i] = blk + off;
+    mm_ep_replica_plan_t *p = part[0];
     p->ep = ep;
     p->R = R;
     p->E = E;
     p->L = E / ep;
-    const size_t slots = (size_t)ep * (size_t)R;
-    p->slot_expert = calloc(slots, sizeof *p->slot_expert);
-    p->take = calloc(slots * (size_t)ep, sizeof *p->take);
-    p->load_plain = calloc((size_t)ep, sizeof *p->load_plain);
-    p->load = calloc((size_t)ep, sizeof *p->load);
-    p->w_home = calloc((size_t)E, sizeof *p->w_home);
-    p->w_eff = calloc((size_t)ep, sizeof *p->w_eff);
-    p->w_slot_rows = calloc(slots, sizeof *p->w_slot_rows);
-    p->w_left = calloc((size_t)ep, sizeof *p->w_left);
-    p->w_quota = calloc(slots + 1, sizeof *p->w_quota);
-    p->w_parts = calloc(slots + 1, sizeof *p->w_parts);
-    if (!p->slot_expert || !p->take || !p->load_plain || !p->load || !p->w_home || !p->w_eff ||
-        !p->w_slot_rows || !p->w_left || !p->w_quota || !p->w_parts) {
-        mm_ep_replica_plan_destroy(p);
-        return mm_error(MEGAMOE_OUT_OF_MEMORY, "replica plan for %zu guest slots", slots);
-    }
+    p->slot_expert = part[1];
+    p->take = part[2];
+    p->load_plain = part[3];
+    p->load = part[4];
+    p->w_home = part[5];
+    p->w_eff = part[6];
+    p->w_slot_rows = part[7];
+    p->w_left = part[8];
+    p->w_quota = part[9];
+    p->w_parts = part[10];
     *plan_p = p;
     return MEGAMOE_OK;
 }
 
 void mm_ep_replica_plan_destroy(mm_ep_replica_plan_t *p)
 {
-    if (p == NULL) return;
-    free(p->slot_expert);
-    free(p->take);
-    free(p->load_plain);
-    free(p->load);
-    free(p->w_home);
-    free(p->w_eff);
-    free(p->w_slot_rows);
-    free(p->w_left);
-    free(p->w_quota);
-    free(p->w_parts);
-    free(p);
+    mm_freelist_put(&mm_ep_replica_blocks, p); /* the arrays live in the same block */
 }
 
 int64_t mm_ep_replica_home_rows(const mm_ep_replica_plan_t *p, const int32_t *counts, int s,

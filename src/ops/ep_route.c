@@ -5,7 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/alloc.h"
 #include "base/error.h"
+#include "base/freelist.h"
+
+/* Routing plans handed back (one per outstanding forward: the saved state owns its plan). */
+static mm_freelist_t mm_ep_plan_blocks = MM_FREELIST_INIT;
 
 megamoe_status_t mm_ep_plan_create(const mm_ep_shape_t *s, mm_ep_plan_t **plan_p)
 {
@@ -23,8 +28,46 @@ megamoe_status_t mm_ep_plan_create(const mm_ep_shape_t *s, mm_ep_plan_t **plan_p
     if (s->capacity < 0)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "receive capacity %lld must be >= 0",
                         (long long)s->capacity);
-    mm_ep_plan_t *p = calloc(1, sizeof *p);
-    if (p == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "cannot allocate a routing plan");
+    if (s->replica_slots < 0 || s->replica_slots > 1024)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "replica_slots_per_rank = %d must be in [0, 1024]", s->replica_slots);
+    /* One zeroed block holds the plan and all its arrays, sized from the shape alone; blocks
+     * are kept in mm_ep_plan_blocks, so a steady state of one shape allocates nothing. */
+    const size_t S = (size_t)(s->experts / s->ep) + (size_t)s->replica_slots;
+    const size_t tk = (size_t)(s->tokens * s->top_k), e = (size_t)s->experts;
+    const size_t lb = S * (size_t)s->ep, slots = (size_t)s->ep * S, ep = (size_t)s->ep;
+    const size_t sizes[] = {
+        sizeof(mm_ep_plan_t),
+        ep * e * sizeof(int32_t),        /* counts */
+        e * sizeof(int32_t),             /* hist */
+        (e + 1) * sizeof(int64_t),       /* src_off */
+        tk * sizeof(int32_t),            /* perm_slot */
+        tk * sizeof(int32_t),            /* slot_pos */
+        e * sizeof(int64_t),             /* dst_off */
+        (S + 1) * sizeof(int64_t),       /* group_off */
+        lb * sizeof(int64_t),            /* blk_off */
+        lb * sizeof(int64_t),            /* blk_rows */
+        lb * sizeof(int64_t),            /* ret_off */
+        slots * sizeof(int32_t),         /* slot_expert */
+        slots * sizeof(int64_t),         /* seg_pos */
+        slots * sizeof(int64_t),         /* seg_rows */
+        slots * sizeof(int64_t),         /* seg_dst */
+        slots * sizeof(int32_t),         /* seg_order */
+        slots * ep * sizeof(int64_t),    /* bcount */
+        ep * (e + 1) * sizeof(int64_t),  /* src_prefix */
+        s->host_of != NULL ? ep * sizeof(int32_t) : 0, /* host_of */
+    };
+    enum { NPARTS = sizeof sizes / sizeof sizes[0] };
+    size_t total = 0;
+    for (int i = 0; i < NPARTS; i++) total += mm_align_up(sizes[i], 64);
+    char *blk = NULL;
+    if (mm_freelist_get(&mm_ep_plan_blocks, total, 1, "routing plan", (void **)&blk) != MEGAMOE_OK)
+        return mm_error(MEGAMOE_OUT_OF_MEMORY, "cannot allocate a routing plan for T*K=%zu rows",
+                        tk);
+    void *part[NPARTS];
+    for (size_t i = 0, off = 0; i < NPARTS; off += mm_align_up(sizes[i], 64), i++)
+        part[i] = sizes[i] > 0 ? blk + off : NULL;
+    mm_ep_plan_t *p = part[0];
     p->ep = s->ep;
     p->me = s->me;
     p->T = s->tokens;
@@ -33,47 +76,28 @@ megamoe_status_t mm_ep_plan_create(const mm_ep_shape_t *s, mm_ep_plan_t **plan_p
     p->L = s->experts / s->ep;
     p->capacity = s->capacity;
     p->capacity_factor = s->capacity_factor;
-    if (s->replica_slots < 0 || s->replica_slots > 1024) {
-        free(p);
-        return mm_error(MEGAMOE_INVALID_ARGUMENT,
-                        "replica_slots_per_rank = %d must be in [0, 1024]", s->replica_slots);
-    }
     p->R = s->replica_slots;
     p->S = p->L + p->R;
     p->replica_cost = s->replica_cost;
-    size_t tk = (size_t)(p->T * p->K), e = (size_t)p->E, lb = (size_t)(p->S * p->ep);
-    size_t slots = (size_t)p->ep * (size_t)p->S;
-    p->counts = calloc((size_t)p->ep * e, sizeof *p->counts);
-    p->hist = calloc(e, sizeof *p->hist);
-    p->src_off = calloc(e + 1, sizeof *p->src_off);
-    p->perm_slot = calloc(tk, sizeof *p->perm_slot);
-    p->slot_pos = calloc(tk, sizeof *p->slot_pos);
-    p->dst_off = calloc(e, sizeof *p->dst_off);
-    p->group_off = calloc((size_t)p->S + 1, sizeof *p->group_off);
-    p->blk_off = calloc(lb, sizeof *p->blk_off);
-    p->blk_rows = calloc(lb, sizeof *p->blk_rows);
-    p->ret_off = calloc(lb, sizeof *p->ret_off);
-    p->slot_expert = calloc(slots, sizeof *p->slot_expert);
-    p->seg_pos = calloc(slots, sizeof *p->seg_pos);
-    p->seg_rows = calloc(slots, sizeof *p->seg_rows);
-    p->seg_dst = calloc(slots, sizeof *p->seg_dst);
-    p->seg_order = calloc(slots, sizeof *p->seg_order);
-    p->bcount = calloc(slots * (size_t)p->ep, sizeof *p->bcount);
-    p->src_prefix = calloc((size_t)p->ep * (e + 1), sizeof *p->src_prefix);
-    int ok = p->counts && p->hist && p->src_off && p->perm_slot && p->slot_pos && p->dst_off &&
-             p->group_off && p->blk_off && p->blk_rows && p->ret_off && p->slot_expert &&
-             p->seg_pos && p->seg_rows && p->seg_dst && p->seg_order && p->bcount &&
-             p->src_prefix;
-    if (ok && s->host_of != NULL) {
-        p->host_of = calloc((size_t)p->ep, sizeof *p->host_of);
-        ok = p->host_of != NULL;
-        if (ok) memcpy(p->host_of, s->host_of, (size_t)p->ep * sizeof *p->host_of);
-    }
-    if (!ok) {
-        mm_ep_plan_destroy(p);
-        return mm_error(MEGAMOE_OUT_OF_MEMORY, "cannot allocate a routing plan for T*K=%zu rows",
-                        tk);
-    }
+    p->counts = part[1];
+    p->hist = part[2];
+    p->src_off = part[3];
+    p->perm_slot = part[4];
+    p->slot_pos = part[5];
+    p->dst_off = part[6];
+    p->group_off = part[7];
+    p->blk_off = part[8];
+    p->blk_rows = part[9];
+    p->ret_off = part[10];
+    p->slot_expert = part[11];
+    p->seg_pos = part[12];
+    p->seg_rows = part[13];
+    p->seg_dst = part[14];
+    p->seg_order = part[15];
+    p->bcount = part[16];
+    p->src_prefix = part[17];
+    p->host_of = part[18];
+    if (p->host_of != NULL) memcpy(p->host_of, s->host_of, ep * sizeof *p->host_of);
     if (p->R > 0) {
         megamoe_status_t st = mm_ep_replica_plan_create(p->ep, p->E, p->R, &p->rep);
         if (st != MEGAMOE_OK) {
@@ -88,26 +112,8 @@ megamoe_status_t mm_ep_plan_create(const mm_ep_shape_t *s, mm_ep_plan_t **plan_p
 void mm_ep_plan_destroy(mm_ep_plan_t *p)
 {
     if (p == NULL) return;
-    free(p->counts);
-    free(p->hist);
-    free(p->src_off);
-    free(p->perm_slot);
-    free(p->slot_pos);
-    free(p->dst_off);
-    free(p->group_off);
-    free(p->blk_off);
-    free(p->blk_rows);
-    free(p->ret_off);
-    free(p->slot_expert);
-    free(p->seg_pos);
-    free(p->seg_rows);
-    free(p->seg_dst);
-    free(p->seg_order);
-    free(p->bcount);
-    free(p->src_prefix);
-    free(p->host_of);
     mm_ep_replica_plan_destroy(p->rep);
-    free(p);
+    mm_freelist_put(&mm_ep_plan_blocks, p); /* the arrays live in the same block */
 }
 
 /* Count slots per expert into hist (own row of counts), validating ids. */

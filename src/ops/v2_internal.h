@@ -180,7 +180,7 @@ typedef struct mm_v2_call {
     mm_v2_scope_t *scope;
     mm_shmem_team_t *ep, *tp;   /* NULL when absent */
     size_t rec_bytes;
-    uint8_t *records;           /* n_world records (malloc) */
+    uint8_t *records;           /* n_world records (a kept block, v2_workspace.c) */
     uint64_t gen;               /* this call's generation (>= 1) */
     uint8_t *base;              /* my symmetric pool */
     uint64_t seg_off[MM_V2_MAX_SEGS];

@@ -16,10 +16,13 @@
 #include "base/alloc.h"
 #include "base/clock.h"
 #include "base/error.h"
+#include "base/freelist.h"
 #include "ops/call_order.h"
 #include "v2_internal.h"
 
 static megamoe_status_t mm_v2_release_hook(void *arg);
+/* agreement records of ended calls, handed out again (one block per call in flight) */
+static mm_freelist_t mm_v2_record_blocks = MM_FREELIST_INIT;
 
 static const char *const mm_v2_attr_names[MM_V2_NATTR] = {
     "operator",        "ep_world_size",    "moe_expert_num",    "shared_expert_num",
@@ -48,8 +51,8 @@ megamoe_status_t mm_v2_call_begin(mm_v2_call_t *call, mm_v2_ws_kind_t kind, mega
     call->n_world = call->scope->n;
     call->me = call->scope->me;
     call->rec_bytes = mm_align_up(sizeof(mm_v2_record_t) + 8u * (size_t)call->n_world, 8);
-    call->records = calloc((size_t)call->n_world, call->rec_bytes);
-    if (call->records == NULL)
+    if (mm_freelist_get(&mm_v2_record_blocks, (size_t)call->n_world * call->rec_bytes, 1,
+                        "agreement records", (void **)&call->records) != MEGAMOE_OK)
         return mm_error(MEGAMOE_OUT_OF_MEMORY, "no memory for %d agreement records", call->n_world);
     call->ep = ep ? mm_comm_team(ep) : NULL;
     call->tp = tp_team && mm_shmem_team_n_pes(tp_team) == 2 ? tp_team : NULL;
@@ -74,7 +77,7 @@ megamoe_status_t mm_v2_call_begin(mm_v2_call_t *call, mm_v2_ws_kind_t kind, mega
 
 void mm_v2_call_end(mm_v2_call_t *call)
 {
-    free(call->records);
+    mm_freelist_put(&mm_v2_record_blocks, call->records);
     call->records = NULL;
 }
 

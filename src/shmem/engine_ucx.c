@@ -514,10 +514,12 @@ static megamoe_status_t mm_ucx_quiet(mm_shmem_engine_t *se)
     prm.cb.send = mm_ucx_done_cb;
     prm.user_data = &d;
     pthread_mutex_lock(&e->lock);
-    uint64_t *gens = NULL; /* put_gen of every peer now: complete once the flush is */
+    /* put_gen of every peer now: complete once the flush is (on the stack up to 256 PEs, so
+     * a quiet allocates nothing in the usual jobs) */
+    uint64_t gens_here[256], *gens = gens_here;
     ucs_status_ptr_t r = ucp_worker_flush_nbx(e->worker, &prm);
     int n = e->n_pes;
-    gens = malloc(sizeof *gens * (size_t)n);
+    if (n > 256) gens = malloc(sizeof *gens * (size_t)n);
     for (int pe = 0; gens && pe < n; pe++) gens[pe] = e->peers[pe].put_gen;
     pthread_mutex_unlock(&e->lock);
     megamoe_status_t st = MEGAMOE_OK;
@@ -533,7 +535,7 @@ static megamoe_status_t mm_ucx_quiet(mm_shmem_engine_t *se)
             if (gens[pe] > e->peers[pe].done_gen) e->peers[pe].done_gen = gens[pe];
         pthread_mutex_unlock(&e->lock);
     }
-    free(gens);
+    if (gens != gens_here) free(gens);
     return st;
 }
 

@@ -69,6 +69,7 @@ struct mm_shmem_team {
     megamoe_status_t failed; /* a barrier of this team did not complete: the team is done */
     int is_world;
     struct mm_shmem_team *next; /* live non-world teams */
+    void *agree_buf; /* [n] entries of mm_shmem_team_agree: made at the first, kept */
 };
 #define MM_SHMEM_TEAM_MAGIC 0x7465616du
 

@@ -41,6 +41,7 @@ uint64_t mm_shmem_team_uid(const mm_shmem_team_t *t)
 void mm_shmem_team_world_init(void)
 {
     mm_shmem_global_t *g = &mm_shmem_g;
+    free(g->world.agree_buf); /* the previous lifecycle's */
     g->world = (struct mm_shmem_team){.magic = MM_SHMEM_TEAM_MAGIC,
                                       .n = g->n_pes,
                                       .me = g->my_pe,
@@ -59,9 +60,12 @@ void mm_shmem_team_drop_all(void)
         g->teams = t->next;
         t->magic = 0;
         free(t->pes);
+        free(t->agree_buf);
         free(t);
     }
     g->world.magic = 0;
+    free(g->world.agree_buf);
+    g->world.agree_buf = NULL;
     g->slots_used = 0;
 }
 
@@ -223,7 +227,9 @@ megamoe_status_t mm_shmem_team_agree(mm_shmem_team_t *t, megamoe_status_t local)
     memset(&mine, 0, sizeof mine);
     mine.status = local;
     if (local != MEGAMOE_OK) snprintf(mine.text, sizeof mine.text, "%s", megamoe_last_error());
-    mm_agree_entry_t *all = malloc(sizeof mine * (size_t)t->n);
+    /* the team's own buffer: collectives of one team run one at a time */
+    if (t->agree_buf == NULL) t->agree_buf = malloc(sizeof mine * (size_t)t->n);
+    mm_agree_entry_t *all = t->agree_buf;
     if (all == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "mm_shmem_team_agree: out of memory");
     megamoe_status_t st = mm_team_allgather_raw(t, all, &mine, sizeof mine, "team agree");
     if (st == MEGAMOE_OK) {
@@ -238,7 +244,6 @@ megamoe_status_t mm_shmem_team_agree(mm_shmem_team_t *t, megamoe_status_t local)
             break;
         }
     }
-    free(all);
     return st;
 }
 
@@ -357,6 +362,7 @@ void mm_shmem_team_destroy_local(mm_shmem_team_t *t)
     g->slots_used &= ~(1ull << t->slot);
     t->magic = 0;
     free(t->pes);
+    free(t->agree_buf);
     free(t);
 }
 
