@@ -250,3 +250,81 @@ int mm_compare(const char *what, const mm_moe_problem_t *p, int me, const mm_lay
     }
     return ok;
 }
+
+megamoe_experts_params_t mm_params_shape(int64_t T, int64_t H, int64_t I, int64_t E, int64_t K)
+{
+    megamoe_experts_params_t p = megamoe_experts_params_default();
+    p.local_num_tokens = T;
+    p.hidden_size = H;
+    p.intermediate_size = I;
+    p.num_experts = E;
+    p.top_k = K;
+    return p;
+}
+
+int mm_run_alloc(mm_run_t *r, const mm_moe_problem_t *p)
+{
+    const int64_t L = p->E / p->ep;
+    r->out = calloc((size_t)(p->T * p->H), 2);
+    r->gh = calloc((size_t)(p->T * p->H), 2);
+    r->gp = calloc((size_t)(p->T * p->K), 4);
+    r->g1 = calloc((size_t)(L * p->H * 2 * p->I), 4);
+    r->g2 = calloc((size_t)(L * p->I * p->H), 4);
+    return r->out && r->gh && r->gp && r->g1 && r->g2 ? 0 : -1;
+}
+
+void mm_run_free(mm_run_t *r)
+{
+    free(r->out);
+    free(r->gh);
+    free(r->gp);
+    free(r->g1);
+    free(r->g2);
+    memset(r, 0, sizeof *r);
+}
+
+megamoe_status_t mm_run_fwd_bwd(megamoe_experts_t *x, const mm_moe_problem_t *p, int me,
+                                const megamoe_experts_weights_t *w, megamoe_dtype_t wg,
+                                mm_run_t *r)
+{
+    mm_input_buf_t ib;
+    if (mm_input_make(p, me, NULL, &ib) != 0) return MEGAMOE_OUT_OF_MEMORY;
+    megamoe_experts_weights_t local = mm_local_weights(p, me, 1);
+    if (w == NULL) w = &local;
+    megamoe_experts_saved_t *sv = NULL;
+    megamoe_status_t st = megamoe_experts_forward(x, w, &ib.in, r->out, &sv);
+    if (st == MEGAMOE_OK) {
+        megamoe_experts_grads_t g = {r->gh, r->gp, r->g1, r->g2, wg};
+        st = megamoe_experts_backward(x, sv, w, p->grad_out + (size_t)(me * p->T * p->H), &g);
+    }
+    megamoe_experts_saved_destroy(sv);
+    mm_input_free(&ib);
+    return st;
+}
+
+int mm_run_same_bits(const char *what, const mm_run_t *a, const mm_run_t *b,
+                     const mm_moe_problem_t *p, size_t wsize)
+{
+    const int64_t L = p->E / p->ep;
+    struct {
+        const char *name;
+        const void *x, *y;
+        size_t bytes;
+    } t[5] = {{"output", a->out, b->out, (size_t)(p->T * p->H) * 2},
+              {"grad hidden", a->gh, b->gh, (size_t)(p->T * p->H) * 2},
+              {"grad topk_weights", a->gp, b->gp, (size_t)(p->T * p->K) * 4},
+              {"grad gate_up", a->g1, b->g1, (size_t)(L * p->H * 2 * p->I) * wsize},
+              {"grad down", a->g2, b->g2, (size_t)(L * p->I * p->H) * wsize}};
+    int ok = 1;
+    for (int i = 0; i < 5; i++) {
+        const unsigned char *x = t[i].x, *y = t[i].y;
+        for (size_t k = 0; k < t[i].bytes; k++)
+            if (x[k] != y[k]) {
+                fprintf(stderr, "%s: %s differs at byte %zu of %zu\n", what, t[i].name, k,
+                        t[i].bytes);
+                ok = 0;
+                break;
+            }
+    }
+    return ok;
+}

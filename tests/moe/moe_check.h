@@ -66,4 +66,30 @@ int mm_layer_result_from(const mm_moe_problem_t *p, const uint16_t *out, const u
                          const void *gp, int gp_bf16, const uint16_t *g1, const uint16_t *g2,
                          mm_layer_result_t *res);
 
+/* The default layer parameters with the shapes of a test problem (schedule, workers and the
+ * rest are the caller's). */
+megamoe_experts_params_t mm_params_shape(int64_t T, int64_t H, int64_t I, int64_t E, int64_t K);
+
+/* This rank's raw results of one forward + backward: bf16 output and grad hidden, fp32 grad
+ * router weights, weight gradients with room for fp32 values. Sized from the problem (its E
+ * experts split over its ep ranks); zero-filled. */
+typedef struct mm_run {
+    uint16_t *out, *gh, *g1, *g2;
+    float *gp;
+} mm_run_t;
+int mm_run_alloc(mm_run_t *r, const mm_moe_problem_t *p);
+void mm_run_free(mm_run_t *r);
+
+/* One forward + backward of layer x on rank me with weights w (NULL: the problem's local
+ * weights, version 1), weight grads of dtype wg; the layer's status (OUT_OF_MEMORY when the
+ * input cannot be built). */
+megamoe_status_t mm_run_fwd_bwd(megamoe_experts_t *x, const mm_moe_problem_t *p, int me,
+                                const megamoe_experts_weights_t *w, megamoe_dtype_t wg,
+                                mm_run_t *r);
+
+/* Bitwise comparison of two runs (weight gradients of wsize bytes a value); prints the first
+ * differing byte of each tensor that differs; 1 when all are equal. */
+int mm_run_same_bits(const char *what, const mm_run_t *a, const mm_run_t *b,
+                     const mm_moe_problem_t *p, size_t wsize);
+
 #endif /* MM_TESTS_MOE_CHECK_H */

@@ -22,42 +22,12 @@
 
 static megamoe_experts_params_t mm_params(double factor)
 {
-    megamoe_experts_params_t p = megamoe_experts_params_default();
-    p.local_num_tokens = T_;
-    p.hidden_size = H_;
-    p.intermediate_size = I_;
-    p.num_experts = E_;
-    p.top_k = K_;
+    megamoe_experts_params_t p = mm_params_shape(T_, H_, I_, E_, K_);
     p.expert_capacity_factor = factor;
     p.schedule = MM_TEST_SCHEDULE;
     p.workers = 2; /* two threads per rank: exercises the column split (O0) and a cube plus a
                       vector worker (O1) even on 2 cores */
     return p;
-}
-
-typedef struct mm_bufs {
-    uint16_t *out, *gh, *g1, *g2;
-    float *gp;
-} mm_bufs_t;
-
-static int mm_bufs_alloc(mm_bufs_t *b)
-{
-    const int64_t L = E_ / mm_test_world();
-    b->out = malloc((size_t)T_ * H_ * 2);
-    b->gh = malloc((size_t)T_ * H_ * 2);
-    b->gp = malloc((size_t)T_ * K_ * 4);
-    b->g1 = malloc((size_t)L * H_ * 2 * I_ * 2);
-    b->g2 = malloc((size_t)L * I_ * H_ * 2);
-    return b->out && b->gh && b->gp && b->g1 && b->g2 ? 0 : -1;
-}
-
-static void mm_bufs_free(mm_bufs_t *b)
-{
-    free(b->out);
-    free(b->gh);
-    free(b->gp);
-    free(b->g1);
-    free(b->g2);
 }
 
 /* Forward + backward of layer x on this rank, compared with the reference. */
@@ -69,8 +39,8 @@ static void mm_fwd_bwd_check(megamoe_experts_t *x, const mm_moe_problem_t *P, fl
     ASSERT_EQ_INT(mm_ref_compute(P, limit, &ref), 0);
     mm_input_buf_t ib;
     ASSERT_EQ_INT(mm_input_make(P, me, o, &ib), 0);
-    mm_bufs_t b;
-    ASSERT_EQ_INT(mm_bufs_alloc(&b), 0);
+    mm_run_t b;
+    ASSERT_EQ_INT(mm_run_alloc(&b, P), 0);
     megamoe_experts_weights_t w = mm_local_weights(P, me, 1);
     megamoe_experts_saved_t *sv = NULL;
     ASSERT_OK(megamoe_experts_forward(x, &w, &ib.in, b.out, &sv));
@@ -82,7 +52,7 @@ static void mm_fwd_bwd_check(megamoe_experts_t *x, const mm_moe_problem_t *P, fl
                   0);
     int ok = mm_compare(what, P, me, &res, &ref);
     mm_layer_result_free(&res);
-    mm_bufs_free(&b);
+    mm_run_free(&b);
     mm_input_free(&ib);
     mm_ref_free(&ref);
     ASSERT_TRUE(ok);
@@ -308,13 +278,13 @@ MM_TEST(shared_layers_with_outstanding_forwards)
         megamoe_experts_t *lx[2] = {x[0], round == 0 ? x[1] : x[0]};
         mm_ref_result_t ref[2];
         mm_input_buf_t ib[2];
-        mm_bufs_t b[2];
+        mm_run_t b[2];
         megamoe_experts_saved_t *sv[2] = {NULL, NULL};
         megamoe_experts_weights_t w[2];
         for (int i = 0; i < 2; i++) {
             ASSERT_EQ_INT(mm_ref_compute(&P[i], 0, &ref[i]), 0);
             ASSERT_EQ_INT(mm_input_make(&P[i], me, NULL, &ib[i]), 0);
-            ASSERT_EQ_INT(mm_bufs_alloc(&b[i]), 0);
+            ASSERT_EQ_INT(mm_run_alloc(&b[i], &P[i]), 0);
             w[i] = mm_local_weights(&P[i], me, 100 + (uint64_t)i);
         }
         for (int i = 0; i < 2; i++)
@@ -334,7 +304,7 @@ MM_TEST(shared_layers_with_outstanding_forwards)
             snprintf(what, sizeof what, "round %d call %d", round, i);
             all_ok &= mm_compare(what, &P[i], me, &res, &ref[i]);
             mm_layer_result_free(&res);
-            mm_bufs_free(&b[i]);
+            mm_run_free(&b[i]);
             mm_input_free(&ib[i]);
             mm_ref_free(&ref[i]);
         }
@@ -343,8 +313,8 @@ MM_TEST(shared_layers_with_outstanding_forwards)
     {
         mm_input_buf_t ib;
         ASSERT_EQ_INT(mm_input_make(&P[0], me, NULL, &ib), 0);
-        mm_bufs_t b;
-        ASSERT_EQ_INT(mm_bufs_alloc(&b), 0);
+        mm_run_t b;
+        ASSERT_EQ_INT(mm_run_alloc(&b, &P[0]), 0);
         megamoe_experts_weights_t w = mm_local_weights(&P[0], me, 100);
         megamoe_experts_saved_t *sv = NULL;
         ASSERT_OK(megamoe_experts_forward(x[0], &w, &ib.in, b.out, &sv));
@@ -353,7 +323,7 @@ MM_TEST(shared_layers_with_outstanding_forwards)
                       MEGAMOE_INVALID_ARGUMENT);
         ASSERT_CONTAINS(megamoe_last_error(), "another MegaMoeExperts layer");
         megamoe_experts_saved_destroy(sv);
-        mm_bufs_free(&b);
+        mm_run_free(&b);
         mm_input_free(&ib);
     }
     /* sharing after the first forward is refused */
@@ -380,8 +350,8 @@ MM_TEST(close_twice_any_order_and_use_after_close)
     ASSERT_OK(megamoe_experts_share(x + 1, 2)); /* group {1, 2}; layer 0 alone */
     mm_input_buf_t ib;
     ASSERT_EQ_INT(mm_input_make(&P, me, NULL, &ib), 0);
-    mm_bufs_t b;
-    ASSERT_EQ_INT(mm_bufs_alloc(&b), 0);
+    mm_run_t b;
+    ASSERT_EQ_INT(mm_run_alloc(&b, &P), 0);
     megamoe_experts_weights_t w = mm_local_weights(&P, me, 1);
     for (int i = 0; i < 3; i++) ASSERT_OK(megamoe_experts_forward(x[i], &w, &ib.in, b.out, NULL));
     /* not the creation order, and a group closed from its second layer first */
@@ -402,7 +372,7 @@ MM_TEST(close_twice_any_order_and_use_after_close)
     ASSERT_OK(megamoe_experts_get_info(x[2], &info));
     ASSERT_EQ_INT(info.closed, 1);
     for (int i = 0; i < 3; i++) megamoe_experts_destroy(x[i]);
-    mm_bufs_free(&b);
+    mm_run_free(&b);
     mm_input_free(&ib);
     mm_moe_problem_free(&P);
 }
@@ -595,8 +565,8 @@ MM_TEST(non_finite_inputs_fail_on_every_rank)
     megamoe_experts_t *x = NULL;
     ASSERT_OK(megamoe_experts_create(comm, &prm, &x));
     megamoe_experts_weights_t w = mm_local_weights(&P, me, 1);
-    mm_bufs_t b;
-    ASSERT_EQ_INT(mm_bufs_alloc(&b), 0);
+    mm_run_t b;
+    ASSERT_EQ_INT(mm_run_alloc(&b, &P), 0);
     memset(b.out, 0, (size_t)T_ * H_ * 2);
     uint16_t *hid = P.hidden + (size_t)me * T_ * H_;
     const uint16_t keep = hid[5 * H_ + 7];
@@ -640,7 +610,7 @@ MM_TEST(non_finite_inputs_fail_on_every_rank)
     ASSERT_OK(megamoe_experts_backward(x, sv, &w, dout, &g));
     megamoe_experts_saved_destroy(sv);
     mm_input_free(&ib);
-    mm_bufs_free(&b);
+    mm_run_free(&b);
     ASSERT_OK(megamoe_experts_close(x));
     megamoe_experts_destroy(x);
     mm_moe_problem_free(&P);
@@ -661,12 +631,12 @@ MM_TEST(backward_with_saved_states_of_different_forwards_fails_on_every_rank)
     megamoe_experts_t *x = NULL;
     ASSERT_OK(megamoe_experts_create(comm, &prm, &x));
     mm_input_buf_t ib[2];
-    mm_bufs_t b[2];
+    mm_run_t b[2];
     megamoe_experts_saved_t *sv[2] = {NULL, NULL};
     megamoe_experts_weights_t w = mm_local_weights(&P[0], me, 1);
     for (int i = 0; i < 2; i++) {
         ASSERT_EQ_INT(mm_input_make(&P[i], me, NULL, &ib[i]), 0);
-        ASSERT_EQ_INT(mm_bufs_alloc(&b[i]), 0);
+        ASSERT_EQ_INT(mm_run_alloc(&b[i], &P[i]), 0);
         ASSERT_OK(megamoe_experts_forward(x, &w, &ib[i].in, b[i].out, &sv[i]));
     }
     const uint16_t *dout = P[0].grad_out + (size_t)me * T_ * H_;
@@ -681,7 +651,7 @@ MM_TEST(backward_with_saved_states_of_different_forwards_fails_on_every_rank)
     ASSERT_OK(megamoe_experts_backward(x, sv[0], &w, dout, &g));
     for (int i = 0; i < 2; i++) {
         megamoe_experts_saved_destroy(sv[i]);
-        mm_bufs_free(&b[i]);
+        mm_run_free(&b[i]);
         mm_input_free(&ib[i]);
     }
     ASSERT_OK(megamoe_experts_close(x));

@@ -23,41 +23,10 @@
 #define E_ 8
 #define K_ 2
 
-typedef struct mm_run {
-    uint16_t *out, *gh, *g1, *g2;
-    float *gp;
-} mm_run_t;
-
-static int mm_run_alloc(mm_run_t *r)
-{
-    const int64_t L = E_ / mm_test_world();
-    r->out = calloc((size_t)T_ * H_, 2);
-    r->gh = calloc((size_t)T_ * H_, 2);
-    r->gp = calloc((size_t)T_ * K_, 4);
-    r->g1 = calloc((size_t)(L * H_ * 2 * I_), 2);
-    r->g2 = calloc((size_t)(L * I_ * H_), 2);
-    return r->out && r->gh && r->gp && r->g1 && r->g2 ? 0 : -1;
-}
-
-static void mm_run_free(mm_run_t *r)
-{
-    free(r->out);
-    free(r->gh);
-    free(r->gp);
-    free(r->g1);
-    free(r->g2);
-    memset(r, 0, sizeof *r);
-}
-
 static megamoe_experts_params_t mm_params(const char *schedule, const char *mode, double initial,
                                           double growth)
 {
-    megamoe_experts_params_t p = megamoe_experts_params_default();
-    p.local_num_tokens = T_;
-    p.hidden_size = H_;
-    p.intermediate_size = I_;
-    p.num_experts = E_;
-    p.top_k = K_;
+    megamoe_experts_params_t p = mm_params_shape(T_, H_, I_, E_, K_);
     p.schedule = schedule;
     p.workers = 2;
     p.dispatch_mode = mode;
@@ -73,35 +42,14 @@ static uint64_t mm_version = 1;
 static megamoe_status_t mm_fwd_bwd(megamoe_experts_t *x, const mm_moe_problem_t *P, mm_run_t *r)
 {
     const int me = mm_test_rank();
-    mm_input_buf_t ib;
-    if (mm_input_make(P, me, NULL, &ib) != 0) return MEGAMOE_OUT_OF_MEMORY;
     megamoe_experts_weights_t w = mm_local_weights(P, me, ++mm_version);
-    megamoe_experts_saved_t *sv = NULL;
-    megamoe_status_t st = megamoe_experts_forward(x, &w, &ib.in, r->out, &sv);
-    if (st == MEGAMOE_OK) {
-        megamoe_experts_grads_t g = {r->gh, r->gp, r->g1, r->g2, MEGAMOE_DTYPE_BF16};
-        st = megamoe_experts_backward(x, sv, &w, P->grad_out + (size_t)me * T_ * H_, &g);
-    }
-    megamoe_experts_saved_destroy(sv);
-    mm_input_free(&ib);
-    return st;
+    return mm_run_fwd_bwd(x, P, me, &w, MEGAMOE_DTYPE_BF16, r);
 }
 
-static int mm_same_bits(const char *what, const mm_run_t *a, const mm_run_t *b)
+static int mm_same_bits(const char *what, const mm_run_t *a, const mm_run_t *b,
+                        const mm_moe_problem_t *P)
 {
-    const int64_t L = E_ / mm_test_world();
-    const void *x[5] = {a->out, a->gh, a->gp, a->g1, a->g2}, *y[5] = {b->out, b->gh, b->gp,
-                                                                        b->g1, b->g2};
-    const size_t n[5] = {(size_t)T_ * H_ * 2, (size_t)T_ * H_ * 2, (size_t)T_ * K_ * 4,
-                         (size_t)(L * H_ * 2 * I_) * 2, (size_t)(L * I_ * H_) * 2};
-    static const char *const names[5] = {"output", "grad hidden", "grad topk_weights",
-                                         "grad gate_up", "grad down"};
-    int ok = 1;
-    for (int i = 0; i < 5; i++)
-        if (memcmp(x[i], y[i], n[i]) != 0) {
-            fprintf(stderr, "%s: %s differs\n", what, names[i]);
-            ok = 0;
-        }
+    int ok = mm_run_same_bits(what, a, b, P, 2);
     printf("%s %s: bit-identical to the fixed lossless O0 run\n", ok ? "PASS" : "FAIL", what);
     return ok;
 }
@@ -128,7 +76,7 @@ static void mm_modes_case(mm_route_pattern_t route, int force_rma)
     ASSERT_EQ_INT(mm_moe_problem_create(&P, ep, T_, H_, I_, E_, K_, route, 50 + route), 0);
     mm_ep_force_puts = force_rma; /* every rank, between calls */
     mm_run_t ref;
-    ASSERT_EQ_INT(mm_run_alloc(&ref), 0);
+    ASSERT_EQ_INT(mm_run_alloc(&ref, &P), 0);
     {
         megamoe_experts_params_t p = mm_params("O0", NULL, 0, 0);
         megamoe_experts_t *x = NULL;
@@ -163,14 +111,14 @@ static void mm_modes_case(mm_route_pattern_t route, int force_rma)
             megamoe_experts_info_t before, after;
             ASSERT_OK(megamoe_experts_get_info(x, &before));
             mm_run_t got;
-            ASSERT_EQ_INT(mm_run_alloc(&got), 0);
+            ASSERT_EQ_INT(mm_run_alloc(&got, &P), 0);
             ASSERT_OK(mm_fwd_bwd(x, &P, &got));
             ASSERT_OK(megamoe_experts_get_info(x, &after));
             char what[128];
             snprintf(what, sizeof what, "%s ep%d %s%s %s initial %g growth %g",
                      mm_route_name(route), ep, scheds[s], force_rma ? " puts/gets" : "",
                      modes[m].mode ? modes[m].mode : "fixed", modes[m].initial, modes[m].growth);
-            all_ok &= mm_same_bits(what, &got, &ref);
+            all_ok &= mm_same_bits(what, &got, &ref, &P);
             /* a growth exactly when the call needed more than the initial capacity */
             const int pull = modes[m].mode && modes[m].mode[1] == 'u' && modes[m].mode[2] == 'l';
             if (pull) {
@@ -234,7 +182,7 @@ static void mm_growth_sequence(const char *schedule, double growth)
     mm_input_buf_t kin;
     ASSERT_EQ_INT(mm_input_make(&keep, me, NULL, &kin), 0);
     mm_run_t kr;
-    ASSERT_EQ_INT(mm_run_alloc(&kr), 0);
+    ASSERT_EQ_INT(mm_run_alloc(&kr, &keep), 0);
     megamoe_experts_weights_t kw = mm_local_weights(&keep, me, ++mm_version);
     megamoe_experts_saved_t *ksv = NULL;
     ASSERT_OK(megamoe_experts_forward(x, &kw, &kin.in, kr.out, &ksv));
@@ -244,7 +192,7 @@ static void mm_growth_sequence(const char *schedule, double growth)
         ASSERT_EQ_INT(mm_moe_problem_create(&P, ep, T_, H_, I_, E_, K_, seq[i], 60 + i), 0);
         const int64_t need = mm_max_recv(&P), want = mm_next_capacity(cap, need, growth, bound);
         mm_run_t r;
-        ASSERT_EQ_INT(mm_run_alloc(&r), 0);
+        ASSERT_EQ_INT(mm_run_alloc(&r, &P), 0);
         ASSERT_OK(mm_fwd_bwd(x, &P, &r));
         mm_ref_result_t rr;
         ASSERT_EQ_INT(mm_ref_compute(&P, 0, &rr), 0);
@@ -326,7 +274,7 @@ MM_TEST(push_growth_without_heap_room)
     mm_moe_problem_t P;
     ASSERT_EQ_INT(mm_moe_problem_create(&P, ep, T_, H_, I_, E_, K_, MM_ROUTE_BALANCED, 3), 0);
     mm_run_t r;
-    ASSERT_EQ_INT(mm_run_alloc(&r), 0);
+    ASSERT_EQ_INT(mm_run_alloc(&r, &P), 0);
     ASSERT_OK(mm_fwd_bwd(x, &P, &r)); /* prepares the group at its initial capacity */
     megamoe_experts_info_t info;
     ASSERT_OK(megamoe_experts_get_info(x, &info));

@@ -27,70 +27,14 @@
 #define K_ 3
 #define R_ 2
 
-typedef struct mm_run {
-    uint16_t *out, *gh, *g1, *g2;
-    float *gp;
-} mm_run_t;
-
-static void mm_run_free(mm_run_t *r)
-{
-    free(r->out);
-    free(r->gh);
-    free(r->gp);
-    free(r->g1);
-    free(r->g2);
-    memset(r, 0, sizeof *r);
-}
-
-static int mm_run_alloc(mm_run_t *r)
-{
-    const int64_t L = E_ / mm_test_world();
-    r->out = calloc((size_t)T_ * H_, 2);
-    r->gh = calloc((size_t)T_ * H_, 2);
-    r->gp = calloc((size_t)T_ * K_, 4);
-    r->g1 = calloc((size_t)(L * H_ * 2 * I_), 4); /* room for fp32 weight grads */
-    r->g2 = calloc((size_t)(L * I_ * H_), 4);
-    return r->out && r->gh && r->gp && r->g1 && r->g2 ? 0 : -1;
-}
-
 static megamoe_experts_params_t mm_params(const char *schedule, int replicas, double factor)
 {
-    megamoe_experts_params_t p = megamoe_experts_params_default();
-    p.local_num_tokens = T_;
-    p.hidden_size = H_;
-    p.intermediate_size = I_;
-    p.num_experts = E_;
-    p.top_k = K_;
+    megamoe_experts_params_t p = mm_params_shape(T_, H_, I_, E_, K_);
     p.expert_capacity_factor = factor;
     p.schedule = schedule;
     p.workers = 2;
     p.replica_slots_per_rank = replicas;
     return p;
-}
-
-static megamoe_status_t mm_fwd_bwd_w(megamoe_experts_t *x, const mm_moe_problem_t *P,
-                                     const megamoe_experts_weights_t *w, megamoe_dtype_t wg,
-                                     mm_run_t *r)
-{
-    const int me = mm_test_rank();
-    mm_input_buf_t ib;
-    if (mm_input_make(P, me, NULL, &ib) != 0) return MEGAMOE_OUT_OF_MEMORY;
-    megamoe_experts_saved_t *sv = NULL;
-    megamoe_status_t st = megamoe_experts_forward(x, w, &ib.in, r->out, &sv);
-    if (st == MEGAMOE_OK) {
-        megamoe_experts_grads_t g = {r->gh, r->gp, r->g1, r->g2, wg};
-        st = megamoe_experts_backward(x, sv, w, P->grad_out + (size_t)me * T_ * H_, &g);
-    }
-    megamoe_experts_saved_destroy(sv);
-    mm_input_free(&ib);
-    return st;
-}
-
-static megamoe_status_t mm_fwd_bwd(megamoe_experts_t *x, const mm_moe_problem_t *P,
-                                   megamoe_dtype_t wg, mm_run_t *r)
-{
-    megamoe_experts_weights_t w = mm_local_weights(P, mm_test_rank(), 1);
-    return mm_fwd_bwd_w(x, P, &w, wg, r);
 }
 
 /* Ordered integer of a bf16 value (distance in ulps is a difference of these). */
@@ -218,10 +162,10 @@ static void mm_pattern_case(mm_route_pattern_t route)
         ASSERT_OK(megamoe_experts_create(comm, &p0, &x0));
         ASSERT_OK(megamoe_experts_create(comm, &pr, &xr));
         mm_run_t a, b;
-        ASSERT_EQ_INT(mm_run_alloc(&a), 0);
-        ASSERT_EQ_INT(mm_run_alloc(&b), 0);
-        ASSERT_OK(mm_fwd_bwd(x0, &P, MEGAMOE_DTYPE_BF16, &a));
-        ASSERT_OK(mm_fwd_bwd(xr, &P, MEGAMOE_DTYPE_BF16, &b));
+        ASSERT_EQ_INT(mm_run_alloc(&a, &P), 0);
+        ASSERT_EQ_INT(mm_run_alloc(&b, &P), 0);
+        ASSERT_OK(mm_run_fwd_bwd(x0, &P, me, NULL, MEGAMOE_DTYPE_BF16, &a));
+        ASSERT_OK(mm_run_fwd_bwd(xr, &P, me, NULL, MEGAMOE_DTYPE_BF16, &b));
         megamoe_experts_info_t info;
         ASSERT_OK(megamoe_experts_get_info(xr, &info));
         ASSERT_EQ_INT(info.replica_slots, R_);
@@ -268,7 +212,7 @@ MM_TEST(replicas_single_destination) { mm_pattern_case(MM_ROUTE_SINGLE); }
  * gives the same bits run after run in several worker configurations. */
 MM_TEST(o0_and_o1_with_replicas_agree_bit_for_bit)
 {
-    const int ep = mm_test_world();
+    const int ep = mm_test_world(), me = mm_test_rank();
     megamoe_comm_t *comm = mm_test_comm();
     const mm_route_pattern_t routes[2] = {MM_ROUTE_SKEW, MM_ROUTE_SINGLE};
     int all_ok = 1;
@@ -279,8 +223,8 @@ MM_TEST(o0_and_o1_with_replicas_agree_bit_for_bit)
         megamoe_experts_t *x0 = NULL;
         ASSERT_OK(megamoe_experts_create(comm, &p0, &x0));
         mm_run_t ref;
-        ASSERT_EQ_INT(mm_run_alloc(&ref), 0);
-        ASSERT_OK(mm_fwd_bwd(x0, &P, MEGAMOE_DTYPE_BF16, &ref));
+        ASSERT_EQ_INT(mm_run_alloc(&ref, &P), 0);
+        ASSERT_OK(mm_run_fwd_bwd(x0, &P, me, NULL, MEGAMOE_DTYPE_BF16, &ref));
         static const int cfg[][2] = {{1, 0}, {2, 1}, {0, 0}};
         for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
             megamoe_experts_params_t p1 = mm_params("O1", R_, 0);
@@ -293,8 +237,8 @@ MM_TEST(o0_and_o1_with_replicas_agree_bit_for_bit)
             ASSERT_OK(megamoe_experts_create(comm, &p1, &x1));
             for (int rep = 0; rep < 2; rep++) {
                 mm_run_t got;
-                ASSERT_EQ_INT(mm_run_alloc(&got), 0);
-                ASSERT_OK(mm_fwd_bwd(x1, &P, MEGAMOE_DTYPE_BF16, &got));
+                ASSERT_EQ_INT(mm_run_alloc(&got, &P), 0);
+                ASSERT_OK(mm_run_fwd_bwd(x1, &P, me, NULL, MEGAMOE_DTYPE_BF16, &got));
                 char what[128];
                 snprintf(what, sizeof what, "%s ep%d O1 (cube %d, vector %d) run %d vs O0",
                          mm_route_name(routes[ri]), ep, cfg[c][0], cfg[c][1], rep);
@@ -329,9 +273,10 @@ MM_TEST(bounded_capacity_fits_with_replicas)
         ASSERT_OK(megamoe_experts_create(comm, &p0, &x0));
         ASSERT_OK(megamoe_experts_create(comm, &pr, &xr));
         mm_run_t r;
-        ASSERT_EQ_INT(mm_run_alloc(&r), 0);
-        ASSERT_STATUS(mm_fwd_bwd(x0, &P, MEGAMOE_DTYPE_BF16, &r), MEGAMOE_CAPACITY_OVERFLOW);
-        ASSERT_OK(mm_fwd_bwd(xr, &P, MEGAMOE_DTYPE_BF16, &r));
+        ASSERT_EQ_INT(mm_run_alloc(&r, &P), 0);
+        ASSERT_STATUS(mm_run_fwd_bwd(x0, &P, me, NULL, MEGAMOE_DTYPE_BF16, &r),
+                      MEGAMOE_CAPACITY_OVERFLOW);
+        ASSERT_OK(mm_run_fwd_bwd(xr, &P, me, NULL, MEGAMOE_DTYPE_BF16, &r));
         megamoe_experts_info_t info;
         ASSERT_OK(megamoe_experts_get_info(xr, &info));
         ASSERT_TRUE(info.last_max_rows <= info.capacity);
@@ -377,8 +322,8 @@ MM_TEST(changing_routing_weights_and_outstanding_forwards)
             megamoe_experts_weights_t w = mm_local_weights(&P, me, 100 + i);
             mm_run_t r[2];
             for (int s = 0; s < 2; s++) {
-                ASSERT_EQ_INT(mm_run_alloc(&r[s]), 0);
-                ASSERT_OK(mm_fwd_bwd_w(x[s], &P, &w, wg, &r[s]));
+                ASSERT_EQ_INT(mm_run_alloc(&r[s], &P), 0);
+                ASSERT_OK(mm_run_fwd_bwd(x[s], &P, me, &w, wg, &r[s]));
             }
             char what[128];
             snprintf(what, sizeof what, "%s call %zu (%s%s%s)", scheds[si], i,
@@ -404,7 +349,7 @@ MM_TEST(changing_routing_weights_and_outstanding_forwards)
             mm_input_buf_t ib[2];
             megamoe_experts_weights_t w = mm_local_weights(&Q[0], me, 500);
             for (int c = 0; c < 2; c++) {
-                ASSERT_EQ_INT(mm_run_alloc(&r[s][c]), 0);
+                ASSERT_EQ_INT(mm_run_alloc(&r[s][c], &Q[c]), 0);
                 ASSERT_EQ_INT(mm_input_make(&Q[c], me, NULL, &ib[c]), 0);
                 ASSERT_OK(megamoe_experts_forward(x[s], &w, &ib[c].in, r[s][c].out, &sv[c]));
             }
@@ -453,7 +398,7 @@ MM_TEST(shared_layers_with_replicas)
         mm_input_buf_t ib[2];
         megamoe_experts_weights_t w[2];
         for (int l = 0; l < 2; l++) {
-            ASSERT_EQ_INT(mm_run_alloc(&r[rep][l]), 0);
+            ASSERT_EQ_INT(mm_run_alloc(&r[rep][l], &P[l]), 0);
             ASSERT_EQ_INT(mm_input_make(&P[l], me, NULL, &ib[l]), 0);
             w[l] = mm_local_weights(&P[l], me, 1);
             ASSERT_OK(megamoe_experts_forward(x[l], &w[l], &ib[l].in, r[rep][l].out, &sv[l]));
@@ -529,7 +474,7 @@ MM_TEST(failure_on_one_rank_with_replicas)
         ASSERT_EQ_INT(mm_input_make(&P, me, NULL, &ib), 0);
         megamoe_experts_weights_t w = mm_local_weights(&P, me, 1);
         mm_run_t r;
-        ASSERT_EQ_INT(mm_run_alloc(&r), 0);
+        ASSERT_EQ_INT(mm_run_alloc(&r, &P), 0);
         megamoe_experts_saved_t *sv[2] = {NULL, NULL};
         ASSERT_OK(megamoe_experts_forward(x, &w, &ib.in, r.out, &sv[0]));
         megamoe_experts_grads_t g = {me == ep - 1 ? NULL : r.gh, r.gp, r.g1, r.g2,
@@ -544,8 +489,8 @@ MM_TEST(failure_on_one_rank_with_replicas)
         ASSERT_OK(megamoe_experts_backward(x, sv[1], &w, dout, &g));
         for (int i = 0; i < 2; i++) megamoe_experts_saved_destroy(sv[i]);
         mm_run_t ok;
-        ASSERT_EQ_INT(mm_run_alloc(&ok), 0);
-        ASSERT_OK(mm_fwd_bwd(x, &P, MEGAMOE_DTYPE_BF16, &ok));
+        ASSERT_EQ_INT(mm_run_alloc(&ok, &P), 0);
+        ASSERT_OK(mm_run_fwd_bwd(x, &P, me, NULL, MEGAMOE_DTYPE_BF16, &ok));
         ASSERT_TRUE(mm_compare_runs("after the failures", &ok, &r, MEGAMOE_DTYPE_BF16, 0));
         mm_run_free(&ok);
         mm_run_free(&r);
@@ -562,7 +507,7 @@ MM_TEST(failure_on_one_rank_with_replicas)
  * receives fewer rows. */
 MM_TEST(push_and_pull_modes_with_replicas)
 {
-    const int ep = mm_test_world();
+    const int ep = mm_test_world(), me = mm_test_rank();
     megamoe_comm_t *comm = mm_test_comm();
     const char *modes[2] = {"push", "pull"};
     const char *scheds[2] = {"O0", "O1"};
@@ -588,8 +533,8 @@ MM_TEST(push_and_pull_modes_with_replicas)
                 megamoe_experts_weights_t w = mm_local_weights(&P, mm_test_rank(), 200 + i);
                 mm_run_t r[2];
                 for (int s = 0; s < 2; s++) {
-                    ASSERT_EQ_INT(mm_run_alloc(&r[s]), 0);
-                    ASSERT_OK(mm_fwd_bwd_w(x[s], &P, &w, MEGAMOE_DTYPE_BF16, &r[s]));
+                    ASSERT_EQ_INT(mm_run_alloc(&r[s], &P), 0);
+                    ASSERT_OK(mm_run_fwd_bwd(x[s], &P, me, &w, MEGAMOE_DTYPE_BF16, &r[s]));
                 }
                 char what[128];
                 snprintf(what, sizeof what, "%s %s ep%d %s", modes[mi], scheds[si], ep,

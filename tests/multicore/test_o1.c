@@ -21,41 +21,10 @@
 #define E_ 8
 #define K_ 3
 
-typedef struct mm_run {
-    uint16_t *out, *gh, *g1, *g2;
-    float *gp;
-} mm_run_t;
-
-static void mm_run_free(mm_run_t *r)
-{
-    free(r->out);
-    free(r->gh);
-    free(r->gp);
-    free(r->g1);
-    free(r->g2);
-    memset(r, 0, sizeof *r);
-}
-
-static int mm_run_alloc(mm_run_t *r)
-{
-    const int64_t L = E_ / mm_test_world();
-    r->out = calloc((size_t)T_ * H_, 2);
-    r->gh = calloc((size_t)T_ * H_, 2);
-    r->gp = calloc((size_t)T_ * K_, 4);
-    r->g1 = calloc((size_t)(L * H_ * 2 * I_), 4); /* room for fp32 weight grads */
-    r->g2 = calloc((size_t)(L * I_ * H_), 4);
-    return r->out && r->gh && r->gp && r->g1 && r->g2 ? 0 : -1;
-}
-
 static megamoe_experts_params_t mm_params(const char *schedule, double factor, int cube,
                                           int vector)
 {
-    megamoe_experts_params_t p = megamoe_experts_params_default();
-    p.local_num_tokens = T_;
-    p.hidden_size = H_;
-    p.intermediate_size = I_;
-    p.num_experts = E_;
-    p.top_k = K_;
+    megamoe_experts_params_t p = mm_params_shape(T_, H_, I_, E_, K_);
     p.expert_capacity_factor = factor;
     p.schedule = schedule;
     if (cube + vector > 0) {
@@ -67,56 +36,10 @@ static megamoe_experts_params_t mm_params(const char *schedule, double factor, i
     return p;
 }
 
-/* One forward + backward of layer x on this rank; 0 on success. */
-static megamoe_status_t mm_fwd_bwd(megamoe_experts_t *x, const mm_moe_problem_t *P,
-                                   megamoe_dtype_t wg, mm_run_t *r)
-{
-    const int me = mm_test_rank();
-    mm_input_buf_t ib;
-    if (mm_input_make(P, me, NULL, &ib) != 0) return MEGAMOE_OUT_OF_MEMORY;
-    megamoe_experts_weights_t w = mm_local_weights(P, me, 1);
-    megamoe_experts_saved_t *sv = NULL;
-    megamoe_status_t st = megamoe_experts_forward(x, &w, &ib.in, r->out, &sv);
-    if (st == MEGAMOE_OK) {
-        megamoe_experts_grads_t g = {r->gh, r->gp, r->g1, r->g2, wg};
-        st = megamoe_experts_backward(x, sv, &w, P->grad_out + (size_t)me * T_ * H_, &g);
-    }
-    megamoe_experts_saved_destroy(sv);
-    mm_input_free(&ib);
-    return st;
-}
-
-/* Bitwise comparison of two runs; prints the first difference. */
-static int mm_same_bits(const char *what, const mm_run_t *a, const mm_run_t *b, size_t wsize)
-{
-    const int64_t L = E_ / mm_test_world();
-    struct {
-        const char *name;
-        const void *x, *y;
-        size_t bytes;
-    } t[5] = {{"output", a->out, b->out, (size_t)T_ * H_ * 2},
-              {"grad hidden", a->gh, b->gh, (size_t)T_ * H_ * 2},
-              {"grad topk_weights", a->gp, b->gp, (size_t)T_ * K_ * 4},
-              {"grad gate_up", a->g1, b->g1, (size_t)(L * H_ * 2 * I_) * wsize},
-              {"grad down", a->g2, b->g2, (size_t)(L * I_ * H_) * wsize}};
-    int ok = 1;
-    for (int i = 0; i < 5; i++) {
-        const unsigned char *x = t[i].x, *y = t[i].y;
-        for (size_t k = 0; k < t[i].bytes; k++)
-            if (x[k] != y[k]) {
-                fprintf(stderr, "%s: %s differs at byte %zu of %zu\n", what, t[i].name, k,
-                        t[i].bytes);
-                ok = 0;
-                break;
-            }
-    }
-    return ok;
-}
-
 /* Run O0 once and O1 in each worker configuration twice; every run must match O0's bits. */
 static void mm_identity_case(mm_route_pattern_t route)
 {
-    const int ep = mm_test_world();
+    const int ep = mm_test_world(), me = mm_test_rank();
     megamoe_comm_t *comm = mm_test_comm();
     ASSERT_TRUE(comm != NULL);
     mm_moe_problem_t P;
@@ -136,8 +59,8 @@ static void mm_identity_case(mm_route_pattern_t route)
         megamoe_experts_params_t p0 = mm_params("O0", factors[f], 0, 0);
         ASSERT_OK(megamoe_experts_create(comm, &p0, &x0));
         mm_run_t ref;
-        ASSERT_EQ_INT(mm_run_alloc(&ref), 0);
-        ASSERT_OK(mm_fwd_bwd(x0, &P, MEGAMOE_DTYPE_BF16, &ref));
+        ASSERT_EQ_INT(mm_run_alloc(&ref, &P), 0);
+        ASSERT_OK(mm_run_fwd_bwd(x0, &P, me, NULL, MEGAMOE_DTYPE_BF16, &ref));
         ASSERT_OK(megamoe_experts_close(x0));
         megamoe_experts_destroy(x0);
         for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
@@ -146,12 +69,12 @@ static void mm_identity_case(mm_route_pattern_t route)
             ASSERT_OK(megamoe_experts_create(comm, &p1, &x1));
             for (int rep = 0; rep < 2; rep++) {
                 mm_run_t got;
-                ASSERT_EQ_INT(mm_run_alloc(&got), 0);
-                ASSERT_OK(mm_fwd_bwd(x1, &P, MEGAMOE_DTYPE_BF16, &got));
+                ASSERT_EQ_INT(mm_run_alloc(&got, &P), 0);
+                ASSERT_OK(mm_run_fwd_bwd(x1, &P, me, NULL, MEGAMOE_DTYPE_BF16, &got));
                 char what[128];
                 snprintf(what, sizeof what, "%s ep%d factor %g O1 cube %d vector %d run %d",
                          mm_route_name(route), ep, factors[f], cfg[c][0], cfg[c][1], rep);
-                int ok = mm_same_bits(what, &got, &ref, 2);
+                int ok = mm_run_same_bits(what, &got, &ref, &P, 2);
                 printf("%s %s: bit-identical to O0\n", ok ? "PASS" : "FAIL", what);
                 all_ok &= ok;
                 mm_run_free(&got);
@@ -190,13 +113,13 @@ MM_TEST(consecutive_launches_with_changing_routing)
         mm_ep_force_puts = i == 4; /* every rank, between calls */
         mm_run_t r[2];
         for (int s = 0; s < 2; s++) {
-            ASSERT_EQ_INT(mm_run_alloc(&r[s]), 0);
-            ASSERT_OK(mm_fwd_bwd(x[s], &P, wg, &r[s]));
+            ASSERT_EQ_INT(mm_run_alloc(&r[s], &P), 0);
+            ASSERT_OK(mm_run_fwd_bwd(x[s], &P, me, NULL, wg, &r[s]));
         }
         char what[96];
         snprintf(what, sizeof what, "call %zu (%s%s)", i, mm_route_name(seq[i]),
                  i == 4 ? ", puts" : "");
-        all_ok &= mm_same_bits(what, &r[1], &r[0], wg == MEGAMOE_DTYPE_FP32 ? 4 : 2);
+        all_ok &= mm_run_same_bits(what, &r[1], &r[0], &P, wg == MEGAMOE_DTYPE_FP32 ? 4 : 2);
         mm_run_free(&r[0]);
         mm_run_free(&r[1]);
         mm_moe_problem_free(&P);
@@ -213,7 +136,7 @@ MM_TEST(consecutive_launches_with_changing_routing)
         mm_input_buf_t ib[2];
         megamoe_experts_weights_t w[2];
         for (int c = 0; c < 2; c++) {
-            ASSERT_EQ_INT(mm_run_alloc(&r[s][c]), 0);
+            ASSERT_EQ_INT(mm_run_alloc(&r[s][c], &Q[c]), 0);
             ASSERT_EQ_INT(mm_input_make(&Q[c], me, NULL, &ib[c]), 0);
             w[c] = mm_local_weights(&Q[c], me, 10 + (uint64_t)c);
             ASSERT_OK(megamoe_experts_forward(x[s], &w[c], &ib[c].in, r[s][c].out, &sv[c]));
@@ -228,8 +151,8 @@ MM_TEST(consecutive_launches_with_changing_routing)
         }
     }
     for (int c = 0; c < 2; c++) {
-        all_ok &= mm_same_bits(c ? "outstanding forward 1" : "outstanding forward 0", &r[1][c],
-                               &r[0][c], 2);
+        all_ok &= mm_run_same_bits(c ? "outstanding forward 1" : "outstanding forward 0",
+                                   &r[1][c], &r[0][c], &Q[c], 2);
         mm_run_free(&r[0][c]);
         mm_run_free(&r[1][c]);
         mm_moe_problem_free(&Q[c]);
@@ -261,7 +184,7 @@ MM_TEST(failure_on_one_rank_reaches_every_rank)
     ASSERT_EQ_INT(mm_input_make(&P, me, NULL, &ib), 0);
     megamoe_experts_weights_t w = mm_local_weights(&P, me, 1);
     mm_run_t r;
-    ASSERT_EQ_INT(mm_run_alloc(&r), 0);
+    ASSERT_EQ_INT(mm_run_alloc(&r, &P), 0);
     megamoe_experts_saved_t *sv[2] = {NULL, NULL};
     ASSERT_OK(megamoe_experts_forward(x, &w, &ib.in, r.out, &sv[0]));
     /* the last rank forgets grad hidden_states: backward fails everywhere */
@@ -284,16 +207,16 @@ MM_TEST(failure_on_one_rank_reaches_every_rank)
     ASSERT_CONTAINS(megamoe_last_error(), "same forward call");
     /* and the layer still works: the right saved state gives O0's bits */
     mm_run_t ok1, ok0;
-    ASSERT_EQ_INT(mm_run_alloc(&ok1), 0);
-    ASSERT_EQ_INT(mm_run_alloc(&ok0), 0);
+    ASSERT_EQ_INT(mm_run_alloc(&ok1, &P), 0);
+    ASSERT_EQ_INT(mm_run_alloc(&ok0, &P), 0);
     megamoe_experts_grads_t g1 = {ok1.gh, ok1.gp, ok1.g1, ok1.g2, MEGAMOE_DTYPE_BF16};
     ASSERT_OK(megamoe_experts_backward(x, sv[1], &w, dout, &g1));
     memcpy(ok1.out, r.out, (size_t)T_ * H_ * 2);
     megamoe_experts_params_t p0 = mm_params("O0", 0, 0, 0);
     megamoe_experts_t *x0 = NULL;
     ASSERT_OK(megamoe_experts_create(comm, &p0, &x0));
-    ASSERT_OK(mm_fwd_bwd(x0, &P, MEGAMOE_DTYPE_BF16, &ok0));
-    ASSERT_TRUE(mm_same_bits("after the failures", &ok1, &ok0, 2));
+    ASSERT_OK(mm_run_fwd_bwd(x0, &P, me, NULL, MEGAMOE_DTYPE_BF16, &ok0));
+    ASSERT_TRUE(mm_run_same_bits("after the failures", &ok1, &ok0, &P, 2));
     for (int i = 0; i < 2; i++) megamoe_experts_saved_destroy(sv[i]);
     ASSERT_OK(megamoe_experts_close(x0));
     megamoe_experts_destroy(x0);
@@ -310,7 +233,7 @@ MM_TEST(failure_on_one_rank_reaches_every_rank)
  * overlap, carry valid kinds/stages/tasks, and every compute stage of the graph shows up. */
 MM_TEST(profile_rings_are_well_formed)
 {
-    const int ep = mm_test_world();
+    const int ep = mm_test_world(), me = mm_test_rank();
     megamoe_comm_t *comm = mm_test_comm();
     mm_moe_problem_t P;
     ASSERT_EQ_INT(mm_moe_problem_create(&P, ep, T_, H_, I_, E_, K_, MM_ROUTE_SKEW, 3), 0);
@@ -320,10 +243,10 @@ MM_TEST(profile_rings_are_well_formed)
     ASSERT_TRUE(megamoe_experts_get_profile(x) == NULL);
     ASSERT_OK(megamoe_profiler_start());
     mm_run_t r;
-    ASSERT_EQ_INT(mm_run_alloc(&r), 0);
-    for (int i = 0; i < 2; i++) ASSERT_OK(mm_fwd_bwd(x, &P, MEGAMOE_DTYPE_BF16, &r));
+    ASSERT_EQ_INT(mm_run_alloc(&r, &P), 0);
+    for (int i = 0; i < 2; i++) ASSERT_OK(mm_run_fwd_bwd(x, &P, me, NULL, MEGAMOE_DTYPE_BF16, &r));
     ASSERT_OK(megamoe_profiler_stop());
-    ASSERT_OK(mm_fwd_bwd(x, &P, MEGAMOE_DTYPE_BF16, &r)); /* not recorded */
+    ASSERT_OK(mm_run_fwd_bwd(x, &P, me, NULL, MEGAMOE_DTYPE_BF16, &r)); /* not recorded */
     megamoe_profile_t *prof = megamoe_experts_get_profile(x);
     ASSERT_TRUE(prof != NULL);
     mm_prof_session_t *s = (mm_prof_session_t *)(void *)prof;

@@ -55,12 +55,7 @@ static megamoe_status_t mm_job_setup(int me, mm_job_t *j)
     cp.timeout_sec = (int)(30 * mm_test_timeout_multiplier());
     megamoe_status_t st = megamoe_comm_create(&cp, &j->comm);
     if (st == MEGAMOE_OK) st = mm_shmem_calloc(64, 64, (void **)&mm_death);
-    megamoe_experts_params_t p = megamoe_experts_params_default();
-    p.local_num_tokens = T_;
-    p.hidden_size = H_;
-    p.intermediate_size = I_;
-    p.num_experts = E_;
-    p.top_k = K_;
+    megamoe_experts_params_t p = mm_params_shape(T_, H_, I_, E_, K_);
     p.schedule = "O1";
     p.cube_workers = 1;
     p.vector_workers = 1;
