@@ -118,13 +118,6 @@ static uint64_t mm_soak_hash(const void *p, size_t n)
     return h;
 }
 
-static double mm_soak_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 #define MM_SOAK_FAIL(...)                                                                  \
     do {                                                                                   \
         snprintf(r->error, sizeof r->error, __VA_ARGS__);                                  \
@@ -154,10 +147,7 @@ static int mm_soak_rank(const mm_moe_job_opts_t *o, int every, const char *sampl
     p.schedule = o->schedule;
     p.workers = o->workers;
     megamoe_comm_params_t cp = megamoe_comm_params_default();
-    if (getenv("HYPER_PARALLEL_SHMEM_HEAP_SIZE") == NULL) {
-        uint64_t need = megamoe_experts_heap_bytes(&p, o->ranks) + (16ull << 20);
-        cp.heap_size = (need + (64ull << 20) - 1) / (64ull << 20) * (64ull << 20);
-    }
+    mm_moe_job_size_heap(&cp, megamoe_experts_heap_bytes(&p, o->ranks) + (16ull << 20));
     if ((st = megamoe_comm_create(&cp, &comm)) != MEGAMOE_OK)
         MM_SOAK_FAIL("creating the communicator: %s", megamoe_last_error());
     const int ep = megamoe_comm_size(comm), me = megamoe_comm_rank(comm);
@@ -185,7 +175,7 @@ static int mm_soak_rank(const mm_moe_job_opts_t *o, int every, const char *sampl
     megamoe_experts_grads_t g = {gh, gp, g1, g2, MEGAMOE_DTYPE_BF16};
     const uint16_t *dout = P.grad_out + (size_t)me * TH;
     uint64_t first_hash[MM_SOAK_PATTERNS] = {0};
-    double t0 = mm_soak_now();
+    double t0 = mm_moe_job_now();
     for (int it = 0; it < o->iters; it++) {
         int pattern = it % MM_SOAK_PATTERNS;
         if (pattern < 4) mm_moe_problem_route(&P, (mm_route_pattern_t)pattern, o->seed);
@@ -217,11 +207,11 @@ static int mm_soak_rank(const mm_moe_job_opts_t *o, int every, const char *sampl
         if (me == 0 && o->progress_fd >= 0 && (it + 1) % (o->iters / 10 > 0 ? o->iters / 10 : 1) == 0) {
             char line[96];
             int n = snprintf(line, sizeof line, "  soak: %d/%d steps, %.1f s\n", it + 1, o->iters,
-                             mm_soak_now() - t0);
+                             mm_moe_job_now() - t0);
             if (write(o->progress_fd, line, (size_t)n) < 0) { /* progress only */ }
         }
     }
-    r->iter_median_s = (mm_soak_now() - t0) / o->iters;
+    r->iter_median_s = (mm_moe_job_now() - t0) / o->iters;
     if ((st = megamoe_experts_close(x)) != MEGAMOE_OK) MM_SOAK_FAIL("close: %s", megamoe_last_error());
 out:
     if (samples) fclose(samples);

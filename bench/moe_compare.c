@@ -12,13 +12,6 @@
 #include "bench_util.h"
 #include "moe_job.h"
 
-static double mm_cmp_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static double mm_cmp_cpu(void)
 {
     struct timespec ts;
@@ -80,8 +73,7 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
         heap += megamoe_experts_heap_bytes(&p, o->ranks);
     }
     megamoe_comm_params_t cp = megamoe_comm_params_default();
-    if (getenv("HYPER_PARALLEL_SHMEM_HEAP_SIZE") == NULL)
-        cp.heap_size = (heap + (64ull << 20) - 1) / (64ull << 20) * (64ull << 20);
+    mm_moe_job_size_heap(&cp, heap);
     if ((st = megamoe_comm_create(&cp, &comm)) != MEGAMOE_OK)
         MM_CMP_FAIL("creating the communicator: %s", megamoe_last_error());
     const int ep = megamoe_comm_size(comm), me = megamoe_comm_rank(comm);
@@ -132,11 +124,11 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
             megamoe_experts_t *x = layer[layer_of[v]];
             if (profiled[v]) megamoe_profiler_start();
             megamoe_experts_saved_t *sv = NULL;
-            double c0 = mm_cmp_cpu(), t0 = mm_cmp_now();
+            double c0 = mm_cmp_cpu(), t0 = mm_moe_job_now();
             st = megamoe_experts_forward(x, &w, &in, out, &sv);
-            double t1 = mm_cmp_now();
+            double t1 = mm_moe_job_now();
             if (st == MEGAMOE_OK) st = megamoe_experts_backward(x, sv, &w, dout, &g);
-            double t2 = mm_cmp_now(), c2 = mm_cmp_cpu();
+            double t2 = mm_moe_job_now(), c2 = mm_cmp_cpu();
             megamoe_experts_saved_destroy(sv);
             if (profiled[v]) megamoe_profiler_stop();
             if (st != MEGAMOE_OK)

@@ -212,11 +212,17 @@ int mm_moe_job_parse_arg(mm_moe_job_opts_t *o, int argc, char **argv, int *i)
 
 /* ---- child side ---------------------------------------------------------------------------- */
 
-static double mm_now(void)
+double mm_moe_job_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void mm_moe_job_size_heap(megamoe_comm_params_t *cp, uint64_t need)
+{
+    if (getenv("HYPER_PARALLEL_SHMEM_HEAP_SIZE") == NULL)
+        cp->heap_size = (need + (64ull << 20) - 1) / (64ull << 20) * (64ull << 20);
 }
 
 static void mm_progress(int fd, int done, int total, const char *what)
@@ -326,10 +332,7 @@ int mm_moe_job_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
     /* Heap sizing when the variable is unset: what this job's one resource group needs,
      * plus slack, rounded to 64 MiB (docs/moe.md). */
     megamoe_comm_params_t cp = megamoe_comm_params_default();
-    if (getenv("HYPER_PARALLEL_SHMEM_HEAP_SIZE") == NULL) {
-        uint64_t need = megamoe_experts_heap_bytes(&p, o->ranks) + (16ull << 20);
-        cp.heap_size = (need + (64ull << 20) - 1) / (64ull << 20) * (64ull << 20);
-    }
+    mm_moe_job_size_heap(&cp, megamoe_experts_heap_bytes(&p, o->ranks) + (16ull << 20));
     if ((st = megamoe_comm_create(&cp, &comm)) != MEGAMOE_OK)
         MM_JOB_FAIL("creating the communicator: %s", megamoe_last_error());
     const int ep = megamoe_comm_size(comm), me = megamoe_comm_rank(comm);
@@ -361,24 +364,24 @@ int mm_moe_job_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
     megamoe_experts_weights_t w = {P.gate_up + (size_t)me * W1, P.down + (size_t)me * W2, 1};
     megamoe_experts_grads_t g = {gh, gp, g1, g2, MEGAMOE_DTYPE_BF16};
     const uint16_t *dout = P.grad_out + (size_t)me * TH;
-    double t_start = mm_now();
+    double t_start = mm_moe_job_now();
     for (int it = 0; it < total; it++) {
         if (it == o->warmup) megamoe_experts_reset_timing(x);
         megamoe_experts_saved_t *sv = NULL;
-        double t0 = mm_now();
+        double t0 = mm_moe_job_now();
         if ((st = megamoe_experts_forward(x, &w, &in, out, &sv)) != MEGAMOE_OK)
             MM_JOB_FAIL("forward: %s", megamoe_last_error());
-        double t1 = mm_now();
+        double t1 = mm_moe_job_now();
         st = megamoe_experts_backward(x, sv, &w, dout, &g);
         megamoe_experts_saved_destroy(sv);
         if (st != MEGAMOE_OK) MM_JOB_FAIL("backward: %s", megamoe_last_error());
-        double t2 = mm_now();
+        double t2 = mm_moe_job_now();
         if (it >= o->warmup) {
             it_s[it - o->warmup] = t2 - t0;
             fw_s[it - o->warmup] = t1 - t0;
             bw_s[it - o->warmup] = t2 - t1;
         }
-        if (me == 0 && mm_now() - t_start > 1.0) mm_progress(o->progress_fd, it + 1, total, "iterations");
+        if (me == 0 && mm_moe_job_now() - t_start > 1.0) mm_progress(o->progress_fd, it + 1, total, "iterations");
         if (it == 0)
             for (size_t i = 0; i < TH; i++) r->checksum += megamoe_bf16_to_fp32(out[i]);
         if (it == 0 && o->verify) { /* keep the first results for the check */

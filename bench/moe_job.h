@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "megamoe/megamoe.h"
 #include "moe_data.h"
 
 #define MM_JOB_MAX_PHASES 20
@@ -118,6 +119,13 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r);
  * (~1,500 page faults per step at the seed shape) that lands on O0 or O1 depending only on
  * the heap layout (docs/multicore.md "Measuring"). */
 void mm_moe_job_malloc_settings(void);
+
+/* Seconds on CLOCK_MONOTONIC: the wall clock of the rank processes' timings. */
+double mm_moe_job_now(void);
+
+/* Heap sizing when HYPER_PARALLEL_SHMEM_HEAP_SIZE is unset: cp->heap_size = need rounded up
+ * to 64 MiB (docs/moe.md); with the variable set, cp is left as it is. */
+void mm_moe_job_size_heap(megamoe_comm_params_t *cp, uint64_t need);
 
 int mm_moe_job_write(const char *path, const mm_moe_job_result_t *r);
 int mm_moe_job_read(const char *path, mm_moe_job_result_t *r);
