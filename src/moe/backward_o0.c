@@ -45,32 +45,12 @@ typedef struct mm_bwd {
  * fp32 partial, or a guest slot's fp32 partial), split by columns like the grouped call. */
 static megamoe_status_t mm_bwd_wgrad_slots(mm_bwd_t *b, int which, int worker, int nw)
 {
-    const int64_t H = b->c.H, I = b->c.I;
     for (int64_t j = 0; j < b->c.plan->S; j++) {
         if (b->c.plan->slot_expert[(int64_t)b->c.x->me * b->c.plan->S + j] < 0) continue;
-        const int64_t go = b->c.plan->group_off[j];
         mm_gemm_args_t g;
         mm_gemm_args_init(&g);
-        g.form = MM_GEMM_TN;
         g.K = b->group_rows[j]; /* no rows: exact zeros */
-        g.C = mm_moe_rep_wgrad_dst(&b->c, j, which, &g.c_type);
-        if (which == 2) {
-            g.M = I;
-            g.N = H;
-            g.A = b->c.sv->a + go * I;
-            g.lda = I;
-            g.B = b->c.recv + go * H;
-            g.ldb = H;
-            g.ldc = H;
-        } else {
-            g.M = H;
-            g.N = 2 * I;
-            g.A = b->c.sv->x + go * H;
-            g.lda = H;
-            g.B = b->dgu + go * 2 * I;
-            g.ldb = 2 * I;
-            g.ldc = 2 * I;
-        }
+        mm_moe_rep_wgrad_args(&b->c, b->dgu, j, which, &g);
         mm_pool_split(g.N, worker, nw, 1, &g.n0, &g.n1);
         if (g.n0 >= g.n1) continue;
         MM_CHECK(mm_gemm(&g));

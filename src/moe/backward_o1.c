@@ -86,34 +86,15 @@ static megamoe_status_t mm_o1_bwd_wgrad(void *ctx, mm_mc_worker_t *w, int which,
 {
     (void)w;
     mm_o1_bwd_t *b = ctx;
-    const int64_t H = b->c.H, I = b->c.I;
     const int64_t go = b->c.plan->group_off[j], rows = b->c.plan->group_off[j + 1] - go;
     mm_gemm_args_t g;
     mm_gemm_args_init(&g);
-    g.form = MM_GEMM_TN;
     g.K = rows; /* an expert without rows gets exact zeros */
     g.backend = b->c.g->gemm_plain; /* resolved at group creation, not here on a worker */
     g.m0 = m0;
     g.m1 = m1;
     /* the output, or (replicas) a home partial / a guest slot's partial in fp32 */
-    g.C = mm_moe_rep_wgrad_dst(&b->c, j, which, &g.c_type);
-    if (which == 2) { /* dW2_j[I, H] = A_jᵀ · dY_j */
-        g.M = I;
-        g.N = H;
-        g.A = b->c.sv->a + go * I;
-        g.lda = I;
-        g.B = b->c.recv + go * H;
-        g.ldb = H;
-        g.ldc = H;
-    } else { /* dW1_j[H, 2I] = X_jᵀ · dGU_j */
-        g.M = H;
-        g.N = 2 * I;
-        g.A = b->c.sv->x + go * H;
-        g.lda = H;
-        g.B = b->dgu + go * 2 * I;
-        g.ldb = 2 * I;
-        g.ldc = 2 * I;
-    }
+    mm_moe_rep_wgrad_args(&b->c, b->dgu, j, which, &g);
     return mm_gemm(&g);
 }
 

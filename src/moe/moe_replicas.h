@@ -123,6 +123,10 @@ megamoe_status_t mm_moe_rep_backward_begin(mm_moe_bwd_ctx_t *c);
  * bf16 output) or the slot's fp32 partial in the symmetric heap (guest slot). */
 void *mm_moe_rep_wgrad_dst(const mm_moe_bwd_ctx_t *c, int64_t j, int which,
                            megamoe_dtype_t *type_p);
+/* The TN product of slot j's weight gradient `which` (the rows of its group: saved activations
+ * or inputs times dY or dGU, into mm_moe_rep_wgrad_dst); the caller sets K and the split. */
+void mm_moe_rep_wgrad_args(const mm_moe_bwd_ctx_t *c, const uint16_t *dgu, int64_t j, int which,
+                           mm_gemm_args_t *g);
 /* WSUM chunk of local expert j: its weight gradients = own partial + the partials of guests[n]
  * (slot indices d*R + g, ascending), written to the outputs. Rows [m0, m1) of dW1 and
  * [n0, n1) of dW2 per the chunk. */

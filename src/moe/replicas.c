@@ -410,6 +410,31 @@ void *mm_moe_rep_wgrad_dst(const mm_moe_bwd_ctx_t *c, int64_t j, int which,
                       : (char *)c->dw2 + (size_t)(j * I * H) * es;
 }
 
+void mm_moe_rep_wgrad_args(const mm_moe_bwd_ctx_t *c, const uint16_t *dgu, int64_t j, int which,
+                           mm_gemm_args_t *g)
+{
+    const int64_t H = c->H, I = c->I, go = c->plan->group_off[j];
+    g->form = MM_GEMM_TN;
+    g->C = mm_moe_rep_wgrad_dst(c, j, which, &g->c_type);
+    if (which == 2) { /* dW2_j[I, H] = A_jᵀ · dY_j */
+        g->M = I;
+        g->N = H;
+        g->A = c->sv->a + go * I;
+        g->lda = I;
+        g->B = c->recv + go * H;
+        g->ldb = H;
+        g->ldc = H;
+    } else { /* dW1_j[H, 2I] = X_jᵀ · dGU_j */
+        g->M = H;
+        g->N = 2 * I;
+        g->A = c->sv->x + go * H;
+        g->lda = H;
+        g->B = dgu + go * 2 * I;
+        g->ldb = 2 * I;
+        g->ldc = 2 * I;
+    }
+}
+
 /* acc[0..n) += the same floats of guest slot q's partial (rank q / R) at float offset off. */
 static void mm_rep_add_partial(const megamoe_experts_t *x, float *acc, int q, size_t off, size_t n)
 {
