@@ -65,6 +65,7 @@ typedef struct mm_ucx_peer {
     uint64_t flush_gen;       /* what the flush in flight covers */
     uint64_t fence_gen;       /* puts before the last fence: later puts wait for them */
     int flush_inflight;
+    int given_up;             /* the endpoint was force-closed after a wait on pe gave up */
     mm_ucx_atomic_t *q_head, *q_tail; /* atomics waiting for a flush, FIFO */
 } mm_ucx_peer_t;
 
@@ -122,10 +123,22 @@ static int mm_ucx_progress_locked(mm_ucx_engine_t *e)
     return any;
 }
 
+/* 1 when pe is known lost here: its dead flag, or the job-lost word naming it (another PE,
+ * e.g. rank 0 which sees every bootstrap socket, saw it go before this one did). */
+static int mm_ucx_pe_lost(int pe)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    if (g->dead && atomic_load(&g->dead[pe])) return 1;
+    return g->my_base && __atomic_load_n(&mm_shmem_header(g->my_base)->lost,
+                                         __ATOMIC_ACQUIRE) == (uint64_t)pe + 1;
+}
+
 /* Wait until *flag != 0 (set by a callback under the lock), progressing; TIMEOUT after the
  * runtime timeout, PEER_LOST when the target PE was lost. Operations between live PEs still
- * complete after a loss elsewhere (as between mapped PEs); a wait on no single PE (quiet)
- * gives up MM_UCX_LOSS_GRACE_NS after a loss is known, since it may cover the lost PE. */
+ * complete after a loss elsewhere (as between mapped PEs), but a wait that has not ended
+ * MM_UCX_LOSS_GRACE_NS after a loss is known gives up with that loss: a wait on no single PE
+ * (quiet) may cover the lost PE, and one on a live PE cut off with the lost one (a whole host
+ * gone, the loss word naming another of its ranks) would otherwise run into the timeout. */
 #define MM_UCX_LOSS_GRACE_NS 1000000000ull
 static megamoe_status_t mm_ucx_wait_flag(mm_ucx_engine_t *e, const int *flag, int pe,
                                          const char *what)
@@ -142,9 +155,9 @@ static megamoe_status_t mm_ucx_wait_flag(mm_ucx_engine_t *e, const int *flag, in
             sched_yield();
             continue;
         }
-        if (pe >= 0 && mm_shmem_g.dead && atomic_load(&mm_shmem_g.dead[pe]))
+        if (pe >= 0 && mm_ucx_pe_lost(pe))
             return mm_error(MEGAMOE_PEER_LOST, "%s: rank %d was lost", what, pe);
-        if (pe < 0 && mm_shmem_lost_pe() >= 0) {
+        if (mm_shmem_lost_pe() >= 0) {
             if (loss_seen == 0) loss_seen = mm_now_ns();
             else if (mm_now_ns() - loss_seen > MM_UCX_LOSS_GRACE_NS)
                 return mm_shmem_check_peers(what);
@@ -162,18 +175,109 @@ static megamoe_status_t mm_ucx_wait_flag(mm_ucx_engine_t *e, const int *flag, in
     }
 }
 
-/* Wait for a request returned by a *_nbx call; NULL means it completed at once. */
+static megamoe_status_t mm_ucx_status(ucs_status_t s, int pe, const char *what);
+static void mm_ucx_drop_queue(mm_ucx_engine_t *e, int pe);
+
+/* The completion record of a request a caller waits for (a *_nbx call's request; NULL from
+ * the call means it completed at once). It lives on the heap, never in the caller's frame: a
+ * wait that gives up (peer lost, timeout) returns before UCX completes the request, and the
+ * completion comes later, at the latest when fini force-closes the endpoint (with
+ * UCS_ERR_CANCELED). Written into a stack frame that was gone, it overwrote a saved register
+ * of mm_shmem_release (a crash at 0x7ff000000001 = flag 1, status byte 0xf0) after a cut host.
+ * Ownership: the waiter frees it once completed; a waiter that gives up first sets
+ * `abandoned` (under the lock, as callbacks run) and the callback frees it. */
 typedef struct mm_ucx_done {
     int flag;
+    int abandoned;
     ucs_status_t status;
 } mm_ucx_done_t;
 
 static void mm_ucx_done_cb(void *request, ucs_status_t status, void *user_data)
 {
     mm_ucx_done_t *d = user_data;
+    ucp_request_free(request);
+    if (d->abandoned) {
+        free(d);
+        return;
+    }
     d->status = status;
     __atomic_store_n(&d->flag, 1, __ATOMIC_RELEASE);
-    ucp_request_free(request);
+}
+
+/* A completion record and the request parameters that point at it (NULL: out of memory). */
+static mm_ucx_done_t *mm_ucx_done_new(ucp_request_param_t *prm)
+{
+    mm_ucx_done_t *d = calloc(1, sizeof *d);
+    memset(prm, 0, sizeof *prm);
+    prm->op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    prm->cb.send = mm_ucx_done_cb;
+    prm->user_data = d;
+    if (d == NULL) mm_error(MEGAMOE_OUT_OF_MEMORY, "inter-host engine: out of memory");
+    return d;
+}
+
+/* Close pe's endpoint with force (lock held): every request to pe completes now (with an
+ * error; their callbacks run inside this progress), so none reads a source or writes a
+ * destination of a caller that stopped waiting, and later operations to pe fail at once.
+ * p->ep is cleared first: a flush completing during the close drops its queued signals
+ * (mm_ucx_flush_complete) instead of posting them to the closing endpoint. */
+static void mm_ucx_close_ep_locked(mm_ucx_engine_t *e, int pe)
+{
+    mm_ucx_peer_t *p = &e->peers[pe];
+    ucp_ep_h ep = p->ep;
+    if (p->rkey) ucp_rkey_destroy(p->rkey);
+    p->rkey = NULL;
+    if (ep == NULL) return;
+    p->ep = NULL;
+    ucp_request_param_t prm;
+    memset(&prm, 0, sizeof prm);
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    prm.flags = UCP_EP_CLOSE_FLAG_FORCE; /* the peer may be gone: do not wait for it */
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &prm);
+    for (int i = 0; r != NULL && !UCS_PTR_IS_ERR(r) && i < 100000; i++) {
+        ucp_worker_progress(e->worker);
+        if (ucp_request_check_status(r) != UCS_INPROGRESS) break;
+    }
+    if (r != NULL && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);
+    mm_ucx_drop_queue(e, pe); /* signals queued behind a flush that never comes */
+}
+
+/* Wait for the request behind d (pe < 0: none in particular), then free d. A wait that gives
+ * up on pe closes pe's endpoint, so the request completes before this returns (its buffers
+ * are the caller's); one on no single PE (quiet: no caller buffers) leaves d to the callback. */
+static megamoe_status_t mm_ucx_wait_done(mm_ucx_engine_t *e, mm_ucx_done_t *d, int pe,
+                                         const char *what)
+{
+    megamoe_status_t st = mm_ucx_wait_flag(e, &d->flag, pe, what);
+    pthread_mutex_lock(&e->lock);
+    if (st != MEGAMOE_OK && pe >= 0 && !__atomic_load_n(&d->flag, __ATOMIC_ACQUIRE)) {
+        e->peers[pe].given_up = 1;
+        mm_ucx_close_ep_locked(e, pe);
+        for (int i = 0; i < 1000 && !__atomic_load_n(&d->flag, __ATOMIC_ACQUIRE); i++)
+            mm_ucx_progress_locked(e);
+    }
+    int done = __atomic_load_n(&d->flag, __ATOMIC_ACQUIRE);
+    ucs_status_t us = d->status;
+    if (done) free(d);
+    else d->abandoned = 1;
+    pthread_mutex_unlock(&e->lock);
+    if (st == MEGAMOE_OK) st = mm_ucx_status(us, pe, what);
+    return st;
+}
+
+/* pe's endpoint for an operation (lock held), or NULL with the error in *st_p. */
+static ucp_ep_h mm_ucx_ep_locked(mm_ucx_engine_t *e, int pe, const char *what,
+                                 megamoe_status_t *st_p)
+{
+    mm_ucx_peer_t *p = &e->peers[pe];
+    if (p->ep) return p->ep;
+    if (p->given_up)
+        *st_p = mm_error(MEGAMOE_PEER_LOST, "%s: the connection to rank %d was closed after an "
+                         "earlier operation to it failed or timed out; the job cannot continue: "
+                         "release SHMEM and restart every rank", what, pe);
+    else
+        *st_p = mm_error(MEGAMOE_INTERNAL, "%s: no engine connection to rank %d", what, pe);
+    return NULL;
 }
 
 static megamoe_status_t mm_ucx_status(ucs_status_t s, int pe, const char *what)
@@ -334,7 +438,10 @@ static void mm_ucx_flush_cb(void *request, ucs_status_t status, void *user_data)
     mm_ucx_flush_ctx_t *c = user_data;
     ucp_request_free(request);
     if (status != UCS_OK) {
-        mm_ucx_status(status, c->pe, "an inter-host flush");
+        /* cancelled by our own close (teardown, or a wait that gave up and reported it):
+         * nothing to report, and an error here would replace the caller's last error */
+        if (!c->e->peers[c->pe].given_up && !atomic_load(&mm_shmem_g.closing))
+            mm_ucx_status(status, c->pe, "an inter-host flush");
         mm_ucx_drop_queue(c->e, c->pe); /* the queued atomics can never be ordered */
         return;
     }
@@ -388,13 +495,14 @@ static megamoe_status_t mm_ucx_atomic(mm_shmem_engine_t *se, int pe, uint64_t of
 {
     mm_ucx_engine_t *e = &se->u;
     mm_ucx_peer_t *p = &e->peers[pe];
-    if (p->ep == NULL)
-        return mm_error(MEGAMOE_INTERNAL, "inter-host signal: no engine connection to rank %d",
-                        pe);
     megamoe_status_t st = MEGAMOE_OK;
     pthread_mutex_lock(&e->lock);
     mm_ucx_atomic_t *a = NULL;
     st = mm_ucx_atomic_get(e, pe, &a);
+    if (st == MEGAMOE_OK && mm_ucx_ep_locked(e, pe, "inter-host signal", &st) == NULL) {
+        a->next = e->free_atomics;
+        e->free_atomics = a;
+    }
     if (st != MEGAMOE_OK) {
         pthread_mutex_unlock(&e->lock);
         return st;
@@ -424,17 +532,18 @@ static megamoe_status_t mm_ucx_put(mm_shmem_engine_t *se, int pe, uint64_t off, 
     mm_ucx_engine_t *e = &se->u;
     mm_ucx_peer_t *p = &e->peers[pe];
     if (n == 0) return MEGAMOE_OK;
-    if (p->ep == NULL)
-        return mm_error(MEGAMOE_INTERNAL, "inter-host put: no engine connection to rank %d", pe);
     MM_CHECK(mm_ucx_fence_wait(e, pe));
     ucp_request_param_t prm;
     memset(&prm, 0, sizeof prm);
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    megamoe_status_t st = MEGAMOE_OK;
     if (n <= MM_UCX_STAGE_MAX) {
         pthread_mutex_lock(&e->lock);
         mm_ucx_ring_rec_t *rec = NULL;
         char *stage = NULL;
         megamoe_status_t rs = mm_ucx_ring_alloc(e, n, pe, &stage, &rec);
+        if (rs == MEGAMOE_OK && mm_ucx_ep_locked(e, pe, "inter-host put", &rs) == NULL)
+            rec->done = 1; /* the reserved bytes go back with the record */
         if (rs != MEGAMOE_OK) {
             pthread_mutex_unlock(&e->lock);
             return rs;
@@ -444,7 +553,6 @@ static megamoe_status_t mm_ucx_put(mm_shmem_engine_t *se, int pe, uint64_t off, 
         prm.user_data = rec;
         ucs_status_ptr_t r = ucp_put_nbx(p->ep, stage, n, p->base + off, p->rkey, &prm);
         p->put_gen++;
-        megamoe_status_t st = MEGAMOE_OK;
         if (r == NULL) rec->done = 1;
         else if (UCS_PTR_IS_ERR(r)) {
             rec->done = 1;
@@ -453,17 +561,22 @@ static megamoe_status_t mm_ucx_put(mm_shmem_engine_t *se, int pe, uint64_t off, 
         pthread_mutex_unlock(&e->lock);
         return st;
     }
-    mm_ucx_done_t d = {0, UCS_OK};
-    prm.cb.send = mm_ucx_done_cb;
-    prm.user_data = &d;
+    mm_ucx_done_t *d = mm_ucx_done_new(&prm);
+    if (d == NULL) return MEGAMOE_OUT_OF_MEMORY;
     pthread_mutex_lock(&e->lock);
-    ucs_status_ptr_t r = ucp_put_nbx(p->ep, src, n, p->base + off, p->rkey, &prm);
-    p->put_gen++;
+    ucs_status_ptr_t r = NULL;
+    if (mm_ucx_ep_locked(e, pe, "inter-host put", &st)) {
+        r = ucp_put_nbx(p->ep, src, n, p->base + off, p->rkey, &prm);
+        p->put_gen++;
+    }
     pthread_mutex_unlock(&e->lock);
-    if (r == NULL) return MEGAMOE_OK;
-    if (UCS_PTR_IS_ERR(r)) return mm_ucx_status(UCS_PTR_STATUS(r), pe, "an inter-host put");
-    MM_CHECK(mm_ucx_wait_flag(e, &d.flag, pe, "an inter-host put"));
-    return mm_ucx_status(d.status, pe, "an inter-host put");
+    if (st != MEGAMOE_OK || r == NULL || UCS_PTR_IS_ERR(r)) {
+        free(d);
+        if (st == MEGAMOE_OK && r != NULL)
+            st = mm_ucx_status(UCS_PTR_STATUS(r), pe, "an inter-host put");
+        return st;
+    }
+    return mm_ucx_wait_done(e, d, pe, "an inter-host put");
 }
 
 static megamoe_status_t mm_ucx_get(mm_shmem_engine_t *se, int pe, uint64_t off, void *dst,
@@ -472,21 +585,22 @@ static megamoe_status_t mm_ucx_get(mm_shmem_engine_t *se, int pe, uint64_t off, 
     mm_ucx_engine_t *e = &se->u;
     mm_ucx_peer_t *p = &e->peers[pe];
     if (n == 0) return MEGAMOE_OK;
-    if (p->ep == NULL)
-        return mm_error(MEGAMOE_INTERNAL, "inter-host get: no engine connection to rank %d", pe);
-    mm_ucx_done_t d = {0, UCS_OK};
     ucp_request_param_t prm;
-    memset(&prm, 0, sizeof prm);
-    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    prm.cb.send = mm_ucx_done_cb;
-    prm.user_data = &d;
+    mm_ucx_done_t *d = mm_ucx_done_new(&prm);
+    if (d == NULL) return MEGAMOE_OUT_OF_MEMORY;
+    megamoe_status_t st = MEGAMOE_OK;
     pthread_mutex_lock(&e->lock);
-    ucs_status_ptr_t r = ucp_get_nbx(p->ep, dst, n, p->base + off, p->rkey, &prm);
+    ucs_status_ptr_t r = NULL;
+    if (mm_ucx_ep_locked(e, pe, "inter-host get", &st))
+        r = ucp_get_nbx(p->ep, dst, n, p->base + off, p->rkey, &prm);
     pthread_mutex_unlock(&e->lock);
-    if (r == NULL) return MEGAMOE_OK;
-    if (UCS_PTR_IS_ERR(r)) return mm_ucx_status(UCS_PTR_STATUS(r), pe, "an inter-host get");
-    MM_CHECK(mm_ucx_wait_flag(e, &d.flag, pe, "an inter-host get"));
-    return mm_ucx_status(d.status, pe, "an inter-host get");
+    if (st != MEGAMOE_OK || r == NULL || UCS_PTR_IS_ERR(r)) {
+        free(d);
+        if (st == MEGAMOE_OK && r != NULL)
+            st = mm_ucx_status(UCS_PTR_STATUS(r), pe, "an inter-host get");
+        return st;
+    }
+    return mm_ucx_wait_done(e, d, pe, "an inter-host get");
 }
 
 static megamoe_status_t mm_ucx_quiet(mm_shmem_engine_t *se)
@@ -507,12 +621,9 @@ static megamoe_status_t mm_ucx_quiet(mm_shmem_engine_t *se)
         sched_yield();
     }
     /* 2. everything issued is complete at its target */
-    mm_ucx_done_t d = {0, UCS_OK};
     ucp_request_param_t prm;
-    memset(&prm, 0, sizeof prm);
-    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    prm.cb.send = mm_ucx_done_cb;
-    prm.user_data = &d;
+    mm_ucx_done_t *d = mm_ucx_done_new(&prm);
+    if (d == NULL) return MEGAMOE_OUT_OF_MEMORY;
     pthread_mutex_lock(&e->lock);
     /* put_gen of every peer now: complete once the flush is (on the stack up to 256 PEs, so
      * a quiet allocates nothing in the usual jobs) */
@@ -523,11 +634,11 @@ static megamoe_status_t mm_ucx_quiet(mm_shmem_engine_t *se)
     for (int pe = 0; gens && pe < n; pe++) gens[pe] = e->peers[pe].put_gen;
     pthread_mutex_unlock(&e->lock);
     megamoe_status_t st = MEGAMOE_OK;
-    if (UCS_PTR_IS_ERR(r)) st = mm_ucx_status(UCS_PTR_STATUS(r), -1, "an inter-host quiet");
-    else if (r != NULL) {
-        st = mm_ucx_wait_flag(e, &d.flag, -1, "an inter-host quiet");
-        if (st == MEGAMOE_OK && d.status != UCS_OK)
-            st = mm_ucx_status(d.status, -1, "an inter-host quiet");
+    if (r == NULL || UCS_PTR_IS_ERR(r)) {
+        free(d);
+        if (r != NULL) st = mm_ucx_status(UCS_PTR_STATUS(r), -1, "an inter-host quiet");
+    } else {
+        st = mm_ucx_wait_done(e, d, -1, "an inter-host quiet");
     }
     if (st == MEGAMOE_OK && gens) {
         pthread_mutex_lock(&e->lock);
@@ -557,7 +668,7 @@ static megamoe_status_t mm_ucx_fence_wait(mm_ucx_engine_t *e, int pe)
     mm_ucx_peer_t *p = &e->peers[pe];
     pthread_mutex_lock(&e->lock);
     int need = p->fence_gen > p->done_gen;
-    if (need && !p->flush_inflight) mm_ucx_flush_start(e, pe);
+    if (need && !p->flush_inflight && p->ep) mm_ucx_flush_start(e, pe);
     pthread_mutex_unlock(&e->lock);
     if (!need) return MEGAMOE_OK;
     uint64_t start = mm_now_ns();
@@ -565,6 +676,11 @@ static megamoe_status_t mm_ucx_fence_wait(mm_ucx_engine_t *e, int pe)
         pthread_mutex_lock(&e->lock);
         mm_ucx_progress_locked(e);
         int left = p->fence_gen > p->done_gen;
+        megamoe_status_t cs = MEGAMOE_OK;
+        if (left && mm_ucx_ep_locked(e, pe, "an inter-host fence", &cs) == NULL) {
+            pthread_mutex_unlock(&e->lock);
+            return cs;
+        }
         if (left && !p->flush_inflight) mm_ucx_flush_start(e, pe);
         pthread_mutex_unlock(&e->lock);
         if (!left) return MEGAMOE_OK;
@@ -816,21 +932,19 @@ static megamoe_status_t mm_ucx_startup(mm_shmem_engine_t *se, const uint8_t *blo
      * connection exists, so the first real operation does not pay for it. */
     for (int pe = 0; pe < e->n_pes && st == MEGAMOE_OK; pe++) {
         if (!remote[pe]) continue;
-        mm_ucx_done_t d = {0, UCS_OK};
         ucp_request_param_t prm;
-        memset(&prm, 0, sizeof prm);
-        prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-        prm.cb.send = mm_ucx_done_cb;
-        prm.user_data = &d;
+        mm_ucx_done_t *d = mm_ucx_done_new(&prm);
+        if (d == NULL) return MEGAMOE_OUT_OF_MEMORY;
         uint64_t probe = 0;
         pthread_mutex_lock(&e->lock);
         ucs_status_ptr_t r = ucp_get_nbx(e->peers[pe].ep, &probe, sizeof probe,
                                          e->peers[pe].base, e->peers[pe].rkey, &prm);
         pthread_mutex_unlock(&e->lock);
-        if (UCS_PTR_IS_ERR(r)) st = mm_ucx_status(UCS_PTR_STATUS(r), pe, "the engine wire-up");
-        else if (r != NULL) {
-            st = mm_ucx_wait_flag(e, &d.flag, pe, "the engine wire-up");
-            if (st == MEGAMOE_OK) st = mm_ucx_status(d.status, pe, "the engine wire-up");
+        if (r == NULL || UCS_PTR_IS_ERR(r)) {
+            free(d);
+            if (r != NULL) st = mm_ucx_status(UCS_PTR_STATUS(r), pe, "the engine wire-up");
+        } else {
+            st = mm_ucx_wait_done(e, d, pe, "the engine wire-up");
         }
         if (st == MEGAMOE_OK && probe != MM_SHMEM_HEADER_MAGIC)
             st = mm_error(MEGAMOE_INTERNAL, "the engine wire-up read 0x%llx from rank %d's "
@@ -852,27 +966,15 @@ static void mm_ucx_fini(mm_shmem_engine_t *se)
         e->thread_started = 0;
     }
     if (e->worker) {
-        for (int pe = 0; e->peers && pe < e->n_pes; pe++) {
-            mm_ucx_peer_t *p = &e->peers[pe];
-            if (p->rkey) ucp_rkey_destroy(p->rkey);
-            p->rkey = NULL;
-            if (p->ep == NULL) continue;
-            ucp_request_param_t prm;
-            memset(&prm, 0, sizeof prm);
-            prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-            prm.flags = UCP_EP_CLOSE_FLAG_FORCE; /* peers may be gone: do not wait for them */
-            ucs_status_ptr_t r = ucp_ep_close_nbx(p->ep, &prm);
-            for (int i = 0; r != NULL && !UCS_PTR_IS_ERR(r) && i < 100000; i++) {
-                ucp_worker_progress(e->worker);
-                if (ucp_request_check_status(r) != UCS_INPROGRESS) break;
-            }
-            if (r != NULL && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);
-            p->ep = NULL;
-        }
+        /* under the lock as everywhere: the callbacks of the requests still open (abandoned
+         * waits included) run inside these closes */
+        pthread_mutex_lock(&e->lock);
+        for (int pe = 0; e->peers && pe < e->n_pes; pe++) mm_ucx_close_ep_locked(e, pe);
         if (e->addr) ucp_worker_release_address(e->worker, e->addr);
         e->addr = NULL;
         ucp_worker_destroy(e->worker);
         e->worker = NULL;
+        pthread_mutex_unlock(&e->lock);
     }
     if (e->rkey_buf) ucp_rkey_buffer_release(e->rkey_buf);
     if (e->memh) ucp_mem_unmap(e->ctx, e->memh);
