@@ -47,6 +47,7 @@
 #define MM_UCX_RING_BYTES (32u << 20)   /* staging ring */
 #define MM_UCX_RING_RECS 16384u         /* staged puts in flight */
 #define MM_UCX_ATOMIC_RECS 8192u        /* atomics in flight or queued */
+#define MM_UCX_DONE_RECS 64u            /* completion records of waits (more: malloc) */
 
 typedef struct mm_ucx_atomic {
     uint64_t operand, reply;
@@ -100,6 +101,7 @@ typedef struct mm_ucx_engine_s {
     uint64_t rec_head, rec_tail;
     mm_ucx_atomic_t *atomics, *free_atomics;
     int queued_atomics; /* in PE queues */
+    struct mm_ucx_done *dones, *free_dones; /* completion records of waits */
     /* progress thread */
     pthread_t thread;
     int thread_started;
@@ -179,25 +181,46 @@ static megamoe_status_t mm_ucx_status(ucs_status_t s, int pe, const char *what);
 static void mm_ucx_drop_queue(mm_ucx_engine_t *e, int pe);
 
 /* The completion record of a request a caller waits for (a *_nbx call's request; NULL from
- * the call means it completed at once). It lives on the heap, never in the caller's frame: a
- * wait that gives up (peer lost, timeout) returns before UCX completes the request, and the
- * completion comes later, at the latest when fini force-closes the endpoint (with
- * UCS_ERR_CANCELED). Written into a stack frame that was gone, it overwrote a saved register
- * of mm_shmem_release (a crash at 0x7ff000000001 = flag 1, status byte 0xf0) after a cut host.
- * Ownership: the waiter frees it once completed; a waiter that gives up first sets
- * `abandoned` (under the lock, as callbacks run) and the callback frees it. */
+ * the call means it completed at once). It belongs to the engine (a pool, malloc beyond it),
+ * never to the caller's frame: a wait that gives up (peer lost, timeout) returns before UCX
+ * completes the request, and the completion comes later, at the latest when fini
+ * force-closes the endpoint (with UCS_ERR_CANCELED). Written into a stack frame that was
+ * gone, it overwrote a saved register of mm_shmem_release after a cut host (a crash at
+ * 0x7ff000000001: flag 1, then the packed status byte 0xf0). Ownership: the waiter releases
+ * it once completed; a waiter that gives up first sets `abandoned` and the callback releases
+ * it (both under the lock, where callbacks run). */
 typedef struct mm_ucx_done {
     int flag;
     int abandoned;
+    int pooled; /* from e->dones, else malloc'd */
     ucs_status_t status;
+    struct mm_ucx_engine_s *e;
+    struct mm_ucx_done *next; /* free list */
 } mm_ucx_done_t;
+
+static void mm_ucx_done_release_locked(mm_ucx_engine_t *e, mm_ucx_done_t *d)
+{
+    if (!d->pooled) {
+        free(d);
+        return;
+    }
+    d->next = e->free_dones;
+    e->free_dones = d;
+}
+
+static void mm_ucx_done_release(mm_ucx_engine_t *e, mm_ucx_done_t *d)
+{
+    pthread_mutex_lock(&e->lock);
+    mm_ucx_done_release_locked(e, d);
+    pthread_mutex_unlock(&e->lock);
+}
 
 static void mm_ucx_done_cb(void *request, ucs_status_t status, void *user_data)
 {
     mm_ucx_done_t *d = user_data;
     ucp_request_free(request);
     if (d->abandoned) {
-        free(d);
+        mm_ucx_done_release_locked(d->e, d);
         return;
     }
     d->status = status;
@@ -205,14 +228,23 @@ static void mm_ucx_done_cb(void *request, ucs_status_t status, void *user_data)
 }
 
 /* A completion record and the request parameters that point at it (NULL: out of memory). */
-static mm_ucx_done_t *mm_ucx_done_new(ucp_request_param_t *prm)
+static mm_ucx_done_t *mm_ucx_done_new(mm_ucx_engine_t *e, ucp_request_param_t *prm)
 {
-    mm_ucx_done_t *d = calloc(1, sizeof *d);
+    pthread_mutex_lock(&e->lock);
+    mm_ucx_done_t *d = e->free_dones;
+    if (d) e->free_dones = d->next;
+    pthread_mutex_unlock(&e->lock);
+    int pooled = d != NULL;
+    if (d == NULL) d = malloc(sizeof *d); /* more waits at once than the pool holds */
     memset(prm, 0, sizeof *prm);
+    if (d == NULL) {
+        mm_error(MEGAMOE_OUT_OF_MEMORY, "inter-host engine: out of memory");
+        return NULL;
+    }
+    *d = (mm_ucx_done_t){.pooled = pooled, .status = UCS_OK, .e = e};
     prm->op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     prm->cb.send = mm_ucx_done_cb;
     prm->user_data = d;
-    if (d == NULL) mm_error(MEGAMOE_OUT_OF_MEMORY, "inter-host engine: out of memory");
     return d;
 }
 
@@ -258,7 +290,7 @@ static megamoe_status_t mm_ucx_wait_done(mm_ucx_engine_t *e, mm_ucx_done_t *d, i
     }
     int done = __atomic_load_n(&d->flag, __ATOMIC_ACQUIRE);
     ucs_status_t us = d->status;
-    if (done) free(d);
+    if (done) mm_ucx_done_release_locked(e, d);
     else d->abandoned = 1;
     pthread_mutex_unlock(&e->lock);
     if (st == MEGAMOE_OK) st = mm_ucx_status(us, pe, what);
@@ -561,7 +593,7 @@ static megamoe_status_t mm_ucx_put(mm_shmem_engine_t *se, int pe, uint64_t off, 
         pthread_mutex_unlock(&e->lock);
         return st;
     }
-    mm_ucx_done_t *d = mm_ucx_done_new(&prm);
+    mm_ucx_done_t *d = mm_ucx_done_new(e, &prm);
     if (d == NULL) return MEGAMOE_OUT_OF_MEMORY;
     pthread_mutex_lock(&e->lock);
     ucs_status_ptr_t r = NULL;
@@ -571,7 +603,7 @@ static megamoe_status_t mm_ucx_put(mm_shmem_engine_t *se, int pe, uint64_t off, 
     }
     pthread_mutex_unlock(&e->lock);
     if (st != MEGAMOE_OK || r == NULL || UCS_PTR_IS_ERR(r)) {
-        free(d);
+        mm_ucx_done_release(e, d);
         if (st == MEGAMOE_OK && r != NULL)
             st = mm_ucx_status(UCS_PTR_STATUS(r), pe, "an inter-host put");
         return st;
@@ -586,7 +618,7 @@ static megamoe_status_t mm_ucx_get(mm_shmem_engine_t *se, int pe, uint64_t off, 
     mm_ucx_peer_t *p = &e->peers[pe];
     if (n == 0) return MEGAMOE_OK;
     ucp_request_param_t prm;
-    mm_ucx_done_t *d = mm_ucx_done_new(&prm);
+    mm_ucx_done_t *d = mm_ucx_done_new(e, &prm);
     if (d == NULL) return MEGAMOE_OUT_OF_MEMORY;
     megamoe_status_t st = MEGAMOE_OK;
     pthread_mutex_lock(&e->lock);
@@ -595,7 +627,7 @@ static megamoe_status_t mm_ucx_get(mm_shmem_engine_t *se, int pe, uint64_t off, 
         r = ucp_get_nbx(p->ep, dst, n, p->base + off, p->rkey, &prm);
     pthread_mutex_unlock(&e->lock);
     if (st != MEGAMOE_OK || r == NULL || UCS_PTR_IS_ERR(r)) {
-        free(d);
+        mm_ucx_done_release(e, d);
         if (st == MEGAMOE_OK && r != NULL)
             st = mm_ucx_status(UCS_PTR_STATUS(r), pe, "an inter-host get");
         return st;
@@ -622,7 +654,7 @@ static megamoe_status_t mm_ucx_quiet(mm_shmem_engine_t *se)
     }
     /* 2. everything issued is complete at its target */
     ucp_request_param_t prm;
-    mm_ucx_done_t *d = mm_ucx_done_new(&prm);
+    mm_ucx_done_t *d = mm_ucx_done_new(e, &prm);
     if (d == NULL) return MEGAMOE_OUT_OF_MEMORY;
     pthread_mutex_lock(&e->lock);
     /* put_gen of every peer now: complete once the flush is (on the stack up to 256 PEs, so
@@ -635,7 +667,7 @@ static megamoe_status_t mm_ucx_quiet(mm_shmem_engine_t *se)
     pthread_mutex_unlock(&e->lock);
     megamoe_status_t st = MEGAMOE_OK;
     if (r == NULL || UCS_PTR_IS_ERR(r)) {
-        free(d);
+        mm_ucx_done_release(e, d);
         if (r != NULL) st = mm_ucx_status(UCS_PTR_STATUS(r), -1, "an inter-host quiet");
     } else {
         st = mm_ucx_wait_done(e, d, -1, "an inter-host quiet");
@@ -788,10 +820,11 @@ static megamoe_status_t mm_ucx_init(const mm_engine_init_t *in, mm_shmem_engine_
     e->recs = calloc(MM_UCX_RING_RECS, sizeof *e->recs);
     e->atomics = calloc(MM_UCX_ATOMIC_RECS, sizeof *e->atomics);
     e->flush_ctxs = calloc((size_t)in->n_pes, sizeof *e->flush_ctxs);
+    e->dones = calloc(MM_UCX_DONE_RECS, sizeof *e->dones);
     e->ring = mmap(NULL, MM_UCX_RING_BYTES, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (e->ring == MAP_FAILED) e->ring = NULL;
-    if (!e->peers || !e->recs || !e->atomics || !e->flush_ctxs || !e->ring) {
+    if (!e->peers || !e->recs || !e->atomics || !e->flush_ctxs || !e->dones || !e->ring) {
         mm_ucx_fini(se);
         return mm_error(MEGAMOE_OUT_OF_MEMORY, "inter-host engine: out of memory for %d PEs",
                         in->n_pes);
@@ -801,6 +834,10 @@ static megamoe_status_t mm_ucx_init(const mm_engine_init_t *in, mm_shmem_engine_
         e->free_atomics = &e->atomics[i];
     }
     for (int pe = 0; pe < in->n_pes; pe++) e->flush_ctxs[pe] = (mm_ucx_flush_ctx_t){e, pe};
+    for (unsigned i = 0; i < MM_UCX_DONE_RECS; i++) {
+        e->dones[i].pooled = 1;
+        mm_ucx_done_release_locked(e, &e->dones[i]);
+    }
 
     ucp_config_t *cfg = NULL;
     ucs_status_t s = ucp_config_read(NULL, NULL, &cfg);
@@ -933,7 +970,7 @@ static megamoe_status_t mm_ucx_startup(mm_shmem_engine_t *se, const uint8_t *blo
     for (int pe = 0; pe < e->n_pes && st == MEGAMOE_OK; pe++) {
         if (!remote[pe]) continue;
         ucp_request_param_t prm;
-        mm_ucx_done_t *d = mm_ucx_done_new(&prm);
+        mm_ucx_done_t *d = mm_ucx_done_new(e, &prm);
         if (d == NULL) return MEGAMOE_OUT_OF_MEMORY;
         uint64_t probe = 0;
         pthread_mutex_lock(&e->lock);
@@ -941,7 +978,7 @@ static megamoe_status_t mm_ucx_startup(mm_shmem_engine_t *se, const uint8_t *blo
                                          e->peers[pe].base, e->peers[pe].rkey, &prm);
         pthread_mutex_unlock(&e->lock);
         if (r == NULL || UCS_PTR_IS_ERR(r)) {
-            free(d);
+            mm_ucx_done_release(e, d);
             if (r != NULL) st = mm_ucx_status(UCS_PTR_STATUS(r), pe, "the engine wire-up");
         } else {
             st = mm_ucx_wait_done(e, d, pe, "the engine wire-up");
@@ -985,6 +1022,7 @@ static void mm_ucx_fini(mm_shmem_engine_t *se)
     free(e->recs);
     free(e->atomics);
     free(e->flush_ctxs);
+    free(e->dones); /* after the worker: the last abandoned records came back in its closes */
     pthread_mutex_destroy(&e->lock);
     free(se);
 }
