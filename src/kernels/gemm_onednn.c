@@ -6,8 +6,9 @@
  *    (otherwise oneDNN picks gemm:jit, which ignores the packing, or its reference code).
  *    So a packed product runs fixed-M primitives on row chunks of MM_DNNL_MB rows (as fast
  *    as one big call, often faster); a tail chunk is padded to a multiple of MM_DNNL_ALIGN
- *    rows through per-thread scratch, which bounds the primitives per (K, N) to
- *    1 + MM_DNNL_MB / MM_DNNL_ALIGN. Strided A, a row list or a column sub-block go through
+ *    rows through per-thread scratch and runs as power-of-two pieces (16 ... 128 rows), so
+ *    there are 5 primitives per (K, N, C type) and a long run meets them all in its first
+ *    steps (docs/reliability.md, Soak). Strided A, a row list or a column sub-block go through
  *    dense scratch too, and accumulate / bf16-after-scratch through mm_gemm_epilogue().
  *    The packed layout keeps each 64-column block contiguous, so a column sub-block starting
  *    at a multiple of 64 is a pointer offset into the same packed copy.
@@ -226,7 +227,7 @@ static megamoe_status_t mm_prim_create(const mm_dnnl_key_t *key, mm_dnnl_prim_t 
 /* Each thread remembers the primitives it used last, so the chunks of one product (and the
  * workers of a split product) do not meet on the cache lock; cached primitives live as long
  * as the process, so the pointers stay valid. */
-#define MM_DNNL_TLS_WAYS 8
+#define MM_DNNL_TLS_WAYS 16
 static _Thread_local mm_dnnl_prim_t *mm_tls_prims[MM_DNNL_TLS_WAYS];
 static _Thread_local unsigned mm_tls_next;
 
@@ -401,18 +402,31 @@ static megamoe_status_t mm_chunked(const mm_gemm_args_t *a, const dnnl_memory_de
         int64_t padded = (rows + MM_DNNL_ALIGN - 1) / MM_DNNL_ALIGN * MM_DNNL_ALIGN;
         int direct_a = a->a_rows == NULL && a->lda == a->K && padded == rows;
         int direct_c = padded == rows && a->ldc == cols && !a->accumulate;
-        key.rows = padded;
         key.c_type = direct_c ? a->c_type : MEGAMOE_DTYPE_FP32;
-        mm_dnnl_prim_t *p;
-        int owned;
-        MM_CHECK(mm_prim_get(&key, &p, &owned));
+        /* The chunk runs as power-of-two pieces (e.g. 80 = 64 + 16 rows): every row is
+         * computed by the same kernel over the same K order whatever the piece, and only
+         * 1 + log2(MM_DNNL_MB / MM_DNNL_ALIGN) primitives per (K, N) exist, all met within
+         * the first steps. One primitive per multiple of 16 made rare tails build new
+         * primitives (JIT code, ~0.2 MB each) thousands of steps into a run. */
+        int64_t piece_rows[8];
+        int pieces = 0;
+        for (int64_t left = padded, b = MM_DNNL_MB; left > 0; b /= 2)
+            if (left >= b) piece_rows[pieces++] = b, left -= b;
+        mm_dnnl_prim_t *prims[8];
+        int owned[8] = {0}, usable = 1;
         megamoe_status_t st = MEGAMOE_OK;
-        if (!p->usable) {
+        for (int i = 0; i < pieces && st == MEGAMOE_OK; i++) {
+            key.rows = piece_rows[i];
+            st = mm_prim_get(&key, &prims[i], &owned[i]);
+            if (st == MEGAMOE_OK) usable &= prims[i]->usable;
+            else pieces = i;
+        }
+        if (st == MEGAMOE_OK && !usable) {
             mm_gemm_args_t u = *plain;
             u.m0 = m;
             u.m1 = m + rows;
             st = mm_plain(&u);
-        } else {
+        } else if (st == MEGAMOE_OK) {
             const uint16_t *A = a->A + m * a->lda;
             if (!direct_a) {
                 uint16_t *buf = mm_gemm_scratch(1, (size_t)(padded * a->K) * sizeof(uint16_t));
@@ -431,15 +445,22 @@ static megamoe_status_t mm_chunked(const mm_gemm_args_t *a, const dnnl_memory_de
                 acc = mm_gemm_scratch(2, (size_t)(padded * cols) * sizeof(float));
                 if (acc == NULL) st = MEGAMOE_OUT_OF_MEMORY;
             }
-            if (st == MEGAMOE_OK)
-                st = mm_prim_run(p, dnnl_primitive_desc_query_md(p->pd, dnnl_query_src_md, 0), A,
+            /* A (direct: lda == K) and the destination (direct: ldc == cols) are dense here. */
+            size_t c_es = direct_c ? megamoe_dtype_size(a->c_type) : sizeof(float);
+            int64_t off = 0;
+            for (int i = 0; i < pieces && st == MEGAMOE_OK; off += piece_rows[i], i++) {
+                const mm_dnnl_prim_t *p = prims[i];
+                char *dst = (char *)(direct_c ? C : (void *)acc) + (size_t)(off * cols) * c_es;
+                st = mm_prim_run(p, dnnl_primitive_desc_query_md(p->pd, dnnl_query_src_md, 0),
+                                 A + off * a->K,
                                  dnnl_primitive_desc_query_md(p->pd, dnnl_query_weights_md, 0), wptr,
-                                 dnnl_primitive_desc_query_md(p->pd, dnnl_query_dst_md, 0),
-                                 direct_c ? C : (void *)acc);
+                                 dnnl_primitive_desc_query_md(p->pd, dnnl_query_dst_md, 0), dst);
+            }
             if (st == MEGAMOE_OK && !direct_c)
                 mm_gemm_epilogue(acc, cols, rows, cols, C, a->ldc, a->c_type, a->accumulate);
         }
-        if (owned) mm_prim_destroy(p);
+        for (int i = 0; i < pieces; i++)
+            if (owned[i]) mm_prim_destroy(prims[i]);
         if (st != MEGAMOE_OK) return st;
     }
     return MEGAMOE_OK;
