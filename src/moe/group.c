@@ -368,11 +368,17 @@ megamoe_status_t mm_moe_scratch(mm_moe_group_t *g, int which, size_t bytes, void
     mm_moe_scratch_t *s = &g->scratch;
     if (bytes == 0) bytes = 64;
     if (s->bytes[which] < bytes) {
+        /* Rows per call vary with the routing: grow with a quarter of slack so that later,
+         * slightly larger loads fit (an exact-size buffer regrew at every new largest load,
+         * each time leaving the old one as a hole in the heap: docs/reliability.md, Soak). */
+        size_t want = bytes + bytes / 4;
+        mm_aligned_free(s->buf[which]); /* contents are scratch: nothing to keep */
+        s->buf[which] = NULL;
+        s->bytes[which] = 0;
         void *p = NULL;
-        MM_CHECK(mm_aligned_alloc(bytes, 64, "MegaMoE scratch", &p));
-        mm_aligned_free(s->buf[which]);
+        MM_CHECK(mm_aligned_alloc(want, 64, "MegaMoE scratch", &p));
         s->buf[which] = p;
-        s->bytes[which] = bytes;
+        s->bytes[which] = want;
     }
     *ptr_p = s->buf[which];
     return MEGAMOE_OK;
