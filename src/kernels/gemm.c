@@ -187,7 +187,11 @@ void *mm_gemm_scratch(int slot, size_t bytes)
     }
     mm_gemm_scratch_set_t *set = mm_scratch_tls;
     if (set->size[slot] < bytes || set->ptr[slot] == NULL) {
-        size_t want = bytes + bytes / 4 + 4096; /* grow with slack: sizes vary per group */
+        /* grow to the next power of two (at least 64 KiB): in O1 any worker may run any tile,
+         * so each thread meets the group's sizes in a different order; power-of-two steps
+         * make the steady state come after a few calls instead of at the rare largest tile */
+        size_t want = (size_t)64 << 10;
+        while (want < bytes) want *= 2;
         void *p = NULL;
         if (mm_aligned_alloc(want, MM_CACHE_LINE, "GEMM scratch", &p) != MEGAMOE_OK) return NULL;
         mm_aligned_free(set->ptr[slot]);
