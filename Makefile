@@ -8,7 +8,10 @@ APT_PACKAGES := cmake make gcc g++ libdnnl-dev libopenmpi-dev openmpi-bin libucx
                 libtorch-dev python3-pip python3-venv python3-setuptools python3-wheel \
                 python3-matplotlib clang libclang-rt-14-dev \
                 python3-tqdm
-# Labels of the C tests that also run under ThreadSanitizer (runtime and executor).
+# Labels of the C tests that also run under ThreadSanitizer (runtime and executor). The
+# simulated-host tests (label hosts) are left out there: entering a host's mount namespace
+# (setns) needs a single-threaded process, and TSan's runtime keeps a thread of its own; the
+# engine's data path still runs under TSan in the *_engine tests (UCX between ranks of one host).
 TSAN_LABELS ?= shmem|multicore|tsan
 # `make fuzz`: seconds per libFuzzer target (docs/reliability.md).
 FUZZ_SECONDS ?= 60
@@ -62,7 +65,7 @@ test-asan: deps
 test-tsan: deps
 	cmake --preset tsan >/dev/null
 	cmake --build --preset tsan -j $(JOBS)
-	ctest --preset tsan -j $(JOBS) -L "$(TSAN_LABELS)"
+	ctest --preset tsan -j $(JOBS) -L "$(TSAN_LABELS)" -LE hosts
 
 fuzz: deps
 	cmake --preset fuzz >/dev/null
