@@ -156,6 +156,9 @@ megamoe_status_t mm_v2_scope_get(mm_shmem_team_t *team, mm_v2_scope_t **scope_p)
 mm_v2_scope_t *mm_v2_scope_guess(void);
 /* Free every scope's pools and team (collective per scope; the last release). */
 megamoe_status_t mm_v2_scopes_release(void);
+/* The SHMEM release hook of the operators (megamoe_ops_release): registered by the first scope
+ * of a lifecycle, so scopes whose calls never got a pool are released too. */
+megamoe_status_t mm_v2_release_hook(void *arg);
 
 typedef struct mm_v2_record {
     int32_t status;      /* local status (MEGAMOE_OK when this rank can proceed) */

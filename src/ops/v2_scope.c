@@ -53,6 +53,7 @@ megamoe_status_t mm_v2_scope_get(mm_shmem_team_t *team, mm_v2_scope_t **scope_p)
                         "communicators) in one SHMEM lifecycle; reuse communicators",
                         MM_V2_MAX_SCOPES);
     MM_CHECK(mm_shmem_add_team_destroy_hook(mm_v2_team_hook, NULL));
+    MM_CHECK(mm_shmem_add_release_hook(mm_v2_release_hook, NULL));
     mm_v2_scope_t *s = free_slot;
     memset(s, 0, sizeof *s);
     int n = mm_shmem_team_n_pes(team), nw = mm_shmem_n_pes();

@@ -20,7 +20,6 @@
 #include "ops/call_order.h"
 #include "v2_internal.h"
 
-static megamoe_status_t mm_v2_release_hook(void *arg);
 /* agreement records of ended calls, handed out again (one block per call in flight) */
 static mm_freelist_t mm_v2_record_blocks = MM_FREELIST_INIT;
 
@@ -244,7 +243,7 @@ int mm_v2_tp_peer_pe(const mm_v2_call_t *call, int64_t tp_rank)
     return call->scope->idx[mm_shmem_team_world_pe(call->tp, (int)(1 - tp_rank))];
 }
 
-static megamoe_status_t mm_v2_release_hook(void *arg)
+megamoe_status_t mm_v2_release_hook(void *arg)
 {
     (void)arg;
     return megamoe_ops_release();
