@@ -99,7 +99,10 @@ static void mm_fz_fill(mm_fz_ctx_t *c, megamoe_tensor_t *t, uint8_t *p, size_t b
         int64_t base = mm_fz_int(&c->in), step = mm_fz_int(&c->in), m = mm_fz_int(&c->in);
         for (size_t i = 0; i < n; i++) {
             int64_t x = (int64_t)((uint64_t)base + (uint64_t)i * (uint64_t)step);
-            if (m > 0) x = ((x % m) + m) % m;
+            if (m > 0) { /* non-negative remainder without overflowing near INT64_MAX */
+                x %= m;
+                if (x < 0) x += m;
+            }
             if (es == 4 && t->dtype != MEGAMOE_DTYPE_FP32) {
                 int32_t y = (int32_t)x;
                 memcpy(p + i * 4, &y, 4);
