@@ -4,7 +4,8 @@
 # The checked-in seeds (tests/fuzz/corpus/<target>) and regression inputs are read, new
 # inputs go to BUILD_DIR/fuzz-corpus/<target> (kept between runs), a crash leaves its input in
 # BUILD_DIR/fuzz-artifacts/<target>/ and fails the run. One line per target: executions,
-# libFuzzer's coverage (cov: edges, ft: features), corpus size, peak RSS.
+# libFuzzer's coverage (cov: edges, ft: features), corpus size, peak RSS. FUZZ_SEED=N fixes
+# libFuzzer's random seed (CI: the same mutations every run); unset or 0: a new seed each run.
 set -uo pipefail
 build=$1
 seconds=$2
@@ -25,7 +26,7 @@ for t in "${targets[@]}"; do
   mkdir -p "$work" "$art" "$(dirname "$log")"
   inputs=("$work" "$src/corpus/$t")
   [ -d "$src/regressions/$t" ] && inputs+=("$src/regressions/$t")
-  "$bin" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 -max_len=8192 \
+  "$bin" -seed="${FUZZ_SEED:-0}" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 -max_len=8192 \
          -print_final_stats=1 -artifact_prefix="$art/" "${inputs[@]}" >"$log" 2>&1
   rc=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
