@@ -138,14 +138,7 @@ static int mm_soak_rank(const mm_moe_job_opts_t *o, int every, const char *sampl
     float *gp = NULL;
     FILE *samples = NULL;
     megamoe_status_t st;
-    megamoe_experts_params_t p = megamoe_experts_params_default();
-    p.local_num_tokens = o->T;
-    p.hidden_size = o->H;
-    p.intermediate_size = o->I;
-    p.num_experts = o->E;
-    p.top_k = o->K;
-    p.schedule = o->schedule;
-    p.workers = o->workers;
+    megamoe_experts_params_t p = mm_moe_job_layer_params(o);
     megamoe_comm_params_t cp = megamoe_comm_params_default();
     mm_moe_job_size_heap(&cp, megamoe_experts_heap_bytes(&p, o->ranks) + (16ull << 20));
     if ((st = megamoe_comm_create(&cp, &comm)) != MEGAMOE_OK)

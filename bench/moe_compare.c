@@ -52,17 +52,11 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
     for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
          tok = strtok_r(NULL, ",", &save))
         for (int ri = 0; ri < n_reps && n_layers < MM_JOB_MAX_VARIANTS - 1; ri++) {
-        megamoe_experts_params_t p = megamoe_experts_params_default();
-        p.local_num_tokens = o->T;
-        p.hidden_size = o->H;
-        p.intermediate_size = o->I;
-        p.num_experts = o->E;
-        p.top_k = o->K;
+        megamoe_experts_params_t p = mm_moe_job_layer_params(o);
         p.expert_capacity_factor = o->capacity_factor;
         p.swiglu_limit = o->swiglu_limit;
         p.schedule = strcmp(tok, "O0") == 0 ? "O0" : strcmp(tok, "O1") == 0 ? "O1" : NULL;
         if (p.schedule == NULL) MM_CMP_FAIL("unknown schedule '%s' in '%s'", tok, o->schedule);
-        p.workers = o->workers;
         p.replica_slots_per_rank = reps[ri];
         /* "O1" (no replicas) or "O1+r2": the profiled wait shares are the plain O1 layer's */
         if (reps[ri] == 0) snprintf(names[n_layers], sizeof names[0], "%s", p.schedule);

@@ -219,6 +219,19 @@ double mm_moe_job_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+megamoe_experts_params_t mm_moe_job_layer_params(const mm_moe_job_opts_t *o)
+{
+    megamoe_experts_params_t p = megamoe_experts_params_default();
+    p.local_num_tokens = o->T;
+    p.hidden_size = o->H;
+    p.intermediate_size = o->I;
+    p.num_experts = o->E;
+    p.top_k = o->K;
+    p.schedule = o->schedule;
+    p.workers = o->workers;
+    return p;
+}
+
 void mm_moe_job_size_heap(megamoe_comm_params_t *cp, uint64_t need)
 {
     if (getenv("HYPER_PARALLEL_SHMEM_HEAP_SIZE") == NULL)
@@ -313,12 +326,7 @@ int mm_moe_job_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
     float *ro = NULL, *ref[5] = {0}, *ref16[5] = {0};
     megamoe_status_t st;
 
-    megamoe_experts_params_t p = megamoe_experts_params_default();
-    p.local_num_tokens = o->T;
-    p.hidden_size = o->H;
-    p.intermediate_size = o->I;
-    p.num_experts = o->E;
-    p.top_k = o->K;
+    megamoe_experts_params_t p = mm_moe_job_layer_params(o);
     p.expert_capacity_factor = o->capacity_factor;
     p.dispatch_mode = o->dispatch_mode[0] ? o->dispatch_mode : NULL;
     int reps[MM_JOB_MAX_VARIANTS];
@@ -326,8 +334,6 @@ int mm_moe_job_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
     p.initial_capacity_factor = o->initial_capacity_factor;
     p.capacity_growth_factor = o->capacity_growth_factor;
     p.swiglu_limit = o->swiglu_limit;
-    p.schedule = o->schedule;
-    p.workers = o->workers;
 
     /* Heap sizing when the variable is unset: what this job's one resource group needs,
      * plus slack, rounded to 64 MiB (docs/moe.md). */

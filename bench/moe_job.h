@@ -126,6 +126,9 @@ double mm_moe_job_now(void);
 /* Heap sizing when HYPER_PARALLEL_SHMEM_HEAP_SIZE is unset: cp->heap_size = need rounded up
  * to 64 MiB (docs/moe.md); with the variable set, cp is left as it is. */
 void mm_moe_job_size_heap(megamoe_comm_params_t *cp, uint64_t need);
+/* Layer parameters with the job's shapes (T, H, I, E, K), schedule and workers; every other
+ * field at its default (callers add the settings their job varies). */
+megamoe_experts_params_t mm_moe_job_layer_params(const mm_moe_job_opts_t *o);
 
 int mm_moe_job_write(const char *path, const mm_moe_job_result_t *r);
 int mm_moe_job_read(const char *path, mm_moe_job_result_t *r);
