@@ -260,7 +260,8 @@ def profile_one_step(model, opt, batch, world, directory, rank):
 
 def main(argv=None):
     a = parse_args(argv)
-    rank, world, threads = training.init_distributed(a.threads)
+    rank, world, threads = training.init_distributed(
+        a.threads, tune_malloc=not a.malloc_defaults)
     cfg = training.config_from_args(a, world)
     models = {}
     try:
@@ -316,6 +317,8 @@ def report(a, cfg, world, threads, passed, rows, timing, experts_info):
                   threads_per_rank=threads, warmup_steps=a.warmup_steps,
                   measured_steps=a.measured_steps, lr=a.lr, weight_decay=a.weight_decay,
                   seed=a.seed, optimizer="AdamW, fp32 master weights", dtype="bfloat16",
+                  malloc="keeps freed memory" if training.malloc_keeps_freed_memory
+                  else "glibc defaults",
                   mega_moe_experts=experts_info,
                   accuracy_rule={
                       "elementwise": f"every element within rtol {RTOL} * |A| + atol {ATOL} * "

@@ -41,6 +41,7 @@ class QwenMoeConfig:
     num_key_value_heads: int = 2
     seq_len: int = 1024
     batch_size: int = 1
+    attention_block_size: int = 128
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1e6
     initializer_range: float = 0.02
@@ -67,7 +68,8 @@ class QwenMoeConfig:
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads",
                      "num_key_value_heads", "seq_len", "batch_size", "num_experts", "top_k",
-                     "intermediate_size", "shared_expert_intermediate_size", "ep_size"):
+                     "intermediate_size", "shared_expert_intermediate_size", "ep_size",
+                     "attention_block_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -124,15 +126,22 @@ def _rotate_half(x):
 
 
 class Attention(nn.Module):
-    """Causal grouped-query attention with rotary embeddings (head h uses KV head h // group).
+    """Causal grouped-query attention with rotary embeddings, computed in blocks of query rows.
 
-    The query heads of one KV head are stacked along the sequence axis, so one batched matmul
-    per KV head serves the whole group without repeating K and V."""
+    Head h uses KV head h // group. q is laid out [b, nkv, s, group, hd], so a block of query
+    positions of one KV head's whole group is one contiguous [block * group, hd] matrix and one
+    batched matmul serves it without repeating K and V. A block only attends to the keys up to
+    its last position: a causal model needs only the lower triangle of the score matrix (about
+    half of it at seq 1024 with blocks of 128), and each block's fp32 scores and probabilities
+    are a few MiB that stay in cache instead of s x s matrices per head that stream through
+    memory (the full-matrix form spent 263 ms per layer forward+backward at the default
+    config, the blocked one 84 ms; same outputs, the K/V gradients summed in another order)."""
 
     def __init__(self, cfg):
         super().__init__()
         self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.group = self.nh // self.nkv
+        self.block = cfg.attention_block_size
         h = cfg.hidden_size
         self.q_proj = nn.Linear(h, self.nh * self.hd, bias=False)
         self.k_proj = nn.Linear(h, self.nkv * self.hd, bias=False)
@@ -146,25 +155,32 @@ class Attention(nn.Module):
         mask = torch.ones(cfg.seq_len, cfg.seq_len, dtype=torch.bool).triu(1)
         self.register_buffer("causal_mask", mask, persistent=False)
 
-    def _rope(self, x):
-        s = x.shape[-2]
+    def _rope(self, x, cos, sin):
         xf = x.float()
-        return (xf * self.rope_cos[:s] + _rotate_half(xf) * self.rope_sin[:s]).to(x.dtype)
+        return (xf * cos + _rotate_half(xf) * sin).to(x.dtype)
 
     def forward(self, x):
         b, s, _ = x.shape
         nkv, g, hd = self.nkv, self.group, self.hd
-        q = self.q_proj(x).view(b, s, nkv, g, hd).permute(0, 2, 3, 1, 4)   # [b, nkv, g, s, hd]
-        k = self.k_proj(x).view(b, s, nkv, hd).transpose(1, 2)              # [b, nkv, s, hd]
+        cos, sin = self.rope_cos[:s], self.rope_sin[:s]                      # [s, hd]
+        q = self.q_proj(x).view(b, s, nkv, g, hd) * hd ** -0.5
+        q = self._rope(q, cos[:, None, None], sin[:, None, None])
+        q = q.permute(0, 2, 1, 3, 4).contiguous()                            # [b, nkv, s, g, hd]
+        k = self._rope(self.k_proj(x).view(b, s, nkv, hd), cos[:, None], sin[:, None])
+        k = k.transpose(1, 2)                                                # [b, nkv, s, hd]
         v = self.v_proj(x).view(b, s, nkv, hd).transpose(1, 2)
-        q = self._rope(q * hd ** -0.5).reshape(b, nkv, g * s, hd)
-        k = self._rope(k)
-        scores = torch.matmul(q, k.transpose(-1, -2)).view(b, nkv, g, s, s)
-        scores = scores.masked_fill(self.causal_mask[:s, :s], float("-inf"))
-        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(x.dtype)
-        out = torch.matmul(probs.view(b, nkv, g * s, s), v)                 # [b, nkv, g*s, hd]
-        out = out.view(b, nkv, g, s, hd).permute(0, 3, 1, 2, 4).reshape(b, s, -1)
-        return self.o_proj(out)
+        blocks = []
+        for q0 in range(0, s, self.block):
+            q1 = min(s, q0 + self.block)
+            rows = (q1 - q0) * g
+            scores = torch.matmul(q[:, :, q0:q1].reshape(b, nkv, rows, hd),
+                                  k[:, :, :q1].transpose(-1, -2)).float()    # [b, nkv, rows, q1]
+            scores = scores.view(b, nkv, q1 - q0, g, q1).masked_fill_(
+                self.causal_mask[q0:q1, None, :q1], float("-inf")).view(b, nkv, rows, q1)
+            probs = F.softmax(scores, dim=-1).to(x.dtype)
+            blocks.append(torch.matmul(probs, v[:, :, :q1]).view(b, nkv, q1 - q0, g * hd))
+        out = torch.cat(blocks, dim=2) if len(blocks) > 1 else blocks[0]     # [b, nkv, s, g*hd]
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
 
 
 class SwiGLU(nn.Module):
@@ -179,7 +195,12 @@ class SwiGLU(nn.Module):
 
 
 class Router(nn.Module):
-    """Top-k of the fp32 router logits; weights = softmax over the k chosen logits x scale."""
+    """Top-k of the router logits; weights = softmax over the k chosen logits x scale.
+
+    The gate is a bf16 linear like the rest of the model (as in Qwen-MoE); its logits are taken
+    to fp32 for the top-k and the softmax. (An fp32 gate would run through the system's fp32
+    BLAS: with Debian's reference BLAS that cost 21 ms per layer, forward + backward, against
+    0.4 ms for the bf16 one through oneDNN.)"""
 
     def __init__(self, cfg):
         super().__init__()
@@ -187,7 +208,7 @@ class Router(nn.Module):
         self.top_k, self.scale = cfg.top_k, cfg.routed_scaling_factor
 
     def logits(self, x):
-        return F.linear(x.float(), self.weight.float())
+        return F.linear(x, self.weight).float()
 
     def weights_for(self, logits, topk_ids):
         """Router weights of the chosen experts from their logits."""

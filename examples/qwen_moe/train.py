@@ -143,7 +143,8 @@ def plot(path, losses, start, title):
 
 def main(argv=None):
     a = parse_args(argv)
-    rank, world, _ = training.init_distributed(a.threads)
+    rank, world, _ = training.init_distributed(
+        a.threads, tune_malloc=not a.malloc_defaults)
     cfg = training.config_from_args(a, world)
     text = ByteText(a.data)
     models, opts = {}, {}

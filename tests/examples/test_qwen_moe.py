@@ -94,7 +94,8 @@ def test_config_rules():
                          (dict(top_k=17), "cannot exceed num_experts"),
                          (dict(num_attention_heads=5), "divisible by num_attention_heads"),
                          (dict(expert_capacity_factor=0.5), "expert_capacity_factor"),
-                         (dict(hidden_size=0), "positive integer")):
+                         (dict(hidden_size=0), "positive integer"),
+                         (dict(attention_block_size=0), "positive integer")):
         with pytest.raises(ValueError, match=rule):
             QwenMoeConfig(**kwargs)
 
@@ -141,3 +142,103 @@ def test_train_resume_is_bit_identical(megamoe_bin, tmp_path):
             assert any("experts" in k for k in ta)
             diff = [k for k in ta if not torch.equal(ta[k], tb[k])]
             assert not diff, (backend, rank, diff[:5])
+
+
+def test_master_weight_adamw_matches_torch_adamw():
+    """The sliced update gives torch.optim.AdamW's bits (single-tensor form), slices crossing
+    no parameter boundary, a missing gradient counting as zero; state_dict round trip."""
+    import torch
+    sys.path.insert(0, EXAMPLE)
+    import training
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Parameter(torch.randn(300, 7).bfloat16())
+            self.b = torch.nn.Parameter(torch.randn(70001).bfloat16())
+            self.e = torch.nn.Parameter(torch.randn(3, 5000).bfloat16())
+
+        def dense_parameters(self):
+            return [self.a, self.b]
+
+        def expert_parameters(self):
+            return [self.e]
+
+    torch.manual_seed(0)
+    model = Model()
+    ours = training.MasterWeightAdamW(model, lr=1e-2, weight_decay=0.05, chunk=1000)
+    ref_params = [p.detach().float().clone() for p in model.parameters()]
+    ref = torch.optim.AdamW(ref_params, lr=1e-2, weight_decay=0.05, foreach=False)
+    for step in range(4):
+        grads = [torch.randn(p.shape).bfloat16() for p in model.parameters()]
+        if step == 2:
+            grads[2] = None  # an expert without tokens
+        for p, g, r in zip(model.parameters(), grads, ref_params):
+            p.grad = g
+            r.grad = torch.zeros(r.shape) if g is None else g.float()
+        ours.step()
+        ref.step()
+        for m, p, r in zip(ours.masters, model.parameters(), ref_params):
+            assert torch.equal(m, r), step
+            assert torch.equal(p, r.bfloat16()), step
+    state = ours.state_dict()
+    fresh = training.MasterWeightAdamW(Model(), lr=1e-2, weight_decay=0.05, chunk=1000)
+    fresh.load_state_dict(state)
+    assert fresh.step_count == 4
+    assert all(torch.equal(a, b) for a, b in zip(fresh.masters, ours.masters))
+    assert all(torch.equal(a, b) for a, b in zip(fresh.params, model.parameters()))
+
+
+@pytest.mark.parametrize("block", [64, 96, 256])
+def test_blocked_attention_matches_full_matrix(block):
+    """Attention in query blocks over the keys up to each block's end = the s x s masked
+    softmax form (output and every gradient), also when the block does not divide seq_len."""
+    import torch
+    import torch.nn.functional as F
+    sys.path.insert(0, EXAMPLE)
+    from model import Attention, QwenMoeConfig
+    cfg = QwenMoeConfig(hidden_size=128, num_attention_heads=8, num_key_value_heads=2,
+                        seq_len=256, attention_block_size=block, ep_size=1, num_experts=2,
+                        top_k=1)
+    torch.manual_seed(1)
+    attn = Attention(cfg).double()
+    x = torch.randn(2, cfg.seq_len, cfg.hidden_size, dtype=torch.float64, requires_grad=True)
+
+    def full(x):
+        b, s, _ = x.shape
+        nh, nkv, hd = attn.nh, attn.nkv, attn.hd
+        cos, sin = attn.rope_cos[:s].double(), attn.rope_sin[:s].double()
+
+        def rope(t):
+            a, c = t.chunk(2, dim=-1)
+            return t * cos + torch.cat((-c, a), dim=-1) * sin
+
+        q = rope(attn.q_proj(x).view(b, s, nh, hd).transpose(1, 2) * hd ** -0.5)
+        k = rope(attn.k_proj(x).view(b, s, nkv, hd).transpose(1, 2))
+        v = attn.v_proj(x).view(b, s, nkv, hd).transpose(1, 2)
+        k, v = (t.repeat_interleave(nh // nkv, dim=1) for t in (k, v))
+        scores = (q @ k.transpose(-1, -2)).masked_fill(attn.causal_mask[:s, :s], float("-inf"))
+        out = F.softmax(scores, dim=-1) @ v
+        return attn.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+    grad_out = torch.randn(2, cfg.seq_len, cfg.hidden_size, dtype=torch.float64)
+    got = attn(x)
+    (gx,) = torch.autograd.grad(got, x, grad_out)
+    want = full(x)
+    (wx,) = torch.autograd.grad(want, x, grad_out)
+    # the model takes RoPE and the softmax through fp32 (it runs in bf16), hence fp32 bounds
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(gx, wx, rtol=1e-4, atol=1e-6)
+
+
+def test_keep_freed_memory_respects_the_users_allocator_settings():
+    code = ("import sys; sys.path.insert(0, %r); import training; "
+            "print(training.keep_freed_memory())" % EXAMPLE)
+    env = _env()
+    for k in [k for k in env if k.startswith("MALLOC_") or k == "LD_PRELOAD"]:
+        del env[k]
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert r.stdout.strip() == "True", r.stderr[-2000:]
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60,
+                       env=dict(env, MALLOC_ARENA_MAX="2"))
+    assert r.stdout.strip() == "False", r.stderr[-2000:]
