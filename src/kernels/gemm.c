@@ -535,11 +535,12 @@ megamoe_status_t mm_gemm_weight_update(mm_gemm_weight_t *w, const uint16_t *src,
     if (w == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_gemm_weight_update: NULL weight");
     MM_CHECK(mm_weight_check_src(w->form, w->K, w->N, src, ld));
     if (version == w->version && src == w->src && ld == w->ld) return MEGAMOE_OK;
-    mm_weight_release(w);
+    const int in_place = w->packed && w->backend->weight_refresh != NULL;
+    if (!in_place) mm_weight_release(w);
     w->src = src;
     w->ld = ld;
     w->version = version;
-    megamoe_status_t st = mm_weight_pack(w);
+    megamoe_status_t st = in_place ? w->backend->weight_refresh(w) : mm_weight_pack(w);
     if (st != MEGAMOE_OK) {
         mm_weight_release(w); /* usable unpacked: products fall back to the source */
         return st;

@@ -197,6 +197,12 @@ struct mm_gemm_backend_ops {
     void (*weight_release)(mm_gemm_weight_t *weight);
     /* (optional) A grouped product in one go; without it the framework calls gemm per group. */
     megamoe_status_t (*gemm_grouped)(const mm_gemm_grouped_args_t *args);
+    /* (optional) Re-pack weight->src (new contents, maybe a new address and ld; same form, K
+     * and N) into the packed copy weight_pack made, in place. Training re-packs every weight
+     * after every optimizer step: without it the framework releases and packs from scratch
+     * (a new buffer, whose pages the kernel zeroes and maps again). A failure leaves the
+     * weight released. */
+    megamoe_status_t (*weight_refresh)(mm_gemm_weight_t *weight);
 };
 
 /* Backend by MEGAMOE_GEMM word ("ref", "onednn", ...; "auto" resolves). UNSUPPORTED (message

@@ -221,6 +221,18 @@ static megamoe_status_t mm_avx512_gemm(const mm_gemm_args_t *a)
     return MEGAMOE_OK;
 }
 
+/* Every panel of w->src into w->data (allocated by the pack below, same K and N). */
+static megamoe_status_t mm_avx512_weight_refresh(mm_gemm_weight_t *w)
+{
+    size_t pe = mm_panel_elems(w->K);
+    int64_t np = (w->N + MM_AVX_NR - 1) / MM_AVX_NR;
+    for (int64_t i = 0; i < np; i++)
+        mm_avx512_pack_b_panel((uint16_t *)w->data + (size_t)i * pe, w->src, w->ld,
+                               w->form == MM_GEMM_NT, w->K, i * MM_AVX_NR,
+                               mm_min64(MM_AVX_NR, w->N - i * MM_AVX_NR));
+    return MEGAMOE_OK;
+}
+
 static megamoe_status_t mm_avx512_weight_pack(mm_gemm_weight_t *w)
 {
     size_t pe = mm_panel_elems(w->K);
@@ -236,15 +248,11 @@ static megamoe_status_t mm_avx512_weight_pack(mm_gemm_weight_t *w)
     } else {
         MM_CHECK(mm_aligned_alloc(bytes, MM_CACHE_LINE, "avx512 packed weight", &p));
     }
-    for (int64_t i = 0; i < np; i++)
-        mm_avx512_pack_b_panel((uint16_t *)p + (size_t)i * pe, w->src, w->ld,
-                               w->form == MM_GEMM_NT, w->K, i * MM_AVX_NR,
-                               mm_min64(MM_AVX_NR, w->N - i * MM_AVX_NR));
     w->data = p;
     w->bytes = bytes;
     w->packed = 1;
     w->n_align = MM_AVX_NR;
-    return MEGAMOE_OK;
+    return mm_avx512_weight_refresh(w);
 }
 
 static void mm_avx512_weight_release(mm_gemm_weight_t *w) { mm_aligned_free(w->data); }
@@ -256,5 +264,6 @@ const mm_gemm_backend_ops_t mm_gemm_avx512_ops = {
     .weight_pack = mm_avx512_weight_pack,
     .weight_release = mm_avx512_weight_release,
     .gemm_grouped = NULL,
+    .weight_refresh = mm_avx512_weight_refresh,
 };
 #endif /* MM_X86 */

@@ -1,7 +1,8 @@
 /* The own AVX512-BF16 GEMM backend, BLIS style: the driver (gemm_avx512.c) owns the loops,
  * the blocking, the packing (gemm_avx512_pack.c) and the edges; the micro-kernels
  * (gemm_avx512_ukernel.c) only do an mr x 64 rank-kp update on packed panels with a fixed
- * signature. Private to these three files.
+ * signature. Private to these three files, except the B panel packer, which also fills
+ * oneDNN's BA16a64b2a packed weights (the same layout; gemm_onednn.c).
  *
  * Packed formats (bf16 pairs along k, the operand layout of vdpbf16ps):
  *   B panel   64 columns x all of K: [ceil(K/2)][64][2] bf16, zero padded past K and past the

@@ -6,9 +6,9 @@
  * product), bound by reading A. Row lists cost nothing extra: the driver hands over the row
  * pointers. A (TN: rows of C are columns of A): pairs of A rows interleaved 48 columns at a
  * time, a whole row block per call.
- * B: NN pairs rows 2p and 2p+1 with one vpermt2w per 16 columns; NT is a dword transpose
- * (scalar; weights are packed once). Past K and past the last column everything is 0, never
- * an element outside the source. */
+ * B: NN pairs rows 2p and 2p+1 with one vpermt2w per 16 columns; NT is a dword transpose,
+ * 16 x 16 blocks in registers (weights are re-packed after every optimizer step in training).
+ * Past K and past the last column everything is 0, never an element outside the source. */
 #include <string.h>
 
 #include "gemm_avx512.h"
@@ -145,22 +145,54 @@ MM_TARGET_AVX512 static void mm_pack_b_nn(uint16_t *dst, const uint16_t *src, in
     }
 }
 
-static void mm_pack_b_nt(uint16_t *dst, const uint16_t *src, int64_t ld, int64_t K, int64_t n0,
-                         int64_t cols)
+/* Transpose of a 16 x 16 dword matrix in 16 registers: r[i] = row i in, r[j] = column j out.
+ * 32-bit then 64-bit interleaves inside the 128-bit lanes give, for column 4L+q, the rows in
+ * groups of 4 spread over the lanes L of four vectors; two lane shuffles gather them. */
+MM_TARGET_AVX512 static inline void mm_transpose16_epi32(__m512i r[16])
 {
-    int64_t K2 = (K + 1) / 2;
-    if (cols < MM_AVX_NR) memset(dst, 0, (size_t)K2 * 2 * MM_AVX_NR * sizeof(uint16_t));
-    for (int64_t j = 0; j < cols; j++) {
-        const uint16_t *row = src + (n0 + j) * ld;
-        uint16_t *o = dst + 2 * j;
-        int64_t p = 0;
-        for (; 2 * p + 1 < K; p++) {
-            o[p * 2 * MM_AVX_NR] = row[2 * p];
-            o[p * 2 * MM_AVX_NR + 1] = row[2 * p + 1];
-        }
-        if (p < K2) { /* odd K: the partner of the last element is 0 */
-            o[p * 2 * MM_AVX_NR] = row[2 * p];
-            o[p * 2 * MM_AVX_NR + 1] = 0;
+    __m512i a[8], b[8], e[4][4];
+    for (int k = 0; k < 8; k++) {
+        a[k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+        b[k] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+    }
+    for (int m = 0; m < 4; m++) { /* e[q][m], lane L: rows 4m..4m+3 of column 4L+q */
+        e[0][m] = _mm512_unpacklo_epi64(a[2 * m], a[2 * m + 1]);
+        e[1][m] = _mm512_unpackhi_epi64(a[2 * m], a[2 * m + 1]);
+        e[2][m] = _mm512_unpacklo_epi64(b[2 * m], b[2 * m + 1]);
+        e[3][m] = _mm512_unpackhi_epi64(b[2 * m], b[2 * m + 1]);
+    }
+    for (int q = 0; q < 4; q++) {
+        __m512i f0 = _mm512_shuffle_i32x4(e[q][0], e[q][1], _MM_SHUFFLE(1, 0, 1, 0));
+        __m512i f1 = _mm512_shuffle_i32x4(e[q][0], e[q][1], _MM_SHUFFLE(3, 2, 3, 2));
+        __m512i f2 = _mm512_shuffle_i32x4(e[q][2], e[q][3], _MM_SHUFFLE(1, 0, 1, 0));
+        __m512i f3 = _mm512_shuffle_i32x4(e[q][2], e[q][3], _MM_SHUFFLE(3, 2, 3, 2));
+        r[q] = _mm512_shuffle_i32x4(f0, f2, _MM_SHUFFLE(2, 0, 2, 0));      /* column q */
+        r[4 + q] = _mm512_shuffle_i32x4(f0, f2, _MM_SHUFFLE(3, 1, 3, 1));  /* column 4+q */
+        r[8 + q] = _mm512_shuffle_i32x4(f1, f3, _MM_SHUFFLE(2, 0, 2, 0));  /* column 8+q */
+        r[12 + q] = _mm512_shuffle_i32x4(f1, f3, _MM_SHUFFLE(3, 1, 3, 1)); /* column 12+q */
+    }
+}
+
+/* NT: the panel's pair p, column j is dword p of source row n0 + j, so a panel is the
+ * transpose of a [cols][ceil(K/2)] dword matrix: 16 x 16 blocks through registers (an odd K's
+ * last pair gets a 0 partner from the masked load; rows past cols are 0). */
+MM_TARGET_AVX512 static void mm_pack_b_nt(uint16_t *dst, const uint16_t *src, int64_t ld,
+                                          int64_t K, int64_t n0, int64_t cols)
+{
+    const int64_t K2 = (K + 1) / 2;
+    uint32_t *out = (uint32_t *)dst;
+    for (int64_t g = 0; g < MM_AVX_NR; g += 16) {
+        for (int64_t p0 = 0; p0 < K2; p0 += 16) {
+            int64_t valid = K - 2 * p0 < 32 ? K - 2 * p0 : 32; /* bf16 elements per row */
+            __mmask32 lm = valid >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << valid) - 1u);
+            __m512i r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = g + i < cols ? _mm512_maskz_loadu_epi16(lm, src + (n0 + g + i) * ld + 2 * p0)
+                                    : _mm512_setzero_si512();
+            mm_transpose16_epi32(r);
+            int64_t n = K2 - p0 < 16 ? K2 - p0 : 16;
+            for (int64_t j = 0; j < n; j++)
+                _mm512_store_si512((void *)(out + (p0 + j) * MM_AVX_NR + g), r[j]);
         }
     }
 }

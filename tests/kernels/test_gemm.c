@@ -507,6 +507,54 @@ MM_TEST(weight_repacks_only_on_new_version)
         }
 }
 
+/* Training re-packs every weight after every optimizer step, in place where the backend can
+ * (weight_refresh): the refreshed copy must compute exactly what a fresh pack of the new
+ * contents computes, also from a new address with another row stride, at odd K and N (the
+ * padding past K and N must be rewritten as zeros). */
+MM_TEST(refresh_in_place_equals_a_fresh_pack)
+{
+    load_backends();
+    static const int64_t shapes[][2] = {{50, 90}, {2101, 130}, {1024, 1024}, {31, 65}};
+    const int64_t M = 37;
+    for (int b = 0; b < n_backends; b++)
+        for (int f = 0; f < 2; f++)
+            for (int s = 0; s < 4; s++) {
+                const int64_t K = shapes[s][0], N = shapes[s][1];
+                const int64_t ld1 = f == MM_GEMM_NT ? K : N, ld2 = ld1 + 3;
+                const int64_t rows = f == MM_GEMM_NT ? N : K;
+                uint16_t *A = rand_bf16((size_t)(M * K)), *B1 = rand_bf16((size_t)(rows * ld1));
+                uint16_t *B2 = rand_bf16((size_t)(rows * ld2));
+                float *C1 = calloc((size_t)(M * N), 4), *C2 = calloc((size_t)(M * N), 4);
+                float *C0 = calloc((size_t)(M * N) + 1, 4);
+                mm_gemm_weight_t *w = NULL, *fresh = NULL;
+                ASSERT_OK(mm_gemm_weight_create(backends[b], (mm_gemm_form_t)f, K, N, B1, ld1, 1, &w));
+                size_t bytes = mm_gemm_weight_packed_bytes(w);
+                int repacked = 0;
+                ASSERT_OK(mm_gemm_weight_update(w, B2, ld2, 2, &repacked));
+                ASSERT_EQ_INT(repacked, 1);
+                ASSERT_TRUE(mm_gemm_weight_packed_bytes(w) == bytes);
+                ASSERT_OK(mm_gemm_weight_create(backends[b], (mm_gemm_form_t)f, K, N, B2, ld2, 2, &fresh));
+                mm_gemm_args_t a;
+                mm_gemm_args_init(&a);
+                a.form = (mm_gemm_form_t)f, a.M = M, a.N = N, a.K = K, a.A = A, a.lda = K;
+                a.ldc = N, a.backend = backends[b];
+                a.weight = w, a.C = C1;
+                ASSERT_OK(mm_gemm(&a));
+                a.weight = fresh, a.C = C2;
+                ASSERT_OK(mm_gemm(&a));
+                if (memcmp(C1, C2, (size_t)(M * N) * 4) != 0) {
+                    fprintf(stderr, "%s %s K=%lld N=%lld: refreshed != fresh pack\n",
+                            backends[b]->name, f ? "NT" : "NN", (long long)K, (long long)N);
+                    ASSERT_TRUE(0);
+                }
+                op_t o = {(mm_gemm_form_t)f, M, N, K, A, B2, K, ld2, NULL};
+                ASSERT_TRUE(check_c("refreshed", &o, C1, C0, N, MEGAMOE_DTYPE_FP32, 0, 0, M, 0, N));
+                mm_gemm_weight_destroy(w);
+                mm_gemm_weight_destroy(fresh);
+                free(A), free(B1), free(B2), free(C1), free(C2), free(C0);
+            }
+}
+
 /* ---- concurrency ------------------------------------------------------------------------- */
 
 typedef struct worker {
