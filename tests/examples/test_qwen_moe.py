@@ -242,3 +242,30 @@ def test_keep_freed_memory_respects_the_users_allocator_settings():
     r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60,
                        env=dict(env, MALLOC_ARENA_MAX="2"))
     assert r.stdout.strip() == "False", r.stderr[-2000:]
+
+
+def test_rms_norm_backward_matches_autograd():
+    """The written-out RMSNorm backward against autograd in fp64 (the forward's bits are the
+    eight-op form's)."""
+    import torch
+    sys.path.insert(0, EXAMPLE)
+    from model import RMSNorm
+    torch.manual_seed(3)
+    norm = RMSNorm(256, 1e-6).bfloat16()
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(256).bfloat16())
+    x = (torch.randn(3, 64, 256) * 2).bfloat16().requires_grad_()
+    grad = torch.randn(3, 64, 256).bfloat16()
+    y = norm(x)
+    y.backward(grad)
+    h = x.detach().float()
+    eight_ops = norm.weight.detach() * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+                                        ).to(torch.bfloat16)
+    assert torch.equal(y, eight_ops)
+    x64 = x.detach().double().requires_grad_()
+    w64 = norm.weight.detach().double().requires_grad_()
+    y64 = w64 * (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6))
+    y64.backward(grad.double())
+    for got, want in ((x.grad, x64.grad), (norm.weight.grad, w64.grad)):
+        assert got.dtype == torch.bfloat16
+        assert ((got.double() - want).norm() / want.norm()).item() < 4e-3  # bf16 rounding
