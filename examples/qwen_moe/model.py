@@ -56,6 +56,7 @@ class QwenMoeConfig:
     dispatch_mode: str = None
     initial_capacity_factor: float = None
     capacity_growth_factor: float = None
+    replica_slots_per_rank: int = 0
 
     @property
     def local_num_tokens(self):
@@ -101,6 +102,11 @@ class QwenMoeConfig:
             if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float))
                                   or not math.isfinite(f) or f < 1):
                 raise ValueError(f"{name} must be None or a finite number >= 1, got {f!r}")
+        if (isinstance(self.replica_slots_per_rank, bool)
+                or not isinstance(self.replica_slots_per_rank, int)
+                or not 0 <= self.replica_slots_per_rank <= 64):
+            raise ValueError("replica_slots_per_rank must be an integer in [0, 64], got "
+                             f"{self.replica_slots_per_rank!r}")
         if self.schedule not in ("O0", "O1"):
             raise ValueError(f"schedule must be 'O0' or 'O1', got {self.schedule!r}")
         if self.dispatch_mode not in (None, "push", "pull"):
@@ -261,7 +267,8 @@ def mega_moe_experts(cfg, ep_group=None):
     return MegaMoeExperts(local_num_tokens=cfg.local_num_tokens, hidden_size=cfg.hidden_size,
                           intermediate_size=cfg.intermediate_size, num_experts=cfg.num_experts,
                           top_k=cfg.top_k, expert_capacity_factor=cfg.expert_capacity_factor,
-                          ep_size=cfg.ep_size, ep_group=ep_group, schedule=cfg.schedule, **kwargs)
+                          ep_size=cfg.ep_size, ep_group=ep_group, schedule=cfg.schedule,
+                          replica_slots_per_rank=cfg.replica_slots_per_rank, **kwargs)
 
 
 class MoeBlock(nn.Module):

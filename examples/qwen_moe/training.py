@@ -122,6 +122,10 @@ def add_model_arguments(parser, **defaults):
                    help="MegaMoeExperts expert_capacity_factor (none = lossless, the default)")
     g.add_argument("--schedule", choices=("O0", "O1"), default=base["schedule"],
                    help="MegaMoeExperts schedule (default O1)")
+    g.add_argument("--replicas", dest="replica_slots_per_rank", type=int,
+                   default=base["replica_slots_per_rank"],
+                   help="MegaMoeExperts replica_slots_per_rank: guest slots per rank for copies "
+                        "of the hottest experts (0 = off, the default; B only)")
     g.add_argument("--dispatch-mode", choices=("push", "pull"), default=base["dispatch_mode"],
                    help="MegaMoeExperts dispatch_mode (HyperParallel's spelling; default unset)")
     g.add_argument("--initial-capacity-factor", type=_capacity,
