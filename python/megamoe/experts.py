@@ -14,6 +14,7 @@ time — set a free port per job (``megamoe launch`` does this for you).
 import ctypes
 import math
 import os
+import weakref
 
 import torch
 
@@ -201,12 +202,25 @@ class _Saved:
             pass
 
 
-def _weights_desc(layer, gate_up, down):
+def _weights_desc(layer, gate_up, down, external):
     # torch bumps a tensor's version counter on every in-place change (optimizer steps), so
-    # (pointer, version) tells the library when to re-pack its private copies. The layer also
-    # keeps the last tensors it packed from alive: a weight replaced through `.data = ...` or a
-    # new Parameter then cannot reuse the old address with an equal version counter.
-    layer._packed_from = (gate_up.detach(), down.detach())
+    # (pointer, version) tells the library when to re-pack its private copies. For its own
+    # parameters the layer keeps the last tensors it packed from alive: a weight replaced
+    # through `.data = ...` or a new Parameter then cannot reuse the old address with an equal
+    # version counter. Weights passed per call (expert_weights, e.g. unsharded by FSDP) are
+    # not kept alive (that would hold memory the caller frees): a weak reference tells whether
+    # the same tensors come again, and other tensors start a new epoch (a re-pack).
+    if external:
+        last = layer._external_from
+        if last is None or last[0]() is not gate_up or last[1]() is not down:
+            layer._weights_epoch += 1
+        layer._external_from = (weakref.ref(gate_up), weakref.ref(down))
+        layer._packed_from = None
+    else:
+        if layer._external_from is not None:
+            layer._external_from = None
+            layer._weights_epoch += 1
+        layer._packed_from = (gate_up.detach(), down.detach())
     version = (gate_up._version << 32) ^ down._version ^ (layer._weights_epoch << 56)
     return _Weights(_ptr(gate_up), _ptr(down), version & 0xFFFFFFFFFFFFFFFF)
 
@@ -233,8 +247,8 @@ def _refuse_double_backward(grads):
 
 class _MegaMoeFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, layer, grad_enabled, hidden, topk_ids, topk_weights, tokens_per_expert,
-                gate_up, down):
+    def forward(ctx, layer, grad_enabled, external, hidden, topk_ids, topk_weights,
+                tokens_per_expert, gate_up, down):
         out = torch.empty_like(hidden)
         tpe_int64 = tokens_per_expert is not None and tokens_per_expert.dtype == torch.int64
         inp = _Input(_ptr(hidden), _ptr(topk_ids),
@@ -242,11 +256,11 @@ class _MegaMoeFunction(torch.autograd.Function):
                      _ptr(topk_weights),
                      _FP32 if topk_weights.dtype == torch.float32 else _BF16,
                      _ptr(tokens_per_expert), _INT64 if tpe_int64 else _INT32)
-        w = _weights_desc(layer, gate_up, down)
+        w = _weights_desc(layer, gate_up, down, external)
         # (Function.forward runs with grad mode off; needs_input_grad tells what autograd wants,
         # but it ignores an outer torch.no_grad(): grad_enabled is the caller's grad mode, and
         # without it nothing keeps the saved state, so the forward should not make one)
-        training = grad_enabled and any(ctx.needs_input_grad[i] for i in (2, 4, 6, 7))
+        training = grad_enabled and any(ctx.needs_input_grad[i] for i in (3, 5, 7, 8))
         saved = _Saved() if training else None
         if _adapter.ops is not None:  # torch.ops.megamoe: the same arguments as the C call
             handle = _adapter.call(_adapter.ops.experts_forward, layer._handle.value, hidden,
@@ -261,6 +275,7 @@ class _MegaMoeFunction(torch.autograd.Function):
         _profiler._note_invocation()  # an active mega_kernel_profile counts its launches
         ctx.layer = layer
         ctx.saved = saved
+        ctx.weights_version = w.version  # the backward uses these weights (autograd saves them)
         ctx.weights_dtype = topk_weights.dtype
         ctx.save_for_backward(gate_up, down)
         return out
@@ -288,7 +303,7 @@ class _MegaMoeFunction(torch.autograd.Function):
         g_gate_up = torch.empty_like(gate_up)
         g_down = torch.empty_like(down)
         grads = _Grads(_ptr(g_hidden), _ptr(g_topk), _ptr(g_gate_up), _ptr(g_down), _BF16)
-        w = _weights_desc(layer, gate_up, down)
+        w = _Weights(_ptr(gate_up), _ptr(down), ctx.weights_version)
         try:
             if _adapter.ops is not None:  # torch.ops.megamoe: the same arguments as the C call
                 _adapter.call(_adapter.ops.experts_backward, layer._handle.value,
@@ -300,7 +315,7 @@ class _MegaMoeFunction(torch.autograd.Function):
             _profiler._note_invocation()
         finally:
             saved.free()  # retain_graph is not supported: the state goes with the backward
-        return None, None, g_hidden, None, g_topk, None, g_gate_up, g_down
+        return None, None, None, g_hidden, None, g_topk, None, g_gate_up, g_down
 
 
 class MegaMoeExperts(torch.nn.Module):
@@ -337,6 +352,8 @@ class MegaMoeExperts(torch.nn.Module):
         self._closed = False
         self._comm_chain = None
         self._weights_epoch = 0
+        self._packed_from = None
+        self._external_from = None
         mode, factor, initial, growth = _resolve_capacity(
             expert_capacity_factor, dispatch_mode, initial_capacity_factor,
             capacity_growth_factor)
@@ -428,11 +445,19 @@ class MegaMoeExperts(torch.nn.Module):
         if self._closed or not self._handle:
             raise MegaMoeError(-2, f"INVALID_STATE: {what}: MegaMoeExperts used after close()")
 
-    def _weights(self):
-        gu, dn = self.gate_up_weight, self.down_weight
+    def _weights(self, expert_weights=None):
+        if expert_weights is not None:
+            if (not isinstance(expert_weights, (tuple, list)) or len(expert_weights) != 2
+                    or not all(isinstance(t, torch.Tensor) for t in expert_weights)):
+                raise TypeError("expert_weights must be a (gate_up_weight, down_weight) pair of "
+                                "tensors")
+            gu, dn = expert_weights
+        else:
+            gu, dn = self.gate_up_weight, self.down_weight
         if gu is None or dn is None:
-            raise ValueError("MegaMoeExperts has no parameters (create_parameters=False): assign "
-                             "gate_up_weight [E/EP, H, 2I] and down_weight [E/EP, I, H]")
+            raise ValueError("MegaMoeExperts has no parameters (create_parameters=False): pass "
+                             "expert_weights=(gate_up [E/EP, H, 2I], down [E/EP, I, H]) to "
+                             "forward, or assign gate_up_weight and down_weight")
         local, h, i = self.num_experts // self.ep_size, self.hidden_size, self.intermediate_size
         for name, t, shape in (("gate_up_weight", gu, (local, h, 2 * i)),
                                ("down_weight", dn, (local, i, h))):
@@ -446,7 +471,8 @@ class MegaMoeExperts(torch.nn.Module):
                 raise ValueError(f"{name} must be contiguous")
         return gu, dn
 
-    def forward(self, hidden_states, topk_ids, topk_weights, tokens_per_expert=None):
+    def forward(self, hidden_states, topk_ids, topk_weights, tokens_per_expert=None, *,
+                expert_weights=None):
         """Output of ``hidden_states`` ([..., H] flattening to T rows, bfloat16) through the
         experts ``topk_ids`` ([T, K] global ids) chose, weighted by ``topk_weights`` ([T, K]);
         ``tokens_per_expert`` ([E]) is the optional exact local histogram. Collective: every EP
@@ -456,17 +482,24 @@ class MegaMoeExperts(torch.nn.Module):
         ValueError), ids outside [0, E), capacity overflow, NaN/Inf in hidden_states,
         topk_weights or (in backward) the output gradient (``MEGAMOE_CHECK_FINITE=0`` lets
         those through), and calls made in a different order on another rank
-        (CallMismatchError, naming what each rank called)."""
+        (CallMismatchError, naming what each rank called).
+
+        ``expert_weights`` (keyword only, HyperParallel's spelling): this call's
+        ``(gate_up [E/EP, H, 2I], down [E/EP, I, H])`` instead of the layer's parameters, e.g.
+        weights an outer module owns and unshards per step (FSDP; with
+        ``create_parameters=False``). Gradients flow to them; the layer keeps no reference to
+        them after the backward, and other tensors than the last call's are re-packed."""
         self._check_open("forward")
         try:
-            args = self._forward_args(hidden_states, topk_ids, topk_weights, tokens_per_expert)
+            args = self._forward_args(hidden_states, topk_ids, topk_weights, tokens_per_expert,
+                                      expert_weights)
         except MegaMoeError:
             raise
         except (TypeError, ValueError) as exc:  # this rank only: every rank raises it
             self._refuse("forward", exc)
         shape, x, ids, probs, tpe, gate_up, down = args
-        out = _MegaMoeFunction.apply(self, torch.is_grad_enabled(), x, ids, probs, tpe, gate_up,
-                                     down)
+        out = _MegaMoeFunction.apply(self, torch.is_grad_enabled(), expert_weights is not None,
+                                     x, ids, probs, tpe, gate_up, down)
         return out.reshape(shape)
 
     def _refuse(self, call, exc):
@@ -487,12 +520,13 @@ class MegaMoeExperts(torch.nn.Module):
             raise MegaMoeError(st) from exc
         raise exc  # pragma: no cover - the library always reports the error
 
-    def _forward_args(self, hidden_states, topk_ids, topk_weights, tokens_per_expert):
+    def _forward_args(self, hidden_states, topk_ids, topk_weights, tokens_per_expert,
+                      expert_weights=None):
         for name, t in (("hidden_states", hidden_states), ("topk_ids", topk_ids),
                         ("topk_weights", topk_weights)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        gate_up, down = self._weights()
+        gate_up, down = self._weights(expert_weights)
         t, h, k, e = self.local_num_tokens, self.hidden_size, self.top_k, self.num_experts
         shape = hidden_states.shape
         if shape[-1] != h or hidden_states.numel() != t * h:

@@ -225,8 +225,71 @@ def case_lifecycle(rank, ep):
     return ok
 
 
+def case_expert_weights(rank, ep):
+    """forward(..., expert_weights=(gate_up, down)) on a layer without parameters: the bits of
+    the same weights as parameters (output and every gradient, the weights' own included),
+    re-packed when the tensors change in place or are other tensors, never kept alive by the
+    layer, and bad pairs refused on every rank."""
+    import gc
+    import weakref
+    ok = True
+    P = tw.problem(ep, "skew", 41)
+    owned = make(ep)
+    tw.set_weights(owned, P, rank, ep)
+    bare = make(ep, create_parameters=False)
+    sl = slice(rank * T, (rank + 1) * T)
+    x0, ids, w0, g = P["hidden"][sl], P["ids"][sl], P["probs"][sl], P["grad"][sl]
+
+    def step(layer, weights=None):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        kw = {} if weights is None else {"expert_weights": weights}
+        out = layer(x, ids, w, **kw)
+        out.backward(g)
+        return [out.detach(), x.grad, w.grad]
+
+    gu = owned.gate_up_weight.detach().clone().requires_grad_()
+    dn = owned.down_weight.detach().clone().requires_grad_()
+    want = step(owned) + [owned.gate_up_weight.grad, owned.down_weight.grad]
+    got = step(bare, (gu, dn)) + [gu.grad, dn.grad]
+    ok &= chk(all(torch.equal(a, b) for a, b in zip(want, got)), "expert_weights != parameters")
+    # an optimizer-like in-place change re-packs (the version counter), for both layers alike
+    with torch.no_grad():
+        for p_, q_ in ((owned.gate_up_weight, gu), (owned.down_weight, dn)):
+            p_.mul_(0.5)
+            q_.mul_(0.5)
+    ok &= chk(all(torch.equal(a, b) for a, b in zip(step(owned)[:3], step(bare, (gu, dn))[:3])),
+              "in-place change not seen")
+    # other tensors (same values at other addresses, then other values) are packed anew
+    gu2, dn2 = gu.detach().clone(), dn.detach().clone()
+    ok &= chk(all(torch.equal(a, b) for a, b in zip(step(owned)[:3], step(bare, (gu2, dn2))[:3])),
+              "new tensors with the same values")
+    with torch.no_grad():
+        owned.gate_up_weight.neg_()
+    ok &= chk(all(torch.equal(a, b) for a, b in zip(
+        step(owned)[:3], step(bare, (owned.gate_up_weight.detach().clone(), dn2))[:3])),
+        "new tensors with other values")
+    # the layer keeps no reference to weights it was given
+    ref = weakref.ref(gu2)
+    del gu2
+    gc.collect()
+    ok &= chk(ref() is None, "expert_weights kept alive by the layer")
+    # bad pairs: this rank's error on every rank, and the layer still works afterwards
+    bad = (gu[:, :, :-1], dn) if rank == 0 else (gu, dn)
+    ok &= expect(ValueError, lambda: step(bare, bad), "gate_up_weight has shape")
+    # (a TypeError on the rank that passed it, InvalidArgumentError with its message on all)
+    ok &= expect(TypeError if rank == ep - 1 else MegaMoeError,
+                 lambda: step(bare, (gu,) if rank == ep - 1 else (gu, dn)),
+                 "expert_weights must be a (gate_up_weight, down_weight) pair")
+    ok &= expect(ValueError, lambda: step(bare), "pass expert_weights=")
+    ok &= chk(all(torch.equal(a, b) for a, b in zip(step(bare, (gu, dn))[:3],
+                                                    step(bare, (gu, dn))[:3])), "usable after")
+    owned.close()
+    bare.close()
+    return ok
+
+
 CASES = {"constructor": case_constructor, "tokens_per_expert": case_tokens_per_expert,
-         "modes": case_modes, "lifecycle": case_lifecycle}
+         "modes": case_modes, "lifecycle": case_lifecycle, "expert_weights": case_expert_weights}
 
 
 def main():

@@ -1,6 +1,7 @@
 """MegaMoeExperts parity with HyperParallel's current module (issue 13): the two capacity
 spellings and their errors, dispatch_mode push/pull through autograd, tokens_per_expert's shape
-rule, and the SHMEM lifecycle ending with the last close — under torchrun with 2 ranks."""
+rule, per-call expert_weights, and the SHMEM lifecycle ending with the last close — under
+torchrun with 2 ranks."""
 import os
 import sys
 
@@ -12,7 +13,8 @@ from test_experts_torch import HERE, _free_port, torchrun  # noqa: E402
 WORKER = os.path.join(HERE, "experts_parity_worker.py")
 
 
-@pytest.mark.parametrize("cases", [("constructor", "tokens_per_expert", "modes"), ("lifecycle",)])
+@pytest.mark.parametrize("cases", [("constructor", "tokens_per_expert", "modes", "expert_weights"),
+                                   ("lifecycle",)])
 def test_parity_cases(cases, monkeypatch):
     # the lifecycle case runs alone: it starts and ends SHMEM lifecycles of its process
     monkeypatch.setenv("MM_TEST_ENDPOINT2", f"tcp://127.0.0.1:{_free_port()}")
