@@ -30,8 +30,9 @@ sys.path.insert(0, HERE)
 import training  # noqa: E402  (also puts the megamoe package on the path)
 import megamoe  # noqa: E402
 
-BACKENDS = ("mega_moe", "common")
-LABELS = {"mega_moe": "B: MegaMoeExperts", "common": "A: CommonEPExperts (plain torch EP)"}
+BACKENDS = ("mega_moe", "common", "fp32")
+LABELS = {"mega_moe": "B: MegaMoeExperts", "common": "A: CommonEPExperts (plain torch EP)",
+          "fp32": "A in float32 (reference)"}
 # a model that learns visibly within a few hundred CPU steps
 TRAIN_DEFAULTS = dict(hidden_size=256, num_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, seq_len=128, batch_size=4, num_experts=8, top_k=2,
@@ -46,7 +47,8 @@ def parse_args(argv=None):
                    help="glob of text files (default: %(default)s)")
     r.add_argument("--steps", type=int, default=200, help="train until this many steps")
     r.add_argument("--backends", default="mega_moe,common",
-                   help="comma-separated: mega_moe (B), common (A); default both")
+                   help="comma-separated: mega_moe (B), common (A), fp32 (A's code in float32, "
+                        "the reference both bf16 runs drift from); default mega_moe,common")
     r.add_argument("--lr", type=float, default=2e-3)
     r.add_argument("--weight-decay", type=float, default=0.01)
     r.add_argument("--seed", type=int, default=0)
@@ -114,24 +116,49 @@ def resolve_resume(path):
     return os.path.join(path, steps[-1])
 
 
+def summary(losses):
+    """Mean loss over the second half of the steps per backend, and how far each bf16 run is
+    from the fp32 one on average (mean |difference| per step) when it ran."""
+    n = min(len(v) for v in losses.values())
+    h = n // 2
+    text = "mean loss over steps %d..%d: " % (h + 1, n) + ", ".join(
+        f"{k} {sum(v[h:n]) / max(1, n - h):.4f}" for k, v in losses.items())
+    if "fp32" in losses and len(losses) > 1:
+        ref = losses["fp32"]
+        text += "; mean |loss - fp32 loss|: " + ", ".join(
+            f"{k} {sum(abs(x - y) for x, y in zip(v[h:n], ref[h:n])) / max(1, n - h):.4f}"
+            for k, v in losses.items() if k != "fp32")
+    return text
+
+
 def plot(path, losses, start, title):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True,
                                       gridspec_kw={"height_ratios": [3, 1]})
-    for key, style in (("common", dict(lw=3, alpha=0.45)), ("mega_moe", dict(lw=1.2))):
+    for key, style in (("common", dict(lw=3, alpha=0.45)), ("mega_moe", dict(lw=1.2)),
+                       ("fp32", dict(lw=1, color="black", ls="--"))):
         if key in losses:
             top.plot(range(1, len(losses[key]) + 1), losses[key], label=LABELS[key], **style)
     top.set_ylabel("training loss (nats / byte)")
     top.set_title(title, fontsize=9)
     top.legend()
     top.grid(alpha=0.3)
-    if set(losses) == set(BACKENDS):
-        diff = [b - a for a, b in zip(losses["common"], losses["mega_moe"])]
-        bottom.plot(range(1, len(diff) + 1), diff, color="tab:red", lw=1)
+    pairs = [(x, y, c) for x, y, c in (("mega_moe", "common", "tab:red"),
+                                        ("mega_moe", "fp32", "tab:orange"),
+                                        ("common", "fp32", "tab:blue"))
+             if x in losses and y in losses]
+    for x, y, color in pairs:
+        diff = [b - a for a, b in zip(losses[y], losses[x])]
+        bottom.plot(range(1, len(diff) + 1), diff, color=color, lw=1,
+                    label=f"{LABELS[x].split(':')[0]} - {LABELS[y].split(':')[0].split(' ')[0]}"
+                    if y != "fp32" else f"{LABELS[x].split(':')[0]} - fp32")
+    if pairs:
         bottom.axhline(0, color="black", lw=0.5)
-        bottom.set_ylabel("B - A")
+        bottom.set_ylabel("difference")
+        if len(pairs) > 1:
+            bottom.legend(fontsize=7)
     if start:
         for ax in (top, bottom):
             ax.axvline(start + 0.5, color="gray", ls=":", lw=1)
@@ -150,9 +177,13 @@ def main(argv=None):
     models, opts = {}, {}
     try:
         for key in a.backends:
-            models[key] = training.build_model(cfg, key, a.seed)
-        if set(models) == set(BACKENDS):  # A starts from B's weights
-            training.copy_weights_from_mega(models["common"], models["mega_moe"])
+            models[key] = training.build_model(cfg, "common" if key == "fp32" else key, a.seed)
+            if key == "fp32":
+                models[key].float()
+        if "mega_moe" in models:  # A (and its fp32 twin) start from B's weights
+            for key in ("common", "fp32"):
+                if key in models:
+                    training.copy_weights_from_mega(models[key], models["mega_moe"])
         for key, m in models.items():
             opts[key] = training.MasterWeightAdamW(m, lr=a.lr, weight_decay=a.weight_decay)
         start, losses = 0, {k: [] for k in models}
@@ -215,6 +246,7 @@ def main(argv=None):
         if rank == 0:
             secs = time.perf_counter() - t_run
             print(f"train.py: {a.steps - start} steps in {secs:.1f} s", file=sys.stderr)
+            print("train.py: " + summary(losses), file=sys.stderr)
             if a.log:
                 with open(a.log, "w") as f:
                     json.dump({"config": cfg.__dict__, "world_size": world, "start": start,

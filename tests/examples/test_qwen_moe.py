@@ -269,3 +269,16 @@ def test_rms_norm_backward_matches_autograd():
     for got, want in ((x.grad, x64.grad), (norm.weight.grad, w64.grad)):
         assert got.dtype == torch.bfloat16
         assert ((got.double() - want).norm() / want.norm()).item() < 4e-3  # bf16 rounding
+
+
+def test_train_with_the_fp32_reference(megamoe_bin, tmp_path):
+    """--backends mega_moe,common,fp32: A's code in float32 from the same weights, the same
+    first loss, and the summary of how far each bf16 run drifts from it."""
+    r = launch(2, "train.py", *SMALL, "--steps", "4", "--backends", "mega_moe,common,fp32",
+               "--log", str(tmp_path / "log.json"), "--plot", str(tmp_path / "loss.png"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    losses = json.loads((tmp_path / "log.json").read_text())["losses"]
+    assert set(losses) == {"mega_moe", "common", "fp32"} and len(losses["fp32"]) == 4
+    assert all(abs(losses[k][0] - losses["fp32"][0]) < 1e-2 for k in ("mega_moe", "common"))
+    assert "mean |loss - fp32 loss|: mega_moe" in r.stdout + r.stderr
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
