@@ -239,6 +239,12 @@ static megamoe_status_t mm_amx_gemm(const mm_gemm_args_t *a)
 
 static megamoe_status_t mm_amx_weight_pack(mm_gemm_weight_t *w)
 {
+    if (mm_amx_probe() != MEGAMOE_OK) { /* the packers need AVX-512; keep one rule for all */
+        char why[256];
+        snprintf(why, sizeof why, "%s", megamoe_last_error());
+        return mm_error(MEGAMOE_UNSUPPORTED, "amx packed weight: %s; use MEGAMOE_GEMM="
+                                             MM_GEMM_NAME_ONEDNN " or " MM_GEMM_NAME_AUTO, why);
+    }
     const int64_t KS = mm_amx_ksteps(w->K), np = mm_cdiv(w->N, MM_AMX_NR);
     const size_t pstride = (size_t)KS * MM_AMX_STEP_BYTES;
     size_t bytes = (size_t)np * pstride;
