@@ -33,6 +33,10 @@
 #include "gemm_amx.h"
 #include "gemm_impl.h"
 
+#if MM_X86
+#include <immintrin.h>
+#endif
+
 /* Defaults: K blocks of 12 k-steps (384: 24 KiB A micro-panel), 16 B panels (512 columns)
  * per column block, 8 micro-panels (256 rows) per row block. See docs/kernels.md. */
 static const mm_amx_blocking_t mm_amx_default_blocking = {12, 16, 8};
@@ -58,6 +62,7 @@ unsigned long long mm_amx_tile_sessions(void) { return atomic_load(&mm_amx_sessi
 
 #if MM_X86
 #define MM_AMX_HUGE ((size_t)2 << 20)
+#define MM_AMX_STREAM_BYTES ((size_t)8 << 20)
 
 static megamoe_status_t mm_amx_probe(void)
 {
@@ -156,6 +161,10 @@ static megamoe_status_t mm_amx_gemm(const mm_gemm_args_t *a)
     u.accumulate = a->accumulate;
     u.ebuf = ebuf;
     const size_t es = megamoe_dtype_size(a->c_type);
+    /* A C block far bigger than L2 (weight gradients: 23-46 MB) is written with
+     * non-temporal stores: no read-for-ownership, and it does not evict the operands. Smaller
+     * outputs (the forward's, read next by SwiGLU or the combine) stay cached. */
+    u.stream = !a->accumulate && (size_t)(rows * cols) * es >= MM_AMX_STREAM_BYTES;
 
     atomic_fetch_add_explicit(&mm_amx_sessions, 1, memory_order_relaxed);
     mm_amx_tiles_begin();
@@ -234,6 +243,7 @@ static megamoe_status_t mm_amx_gemm(const mm_gemm_args_t *a)
         }
     }
     mm_amx_tiles_end();
+    if (u.stream) _mm_sfence(); /* the non-temporal stores are visible before we return */
     return MEGAMOE_OK;
 }
 

@@ -69,6 +69,7 @@ typedef struct mm_amx_ukr_args {
     int64_t ldc;
     int c_bf16, accumulate;
     int64_t rows, cols;
+    int stream; /* C far bigger than the caches: non-temporal stores (the caller fences) */
     float *ebuf; /* 2 x 4 KiB scratch, 64-byte aligned: tiles on their way to the epilogue */
     /* L2 prefetch of what later calls read: micro-tile j (< pf_nj) prefetches npf lines from
      * pf + j * pf_stride; and the call prefetches napf lines from apf (the next A panel). */
