@@ -16,13 +16,18 @@
 
 /* ---- registry ---------------------------------------------------------------------------- */
 
+/* In preference order for auto: the own AMX kernel where it can run (1.8-2.2x oneDNN's packed
+ * path on the MoE shapes, 5-7x on the weight gradients, and split-invariant, which oneDNN's
+ * AMX kernels are not: docs/kernels.md), then oneDNN, the own AVX512-BF16 kernel, plain C. */
 static const mm_gemm_backend_ops_t *const mm_gemm_backends[] = {
+#if MM_X86
+    &mm_gemm_amx_ops,
+#endif
 #ifdef MM_HAVE_ONEDNN
     &mm_gemm_onednn_ops,
 #endif
 #if MM_X86
     &mm_gemm_avx512_ops,
-    &mm_gemm_amx_ops,
 #endif
     &mm_gemm_ref_ops,
 };
