@@ -473,16 +473,19 @@ static int mm_bench_layer_main(int argc, char **argv)
     }
     if (n_gemms > 1) {
         fprintf(stderr, "\nfwd+bwd, MEGAMOE_GEMM=%s against =%s (slowest rank, medians, separate "
-                        "jobs; target for amx against onednn: >= 1.30x faster):\n", gemms[0], gemms[1]);
+                        "jobs; target, large shape, amx against onednn: >= 1.30x faster):\n", gemms[0], gemms[1]);
         const int amx_first = !strcmp(gemms[0], "amx") && !strcmp(gemms[1], "onednn");
         for (int i = 0; i < n_by_gemm; i++)
             for (int j = 0; j < n_by_gemm; j++) {
                 if (by_gemm[i].g != 0 || by_gemm[j].g != 1 || strcmp(by_gemm[i].key, by_gemm[j].key))
                     continue;
                 const double speed = by_gemm[j].t / by_gemm[i].t; /* > 1: gemms[0] is faster */
+                /* the target is the large shape's (GEMM-bound); the seed shape is mostly
+                 * dispatch, combine and call overheads */
+                const int target = amx_first && !strncmp(by_gemm[i].key, "large ", 6);
                 fprintf(stderr, "  %-40s %7.1f ms vs %7.1f ms  %5.2fx%s\n", by_gemm[i].key,
                         by_gemm[i].t * 1e3, by_gemm[j].t * 1e3, speed,
-                        amx_first ? (speed >= 1.3 ? "  met" : "  NOT met") : "");
+                        target ? (speed >= 1.3 ? "  met" : "  NOT met") : "");
             }
     }
     if (n_rep_targets) {
