@@ -52,7 +52,7 @@
     MM_ENV(UCX_TCP_RX_SEG_SIZE, "UCX_TCP_RX_SEG_SIZE", STRING, "", 0, 0, "", \
            "UCX's own TCP receive segment size, used as given; unset: the inter-host engine uses 256k (UCX's default 64k).") \
     MM_ENV(GEMM, "MEGAMOE_GEMM", ENUM, "auto", 0, 0, "auto|amx|avx512|onednn|ref", \
-           "BF16 GEMM backend, read when a MegaMoeExperts layer is created; auto: oneDNN where built, big packed weights on the own avx512 kernel when the CPU has no AMX (docs/kernels.md).") \
+           "BF16 GEMM backend, read when a MegaMoeExperts layer is created; auto: the own amx kernel where the CPU has usable AMX-BF16, else oneDNN where built, with big packed weights on the own avx512 kernel (docs/kernels.md).") \
     MM_ENV(THREADS, "MEGAMOE_THREADS", INT, "0", 0, 4096, "", \
            "Cores given to each rank (0 = online cores / local ranks).") \
     MM_ENV(CUBE_WORKERS, "MEGAMOE_CUBE_WORKERS", INT, "0", 0, 4096, "", \

@@ -2,6 +2,7 @@
  * selection, grouped products, packed-weight objects, per-thread scratch and the epilogue.
  * Backends (gemm_ref.c, gemm_onednn.c, gemm_avx512.c) only compute valid, non-empty blocks. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -15,7 +16,13 @@
 
 /* ---- registry ---------------------------------------------------------------------------- */
 
+/* In preference order for auto: the own AMX kernel where it can run (1.8-2.2x oneDNN's packed
+ * path on the MoE shapes, 5-7x on the weight gradients, and split-invariant, which oneDNN's
+ * AMX kernels are not: docs/kernels.md), then oneDNN, the own AVX512-BF16 kernel, plain C. */
 static const mm_gemm_backend_ops_t *const mm_gemm_backends[] = {
+#if MM_X86
+    &mm_gemm_amx_ops,
+#endif
 #ifdef MM_HAVE_ONEDNN
     &mm_gemm_onednn_ops,
 #endif
@@ -46,14 +53,9 @@ const char *mm_gemm_choice_name(mm_gemm_choice_t choice)
     return (int)choice >= 0 && choice < MM_GEMM_CHOICE_COUNT ? names[choice] : NULL;
 }
 
-/* UNSUPPORTED for amx, with the reason. */
-static megamoe_status_t mm_gemm_amx_unsupported(void)
+/* UNSUPPORTED for amx where it cannot run, with the reason (the probe's text). */
+static megamoe_status_t mm_gemm_amx_unsupported(const char *why)
 {
-    const char *why = !mm_cpu_has_amx_bf16()
-                          ? "this CPU has no AMX-BF16 (cpuid)"
-                      : !mm_cpu_request_amx()
-                          ? "the kernel refused AMX tile-data permission (arch_prctl)"
-                          : "the own AMX backend is not built yet (issue 8)";
     return mm_error(MEGAMOE_UNSUPPORTED,
                     "MEGAMOE_GEMM=" MM_GEMM_NAME_AMX ": %s; use MEGAMOE_GEMM=" MM_GEMM_NAME_ONEDNN
                     " (oneDNN uses AMX itself where present) or " MM_GEMM_NAME_AUTO,
@@ -76,16 +78,22 @@ megamoe_status_t mm_gemm_backend_of(mm_gemm_choice_t choice,
             }
         return mm_error(MEGAMOE_INTERNAL, "no usable GEMM backend");
     }
-    if (choice == MM_GEMM_CHOICE_AMX) return mm_gemm_amx_unsupported();
     for (int i = 0; i < MM_GEMM_BACKEND_COUNT; i++) {
         if (strcmp(name, mm_gemm_backends[i]->name) != 0) continue;
         megamoe_status_t st = mm_gemm_probe(mm_gemm_backends[i]);
+        if (st != MEGAMOE_OK && choice == MM_GEMM_CHOICE_AMX) {
+            char why[256]; /* the probe's reason; the last-error text is rewritten below */
+            snprintf(why, sizeof why, "%s", megamoe_last_error());
+            return mm_gemm_amx_unsupported(why);
+        }
         if (st != MEGAMOE_OK)
             return mm_error(st, "MEGAMOE_GEMM=%s is not usable here: %s; use " MM_GEMM_NAME_AUTO
                             " or " MM_GEMM_NAME_REF, name, megamoe_last_error());
         *backend_p = mm_gemm_backends[i];
         return MEGAMOE_OK;
     }
+    if (choice == MM_GEMM_CHOICE_AMX)
+        return mm_gemm_amx_unsupported("this build has no x86 kernels");
     if (choice == MM_GEMM_CHOICE_ONEDNN)
         return mm_error(MEGAMOE_UNSUPPORTED,
                         "MEGAMOE_GEMM=" MM_GEMM_NAME_ONEDNN ": this build has no oneDNN backend; "

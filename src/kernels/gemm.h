@@ -38,12 +38,17 @@
  *           1024 pairs, B in 64-column VNNI panels (packed weights or per call), A packed
  *           per call; single-threaded per call; 94-96% of the vdpbf16ps peak on the MoE
  *           shapes (gemm_avx512*.c, docs/kernels.md); needs AVX512-BF16.
- *   amx     own AMX kernels: not built yet (issue 8); selecting it is UNSUPPORTED.
- *   auto    onednn when built, else avx512 when the CPU has it, else ref; except that big
- *           packed weights go to avx512 on CPUs without AMX (mm_gemm_backend_for_weight).
+ *   amx     own AMX-BF16 (tdpbf16ps) BLIS-style GEMM: rows of 32x32 micro-tiles (2x2 tiles)
+ *           over K blocks of 384, A and B packed into tile layouts (packed weights, or per
+ *           call; A gathered through row lists while packing), every form and option;
+ *           single-threaded per call; split-invariant bits (gemm_amx*.c, docs/kernels.md);
+ *           needs AMX-BF16, the kernel's tile permission and AVX-512 (UNSUPPORTED otherwise,
+ *           with the reason; no tile instruction runs then).
+ *   auto    amx where it is usable, else onednn when built, else avx512 when the CPU has it,
+ *           else ref; except that big packed weights go to avx512 on CPUs with AVX512-BF16
+ *           and no AMX (mm_gemm_backend_for_weight).
  * A backend is a struct mm_gemm_backend_ops (BLIS/ggml style vtable, optional members marked);
- * a new one (issue 8: own AMX micro-kernels, gather-on-pack, fused epilogues) is one more
- * entry in gemm.c's registry and needs no change in callers.
+ * a new one is one more entry in gemm.c's registry and needs no change in callers.
  */
 #ifndef MM_KERNELS_GEMM_H
 #define MM_KERNELS_GEMM_H
@@ -211,11 +216,12 @@ megamoe_status_t mm_gemm_backend_get(const char *name, const mm_gemm_backend_ops
 /* The backend a choice gives plain operands and TN (auto: the first usable in the registry). */
 megamoe_status_t mm_gemm_backend_of(mm_gemm_choice_t choice,
                                     const mm_gemm_backend_ops_t **backend_p);
-/* The backend a choice packs a weight of form [K,N] with: as mm_gemm_backend_of, except that
- * auto puts big weights (K*N >= MM_GEMM_AUTO_OWN_MIN_KN, N >= MM_GEMM_AUTO_OWN_MIN_N) on the
- * own avx512 backend when the CPU has AVX512-BF16 and no AMX-BF16: there it beats oneDNN's
- * avx512_core_bf16 kernel by 3-27% (1.08x on the MoE shapes), and on smaller weights oneDNN is
- * up to 8% faster (docs/kernels.md). Products through the weight use its backend. */
+/* The backend a choice packs a weight of form [K,N] with: as mm_gemm_backend_of (so amx where
+ * it is usable), except that auto puts big weights (K*N >= MM_GEMM_AUTO_OWN_MIN_KN,
+ * N >= MM_GEMM_AUTO_OWN_MIN_N) on the own avx512 backend when the CPU has AVX512-BF16 and no
+ * AMX-BF16: there it beats oneDNN's avx512_core_bf16 kernel by 3-27% (1.08x on the MoE
+ * shapes), and on smaller weights oneDNN is up to 8% faster (docs/kernels.md). Products
+ * through the weight use its backend. */
 #define MM_GEMM_AUTO_OWN_MIN_KN ((int64_t)2 * 1024 * 1024)
 #define MM_GEMM_AUTO_OWN_MIN_N 512
 megamoe_status_t mm_gemm_backend_for_weight_of(mm_gemm_choice_t choice, mm_gemm_form_t form,

@@ -26,6 +26,7 @@ struct mm_gemm_weight {
 extern const mm_gemm_backend_ops_t mm_gemm_ref_ops;
 #if MM_X86
 extern const mm_gemm_backend_ops_t mm_gemm_avx512_ops;
+extern const mm_gemm_backend_ops_t mm_gemm_amx_ops;
 #endif
 #ifdef MM_HAVE_ONEDNN
 extern const mm_gemm_backend_ops_t mm_gemm_onednn_ops;

@@ -13,192 +13,7 @@
 #include "megamoe/dtype.h"
 #include "megamoe/log.h"
 
-#define SENTINEL 12345.0f
-
-/* ---- data and reference ------------------------------------------------------------------ */
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static uint32_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 11);
-}
-
-static uint16_t *rand_bf16(size_t n)
-{
-    uint16_t *p = malloc((n ? n : 1) * sizeof *p);
-    for (size_t i = 0; i < n; i++)
-        p[i] = megamoe_fp32_to_bf16(((float)(rnd() % 20001) - 10000.0f) / 7000.0f);
-    return p;
-}
-
-static double bf(uint16_t b) { return megamoe_bf16_to_fp32(b); }
-
-typedef struct op {
-    mm_gemm_form_t form;
-    int64_t M, N, K;
-    const uint16_t *A, *B;
-    int64_t lda, ldb;
-    const uint16_t *const *a_rows;
-} op_t;
-
-static double a_at(const op_t *o, int64_t m, int64_t k)
-{
-    if (o->form == MM_GEMM_TN) return o->a_rows ? bf(o->a_rows[k][m]) : bf(o->A[k * o->lda + m]);
-    return o->a_rows ? bf(o->a_rows[m][k]) : bf(o->A[m * o->lda + k]);
-}
-
-static double b_at(const op_t *o, int64_t k, int64_t n)
-{
-    return o->form == MM_GEMM_NT ? bf(o->B[n * o->ldb + k]) : bf(o->B[k * o->ldb + n]);
-}
-
-/* C (as stored before the call: c_old) vs fp64 product on [m0,m1) x [n0,n1); everything else
- * must still hold c_old. Bound: fp32 accumulation (2K ulps of sum |a*b|) + one bf16 rounding. */
-static int check_c(const char *what, const op_t *o, const void *C, const void *c_old, int64_t ldc,
-                   megamoe_dtype_t ct, int accumulate, int64_t m0, int64_t m1, int64_t n0, int64_t n1)
-{
-    for (int64_t m = 0; m < o->M; m++)
-        for (int64_t n = 0; n < ldc; n++) {
-            size_t i = (size_t)(m * ldc + n);
-            double got = ct == MEGAMOE_DTYPE_FP32 ? ((const float *)C)[i] : bf(((const uint16_t *)C)[i]);
-            double old = ct == MEGAMOE_DTYPE_FP32 ? ((const float *)c_old)[i]
-                                                  : bf(((const uint16_t *)c_old)[i]);
-            int inside = m >= m0 && m < m1 && n >= n0 && n < n1;
-            if (!inside) {
-                if (memcmp((const char *)C + i * megamoe_dtype_size(ct),
-                           (const char *)c_old + i * megamoe_dtype_size(ct), megamoe_dtype_size(ct))) {
-                    fprintf(stderr, "%s: C[%lld,%lld] outside the sub-block changed: %g -> %g\n",
-                            what, (long long)m, (long long)n, old, got);
-                    return 0;
-                }
-                continue;
-            }
-            double want = accumulate ? old : 0.0, mag = accumulate ? fabs(old) : 0.0;
-            for (int64_t k = 0; k < o->K; k++) {
-                double p = a_at(o, m, k) * b_at(o, k, n);
-                want += p;
-                mag += fabs(p);
-            }
-            double tol = 2.0 * (double)(o->K + 1) * 0x1p-24 * mag + 1e-30;
-            if (ct == MEGAMOE_DTYPE_BF16) tol += 0x1p-8 * fabs(want);
-            if (!(fabs(got - want) <= tol)) {
-                fprintf(stderr, "%s: C[%lld,%lld] = %.9g, want %.9g (tol %.3g)\n", what,
-                        (long long)m, (long long)n, got, want, tol);
-                return 0;
-            }
-        }
-    return 1;
-}
-
-static void *make_c(int64_t M, int64_t ldc, megamoe_dtype_t ct, int random)
-{
-    size_t n = (size_t)(M * ldc) + 1;
-    void *c = malloc(n * megamoe_dtype_size(ct));
-    for (size_t i = 0; i < n; i++) {
-        float v = random ? ((float)(rnd() % 2001) - 1000.0f) / 300.0f : SENTINEL;
-        if (ct == MEGAMOE_DTYPE_FP32) ((float *)c)[i] = v;
-        else ((uint16_t *)c)[i] = megamoe_fp32_to_bf16(v);
-    }
-    return c;
-}
-
-static const mm_gemm_backend_ops_t *backends[8];
-static int n_backends;
-
-static void load_backends(void)
-{
-    if (n_backends) return;
-    for (int i = 0; mm_gemm_backend_at(i); i++) {
-        const mm_gemm_backend_ops_t *b;
-        if (mm_gemm_backend_get(mm_gemm_backend_at(i)->name, &b) == MEGAMOE_OK) backends[n_backends++] = b;
-        else fprintf(stderr, "backend %s not usable here: %s\n", mm_gemm_backend_at(i)->name,
-                     megamoe_last_error());
-    }
-}
-
-/* One product through mm_gemm, checked. pad > 0 adds that many columns to every stride. */
-static int run_case(const mm_gemm_backend_ops_t *be, mm_gemm_form_t form, int64_t M, int64_t N,
-                    int64_t K, megamoe_dtype_t ct, int accumulate, int packed, int pad,
-                    int64_t m0, int64_t m1, int64_t n0, int64_t n1, int use_rows)
-{
-    op_t o = {form, M, N, K, NULL, NULL, 0, 0, NULL};
-    int64_t a_r = form == MM_GEMM_TN ? K : M, a_c = form == MM_GEMM_TN ? M : K;
-    int64_t b_r = form == MM_GEMM_NT ? N : K, b_c = form == MM_GEMM_NT ? K : N;
-    o.lda = a_c + pad;
-    o.ldb = b_c + pad;
-    int64_t ldc = N + pad;
-    uint16_t *A = rand_bf16((size_t)(a_r * o.lda)), *B = rand_bf16((size_t)(b_r * o.ldb));
-    o.A = A;
-    o.B = B;
-    const uint16_t **rows = NULL;
-    if (use_rows) { /* reversed row order through the list */
-        rows = malloc((size_t)(a_r ? a_r : 1) * sizeof *rows);
-        uint16_t *Ar = rand_bf16((size_t)(a_r * o.lda));
-        for (int64_t r = 0; r < a_r; r++) {
-            memcpy(Ar + (a_r - 1 - r) * o.lda, A + r * o.lda, (size_t)o.lda * 2);
-            rows[r] = Ar + (a_r - 1 - r) * o.lda;
-        }
-        o.a_rows = rows;
-        free(A);
-        A = Ar;
-        o.A = NULL;
-    }
-    void *C = make_c(M, ldc, ct, 1), *C0 = make_c(M, ldc, ct, 0);
-    memcpy(C0, C, (size_t)(M * ldc + 1) * megamoe_dtype_size(ct));
-    mm_gemm_weight_t *w = NULL;
-    int ok = 1;
-    if (packed && mm_gemm_weight_create(be, form, K, N, B, o.ldb, 7, &w) != MEGAMOE_OK) {
-        fprintf(stderr, "weight_create: %s\n", megamoe_last_error());
-        ok = 0;
-    }
-    mm_gemm_args_t a;
-    mm_gemm_args_init(&a);
-    a.form = form;
-    a.M = M;
-    a.N = N;
-    a.K = K;
-    a.A = o.A;
-    a.lda = o.lda;
-    a.a_rows = o.a_rows;
-    a.B = packed ? NULL : B;
-    a.ldb = o.ldb;
-    a.weight = w;
-    a.C = C;
-    a.ldc = ldc;
-    a.c_type = ct;
-    a.accumulate = accumulate;
-    a.m0 = m0;
-    a.m1 = m1;
-    a.n0 = n0;
-    a.n1 = n1;
-    a.backend = be;
-    char what[200];
-    snprintf(what, sizeof what, "%s %s M=%lld N=%lld K=%lld %s acc=%d packed=%d pad=%d rows=%d [%lld,%lld)x[%lld,%lld)",
-             be->name, form == MM_GEMM_NN ? "NN" : form == MM_GEMM_NT ? "NT" : "TN", (long long)M,
-             (long long)N, (long long)K, megamoe_dtype_name(ct), accumulate, packed, pad, use_rows,
-             (long long)m0, (long long)(m1 == MM_GEMM_END ? M : m1), (long long)n0,
-             (long long)(n1 == MM_GEMM_END ? N : n1));
-    if (ok) {
-        megamoe_status_t st = mm_gemm(&a);
-        if (st != MEGAMOE_OK) {
-            fprintf(stderr, "%s: %s\n", what, megamoe_last_error());
-            ok = 0;
-        }
-    }
-    if (ok)
-        ok = check_c(what, &o, C, C0, ldc, ct, accumulate, m0, m1 == MM_GEMM_END ? M : m1, n0,
-                     n1 == MM_GEMM_END ? N : n1);
-    mm_gemm_weight_destroy(w);
-    free(A);
-    free(B);
-    free(rows);
-    free(C);
-    free(C0);
-    return ok;
-}
+#include "gemm_check.h"
 
 /* ---- cases ------------------------------------------------------------------------------- */
 
@@ -269,7 +84,16 @@ MM_TEST(split_calls_give_identical_bits_over_k_blocks)
 {
     load_backends();
     const int64_t M = 100, N = 130, K = 2101;
-    for (int b = 0; b < n_backends; b++)
+    for (int b = 0; b < n_backends; b++) {
+        if (strcmp(backends[b]->name, "onednn") == 0 && mm_cpu_has_amx_bf16()) {
+            /* oneDNN 2.6's AMX kernels (brg:avx512_core_amx_bf16) sum in an order that depends
+             * on the row count and column range of a call: 600x256x4096 split in two row or
+             * column halves differs in 1-5% of the elements. Known and documented
+             * (docs/kernels.md); auto puts products on the split-invariant amx backend where
+             * AMX is present. */
+            fprintf(stderr, "  onednn on AMX: not split-invariant (skipped, see docs/kernels.md)\n");
+            continue;
+        }
         for (int f = 0; f < 2; f++)
             for (int ct = 0; ct < 2; ct++) {
                 megamoe_dtype_t t = ct ? MEGAMOE_DTYPE_BF16 : MEGAMOE_DTYPE_FP32;
@@ -302,6 +126,7 @@ MM_TEST(split_calls_give_identical_bits_over_k_blocks)
                 mm_gemm_weight_destroy(w);
                 free(A), free(B), free(C0), free(C1);
             }
+    }
 }
 
 MM_TEST(zero_k_gives_zero_or_keeps_c)
@@ -632,14 +457,22 @@ MM_TEST(backend_selection_by_environment)
     ASSERT_EQ_STR(b->name, "ref");
     setenv("MEGAMOE_GEMM", "amx", 1);
     megamoe_log_set_level(MEGAMOE_LOG_OFF);
-    ASSERT_STATUS(mm_gemm_backend_default(&b), MEGAMOE_UNSUPPORTED);
-    ASSERT_CONTAINS(megamoe_last_error(), "MEGAMOE_GEMM=amx");
+    if (mm_cpu_has_amx_bf16() && mm_cpu_has_avx512() && mm_cpu_request_amx()) {
+        ASSERT_OK(mm_gemm_backend_default(&b));
+        ASSERT_EQ_STR(b->name, "amx");
+    } else { /* the reason and the alternative (test_gemm_amx.c covers this path in full) */
+        ASSERT_STATUS(mm_gemm_backend_default(&b), MEGAMOE_UNSUPPORTED);
+        ASSERT_CONTAINS(megamoe_last_error(), "MEGAMOE_GEMM=amx");
+    }
     setenv("MEGAMOE_GEMM", "blas", 1);
     ASSERT_STATUS(mm_gemm_backend_default(&b), MEGAMOE_INVALID_ARGUMENT);
     setenv("MEGAMOE_GEMM", "auto", 1);
     ASSERT_OK(mm_gemm_backend_default(&b));
+    if (mm_cpu_has_amx_bf16() && mm_cpu_has_avx512() && mm_cpu_request_amx())
+        ASSERT_EQ_STR(b->name, "amx"); /* auto: the own AMX kernel wherever it can run */
 #ifdef MM_TEST_HAVE_ONEDNN
-    ASSERT_EQ_STR(b->name, "onednn");
+    else
+        ASSERT_EQ_STR(b->name, "onednn");
 #endif
     unsetenv("MEGAMOE_GEMM");
     megamoe_log_set_level(MEGAMOE_LOG_WARN);
