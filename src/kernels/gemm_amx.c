@@ -250,6 +250,18 @@ static megamoe_status_t mm_amx_gemm(const mm_gemm_args_t *a)
     return MEGAMOE_OK;
 }
 
+/* Every panel of w->src into w->data (allocated by the pack below; same K and N). */
+static megamoe_status_t mm_amx_weight_refresh(mm_gemm_weight_t *w)
+{
+    const int64_t KS = mm_amx_ksteps(w->K), np = mm_cdiv(w->N, MM_AMX_NR);
+    const size_t pstride = (size_t)KS * MM_AMX_STEP_BYTES;
+    for (int64_t i = 0; i < np; i++)
+        mm_amx_pack_b((char *)w->data + (size_t)i * pstride, w->src, w->ld,
+                      w->form == MM_GEMM_NT, w->K, 0, KS, i * MM_AMX_NR,
+                      mm_min64(MM_AMX_NR, w->N - i * MM_AMX_NR));
+    return MEGAMOE_OK;
+}
+
 static megamoe_status_t mm_amx_weight_pack(mm_gemm_weight_t *w)
 {
     if (mm_amx_probe() != MEGAMOE_OK) { /* the packers need AVX-512; keep one rule for all */
@@ -271,14 +283,11 @@ static megamoe_status_t mm_amx_weight_pack(mm_gemm_weight_t *w)
     } else {
         MM_CHECK(mm_aligned_alloc(bytes, MM_CACHE_LINE, "amx packed weight", &p));
     }
-    for (int64_t i = 0; i < np; i++)
-        mm_amx_pack_b((char *)p + (size_t)i * pstride, w->src, w->ld, w->form == MM_GEMM_NT,
-                      w->K, 0, KS, i * MM_AMX_NR, mm_min64(MM_AMX_NR, w->N - i * MM_AMX_NR));
     w->data = p;
     w->bytes = bytes;
     w->packed = 1;
     w->n_align = MM_AMX_NR;
-    return MEGAMOE_OK;
+    return mm_amx_weight_refresh(w);
 }
 
 static void mm_amx_weight_release(mm_gemm_weight_t *w) { mm_aligned_free(w->data); }
@@ -290,5 +299,6 @@ const mm_gemm_backend_ops_t mm_gemm_amx_ops = {
     .weight_pack = mm_amx_weight_pack,
     .weight_release = mm_amx_weight_release,
     .gemm_grouped = NULL,
+    .weight_refresh = mm_amx_weight_refresh,
 };
 #endif /* MM_X86 */
