@@ -18,44 +18,9 @@
 
 #include "simd.h"
 
-/* vpermt2w indices: output word i takes column i/2 (+16 for the upper half) of row 0 (even i)
- * or row 1 (odd i, index + 32): the VNNI pairs of two rows. */
-static const int16_t mm_amx_idx_pair[2][32] __attribute__((aligned(64))) = {
-    {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
-     8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47},
-    {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
-     24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63}};
-
 static inline __mmask32 mm_amx_mask32(int64_t n)
 {
     return n >= 32 ? (__mmask32)0xffffffffu : n > 0 ? (__mmask32)((1u << n) - 1u) : 0;
-}
-
-/* In-place transpose of a 16 x 16 dword matrix (r[i] = row i). */
-MM_TARGET_AVX512 static inline void mm_amx_tr16(__m512i r[16])
-{
-    __m512i u[16], x[8], y[8];
-    for (int g = 0; g < 4; g++) { /* per 128-bit lane: columns 4L+q of rows 4g..4g+3 */
-        const __m512i *q = r + 4 * g;
-        __m512i lo01 = _mm512_unpacklo_epi32(q[0], q[1]), hi01 = _mm512_unpackhi_epi32(q[0], q[1]);
-        __m512i lo23 = _mm512_unpacklo_epi32(q[2], q[3]), hi23 = _mm512_unpackhi_epi32(q[2], q[3]);
-        u[4 * g + 0] = _mm512_unpacklo_epi64(lo01, lo23);
-        u[4 * g + 1] = _mm512_unpackhi_epi64(lo01, lo23);
-        u[4 * g + 2] = _mm512_unpacklo_epi64(hi01, hi23);
-        u[4 * g + 3] = _mm512_unpackhi_epi64(hi01, hi23);
-    }
-    for (int q = 0; q < 4; q++) {
-        x[q] = _mm512_shuffle_i32x4(u[q], u[4 + q], 0x88);     /* cols q, q+8 of rows 0-7 */
-        x[4 + q] = _mm512_shuffle_i32x4(u[q], u[4 + q], 0xdd); /* cols q+4, q+12 */
-        y[q] = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0x88); /* the same of rows 8-15 */
-        y[4 + q] = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0xdd);
-    }
-    for (int q = 0; q < 4; q++) {
-        r[q] = _mm512_shuffle_i32x4(x[q], y[q], 0x88);
-        r[q + 8] = _mm512_shuffle_i32x4(x[q], y[q], 0xdd);
-        r[q + 4] = _mm512_shuffle_i32x4(x[4 + q], y[4 + q], 0x88);
-        r[q + 12] = _mm512_shuffle_i32x4(x[4 + q], y[4 + q], 0xdd);
-    }
 }
 
 MM_TARGET_AVX512 void mm_amx_pack_a_rows(char *dst, const uint16_t *const *rowp, int rows,
@@ -85,8 +50,8 @@ MM_TARGET_AVX512 void mm_amx_pack_a_cols(char *dst, const uint16_t *A, int64_t l
                                          const uint16_t *const *a_rows, int64_t m, int rows,
                                          int64_t K)
 {
-    const __m512i lo = _mm512_load_si512((const void *)mm_amx_idx_pair[0]);
-    const __m512i hi = _mm512_load_si512((const void *)mm_amx_idx_pair[1]);
+    const __m512i lo = _mm512_load_si512((const void *)mm_vnni_pair_idx[0]);
+    const __m512i hi = _mm512_load_si512((const void *)mm_vnni_pair_idx[1]);
     const __mmask32 cm = mm_amx_mask32(rows);
     const int64_t KS = mm_amx_ksteps(K);
     const int halves = rows <= 16 ? 1 : 2;
@@ -104,7 +69,7 @@ MM_TARGET_AVX512 void mm_amx_pack_a_cols(char *dst, const uint16_t *A, int64_t l
         }
         char *o = dst + s * MM_AMX_STEP_BYTES;
         for (int h = 0; h < halves; h++) {
-            mm_amx_tr16(d[h]); /* row i: the 16 pairs of C row m + 16h + i */
+            mm_transpose16_epi32(d[h]); /* row i: the 16 pairs of C row m + 16h + i */
             for (int i = 0; i < 16; i++)
                 _mm512_store_si512((void *)(o + (16 * h + i) * 64), d[h][i]);
         }
@@ -115,8 +80,8 @@ MM_TARGET_AVX512 static void mm_amx_pack_b_nn(char *dst, const uint16_t *src, in
                                               int64_t K, int64_t s0, int64_t ks, int64_t n0,
                                               int64_t cols)
 {
-    const __m512i lo = _mm512_load_si512((const void *)mm_amx_idx_pair[0]);
-    const __m512i hi = _mm512_load_si512((const void *)mm_amx_idx_pair[1]);
+    const __m512i lo = _mm512_load_si512((const void *)mm_vnni_pair_idx[0]);
+    const __m512i hi = _mm512_load_si512((const void *)mm_vnni_pair_idx[1]);
     const __mmask32 cm = mm_amx_mask32(cols);
     for (int64_t s = 0; s < ks; s++) {
         char *o = dst + s * MM_AMX_STEP_BYTES;
@@ -146,7 +111,7 @@ MM_TARGET_AVX512 static void mm_amx_pack_b_nt(char *dst, const uint16_t *src, in
                 e[c] = n < cols ? _mm512_maskz_loadu_epi16(km, src + (n0 + n) * ld + k0)
                                 : _mm512_setzero_si512();
             }
-            mm_amx_tr16(e); /* row p: pair p of the 16 columns */
+            mm_transpose16_epi32(e); /* row p: pair p of the 16 columns */
             for (int p = 0; p < 16; p++) _mm512_store_si512((void *)(o + t * 1024 + p * 64), e[p]);
         }
     }

@@ -46,6 +46,43 @@ MM_TARGET_AVX512 static inline void mm_store_bf16x16(uint16_t *p, __mmask16 m, _
     _mm256_mask_storeu_epi16(p, m, mm_cvt_bf16x16(v));
 }
 
+/* vpermt2w indices that interleave two rows into VNNI pairs (the operand layout of vdpbf16ps
+ * and tdpbf16ps): output word i takes column i/2 (+16 for the upper half) of row 0 (even i)
+ * or of row 1 (odd i, index + 32). */
+static const int16_t mm_vnni_pair_idx[2][32] __attribute__((aligned(64))) = {
+    {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+     8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47},
+    {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+     24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63}};
+
+/* Transpose of a 16 x 16 dword matrix in 16 registers: r[i] = row i in, r[j] = column j out.
+ * 32-bit then 64-bit interleaves inside the 128-bit lanes give, for column 4L+q, the rows in
+ * groups of 4 spread over the lanes L of four vectors; two lane shuffles gather them. */
+MM_TARGET_AVX512 static inline void mm_transpose16_epi32(__m512i r[16])
+{
+    __m512i a[8], b[8], e[4][4];
+    for (int k = 0; k < 8; k++) {
+        a[k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+        b[k] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+    }
+    for (int m = 0; m < 4; m++) { /* e[q][m], lane L: rows 4m..4m+3 of column 4L+q */
+        e[0][m] = _mm512_unpacklo_epi64(a[2 * m], a[2 * m + 1]);
+        e[1][m] = _mm512_unpackhi_epi64(a[2 * m], a[2 * m + 1]);
+        e[2][m] = _mm512_unpacklo_epi64(b[2 * m], b[2 * m + 1]);
+        e[3][m] = _mm512_unpackhi_epi64(b[2 * m], b[2 * m + 1]);
+    }
+    for (int q = 0; q < 4; q++) {
+        __m512i f0 = _mm512_shuffle_i32x4(e[q][0], e[q][1], _MM_SHUFFLE(1, 0, 1, 0));
+        __m512i f1 = _mm512_shuffle_i32x4(e[q][0], e[q][1], _MM_SHUFFLE(3, 2, 3, 2));
+        __m512i f2 = _mm512_shuffle_i32x4(e[q][2], e[q][3], _MM_SHUFFLE(1, 0, 1, 0));
+        __m512i f3 = _mm512_shuffle_i32x4(e[q][2], e[q][3], _MM_SHUFFLE(3, 2, 3, 2));
+        r[q] = _mm512_shuffle_i32x4(f0, f2, _MM_SHUFFLE(2, 0, 2, 0));      /* column q */
+        r[4 + q] = _mm512_shuffle_i32x4(f0, f2, _MM_SHUFFLE(3, 1, 3, 1));  /* column 4+q */
+        r[8 + q] = _mm512_shuffle_i32x4(f1, f3, _MM_SHUFFLE(2, 0, 2, 0));  /* column 8+q */
+        r[12 + q] = _mm512_shuffle_i32x4(f1, f3, _MM_SHUFFLE(3, 1, 3, 1)); /* column 12+q */
+    }
+}
+
 static inline __mmask16 mm_tail_mask16(int64_t n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u); }
 #endif
 
