@@ -201,13 +201,19 @@ static void *mm_monitor_main(void *arg)
     return NULL;
 }
 
-megamoe_status_t mm_shmem_liveness_start(void)
+void mm_shmem_liveness_reset(void)
 {
     mm_shmem_global_t *g = &mm_shmem_g;
     atomic_store(&mm_lost_claim, -1);
     atomic_store(&g->lost_pe, -1);
     atomic_store(&g->closing, 0);
     g->lost_why[0] = '\0';
+}
+
+megamoe_status_t mm_shmem_liveness_start(void)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    mm_shmem_liveness_reset();
     for (int pe = 0; pe < g->n_pes; pe++) {
         g->peers[pe].pidfd = -1;
         if (pe == g->my_pe || g->peers[pe].pid <= 0) continue;

@@ -250,6 +250,7 @@ static megamoe_status_t mm_shmem_start(const mm_shmem_params_t *params)
     mm_shmem_params_t p;
     mm_endpoint_t ep;
     MM_CHECK(mm_shmem_resolve(params, &p, &ep));
+    mm_shmem_liveness_reset(); /* the engine checks for losses from its start-up on */
     static char token[MM_SECRET_MAX];
     mm_secret_source_t source = MM_SECRET_NONE;
     megamoe_log_set_rank(p.rank);

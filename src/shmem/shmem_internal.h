@@ -181,6 +181,9 @@ size_t mm_shmem_nt_threshold(void);
 #define MM_SHMEM_NT_DEFAULT (16u << 20)
 
 /* ---- liveness.c ---- */
+/* Forget the loss of an earlier lifecycle: a new one starts clean, also for its engine's
+ * start-up, which runs before the monitor (and its own reset) starts. */
+void mm_shmem_liveness_reset(void);
 megamoe_status_t mm_shmem_liveness_start(void);
 /* Stop and join the monitor (idempotent). */
 void mm_shmem_liveness_stop(void);
