@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 
 #include "base/alloc.h"
 #include "base/cpu.h"
@@ -472,6 +473,23 @@ void mm_gemm_split(int64_t rows, int64_t N, int64_t K, int64_t n_align, int work
 }
 
 /* ---- packed weights ---------------------------------------------------------------------- */
+
+megamoe_status_t mm_gemm_packed_alloc(size_t bytes, const char *what, void **p, size_t *bytes_p)
+{
+    const size_t huge = (size_t)2 << 20;
+    *p = NULL;
+    if (bytes >= 2 * huge) { /* whole huge pages, and ask for them */
+        bytes = (bytes + huge - 1) / huge * huge;
+        MM_CHECK(mm_aligned_alloc(bytes, huge, what, p));
+#ifdef MADV_HUGEPAGE
+        (void)madvise(*p, bytes, MADV_HUGEPAGE); /* a hint: without it, 4 KiB pages */
+#endif
+    } else {
+        MM_CHECK(mm_aligned_alloc(bytes, MM_CACHE_LINE, what, p));
+    }
+    *bytes_p = bytes;
+    return MEGAMOE_OK;
+}
 
 static megamoe_status_t mm_weight_pack(mm_gemm_weight_t *w)
 {

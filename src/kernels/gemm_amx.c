@@ -25,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "base/alloc.h"
 #include "base/cpu.h"
@@ -61,7 +60,6 @@ void mm_amx_test_disable(int disabled) { atomic_store(&mm_amx_disabled, disabled
 unsigned long long mm_amx_tile_sessions(void) { return atomic_load(&mm_amx_sessions); }
 
 #if MM_X86
-#define MM_AMX_HUGE ((size_t)2 << 20)
 #define MM_AMX_STREAM_BYTES ((size_t)8 << 20)
 
 static megamoe_status_t mm_amx_probe(void)
@@ -272,17 +270,9 @@ static megamoe_status_t mm_amx_weight_pack(mm_gemm_weight_t *w)
     }
     const int64_t KS = mm_amx_ksteps(w->K), np = mm_cdiv(w->N, MM_AMX_NR);
     const size_t pstride = (size_t)KS * MM_AMX_STEP_BYTES;
-    size_t bytes = (size_t)np * pstride;
+    size_t bytes = 0;
     void *p = NULL;
-    if (bytes >= 2 * MM_AMX_HUGE) { /* whole huge pages, and ask for them */
-        bytes = (bytes + MM_AMX_HUGE - 1) / MM_AMX_HUGE * MM_AMX_HUGE;
-        MM_CHECK(mm_aligned_alloc(bytes, MM_AMX_HUGE, "amx packed weight", &p));
-#ifdef MADV_HUGEPAGE
-        (void)madvise(p, bytes, MADV_HUGEPAGE); /* a hint: without it, 4 KiB pages */
-#endif
-    } else {
-        MM_CHECK(mm_aligned_alloc(bytes, MM_CACHE_LINE, "amx packed weight", &p));
-    }
+    MM_CHECK(mm_gemm_packed_alloc((size_t)np * pstride, "amx packed weight", &p, &bytes));
     w->data = p;
     w->bytes = bytes;
     w->packed = 1;

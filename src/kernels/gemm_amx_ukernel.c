@@ -28,13 +28,6 @@
 #define MM_AMX_TARGET                                                                      \
     __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq")))
 
-typedef struct mm_tilecfg {
-    uint8_t palette;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} mm_tilecfg_t;
 
 MM_AMX_TARGET void mm_amx_tiles_begin(void)
 {

@@ -29,7 +29,6 @@
  * packed weights, one thread. */
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "base/alloc.h"
 #include "base/cpu.h"
@@ -45,7 +44,6 @@
 #define MM_AVX_PF_TILES 12   /* tiles that prefetch the next B slice (the last ones of a slice) */
 #define MM_AVX_PF_DUP 3      /* ... each line this many times */
 #define MM_AVX_PF_AHEAD 4096 /* bytes the first tile of a slice prefetches ahead of its loads */
-#define MM_AVX_HUGE ((size_t)2 << 20)
 
 static megamoe_status_t mm_avx512_probe(void)
 {
@@ -237,17 +235,10 @@ static megamoe_status_t mm_avx512_weight_pack(mm_gemm_weight_t *w)
 {
     size_t pe = mm_panel_elems(w->K);
     int64_t np = (w->N + MM_AVX_NR - 1) / MM_AVX_NR;
-    size_t bytes = (size_t)np * pe * sizeof(uint16_t);
+    size_t bytes = 0;
     void *p = NULL;
-    if (bytes >= 2 * MM_AVX_HUGE) { /* whole huge pages, and ask for them */
-        bytes = (bytes + MM_AVX_HUGE - 1) / MM_AVX_HUGE * MM_AVX_HUGE;
-        MM_CHECK(mm_aligned_alloc(bytes, MM_AVX_HUGE, "avx512 packed weight", &p));
-#ifdef MADV_HUGEPAGE
-        (void)madvise(p, bytes, MADV_HUGEPAGE); /* a hint: without it, 4 KiB pages */
-#endif
-    } else {
-        MM_CHECK(mm_aligned_alloc(bytes, MM_CACHE_LINE, "avx512 packed weight", &p));
-    }
+    MM_CHECK(mm_gemm_packed_alloc((size_t)np * pe * sizeof(uint16_t), "avx512 packed weight", &p,
+                                  &bytes));
     w->data = p;
     w->bytes = bytes;
     w->packed = 1;

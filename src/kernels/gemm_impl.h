@@ -32,6 +32,12 @@ extern const mm_gemm_backend_ops_t mm_gemm_amx_ops;
 extern const mm_gemm_backend_ops_t mm_gemm_onednn_ops;
 #endif
 
+/* A packed weight's buffer of at least `bytes` (*bytes_p: the size allocated), 64-byte aligned;
+ * from 4 MiB on whole 2 MiB pages with MADV_HUGEPAGE asked for (+1-2% on the products: one TLB
+ * entry per 2 MiB of B, hardware prefetchers not stopped every 4 KiB). Free with
+ * mm_aligned_free. `what` names it in an OUT_OF_MEMORY error. */
+megamoe_status_t mm_gemm_packed_alloc(size_t bytes, const char *what, void **p, size_t *bytes_p);
+
 /* Per-thread scratch buffer `slot` (0..MM_GEMM_SCRATCH_SLOTS-1) of at least `bytes`, 64-byte
  * aligned; valid until the next request of that slot on the same thread; freed at thread
  * exit. NULL (after mm_error OUT_OF_MEMORY) when it cannot grow. */

@@ -6,6 +6,7 @@
 #include "base/cpu.h"
 #include "base/error.h"
 #include "peak.h"
+#include "simd.h"
 
 #if MM_X86
 #include <immintrin.h>
@@ -47,13 +48,6 @@ MM_TARGET_AVX512BF16 static double mm_probe_dpbf16(long iters)
 }
 
 /* AMX: only ever called after mm_cpu_request_amx() returned 1. */
-typedef struct mm_tilecfg {
-    uint8_t palette;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} mm_tilecfg_t;
 
 __attribute__((target("amx-tile,amx-bf16"))) static double mm_probe_amx(long iters)
 {

@@ -16,6 +16,15 @@ int mm_kernels_use_avx512(void);
  * Process-wide; do not flip it while other threads run kernels. */
 int mm_kernels_set_vector(int enabled);
 
+/* The 64-byte operand of ldtilecfg (palette 1): per tile its rows and bytes per row. */
+typedef struct mm_tilecfg {
+    uint8_t palette;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} mm_tilecfg_t;
+
 #if MM_X86
 #include <immintrin.h>
 
