@@ -131,15 +131,20 @@ static int mm_ucx_pe_lost(int pe);
  * buffer would be handled, its acknowledgement would fail inside UCX ("Fatal: unexpected
  * error: Endpoint timeout", ucp_request.inl) and UCX would abort the survivor (3 of 40
  * kill-host runs under load). What arrives for a closed endpoint is dropped. */
+#define MM_UCX_PROGRESS_STEPS 256 /* per call: the caller's loop checks its timeout between */
 static int mm_ucx_progress_locked(mm_ucx_engine_t *e)
 {
     int any = 0;
-    for (;;) {
+    /* bounded: UCX can report progress on every call for as long as it retries something
+     * (an endpoint to a cut-off host being discarded); an unbounded loop here would hold
+     * the lock and never reach the caller's timeout */
+    for (int i = 0; i < MM_UCX_PROGRESS_STEPS; i++) {
         if (mm_shmem_lost_pe() >= 0) mm_ucx_close_lost_start_locked(e);
         if (e->closes_open) mm_ucx_close_lost_finish_locked(e);
         if (!ucp_worker_progress(e->worker)) return any;
         any = 1;
     }
+    return any;
 }
 
 /* 1 when pe is known lost here: its dead flag, or the job-lost word naming it (another PE,
@@ -265,6 +270,8 @@ static mm_ucx_done_t *mm_ucx_done_new(mm_ucx_engine_t *e, ucp_request_param_t *p
     return d;
 }
 
+#define MM_UCX_CLOSE_WAIT_NS 200000000ull /* 0.2 s for a forced close to complete */
+
 /* Close pe's endpoint with force (lock held): every request to pe completes now (with an
  * error; their callbacks run inside this progress), so none reads a source or writes a
  * destination of a caller that stopped waiting, and later operations to pe fail at once.
@@ -283,7 +290,10 @@ static void mm_ucx_close_ep_locked(mm_ucx_engine_t *e, int pe)
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     prm.flags = UCP_EP_CLOSE_FLAG_FORCE; /* the peer may be gone: do not wait for it */
     ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &prm);
-    for (int i = 0; r != NULL && !UCS_PTR_IS_ERR(r) && i < 100000; i++) {
+    /* the requests to pe complete (cancelled) inside the close; the close itself may never
+     * complete on a connection to a cut-off host (UCX keeps flushing it): a bounded wait */
+    const uint64_t until = mm_now_ns() + MM_UCX_CLOSE_WAIT_NS;
+    while (r != NULL && !UCS_PTR_IS_ERR(r) && mm_now_ns() < until) {
         ucp_worker_progress(e->worker);
         if (ucp_request_check_status(r) != UCS_INPROGRESS) break;
     }
@@ -323,7 +333,8 @@ static void mm_ucx_close_lost_start_locked(mm_ucx_engine_t *e)
 static void mm_ucx_close_lost_finish_locked(mm_ucx_engine_t *e)
 {
     e->closes_open = 0; /* first: the progress below comes back through progress paths */
-    for (int i = 0; i < 100000; i++) {
+    const uint64_t until = mm_now_ns() + MM_UCX_CLOSE_WAIT_NS; /* as in mm_ucx_close_ep_locked */
+    while (mm_now_ns() < until) {
         int open = 0;
         for (int pe = 0; pe < e->n_pes; pe++)
             open |= e->close_reqs[pe] != NULL &&
