@@ -110,20 +110,21 @@ typedef struct mm_amx_cdst {
  * register (after dp01 A0 is free, after dp10 B0, after dp11 A1 and B1): 80-83% of peak with
  * B from L2 and no C traffic, against 70-74% loading right before use (measured).
  *
- * MM_AMX_DPS: the k-step whose operands are in t4-t7, preloading the k-step at (na, nb)
- * (na NULL: nothing left to load). */
-#define MM_AMX_DPS(AT, na, nb)                                                              \
+ * MM_AMX_DPS: the k-step whose operands are in t4-t7, preloading the k-step at (na, nb) when
+ * ld (a compile-time 0/1) is set; with ld 0 na/nb are not read (any valid pointer: clang rejects
+ * arithmetic on a NULL constant even in a dead branch). */
+#define MM_AMX_DPS(AT, ld, na, nb)                                                          \
     do {                                                                                    \
         _tile_dpbf16ps(0, 4, 6);                                                            \
         _tile_dpbf16ps(1, 4, 7);                                                            \
-        if (na) _tile_loadd(4, (na), 64);                                                   \
+        if (ld) _tile_loadd(4, (na), 64);                                                   \
         if ((AT) == 2) _tile_dpbf16ps(2, 5, 6);                                             \
-        if (na) _tile_stream_loadd(6, (nb), 64);                                            \
+        if (ld) _tile_stream_loadd(6, (nb), 64);                                            \
         if ((AT) == 2) {                                                                    \
             _tile_dpbf16ps(3, 5, 7);                                                        \
-            if (na) _tile_loadd(5, (na) + 1024, 64);                                        \
+            if (ld) _tile_loadd(5, (na) + 1024, 64);                                        \
         }                                                                                   \
-        if (na) _tile_stream_loadd(7, (nb) + 1024, 64);                                     \
+        if (ld) _tile_stream_loadd(7, (nb) + 1024, 64);                                     \
     } while (0)
 
 /* Load the k-step at (a, b) into t4-t7. */
@@ -190,7 +191,7 @@ mm_amx_row(const int AT, const mm_amx_ukr_args_t *p)
         const int64_t cpf_per = (cpf_left + ks - 1) / ks;
         /* k-steps s0 .. ks-2 (operands of step s in t4-t7, step s+1 preloaded) */
         for (int64_t s = s0; s < ks - 1; s++) {
-            MM_AMX_DPS(AT, a + (s + 1) * SB, b + (s + 1) * SB);
+            MM_AMX_DPS(AT, 1, a + (s + 1) * SB, b + (s + 1) * SB);
             for (int64_t q = 0; q < pf_per && pf_left > 0; q++, pf_left--, pf += 64)
                 _mm_prefetch(pf, _MM_HINT_T1);
             for (int64_t q = 0; q < cpf_per && cpf_left > 0; q++, cpf_left--, cpf += 64)
@@ -200,8 +201,8 @@ mm_amx_row(const int AT, const mm_amx_ukr_args_t *p)
         /* the last k-step, preloading the next micro-tile's first */
         const int more = j + 1 < nj;
         const char *nb = b + bs;
-        if (more) MM_AMX_DPS(AT, a, nb);
-        else MM_AMX_DPS(AT, (const char *)NULL, (const char *)NULL);
+        if (more) MM_AMX_DPS(AT, 1, a, nb);
+        else MM_AMX_DPS(AT, 0, a, b);
         for (; pf_left > 0; pf_left--, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
         for (; cpf_left > 0; cpf_left--, cpf += 64) _mm_prefetch(cpf, _MM_HINT_T0);
 
