@@ -28,7 +28,6 @@
 #define MM_AMX_TARGET                                                                      \
     __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq")))
 
-
 MM_AMX_TARGET void mm_amx_tiles_begin(void)
 {
     mm_tilecfg_t cfg;

@@ -48,7 +48,6 @@ MM_TARGET_AVX512BF16 static double mm_probe_dpbf16(long iters)
 }
 
 /* AMX: only ever called after mm_cpu_request_amx() returned 1. */
-
 __attribute__((target("amx-tile,amx-bf16"))) static double mm_probe_amx(long iters)
 {
     static uint16_t a[16 * 32] __attribute__((aligned(64))), b[16 * 32] __attribute__((aligned(64)));

@@ -272,6 +272,25 @@ static mm_ucx_done_t *mm_ucx_done_new(mm_ucx_engine_t *e, ucp_request_param_t *p
 
 #define MM_UCX_CLOSE_WAIT_NS 200000000ull /* 0.2 s for a forced close to complete */
 
+/* Start a forced close of p's endpoint (lock held; p->ep and p->rkey cleared first): the
+ * requests to the peer complete (cancelled) inside it, and nothing waits for the peer, which
+ * may be gone. Returns the close request still to be completed and freed, or NULL (no
+ * endpoint, closed at once, or refused). */
+static ucs_status_ptr_t mm_ucx_force_close_start(mm_ucx_peer_t *p)
+{
+    ucp_ep_h ep = p->ep;
+    if (p->rkey) ucp_rkey_destroy(p->rkey);
+    p->rkey = NULL;
+    if (ep == NULL) return NULL;
+    p->ep = NULL;
+    ucp_request_param_t prm;
+    memset(&prm, 0, sizeof prm);
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &prm);
+    return r != NULL && !UCS_PTR_IS_ERR(r) ? r : NULL;
+}
+
 /* Close pe's endpoint with force (lock held): every request to pe completes now (with an
  * error; their callbacks run inside this progress), so none reads a source or writes a
  * destination of a caller that stopped waiting, and later operations to pe fail at once.
@@ -279,25 +298,17 @@ static mm_ucx_done_t *mm_ucx_done_new(mm_ucx_engine_t *e, ucp_request_param_t *p
  * (mm_ucx_flush_complete) instead of posting them to the closing endpoint. */
 static void mm_ucx_close_ep_locked(mm_ucx_engine_t *e, int pe)
 {
-    mm_ucx_peer_t *p = &e->peers[pe];
-    ucp_ep_h ep = p->ep;
-    if (p->rkey) ucp_rkey_destroy(p->rkey);
-    p->rkey = NULL;
-    if (ep == NULL) return;
-    p->ep = NULL;
-    ucp_request_param_t prm;
-    memset(&prm, 0, sizeof prm);
-    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    prm.flags = UCP_EP_CLOSE_FLAG_FORCE; /* the peer may be gone: do not wait for it */
-    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &prm);
-    /* the requests to pe complete (cancelled) inside the close; the close itself may never
-     * complete on a connection to a cut-off host (UCX keeps flushing it): a bounded wait */
+    const int had_ep = e->peers[pe].ep != NULL;
+    ucs_status_ptr_t r = mm_ucx_force_close_start(&e->peers[pe]);
+    if (!had_ep) return;
+    /* the close itself may never complete on a connection to a cut-off host (UCX keeps
+     * flushing it): a bounded wait */
     const uint64_t until = mm_now_ns() + MM_UCX_CLOSE_WAIT_NS;
-    while (r != NULL && !UCS_PTR_IS_ERR(r) && mm_now_ns() < until) {
+    while (r != NULL && mm_now_ns() < until) {
         ucp_worker_progress(e->worker);
         if (ucp_request_check_status(r) != UCS_INPROGRESS) break;
     }
-    if (r != NULL && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);
+    if (r != NULL) ucp_request_free(r);
     mm_ucx_drop_queue(e, pe); /* signals queued behind a flush that never comes */
 }
 
@@ -311,17 +322,9 @@ static void mm_ucx_close_lost_start_locked(mm_ucx_engine_t *e)
     for (int pe = 0; pe < e->n_pes; pe++) {
         mm_ucx_peer_t *p = &e->peers[pe];
         if (p->ep == NULL || !mm_ucx_pe_lost(pe)) continue;
-        ucp_ep_h ep = p->ep;
-        p->ep = NULL;
         p->given_up = 1;
-        if (p->rkey) ucp_rkey_destroy(p->rkey);
-        p->rkey = NULL;
-        ucp_request_param_t prm;
-        memset(&prm, 0, sizeof prm);
-        prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-        prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
-        ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &prm);
-        if (r != NULL && !UCS_PTR_IS_ERR(r)) {
+        ucs_status_ptr_t r = mm_ucx_force_close_start(p);
+        if (r != NULL) {
             e->close_reqs[pe] = r;
             e->closes_open = 1;
         }
