@@ -53,6 +53,8 @@
            "UCX's own TCP receive segment size, used as given; unset: the inter-host engine uses 256k (UCX's default 64k).") \
     MM_ENV(UCX_TCP_MAX_POLL, "UCX_TCP_MAX_POLL", STRING, "", 0, 0, "", \
            "UCX's own limit of socket events a TCP progress call handles, used as given; unset: the inter-host engine uses 1 (UCX 1.13 aborts on a batched event of a connection that an earlier event of the same batch closed, which a lost host triggers).") \
+    MM_ENV(UCX_PROTO_ENABLE, "UCX_PROTO_ENABLE", STRING, "", 0, 0, "", \
+           "UCX's own switch for its protocol selection v2, used as given; unset: the inter-host engine uses n (v2, the default from UCX 1.16, has no software-emulated fetching atomics over TCP, which the engine's signals need).") \
     MM_ENV(GEMM, "MEGAMOE_GEMM", ENUM, "auto", 0, 0, "auto|amx|avx512|onednn|ref", \
            "BF16 GEMM backend, read when a MegaMoeExperts layer is created; auto: the own amx kernel where the CPU has usable AMX-BF16, else oneDNN where built, with big packed weights on the own avx512 kernel (docs/kernels.md).") \
     MM_ENV(THREADS, "MEGAMOE_THREADS", INT, "0", 0, 4096, "", \
