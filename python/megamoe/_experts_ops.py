@@ -124,11 +124,14 @@ def experts_forward(layer, hidden_states, topk_ids, topk_weights, tokens_per_exp
         m._refuse("forward", exc)
     out = torch.empty(hidden_states.shape, dtype=torch.bfloat16, device="cpu")
     tpe_int64 = tokens_per_expert is not None and tokens_per_expert.dtype == torch.int64
-    inp = _ex._Input(_ptr(hidden_states), _ptr(topk_ids),
-                     _ex._INT32 if topk_ids.dtype == torch.int32 else _ex._INT64,
-                     _ptr(topk_weights),
-                     _ex._FP32 if topk_weights.dtype == torch.float32 else _ex._BF16,
-                     _ptr(tokens_per_expert), _ex._INT64 if tpe_int64 else _ex._INT32)
+    inp = _lib.default(_ex._Input)  # an extensible struct: fields by name
+    inp.hidden_states = _ptr(hidden_states)
+    inp.topk_ids = _ptr(topk_ids)
+    inp.topk_ids_dtype = _ex._INT32 if topk_ids.dtype == torch.int32 else _ex._INT64
+    inp.topk_weights = _ptr(topk_weights)
+    inp.topk_weights_dtype = _ex._FP32 if topk_weights.dtype == torch.float32 else _ex._BF16
+    inp.tokens_per_expert = _ptr(tokens_per_expert)
+    inp.tokens_per_expert_dtype = _ex._INT64 if tpe_int64 else _ex._INT32
     w = _ex._weights_desc(m, gate_up, down, external)
     if save:
         state = _Saved()
