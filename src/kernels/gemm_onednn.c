@@ -44,26 +44,31 @@
 #define MM_DNNL_CACHE_MAX 4096
 
 /* ---- oneDNN 2.x / 3.x compatibility ------------------------------------------------------- */
-/* A memory descriptor is an owned handle (mm_md_t, freed with mm_md_free) or a borrowed view
- * (mm_md_view_t, what the oneDNN functions taking a descriptor accept in both versions). In 2.x
- * descriptors are plain structs: an owned one is a heap copy. */
+/* A memory descriptor (mm_md_t) is a struct in 2.x and a handle in 3.x; MM_MDV(md) is what the
+ * oneDNN functions taking a descriptor accept in both (mm_md_view_t), mm_md_free(&md) releases
+ * a 3.x handle and is a no-op in 2.x (so the 2.x call paths allocate nothing, as before). */
 
 #if DNNL_VERSION_MAJOR >= 3
 #define MM_DNNL3 1
 typedef dnnl_memory_desc_t mm_md_t;
 typedef const_dnnl_memory_desc_t mm_md_view_t;
+#define MM_MDV(md) (md)
+#define MM_MD_NONE NULL
 #else
 #define MM_DNNL3 0
-typedef dnnl_memory_desc_t *mm_md_t;
+typedef dnnl_memory_desc_t mm_md_t;
 typedef const dnnl_memory_desc_t *mm_md_view_t;
+#define MM_MDV(md) (&(md))
+#define MM_MD_NONE {0}
 #endif
 
-static void mm_md_free(mm_md_t md)
+static void mm_md_free(mm_md_t *md)
 {
 #if MM_DNNL3
-    if (md) dnnl_memory_desc_destroy(md);
+    if (*md) dnnl_memory_desc_destroy(*md);
+    *md = NULL;
 #else
-    free(md);
+    (void)md;
 #endif
 }
 
@@ -75,8 +80,7 @@ static dnnl_status_t mm_md_by_strides(mm_md_t *md, int64_t d0, int64_t d1, dnnl_
 #if MM_DNNL3
     return dnnl_memory_desc_create_with_strides(md, 2, dims, t, strides);
 #else
-    if ((*md = malloc(sizeof **md)) == NULL) return dnnl_out_of_memory;
-    return dnnl_memory_desc_init_by_strides(*md, 2, dims, t, strides);
+    return dnnl_memory_desc_init_by_strides(md, 2, dims, t, strides);
 #endif
 }
 
@@ -87,8 +91,7 @@ static dnnl_status_t mm_md_by_tag(mm_md_t *md, int64_t d0, int64_t d1, dnnl_data
 #if MM_DNNL3
     return dnnl_memory_desc_create_with_tag(md, 2, dims, t, tag);
 #else
-    if ((*md = malloc(sizeof **md)) == NULL) return dnnl_out_of_memory;
-    return dnnl_memory_desc_init_by_tag(*md, 2, dims, t, tag);
+    return dnnl_memory_desc_init_by_tag(md, 2, dims, t, tag);
 #endif
 }
 
@@ -97,8 +100,7 @@ static dnnl_status_t mm_md_copy(mm_md_t *md, mm_md_view_t from)
 #if MM_DNNL3
     return dnnl_memory_desc_clone(md, from);
 #else
-    if ((*md = malloc(sizeof **md)) == NULL) return dnnl_out_of_memory;
-    **md = *from;
+    *md = *from;
     return dnnl_success;
 #endif
 }
@@ -240,7 +242,7 @@ typedef struct mm_dnnl_key {
 typedef struct mm_dnnl_prim {
     struct mm_dnnl_prim *next;
     mm_dnnl_key_t key;        /* key.wmd is wmd_own once cached */
-    mm_md_t wmd_own;
+    mm_md_t wmd_own;          /* PACKED: the cached key's weights layout */
     dnnl_primitive_desc_t pd;
     dnnl_primitive_t prim;
     size_t scratch_bytes;
@@ -279,7 +281,7 @@ static void mm_prim_destroy(mm_dnnl_prim_t *p)
     if (p == NULL) return;
     if (p->prim) dnnl_primitive_destroy(p->prim);
     if (p->pd) dnnl_primitive_desc_destroy(p->pd);
-    mm_md_free(p->wmd_own);
+    mm_md_free(&p->wmd_own);
     free(p);
 }
 
@@ -289,7 +291,7 @@ static megamoe_status_t mm_prim_create(const mm_dnnl_key_t *key, mm_dnnl_prim_t 
 {
     MM_CHECK(mm_onednn_probe());
     const dnnl_dim_t R = DNNL_RUNTIME_DIM_VAL;
-    mm_md_t src = NULL, wei = NULL, dst = NULL;
+    mm_md_t src = MM_MD_NONE, wei = MM_MD_NONE, dst = MM_MD_NONE;
     dnnl_status_t s;
     if (key->kind == MM_DNNL_PLAIN) {
         s = mm_md_by_strides(&src, R, R, dnnl_bf16, key->form == MM_GEMM_TN ? 1 : R,
@@ -315,26 +317,28 @@ static megamoe_status_t mm_prim_create(const mm_dnnl_key_t *key, mm_dnnl_prim_t 
     }
     mm_dnnl_prim_t *p = s == dnnl_success ? calloc(1, sizeof *p) : NULL;
     if (s == dnnl_success && p == NULL) s = dnnl_out_of_memory;
-    if (s == dnnl_success) s = mm_matmul_pd(&p->pd, mm_engine, src, wei, dst, attr);
+    if (s == dnnl_success)
+        s = mm_matmul_pd(&p->pd, mm_engine, MM_MDV(src), MM_MDV(wei), MM_MDV(dst), attr);
     if (ops) dnnl_post_ops_destroy(ops);
     if (attr) dnnl_primitive_attr_destroy(attr);
-    mm_md_free(src);
-    mm_md_free(dst);
+    mm_md_free(&src);
+    mm_md_free(&dst);
     if (s != dnnl_success) {
-        mm_md_free(wei);
+        mm_md_free(&wei);
         mm_prim_destroy(p);
         return mm_dnnl_fail(s, "matmul primitive descriptor");
     }
     p->key = *key;
-    p->wmd_own = wei; /* the cached key's weights layout (NULL for plain primitives) */
-    p->key.wmd = wei;
+    p->wmd_own = wei; /* owned by the primitive from here */
+    p->key.wmd = MM_MDV(p->wmd_own);
     const char *impl = "";
     dnnl_primitive_desc_query(p->pd, dnnl_query_impl_info_str, 0, &impl);
     /* Packed: only worth it (and only then used) in a real kernel on exactly our layout. Plain
      * primitives are always used: oneDNN's choice, even its reference code, is correct. */
     p->usable = key->kind == MM_DNNL_PLAIN ||
                 (strncmp(impl, "ref", 3) != 0 &&
-                 dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(p->pd, dnnl_query_weights_md, 0), wei));
+                 dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(p->pd, dnnl_query_weights_md, 0),
+                                        MM_MDV(p->wmd_own)));
     if (!p->usable) {
         MM_DEBUG("oneDNN picks '%s' for packed %lldx%lldx%lld; computing unpacked instead", impl,
                  (long long)key->rows, (long long)key->K, (long long)key->N);
@@ -461,7 +465,7 @@ static megamoe_status_t mm_plain_rows(const mm_gemm_args_t *a, mm_dnnl_prim_t *p
                                       int64_t rows, const uint16_t *A, int64_t lda)
 {
     int64_t cols = a->n1 - a->n0;
-    mm_md_t src = NULL, wei = NULL, dst = NULL;
+    mm_md_t src = MM_MD_NONE, wei = MM_MD_NONE, dst = MM_MD_NONE;
     const uint16_t *B = a->form == MM_GEMM_NT ? a->B + a->n0 * a->ldb : a->B + a->n0;
     megamoe_status_t st = a->form == MM_GEMM_TN ? mm_md_strided(&src, rows, a->K, 1, lda, dnnl_bf16)
                                                 : mm_md_strided(&src, rows, a->K, lda, 1, dnnl_bf16);
@@ -470,10 +474,11 @@ static megamoe_status_t mm_plain_rows(const mm_gemm_args_t *a, mm_dnnl_prim_t *p
                                    : mm_md_strided(&wei, a->K, cols, a->ldb, 1, dnnl_bf16);
     if (st == MEGAMOE_OK) st = mm_md_strided(&dst, rows, cols, a->ldc, 1, mm_dnnl_type(a->c_type));
     if (st == MEGAMOE_OK)
-        st = mm_prim_run(p, src, A, wei, B, dst, mm_gemm_c_at(a->C, a->ldc, a->c_type, m, a->n0));
-    mm_md_free(src);
-    mm_md_free(wei);
-    mm_md_free(dst);
+        st = mm_prim_run(p, MM_MDV(src), A, MM_MDV(wei), B, MM_MDV(dst),
+                         mm_gemm_c_at(a->C, a->ldc, a->c_type, m, a->n0));
+    mm_md_free(&src);
+    mm_md_free(&wei);
+    mm_md_free(&dst);
     return st;
 }
 
@@ -611,17 +616,17 @@ static megamoe_status_t mm_packed(const mm_gemm_args_t *a)
     if (lw->nb == 0 && cols != a->N) return mm_plain(&plain);
     const uint16_t *wptr = w->data;
     if (lw->nb) wptr += (a->n0 / lw->nb) * lw->block_stride;
-    if (cols == a->N) return mm_chunked(a, lw->md, wptr, &plain);
+    if (cols == a->N) return mm_chunked(a, MM_MDV(lw->md), wptr, &plain);
     /* a column block: the same layout over `cols` columns */
 #if MM_DNNL3
-    mm_md_t wmd = NULL;
+    mm_md_t wmd = MM_MD_NONE;
     dnnl_status_t s = mm_md_by_tag(&wmd, a->K, cols, dnnl_bf16, lw->tag);
     if (s != dnnl_success) return mm_dnnl_fail(s, "memory descriptor");
     megamoe_status_t st = mm_chunked(a, wmd, wptr, &plain);
-    mm_md_free(wmd);
+    mm_md_free(&wmd);
     return st;
 #else
-    dnnl_memory_desc_t wmd = *lw->md;
+    dnnl_memory_desc_t wmd = lw->md;
     wmd.dims[1] = cols;
     wmd.padded_dims[1] = (cols + lw->nb - 1) / lw->nb * lw->nb;
     return mm_chunked(a, &wmd, wptr, &plain);
@@ -638,15 +643,15 @@ static megamoe_status_t mm_plain_or_chunked(const mm_gemm_args_t *a)
     int dense = (a->form == MM_GEMM_NN && a->ldb == a->N) || (a->form == MM_GEMM_NT && a->ldb == a->K);
     if (!dense || a->n0 != 0 || a->n1 != a->N || a->K * a->N > MM_DNNL_SMALL_WEIGHTS)
         return mm_plain(a);
-    mm_md_t wmd = NULL;
+    mm_md_t wmd = MM_MD_NONE;
     dnnl_status_t s = mm_md_by_tag(&wmd, a->K, a->N, dnnl_bf16,
                                    a->form == MM_GEMM_NT ? dnnl_ba : dnnl_ab);
     if (s != dnnl_success) {
-        mm_md_free(wmd);
+        mm_md_free(&wmd);
         return mm_dnnl_fail(s, "memory descriptor");
     }
-    megamoe_status_t st = mm_chunked(a, wmd, a->B, a);
-    mm_md_free(wmd);
+    megamoe_status_t st = mm_chunked(a, MM_MDV(wmd), a->B, a);
+    mm_md_free(&wmd);
     return st;
 }
 
@@ -711,12 +716,13 @@ static megamoe_status_t mm_onednn_fill(mm_gemm_weight_t *w, const mm_dnnl_weight
         return MEGAMOE_OK;
     }
 #endif
-    mm_md_t from = NULL;
+    mm_md_t from = MM_MD_NONE;
     dnnl_status_t s = w->form == MM_GEMM_NT ? mm_md_by_strides(&from, w->K, w->N, dnnl_bf16, 1, w->ld)
                                             : mm_md_by_strides(&from, w->K, w->N, dnnl_bf16, w->ld, 1);
-    megamoe_status_t st = s == dnnl_success ? mm_dnnl_reorder(from, w->src, lw->md, w->data)
-                                            : mm_dnnl_fail(s, "memory descriptor");
-    mm_md_free(from);
+    megamoe_status_t st = s == dnnl_success
+                              ? mm_dnnl_reorder(MM_MDV(from), w->src, MM_MDV(lw->md), w->data)
+                              : mm_dnnl_fail(s, "memory descriptor");
+    mm_md_free(&from);
     return st;
 }
 
@@ -724,21 +730,21 @@ static megamoe_status_t mm_onednn_fill(mm_gemm_weight_t *w, const mm_dnnl_weight
  * and pack the source into it. */
 static megamoe_status_t mm_onednn_pack_impl(mm_gemm_weight_t *w, mm_dnnl_weight_t *lw)
 {
-    mm_md_t src = NULL, wei = NULL, dst = NULL;
+    mm_md_t src = MM_MD_NONE, wei = MM_MD_NONE, dst = MM_MD_NONE;
     dnnl_status_t s = mm_md_by_tag(&src, MM_DNNL_MB, w->K, dnnl_bf16, dnnl_ab);
     if (s == dnnl_success) s = mm_md_by_tag(&wei, w->K, w->N, dnnl_bf16, dnnl_format_tag_any);
     if (s == dnnl_success) s = mm_md_by_tag(&dst, MM_DNNL_MB, w->N, dnnl_f32, dnnl_ab);
     dnnl_primitive_desc_t pd = NULL;
-    if (s == dnnl_success) s = mm_matmul_pd(&pd, mm_engine, src, wei, dst, NULL);
-    mm_md_free(src);
-    mm_md_free(wei);
-    mm_md_free(dst);
+    if (s == dnnl_success) s = mm_matmul_pd(&pd, mm_engine, MM_MDV(src), MM_MDV(wei), MM_MDV(dst), NULL);
+    mm_md_free(&src);
+    mm_md_free(&wei);
+    mm_md_free(&dst);
     if (s == dnnl_success) s = mm_md_copy(&lw->md, dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0));
     if (pd) dnnl_primitive_desc_destroy(pd);
     if (s != dnnl_success) return mm_dnnl_fail(s, "matmul descriptor for packing");
 
     mm_md_layout_t *b = &lw->layout;
-    mm_md_layout(lw->md, b);
+    mm_md_layout(MM_MDV(lw->md), b);
     if (!b->blocked || b->nblks == 0) return MEGAMOE_OK; /* plain */
     int64_t kb = 1, nb = 1;
     for (int i = 0; i < b->nblks; i++) {
@@ -755,11 +761,11 @@ static megamoe_status_t mm_onednn_pack_impl(mm_gemm_weight_t *w, mm_dnnl_weight_
                                               dnnl_BA16a32b4a, dnnl_BA16a16b4a};
     lw->tag = dnnl_format_tag_undef;
     for (size_t i = 0; col_outer && i < sizeof named / sizeof named[0]; i++) {
-        mm_md_t t = NULL;
+        mm_md_t t = MM_MD_NONE;
         if (mm_md_by_tag(&t, w->K, w->N, dnnl_bf16, named[i]) == dnnl_success &&
             dnnl_memory_desc_equal(t, lw->md))
             lw->tag = named[i];
-        mm_md_free(t);
+        mm_md_free(&t);
         if (lw->tag != dnnl_format_tag_undef) break;
     }
     col_outer = col_outer && lw->tag != dnnl_format_tag_undef;
@@ -768,7 +774,7 @@ static megamoe_status_t mm_onednn_pack_impl(mm_gemm_weight_t *w, mm_dnnl_weight_
     lw->block_stride = col_outer ? b->strides[1] : 0;
     lw->own_pack = MM_X86 && mm_cpu_has_avx512() && mm_dnnl_is_ba16a64b2a(b);
 
-    size_t bytes = dnnl_memory_desc_get_size(lw->md);
+    size_t bytes = dnnl_memory_desc_get_size(MM_MDV(lw->md));
     void *data = NULL;
     MM_CHECK(mm_aligned_alloc(bytes, MM_CACHE_LINE, "oneDNN packed weight", &data));
     w->data = data;
@@ -809,7 +815,7 @@ static void mm_onednn_weight_release(mm_gemm_weight_t *w)
 {
     if (w->packed) mm_aligned_free(w->data);
     mm_dnnl_weight_t *lw = w->impl;
-    if (lw) mm_md_free(lw->md);
+    if (lw) mm_md_free(&lw->md);
     free(lw);
 }
 
@@ -843,17 +849,17 @@ megamoe_status_t mm_onednn_plain_create(int64_t M, int64_t K, int64_t N, int pac
     mm_onednn_plain_t *p = calloc(1, sizeof *p);
     if (p == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "mm_onednn_plain_create: out of memory");
     p->M = M, p->K = K, p->N = N, p->packed = packed_weights, p->threads = threads;
-    mm_md_t src = NULL, wei = NULL, dst = NULL;
+    mm_md_t src = MM_MD_NONE, wei = MM_MD_NONE, dst = MM_MD_NONE;
     int prev = mm_omp_enter(threads);
     dnnl_status_t s = mm_md_by_tag(&src, M, K, dnnl_bf16, dnnl_ab);
     if (s == dnnl_success) s = mm_md_by_tag(&wei, K, N, dnnl_bf16, packed_weights ? dnnl_format_tag_any : dnnl_ab);
     if (s == dnnl_success) s = mm_md_by_tag(&dst, M, N, dnnl_f32, dnnl_ab);
-    if (s == dnnl_success) s = mm_matmul_pd(&p->pd, mm_engine, src, wei, dst, NULL);
+    if (s == dnnl_success) s = mm_matmul_pd(&p->pd, mm_engine, MM_MDV(src), MM_MDV(wei), MM_MDV(dst), NULL);
     if (s == dnnl_success) s = dnnl_primitive_create(&p->prim, p->pd);
     mm_omp_leave(prev, threads);
-    mm_md_free(src);
-    mm_md_free(wei);
-    mm_md_free(dst);
+    mm_md_free(&src);
+    mm_md_free(&wei);
+    mm_md_free(&dst);
     if (s == dnnl_success) s = mm_md_copy(&p->wmd, dnnl_primitive_desc_query_md(p->pd, dnnl_query_weights_md, 0));
     if (s != dnnl_success) {
         mm_onednn_plain_destroy(p);
@@ -863,7 +869,7 @@ megamoe_status_t mm_onednn_plain_create(int64_t M, int64_t K, int64_t N, int pac
     return MEGAMOE_OK;
 }
 
-size_t mm_onednn_plain_weight_bytes(const mm_onednn_plain_t *p) { return dnnl_memory_desc_get_size(p->wmd); }
+size_t mm_onednn_plain_weight_bytes(const mm_onednn_plain_t *p) { return dnnl_memory_desc_get_size(MM_MDV(p->wmd)); }
 
 const char *mm_onednn_plain_impl(const mm_onednn_plain_t *p)
 {
@@ -878,16 +884,16 @@ megamoe_status_t mm_onednn_plain_pack(const mm_onednn_plain_t *p, const uint16_t
         memcpy(dst, B, (size_t)(p->K * p->N) * sizeof(uint16_t));
         return MEGAMOE_OK;
     }
-    mm_md_t from = NULL;
+    mm_md_t from = MM_MD_NONE;
     dnnl_status_t s = mm_md_by_tag(&from, p->K, p->N, dnnl_bf16, dnnl_ab);
     if (s != dnnl_success) {
-        mm_md_free(from);
+        mm_md_free(&from);
         return mm_dnnl_fail(s, "memory descriptor");
     }
     int prev = mm_omp_enter(1);
-    megamoe_status_t st = mm_dnnl_reorder(from, B, p->wmd, dst);
+    megamoe_status_t st = mm_dnnl_reorder(MM_MDV(from), B, MM_MDV(p->wmd), dst);
     mm_omp_leave(prev, 1);
-    mm_md_free(from);
+    mm_md_free(&from);
     return st;
 }
 
@@ -899,7 +905,7 @@ megamoe_status_t mm_onednn_plain_run(const mm_onednn_plain_t *p, const uint16_t 
     int prev = mm_omp_enter(p->threads);
     dnnl_memory_t m[3] = {NULL, NULL, NULL};
     dnnl_status_t s = dnnl_memory_create(&m[0], dnnl_primitive_desc_query_md(p->pd, dnnl_query_src_md, 0), mm_engine, (void *)A);
-    if (s == dnnl_success) s = dnnl_memory_create(&m[1], p->wmd, mm_engine, (void *)W);
+    if (s == dnnl_success) s = dnnl_memory_create(&m[1], MM_MDV(p->wmd), mm_engine, (void *)W);
     if (s == dnnl_success) s = dnnl_memory_create(&m[2], dnnl_primitive_desc_query_md(p->pd, dnnl_query_dst_md, 0), mm_engine, C);
     if (s == dnnl_success) {
         dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, m[0]}, {DNNL_ARG_WEIGHTS, m[1]}, {DNNL_ARG_DST, m[2]}};
@@ -917,7 +923,7 @@ void mm_onednn_plain_destroy(mm_onednn_plain_t *p)
     if (p == NULL) return;
     if (p->prim) dnnl_primitive_destroy(p->prim);
     if (p->pd) dnnl_primitive_desc_destroy(p->pd);
-    mm_md_free(p->wmd);
+    mm_md_free(&p->wmd);
     free(p);
 }
 
