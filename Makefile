@@ -1,7 +1,8 @@
 # Thin wrapper over CMake presets. `make run` and `make test` are the two commands of the README.
 SHELL := /bin/bash
 JOBS ?= $(shell nproc)
-PY := /usr/bin/python3
+# Debian's Python with python3-torch (the python3 first on PATH may be another); MEGAMOE_PYTHON=... picks one
+PY := $(or $(MEGAMOE_PYTHON),/usr/bin/python3)
 BUILD := build/release
 APT_PACKAGES := cmake make gcc g++ libdnnl-dev libopenmpi-dev openmpi-bin libucx-dev pkg-config \
                 python3-torch python3-numpy python3-pytest iproute2 \

@@ -15,8 +15,10 @@ for Ascend runs by swapping the module (the ``npu_`` prefix is optional)::
 ``group_ep`` / ``group_tp`` are communicator names from ``megamoe.comm.group_name(pg)`` (a
 ``megamoe.comm.Comm`` works too). Every rank of the world calls the operators in the same order
 (their symmetric workspaces are allocated collectively over the world). ``y_dtype`` picks the
-quantised output type: ``torch.int8`` or ``megamoe.float8_e4m3fn`` / ``megamoe.float8_e5m2``;
-fp8 outputs (and quant_mode 4's e8m0 scales) come back as ``torch.uint8`` tensors of the bytes.
+quantised output type: ``torch.int8``, ``torch.float8_e4m3fn`` / ``float8_e5m2`` (or
+``megamoe.float8_*``, or torch_npu's integer codes); fp8 outputs are float8 tensors where torch
+has the type (``uint8`` bytes on torch 1.13), quant_mode 4's e8m0 scales ``uint8``. Every operator
+here is ``torch.ops.megamoe.<name>`` too (megamoe/_library.py, docs/torch.md).
 Unwritten output regions are zero. The combines' ``comm_quant_mode`` is 0, 2 (int8), 3 or 4
 (MX fp8_e5m2 / fp8_e4m3fn, the Ascend 950 transport). torch_npu's V1 pair
 ``npu_moe_distribute_dispatch`` / ``npu_moe_distribute_combine`` maps onto V2 (_ops_v1.py).

@@ -74,5 +74,7 @@
     MM_ENV(BUILD_DIR, "MEGAMOE_BUILD_DIR", STRING, "", 0, 0, "", \
            "Source checkout: build directory whose src/libmegamoe.so Python loads (when MEGAMOE_LIB is unset) and which 'pip install .' packages.") \
     MM_ENV(TORCH_ADAPTER, "MEGAMOE_TORCH_ADAPTER", ENUM, "auto", 0, 0, "auto|on|off", \
-           "Python binding: call the library through the Torch adapter (torch.ops.megamoe) when it is built (auto), always (on: ImportError without it) or never (off: ctypes only).")
+           "Python binding: the Torch adapter's C++ CPU kernels for torch.ops.megamoe when one is built for the running torch and links its libtorch (auto; a warning when one is there but unusable), always (on: ImportError without it) or never (off: the Python bodies only).") \
+    MM_ENV(PYTHON, "MEGAMOE_PYTHON", STRING, "", 0, 0, "", \
+           "The Python interpreter the CLI starts for its Python parts (bench layer/dispatch torch baselines, bench report); unset: the one chosen at build time (CMake MEGAMOE_PYTHON, default /usr/bin/python3, Debian's with python3-torch).")
 /* clang-format on */

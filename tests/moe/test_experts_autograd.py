@@ -5,12 +5,13 @@ wholesale are re-packed, and NaN/Inf inputs or gradients are refused naming the 
 import os
 import socket
 import subprocess
+import sys
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
-PY = "/usr/bin/python3"
+PY = sys.executable  # the interpreter running the tests (MEGAMOE_PYTHON in CMake)
 
 
 def _free_port():
