@@ -1,7 +1,7 @@
 """One rank of the torch.compile check of MegaMoeExperts (tests/moe/test_experts_compile.py):
 a model that is the layer plus a sum loss, trained 3 AdamW steps eagerly and compiled with
-fullgraph=True on each backend; parameters, outputs and input gradients must be bit-identical.
-An inference forward compiled under torch.no_grad() must equal the eager one too.
+fullgraph=True on each backend; the parameters and the input gradients of every step must be
+bit-identical. The layer compiled alone under torch.no_grad() must equal the eager one too.
 
 usage: experts_compile_worker.py BACKEND...     (under `megamoe launch -n 2`, torch >= 2.4)
 Prints "rank R backend B: ok" per backend.
@@ -51,9 +51,13 @@ def train(backend):
         opt.step()
         opt.zero_grad()
         record += [x.grad, probs.grad]
+    # inference: the layer alone compiled under no_grad (the loss is not compared: inductor may
+    # sum in another order; what must be identical is the layer, its gradients, the parameters)
+    layer = model.experts if backend == "eager" else torch.compile(model.experts, backend=backend,
+                                                                   fullgraph=True)
     with torch.no_grad():
         x, ids, probs = inputs(STEPS)
-        record.append(run(x.detach(), ids, probs.detach()).reshape(1))
+        record.append(layer(x.detach(), ids, probs.detach()))
     record += [p.detach().clone() for p in model.parameters()]
     model.experts.close()
     return record

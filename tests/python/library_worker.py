@@ -5,7 +5,6 @@ usage: library_worker.py OUT_PREFIX      (under `megamoe launch -n 2`)
 Results: OUT_PREFIX.<rank>.json, {check: "ok" | error text}. Every rank runs the same checks in
 the same order (the operators are collective).
 """
-import ctypes
 import json
 import os
 import sys
@@ -118,8 +117,9 @@ def check_fake_tensor_mode():
         kw = dict(kw, y_dtype=_dtypes.npu_code(kw.get("y_dtype")))
         real = torch.ops.megamoe.npu_moe_distribute_dispatch_v2(*args, **kw)
         with FakeTensorMode() as mode:
-            fargs = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
-            fake = torch.ops.megamoe.npu_moe_distribute_dispatch_v2(*fargs, **kw)
+            fake_of = (lambda a: mode.from_tensor(a) if isinstance(a, torch.Tensor) else a)
+            fake = torch.ops.megamoe.npu_moe_distribute_dispatch_v2(
+                *[fake_of(a) for a in args], **{k: fake_of(v) for k, v in kw.items()})
         like(real, fake, f"FakeTensorMode dispatch {name}")
 
 
@@ -143,7 +143,10 @@ def check_opcheck():
              {"expert_scales": scales, "performance_info": perf})
     cargs, _, _ = combine_args(5)
     _opcheck(mm.npu_moe_distribute_combine_v2.default, cargs)
-    _opcheck(mm._npu_moe_distribute_combine_v2.default, cargs,
+    # (the twins without performance_info: it accumulates measured times, which differ between
+    # opcheck's eager and compiled runs by nature; the in-place operators above take it)
+    _opcheck(mm._npu_moe_distribute_combine_v2.default, cargs)
+    _opcheck(mm.npu_moe_distribute_combine_v2.default, cargs,
              {"performance_info": torch.zeros(WORLD, dtype=torch.int64)})
     g = torch.Generator().manual_seed(6 + RANK)
     residual = torch.randn(BS, 1, H, generator=g).to(torch.bfloat16)
@@ -219,14 +222,11 @@ def check_fp8_round_trip():
             same(ops.npu_moe_distribute_dispatch_v2(x, ids, GROUP, WORLD, RANK, E,
                                                     expert_scales=scales, quant_mode=mode,
                                                     y_dtype=code), d, f"y_dtype {code}")
-        # the values torch reads are the library's: decode the bytes with megamoe_convert
-        raw = q.contiguous().view(torch.uint8)
-        dec = torch.empty(q.shape, dtype=torch.float32)
-        lib = megamoe._lib.lib
-        src_code = _dtypes.code_of(y)
-        megamoe.check(lib.megamoe_convert(ctypes.c_void_p(dec.data_ptr()), _dtypes.FP32,
-                                          ctypes.c_void_p(raw.data_ptr()), src_code, q.numel()))
+        # the values torch reads are what the library wrote: the OCP fp8 decoding of the bytes
+        raw = q.contiguous().view(torch.uint8).long()
+        dec = _ocp_fp8_table(y is torch.float8_e4m3fn)[raw]
         assert torch.equal(q.float(), dec), f"{y}: torch's fp8 values differ from the library's"
+        assert bool(raw.ne(0).any()), "no data"
         rows = q.float()
         if mode == 4:  # e8m0 block scales, 32 per block
             assert s.dtype is torch.uint8
@@ -242,6 +242,25 @@ def check_fp8_round_trip():
         err = ((out.float() - want).norm() / want.norm()).item()
         limit = 0.05 if y is torch.float8_e4m3fn else 0.1
         assert err < limit, f"{y} quant_mode {mode}: round trip relative error {err:.3f}"
+
+
+def _ocp_fp8_table(e4m3fn):
+    """fp32 value of each of the 256 fp8 bytes (OCP FP8: e4m3fn bias 7 no Inf, e5m2 bias 15)."""
+    ebits, mbits, bias = (4, 3, 7) if e4m3fn else (5, 2, 15)
+    vals = []
+    for b in range(256):
+        sign = -1.0 if b & 0x80 else 1.0
+        e, m = (b >> mbits) & ((1 << ebits) - 1), b & ((1 << mbits) - 1)
+        if e4m3fn and e == 15 and m == 7:
+            v = float("nan")
+        elif not e4m3fn and e == 31:
+            v = float("inf") if m == 0 else float("nan")
+        elif e == 0:
+            v = m / (1 << mbits) * 2.0 ** (1 - bias)
+        else:
+            v = (1 + m / (1 << mbits)) * 2.0 ** (e - bias)
+        vals.append(sign * v)
+    return torch.tensor(vals, dtype=torch.float32)
 
 
 def check_default_device():
