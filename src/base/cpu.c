@@ -8,6 +8,8 @@
 
 #include "megamoe/config.h"
 
+#include "base/abi.h"
+#include "base/error.h"
 #include "cpu.h"
 
 #if MM_X86
@@ -173,15 +175,16 @@ int mm_cpu_request_amx(void)
     return mm_amx_granted;
 }
 
-megamoe_status_t megamoe_host_info(megamoe_host_info_t *info_p)
+megamoe_status_t megamoe_host_info_sized(megamoe_host_info_t *info_p, size_t info_size)
 {
-    if (info_p == NULL) return MEGAMOE_INVALID_ARGUMENT;
-    memset(info_p, 0, sizeof *info_p);
-    snprintf(info_p->cpu, sizeof info_p->cpu, "%s", mm_cpu_brand());
-    info_p->cores = mm_cpu_count();
-    info_p->avx512 = mm_cpu_has_avx512();
-    info_p->avx512_bf16 = mm_cpu_has_avx512_bf16();
-    info_p->amx_bf16 = mm_cpu_has_amx_bf16();
-    info_p->amx_usable = mm_cpu_request_amx();
-    return MEGAMOE_OK;
+    if (info_p == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "host_info: NULL output");
+    megamoe_host_info_t in;
+    memset(&in, 0, sizeof in);
+    snprintf(in.cpu, sizeof in.cpu, "%s", mm_cpu_brand());
+    in.cores = mm_cpu_count();
+    in.avx512 = mm_cpu_has_avx512();
+    in.avx512_bf16 = mm_cpu_has_avx512_bf16();
+    in.amx_bf16 = mm_cpu_has_amx_bf16();
+    in.amx_usable = mm_cpu_request_amx();
+    return mm_abi_copy_out(info_p, info_size, &in, sizeof in, "megamoe_host_info_t");
 }
