@@ -123,28 +123,27 @@ static megamoe_status_t mm_fwd_phase(mm_fwd_t *f, int phase, int timer)
     return st;
 }
 
-/* The call's row count on this rank (T_r) from the input: a fixed layer's T (num_tokens -1 or
- * T), a dynamic layer's 0..T_cap. */
+/* The call's row count on this rank (T_r) from the input: a fixed layer's T (num_tokens 0, the
+ * ABI scheme's zero for "not set", or T), a dynamic layer's 0..T_cap. */
 static megamoe_status_t mm_moe_call_tokens(const megamoe_experts_t *x,
                                            const megamoe_experts_input_t *in, int64_t *tokens_p)
 {
     const int64_t n = in->num_tokens, T = x->cfg.T;
     *tokens_p = T;
     if (!x->cfg.dynamic) {
-        if (n != -1 && n != T)
+        if (n != 0 && n != T)
             return mm_error(MEGAMOE_INVALID_ARGUMENT,
                             "num_tokens = %lld but this layer has a fixed local_num_tokens (T) = "
-                            "%lld; pass T rows (num_tokens -1 or T), or create the layer with "
+                            "%lld; pass T rows (num_tokens 0 or T), or create the layer with "
                             "max_local_num_tokens for per-call counts",
                             (long long)n, (long long)T);
         return MEGAMOE_OK;
     }
     if (n < 0)
         return mm_error(MEGAMOE_INVALID_ARGUMENT,
-                        "num_tokens = %lld: a layer with max_local_num_tokens (T_cap = %lld) "
-                        "needs the call's row count, 0..%lld, in megamoe_experts_input_t."
-                        "num_tokens",
-                        (long long)n, (long long)T, (long long)T);
+                        "num_tokens = %lld: the call's row count must be in 0..%lld "
+                        "(max_local_num_tokens, T_cap, of this layer)",
+                        (long long)n, (long long)T);
     if (n > T)
         return mm_error(MEGAMOE_INVALID_ARGUMENT,
                         "this call passes %lld tokens but max_local_num_tokens (T_cap) is %lld; "

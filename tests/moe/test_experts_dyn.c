@@ -437,8 +437,8 @@ MM_TEST(count_errors_fail_on_every_rank_before_data_moves)
         /* T_r > T_cap on the last rank */
         mm_dyn_refused(x, &P, n, ep - 1, TCAP + 1,
                        "this call passes 301 tokens but max_local_num_tokens (T_cap) is 300");
-        /* no count on a dynamic layer */
-        mm_dyn_refused(x, &P, n, 0, -1, "needs the call's row count");
+        /* a negative count on a dynamic layer */
+        mm_dyn_refused(x, &P, n, 0, -1, "the call's row count must be in 0..300");
         ASSERT_OK(megamoe_experts_close(x));
         megamoe_experts_destroy(x);
         /* a fixed layer takes exactly T rows */
