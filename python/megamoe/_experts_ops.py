@@ -112,6 +112,9 @@ def experts_forward(layer, hidden_states, topk_ids, topk_weights, tokens_per_exp
     m = layer_of(layer, "experts_forward")
     t, h, k, e = m.local_num_tokens, m.hidden_size, m.top_k, m.num_experts
     local = e // m.ep_size
+    dynamic = t is None  # per-call counts: this call's rows (0..T_cap, checked collectively)
+    if dynamic:
+        t = hidden_states.numel() // h if isinstance(hidden_states, torch.Tensor) else 0
     try:
         _require(hidden_states, "hidden_states", (torch.bfloat16,), t * h)
         _require(topk_ids, "topk_ids", (torch.int32, torch.int64), t * k)
@@ -132,6 +135,8 @@ def experts_forward(layer, hidden_states, topk_ids, topk_weights, tokens_per_exp
     inp.topk_weights_dtype = _ex._FP32 if topk_weights.dtype == torch.float32 else _ex._BF16
     inp.tokens_per_expert = _ptr(tokens_per_expert)
     inp.tokens_per_expert_dtype = _ex._INT64 if tpe_int64 else _ex._INT32
+    if dynamic:
+        inp.num_tokens = t  # 0..T_cap (a fixed layer keeps the default 0: its T)
     w = _ex._weights_desc(m, gate_up, down, external)
     if save:
         state = _Saved()

@@ -83,6 +83,38 @@ int mm_cpu_has_amx_bf16(void)
 #endif
 }
 
+int mm_cpu_has_avx512_vnni(void)
+{
+#if MM_X86
+    static atomic_int cached = -1; /* racing first calls compute the same value */
+    int c = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (c >= 0) return c;
+    unsigned r[4];
+    mm_cpuid(7, 0, r);
+    int v = mm_cpu_has_avx512() && ((r[2] >> 11) & 1); /* ECX bit 11: AVX512_VNNI */
+    atomic_store_explicit(&cached, v, memory_order_relaxed);
+    return v;
+#else
+    return 0;
+#endif
+}
+
+int mm_cpu_has_amx_int8(void)
+{
+#if MM_X86
+    static atomic_int cached = -1; /* racing first calls compute the same value */
+    int c = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (c >= 0) return c;
+    unsigned r[4];
+    mm_cpuid(7, 0, r);
+    int v = ((r[3] >> 24) & 1) && ((r[3] >> 25) & 1); /* AMX-TILE, AMX-INT8 */
+    atomic_store_explicit(&cached, v, memory_order_relaxed);
+    return v;
+#else
+    return 0;
+#endif
+}
+
 static char mm_brand[49];
 
 static void mm_cpu_brand_init(void)
