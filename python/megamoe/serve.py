@@ -419,10 +419,9 @@ class SymmBuffer:
 
     def update_mask_buffer(self, rank, masked):
         """Set this process's entry for `rank` (an int in [0, W)) to `masked` (a bool)."""
-        if isinstance(rank, bool) or not isinstance(rank, numbers.Integral):
-            raise TypeError(f"rank must be an int, got {type(rank).__name__}")
-        if not 0 <= int(rank) < self.ep_world_size:
-            raise IndexError(f"rank {int(rank)} is outside [0, {self.ep_world_size})")
+        if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) \
+                or not 0 <= int(rank) < self.ep_world_size:  # (CANN's wrapper: IndexError)
+            raise IndexError(f"rank must be an int in [0, {self.ep_world_size}), got {rank!r}")
         if not isinstance(masked, bool):
             raise TypeError(f"masked must be a bool, got {type(masked).__name__}")
         self._mask()
@@ -554,6 +553,10 @@ def mega_moe(x, topk_ids, topk_weights, l1_weights, l2_weights, sym_buffer, *, l
     """Returns (y [n, H] bf16, expert_token_nums [L] int32). Collective over the buffer's group
     (its unmasked ranks); forward only. docs/serve.md."""
     buf = _buffer_of(sym_buffer)
+    if not buf.alive:  # destroyed on every rank (destroy is collective): local
+        raise InvalidArgumentError(INVALID_ARGUMENT, "mega_moe: the SymmBuffer was destroyed (by "
+                                   "destroy(), or with its group's communicator); create a new "
+                                   "one with get_symm_buffer_for_mega_moe")
     call = _Call()
     a = _Args()
     call.tensor(a.x, x, "x")

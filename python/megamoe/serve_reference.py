@@ -277,12 +277,26 @@ def expert_ffn(x_bf16, d, act, a4w4=False):
     return f
 
 
+def combine_wire(f, combine_q):
+    """An expert's output rows through the combine transport: combine_quant_mode 0 keeps fp64
+    (the operator's bf16 rounding is inside the tolerance); 3 / 4: bf16, then MX fp8 e5m2 /
+    e4m3fn blocks dequantised in fp32 with the 950 kernel's scale rule (byte << 23: a block
+    with scale byte 0 comes back as 0)."""
+    if not combine_q:
+        return f
+    kind = FP8_E5M2 if combine_q == 3 else FP8_E4M3
+    dq, _, sc = mx_quant_dequant(f.float().to(torch.bfloat16), kind)
+    zero = (sc == 0).repeat_interleave(32, dim=-1)[..., :f.shape[-1]]
+    return torch.where(zero, torch.zeros_like(dq), dq)
+
+
 def mega_moe_reference(x, ids, weights, experts, act, active=None, masked_ranks=(), L=None,
-                       shared=None, a4w4=False, shared_a4w4=False):
+                       shared=None, a4w4=False, shared_a4w4=False, combine_q=0):
     """y (fp64 [n, H]) and the pair counts per global expert for one rank's tokens.
 
     experts: {global expert id: decoded expert (decode_expert)}; L: experts per rank (for the
-    rank mask); shared: list of decoded shared experts (weight 1, on this rank's tokens)."""
+    rank mask); shared: list of decoded shared experts (weight 1, on this rank's tokens);
+    combine_q: the buffer's combine_quant_mode (combine_wire)."""
     n, K = ids.shape
     H = x.shape[1]
     y = torch.zeros(n, H, dtype=torch.float64)
@@ -301,7 +315,7 @@ def mega_moe_reference(x, ids, weights, experts, act, active=None, masked_ranks=
         rows = [(t, k) for t in range(n) if act_rows[t] for k in range(K)
                 if int(ids[t, k]) == e]
         ts = torch.tensor([t for t, _ in rows])
-        f = expert_ffn(x[ts], experts[e], act, a4w4)
+        f = combine_wire(expert_ffn(x[ts], experts[e], act, a4w4), combine_q)
         w = torch.tensor([float(weights[t, k]) for t, k in rows], dtype=torch.float64)
         y.index_add_(0, ts, f * w[:, None])
     if shared:

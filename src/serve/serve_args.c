@@ -427,7 +427,8 @@ static megamoe_status_t mm_sv_parse_set(const mm_sv_set_args_t *sa, int atype_gi
     const int has_b = !mm_sv_list_empty(sa->b1) || !mm_sv_list_empty(sa->b2);
     if (sa->want < 0 && has_b)
         return MM_SV_BAD("%s / %s are not supported (as in CANN); leave them None", b1n, b2n);
-    if (set->scene == MM_SV_A8W4_INT) {
+    for (int e = 0; e < count; e++) set->b1[e] = set->b2[e] = NULL;
+    if (set->scene == MM_SV_A8W4_INT && sa->want > 0) {
         if (mm_sv_list_empty(sa->b1) || mm_sv_list_empty(sa->b2))
             return MM_SV_BAD("%s and %s (fp32, the compensation of the int4 product: 8 * "
                              "colsum(V * scale) for plain int4 weights) are required with int4 "
@@ -436,7 +437,7 @@ static megamoe_status_t mm_sv_parse_set(const mm_sv_set_args_t *sa, int atype_gi
         int bd;
         MM_CHECK(mm_sv_per_expert(b1n, sa->b1, count, 2 * I, okb, 1, (const void **)set->b1, &bd));
         MM_CHECK(mm_sv_per_expert(b2n, sa->b2, count, H, okb, 1, (const void **)set->b2, &bd));
-    } else if (has_b) {
+    } else if (has_b) { /* (shared int4 experts: the plain int8 x int4 product, no bias) */
         return MM_SV_BAD("%s / %s are only used by int4 weights (scene A8W4-INT); they must be "
                          "absent for %s", b1n, b2n, mm_sv_scene_name(set->scene));
     }

@@ -112,10 +112,53 @@ static megamoe_status_t mm_sv_drop(megamoe_symm_buffer_t *b, int collective)
     return st;
 }
 
+/* Memory a buffer left on its old team when update_group moved it (the old team's members
+ * are not all in that call): freed when the old team goes, or by the last release. */
+static struct {
+    mm_shmem_team_t *team;
+    void *ptr;
+} mm_sv_retired[64];
+
+static megamoe_status_t mm_sv_free_retired(mm_shmem_team_t *team)
+{
+    megamoe_status_t st = MEGAMOE_OK;
+    for (int i = 0; i < 64; i++) {
+        pthread_mutex_lock(&mm_sv_lock);
+        void *p = mm_sv_retired[i].ptr;
+        mm_shmem_team_t *t = mm_sv_retired[i].team;
+        if (p && (team == NULL || t == team)) mm_sv_retired[i].ptr = NULL;
+        else p = NULL;
+        pthread_mutex_unlock(&mm_sv_lock);
+        if (p && mm_shmem_is_running()) {
+            megamoe_status_t s = mm_shmem_team_free(t, p);
+            if (st == MEGAMOE_OK) st = s;
+        }
+    }
+    return st;
+}
+
+static megamoe_status_t mm_sv_retire(mm_shmem_team_t *team, void *ptr)
+{
+    if (ptr == NULL) return MEGAMOE_OK;
+    pthread_mutex_lock(&mm_sv_lock);
+    int slot = -1;
+    for (int i = 0; i < 64 && slot < 0; i++)
+        if (mm_sv_retired[i].ptr == NULL) slot = i;
+    if (slot >= 0) {
+        mm_sv_retired[slot].team = team;
+        mm_sv_retired[slot].ptr = ptr;
+    }
+    pthread_mutex_unlock(&mm_sv_lock);
+    if (slot < 0)
+        return mm_error(MEGAMOE_OUT_OF_MEMORY, "update_group: more than 64 buffer regions wait for "
+                        "their old groups to be destroyed; destroy old communicators first");
+    return MEGAMOE_OK;
+}
+
 static megamoe_status_t mm_sv_team_hook(mm_shmem_team_t *team, void *arg)
 {
     (void)arg;
-    megamoe_status_t st = MEGAMOE_OK;
+    megamoe_status_t st = mm_sv_free_retired(team);
     for (int i = 0; i < 256; i++) {
         pthread_mutex_lock(&mm_sv_lock);
         megamoe_symm_buffer_t *b = mm_sv_live[i];
@@ -131,7 +174,7 @@ static megamoe_status_t mm_sv_team_hook(mm_shmem_team_t *team, void *arg)
 static megamoe_status_t mm_sv_release_hook(void *arg)
 {
     (void)arg;
-    megamoe_status_t st = MEGAMOE_OK;
+    megamoe_status_t st = mm_sv_free_retired(NULL);
     for (int i = 0; i < 256; i++) {
         pthread_mutex_lock(&mm_sv_lock);
         megamoe_symm_buffer_t *b = mm_sv_live[i];
@@ -443,7 +486,8 @@ megamoe_status_t megamoe_symm_buffer_update_group(megamoe_symm_buffer_t *b, mega
     }
     /* fresh memory on the new team; the old team's is freed when that team goes (its members
      * are not all part of this call) — until then it stays allocated on the old team */
-    megamoe_symm_buffer_t old = *b;
+    void *old_recv = b->recv, *old_sig = b->sig;
+    mm_shmem_team_t *old_team = b->team;
     mm_sv_register(b, 0);
     for (int i = 0; i < MM_SV_MAX_MASK_GROUPS; i++) mm_call_group_unregister(&b->orders[i].calls);
     memset(b->orders, 0, sizeof b->orders);
@@ -451,14 +495,15 @@ megamoe_status_t megamoe_symm_buffer_update_group(megamoe_symm_buffer_t *b, mega
     b->recv = NULL;
     b->sig = NULL;
     st = mm_sv_alloc(b, team);
+    /* (a full table only leaks the old region until exit; the buffer itself is fine) */
+    if (mm_sv_retire(old_team, old_recv) != MEGAMOE_OK || mm_sv_retire(old_team, old_sig) != MEGAMOE_OK)
+        MM_WARN("update_group: the old group's buffer memory stays allocated until exit");
     if (st != MEGAMOE_OK) {
-        *b = old;
-        b->alive = 0;
+        b->alive = 0; /* the allocation failed on every member: nothing to free */
         return st;
     }
     b->gen = 0;
     mm_sv_register(b, 1);
-    (void)old;
     return MEGAMOE_OK;
 }
 

@@ -122,7 +122,7 @@ megamoe_status_t mm_sv_prepare(const mm_sv_experts_t *set, int e, void *scratch,
         pw->sig1 = sig1;
         pw->sig2 = sig2;
     }
-    if (set->scene == MM_SV_A8W4_INT) { /* off = B - 8 colsum(V o sigma), in place of colsum */
+    if (set->scene == MM_SV_A8W4_INT && set->b1[e]) { /* off = B - 8 colsum(V o sigma) */
         for (int64_t n = 0; n < 2 * I; n++) cs1[n] = set->b1[e][n] - 8.0f * (cs1[n] * sig1[n]);
         for (int64_t n = 0; n < H; n++) cs2[n] = set->b2[e][n] - 8.0f * (cs2[n] * sig2[n]);
         pw->off1 = cs1;
