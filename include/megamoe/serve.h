@@ -182,12 +182,23 @@ typedef struct megamoe_mega_moe_args {
     /* outputs */
     megamoe_tensor_t y;                 /* bf16 [n, H] */
     megamoe_tensor_t expert_token_nums; /* int32 [L] */
+    /* the caller's counter for the weights' values: the library keeps packed copies of the
+     * weights between calls (keyed by address, shape and this version, guarded by a sample of
+     * the bytes); change it when a weight is modified in place (Python: from the tensors'
+     * version counters). */
+    uint64_t weights_version;
 } megamoe_mega_moe_args_t;
 
 megamoe_mega_moe_args_t megamoe_mega_moe_args_default(void);
 
 /* Collective over the buffer's group (its unmasked ranks). */
 megamoe_status_t megamoe_mega_moe(megamoe_symm_buffer_t *buffer, const megamoe_mega_moe_args_t *args);
+
+/* The process-wide cache of packed expert weights (MEGAMOE_SERVE_WEIGHT_CACHE bounds it):
+ * its bytes, and the lookups that found / (re)packed a weight. Clear drops every copy (local;
+ * not during a call). */
+void megamoe_serve_weight_cache_info(size_t *bytes_p, uint64_t *hits_p, uint64_t *misses_p);
+void megamoe_serve_weight_cache_clear(void);
 
 /* sizeof of this header's structs as the library was built (bindings check their mirrors):
  * 0 params, 1 info, 2 args, 3 tensor list; 0 for another value. */

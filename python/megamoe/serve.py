@@ -31,7 +31,8 @@ from .errors import (CALL_MISMATCH, INVALID_ARGUMENT, InvalidArgumentError,
                      InvalidArgumentTypeError, MegaMoeError, check, clear_next_call_error,
                      fail_next_call)
 
-__all__ = ["SymmBuffer", "get_symm_buffer_for_mega_moe", "mega_moe", "float4_e2m1fn_x2"]
+__all__ = ["SymmBuffer", "get_symm_buffer_for_mega_moe", "mega_moe", "float4_e2m1fn_x2",
+           "weight_cache_info", "clear_weight_cache"]
 
 float4_e2m1fn_x2 = 296  # torch_npu's enum value of the packed fp4 dtype
 
@@ -131,7 +132,8 @@ class _Args(ctypes.Structure):
                                        "shared_l1_weights_sf", "shared_l2_weights_sf",
                                        "shared_l1_bias", "shared_l2_bias")]
                 + [("shared_expert_quant_out_dtype", _Ci), ("shared_weight1_type", _Ci),
-                   ("shared_weight2_type", _Ci), ("y", _T), ("expert_token_nums", _T)])
+                   ("shared_weight2_type", _Ci), ("y", _T), ("expert_token_nums", _T),
+                   ("weights_version", ctypes.c_uint64)])
 
 
 _L = _lib.lib
@@ -163,6 +165,11 @@ _L.megamoe_symm_buffer_mask_set.restype = ctypes.c_int
 _L.megamoe_symm_buffer_mask_set.argtypes = [_vp, ctypes.c_int, ctypes.c_int]
 _L.megamoe_symm_buffer_mask_clear.restype = ctypes.c_int
 _L.megamoe_symm_buffer_mask_clear.argtypes = [_vp]
+_L.megamoe_serve_weight_cache_info.restype = None
+_L.megamoe_serve_weight_cache_info.argtypes = [_P(ctypes.c_size_t), _P(ctypes.c_uint64),
+                                               _P(ctypes.c_uint64)]
+_L.megamoe_serve_weight_cache_clear.restype = None
+_L.megamoe_serve_weight_cache_clear.argtypes = []
 _L.megamoe_mega_moe.restype = ctypes.c_int
 _L.megamoe_mega_moe.argtypes = [_vp, _P(_Args)]
 
@@ -573,6 +580,14 @@ def mega_moe(x, topk_ids, topk_weights, l1_weights, l2_weights, sym_buffer, *, l
                     ("shared_l2_weights_sf", shared_l2_weights_sf),
                     ("shared_l1_bias", shared_l1_bias), ("shared_l2_bias", shared_l2_bias)):
         call.tensors(getattr(a, name), v, name)
+    # the weights' version for the library's packed copies: torch bumps a tensor's version
+    # counter (shared by its views) on every in-place change
+    version = 0
+    for v in (l1_weights, l2_weights, shared_l1_weights, shared_l2_weights):
+        for t in (v if isinstance(v, (list, tuple)) else [v]):
+            if isinstance(t, torch.Tensor):
+                version = (version * 1000003 + t._version + 1) & 0xFFFFFFFFFFFFFFFF
+    a.weights_version = version
     call.tensor(a.x_active_mask, x_active_mask, "x_active_mask")
     call.tensor(a.scales, scales, "scales")
     # activation, its parameters (and the older DeepEP keywords beta= / linear_beta=)
@@ -648,3 +663,16 @@ def mega_moe(x, topk_ids, topk_weights, l1_weights, l2_weights, sym_buffer, *, l
     call.tensor(a.expert_token_nums, etn, "expert_token_nums")
     call.run(_L.megamoe_mega_moe, buf._live_handle(), ctypes.byref(a))
     return y, etn
+
+
+def weight_cache_info():
+    """The process-wide cache of packed expert weights mega_moe keeps between calls:
+    {"bytes", "hits", "misses"} (MEGAMOE_SERVE_WEIGHT_CACHE bounds the bytes; docs/serve.md)."""
+    b, h, m = ctypes.c_size_t(), ctypes.c_uint64(), ctypes.c_uint64()
+    _L.megamoe_serve_weight_cache_info(ctypes.byref(b), ctypes.byref(h), ctypes.byref(m))
+    return {"bytes": b.value, "hits": h.value, "misses": m.value}
+
+
+def clear_weight_cache():
+    """Drop every packed weight copy (e.g. after unloading a model; not during a call)."""
+    _L.megamoe_serve_weight_cache_clear()

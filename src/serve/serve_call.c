@@ -420,6 +420,8 @@ static megamoe_status_t mm_sv_body(megamoe_symm_buffer_t *b, const megamoe_mega_
     }
     b->gen = gen;
     for (int64_t j = 0; j < c.L; j++) c.expert_token_nums[j] = 0;
+    c.routed.version = c.shared.version = a->weights_version;
+    c.routed.stamp = c.shared.stamp = mm_sv_wcache_begin();
 
     /* ---- dispatch; shared experts overlap the peers' dispatch ---- */
     int64_t *pair_row = NULL;

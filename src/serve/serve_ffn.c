@@ -101,6 +101,9 @@ megamoe_status_t mm_sv_prepare(const mm_sv_experts_t *set, int e, void *scratch,
         pw->w2 = set->w2[e];
         pw->ld1 = 2 * I;
         pw->ld2 = H;
+        /* the packed copies from the cache: a decode step streams each weight once */
+        MM_CHECK(mm_sv_wcache_bf16(gemm, pw->w1, H, 2 * I, 2 * I, set->version, set->stamp, &pw->pk1));
+        MM_CHECK(mm_sv_wcache_bf16(gemm, pw->w2, I, H, H, set->version, set->stamp, &pw->pk2));
         return MEGAMOE_OK;
     }
     char *p = scratch;
@@ -169,7 +172,7 @@ size_t mm_sv_tile_bytes(const mm_sv_experts_t *set)
 
 static megamoe_status_t mm_sv_gemm(const mm_sv_prepared_t *pw, int nt, int64_t M, int64_t K,
                                    int64_t N, const uint16_t *A, int64_t lda, const uint16_t *B,
-                                   int64_t ldb, float *C)
+                                   int64_t ldb, const mm_gemm_weight_t *packed, float *C)
 {
     mm_gemm_args_t g;
     mm_gemm_args_init(&g);
@@ -179,12 +182,16 @@ static megamoe_status_t mm_sv_gemm(const mm_sv_prepared_t *pw, int nt, int64_t M
     g.N = N;
     g.A = A;
     g.lda = lda;
-    g.B = B;
-    g.ldb = ldb;
+    if (packed) {
+        g.weight = packed; /* its own backend */
+    } else {
+        g.B = B;
+        g.ldb = ldb;
+        g.backend = pw->gemm;
+    }
     g.C = C;
     g.ldc = N;
     g.c_type = MEGAMOE_DTYPE_FP32;
-    g.backend = pw->gemm;
     return mm_gemm(&g);
 }
 
@@ -221,7 +228,7 @@ megamoe_status_t mm_sv_ffn_tile(const mm_sv_experts_t *set, const mm_sv_prepared
             mm_sv_row_to_bf16((const char *)in + (size_t)r * ld, set->atype, H, t.a1 + r * H,
                               &t.sx[r]);
     }
-    MM_CHECK(mm_sv_gemm(pw, pw->nt, rows, H, 2 * I, a1, lda1, pw->w1, pw->ld1, t.c1));
+    MM_CHECK(mm_sv_gemm(pw, pw->nt, rows, H, 2 * I, a1, lda1, pw->w1, pw->ld1, pw->pk1, t.c1));
     mm_sv_epilogue(t.c1, rows, 2 * I, pw->sig1, pw->off1, t.sx);
     mm_sv_activation(act, rows, I, t.c1, 2 * I, t.act, I);
     /* GMM2 input */
@@ -245,7 +252,7 @@ megamoe_status_t mm_sv_ffn_tile(const mm_sv_experts_t *set, const mm_sv_prepared
             break;
         }
     }
-    MM_CHECK(mm_sv_gemm(pw, pw->nt, rows, I, H, t.a2, I, pw->w2, pw->ld2, t.c2));
+    MM_CHECK(mm_sv_gemm(pw, pw->nt, rows, I, H, t.a2, I, pw->w2, pw->ld2, pw->pk2, t.c2));
     mm_sv_epilogue(t.c2, rows, H, pw->sig2, pw->off2, t.sa);
     for (int64_t r = 0; r < rows; r++) {
         const float *f = t.c2 + r * H;

@@ -68,6 +68,7 @@ typedef struct mm_sv_experts {
     const void **w1, **w2, **s1, **s2;
     const float **b1, **b2;
     int int4_carrier; /* MEGAMOE_DTYPE_INT32 or INT8 */
+    uint64_t version, stamp; /* weights_version of the call; its weight-cache stamp */
 } mm_sv_experts_t;
 
 /* What every rank of a call must agree on (compared after the first exchange). */
@@ -190,6 +191,16 @@ void mm_sv_row_quant(const uint16_t *x, int atype, int64_t h, void *row);
 void mm_sv_activation(const mm_sv_act_t *act, int64_t rows, int64_t I, const float *h,
                       int64_t ldh, float *a, int64_t lda);
 
+/* ---- serve_wcache.c ---- */
+/* Start a call's use of the packed-weight cache: a stamp (entries it touches are kept). */
+uint64_t mm_sv_wcache_begin(void);
+/* The packed NN copy of bf16 src [K, N] (row stride ld elements) for this call. */
+megamoe_status_t mm_sv_wcache_bf16(const mm_gemm_backend_ops_t *backend, const uint16_t *src,
+                                   int64_t K, int64_t N, int64_t ld, uint64_t version,
+                                   uint64_t stamp, const mm_gemm_weight_t **weight_p);
+void mm_sv_wcache_stats(size_t *bytes, uint64_t *hits, uint64_t *misses);
+void mm_sv_wcache_clear(void);
+
 /* ---- serve_ffn.c ---- */
 /* The weights of expert e of a set, ready for the bf16 GEMMs: exact bf16 images of quantised
  * values ([in, out] "NN" or [out, in] "NT") plus the per-column epilogue terms. */
@@ -200,6 +211,7 @@ typedef struct mm_sv_prepared {
     const float *sig1, *sig2; /* per-channel scales (integer scenes; NULL otherwise) */
     const float *off1, *off2; /* A8W4: B - 8 colsum(V o sigma) per channel (else NULL) */
     const mm_gemm_backend_ops_t *gemm; /* resolved once per call (MEGAMOE_GEMM) */
+    const mm_gemm_weight_t *pk1, *pk2; /* packed copies from the weight cache (bf16), or NULL */
 } mm_sv_prepared_t;
 /* Scratch bytes one expert's preparation needs (0 for bf16 weights). */
 size_t mm_sv_prepare_bytes(const mm_sv_experts_t *set);
