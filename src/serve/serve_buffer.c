@@ -295,7 +295,7 @@ static void mm_sv_rec_fill(mm_sv_create_rec_t *r, const megamoe_symm_buffer_para
 /* Allocate the receive rows and signal lines on team (collective over its members). */
 static megamoe_status_t mm_sv_alloc(megamoe_symm_buffer_t *b, mm_shmem_team_t *team)
 {
-    const size_t recv = (size_t)b->cap * b->row_bytes, sig = (size_t)2 * (size_t)b->W * 64;
+    const size_t recv = (size_t)b->cap * b->row_bytes, sig = (size_t)3 * (size_t)b->W * 64;
     void *r = NULL, *s = NULL;
     megamoe_status_t st = mm_shmem_team_malloc(team, recv > 0 ? recv : 64, 4096, &r);
     if (st == MEGAMOE_OK) st = mm_shmem_team_malloc(team, sig, 4096, &s);
@@ -352,15 +352,17 @@ megamoe_status_t megamoe_symm_buffer_create(megamoe_comm_t *group,
     megamoe_symm_buffer_t *b = NULL;
     if (st == MEGAMOE_OK) {
         b = calloc(1, sizeof *b);
-        int *pes = calloc((size_t)W, sizeof *pes);
+        int *pes = calloc((size_t)W, sizeof *pes), *prev = calloc((size_t)W, sizeof *prev);
         int workers = 1;
-        if (b == NULL || pes == NULL) {
+        if (b == NULL || pes == NULL || prev == NULL) {
             free(b);
             free(pes);
+            free(prev);
             b = NULL;
             st = mm_error(MEGAMOE_OUT_OF_MEMORY, "get_symm_buffer_for_mega_moe: out of memory");
         } else {
             b->pes = pes;
+            b->prev = prev;
             st = mm_pool_default_workers(&workers);
             if (st == MEGAMOE_OK) st = mm_pool_create(workers, &b->pool);
             b->workers = workers;
@@ -417,6 +419,7 @@ megamoe_status_t megamoe_symm_buffer_create(megamoe_comm_t *group,
         if (b) {
             mm_pool_destroy(b->pool);
             free(b->pes);
+            free(b->prev);
             free(b);
         }
         return st;
@@ -447,10 +450,11 @@ void megamoe_symm_buffer_free(megamoe_symm_buffer_t *b)
     if (b == NULL || b->magic != MM_SV_MAGIC) return;
     if (b->alive) mm_sv_drop(b, 0); /* not destroyed: the memory stays until the team goes */
     b->magic = 0;
-    for (int i = 0; i < 12; i++) mm_aligned_free(b->scr[i]);
+    for (int i = 0; i < 16; i++) mm_aligned_free(b->scr[i]);
     mm_pool_destroy(b->pool);
     free(b->mask);
     free(b->pes);
+    free(b->prev);
     free(b);
 }
 
@@ -503,6 +507,7 @@ megamoe_status_t megamoe_symm_buffer_update_group(megamoe_symm_buffer_t *b, mega
         return st;
     }
     b->gen = 0;
+    b->prev_n = 0; /* the new memory has no readers yet */
     mm_sv_register(b, 1);
     return MEGAMOE_OK;
 }

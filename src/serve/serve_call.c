@@ -9,9 +9,10 @@
 #include "kernels/quant.h"
 #include "serve/serve_impl.h"
 
-enum { MM_SV_DISPATCH = 0, MM_SV_COMBINE = 1 };
+enum { MM_SV_DISPATCH = 0, MM_SV_COMBINE = 1, MM_SV_READ = 2 };
 /* scratch slots (0, 1: the expert sets' pointer arrays, serve_args.c) */
-enum { SCR_PAYLOAD = 2, SCR_PLAN, SCR_PAIRS, SCR_PREP, SCR_TILES, SCR_SHARED, SCR_QX, SCR_FETCH };
+enum { SCR_PAYLOAD = 2, SCR_PLAN, SCR_PAIRS, SCR_PREP, SCR_TILES, SCR_SHARED, SCR_QX, SCR_FETCH,
+       SCR_UNITS, SCR_ROWS, SCR_SPREP };
 
 /* The record of the first exchange. */
 typedef struct mm_sv_rec {
@@ -227,20 +228,28 @@ static megamoe_status_t mm_sv_wait(megamoe_symm_buffer_t *b, const mm_sv_plan_t 
 
 /* ---- compute --------------------------------------------------------------------------- */
 
+/* A unit of work: up to MM_SV_TILE rows of one expert (routed: receive rows r0..; shared:
+ * active tokens r0.. of the token list, every shared expert in turn). */
+typedef struct mm_sv_unit {
+    int32_t e;
+    int64_t r0, n;
+} mm_sv_unit_t;
+
 typedef struct mm_sv_work {
     megamoe_symm_buffer_t *b;
     const mm_sv_call_t *c;
     const mm_sv_experts_t *set;
-    const mm_sv_prepared_t *pw;
-    char *base;        /* rows [0, rows) of ld bytes */
+    const mm_sv_prepared_t *pw; /* [set->count] (routed MX: the one expert being run) */
+    const mm_sv_unit_t *units;
+    int64_t n_units;
+    char *base;        /* routed: the receive rows (ld bytes apart) */
     size_t ld;
-    int64_t rows;
     char *tiles;       /* per-worker tile scratch */
     size_t tile_bytes;
-    float *acc;        /* shared experts: fp32 [rows, H] added to; NULL: results in place */
-    const uint16_t *x; /* shared experts: bf16 token rows (quantised per tile when needed) */
-    const int64_t *tok; /* shared: active token list */
-    int combine_q;     /* combine_quant_mode (in-place results only) */
+    float *acc;        /* shared: fp32 [active tokens, H] added to */
+    const uint16_t *x; /* shared: bf16 token rows, quantised per tile when needed */
+    const int64_t *tok; /* shared: the active tokens */
+    int combine_q;     /* combine_quant_mode (routed results) */
     atomic_long next;
 } mm_sv_work_t;
 
@@ -252,33 +261,35 @@ static megamoe_status_t mm_sv_tiles(void *arg, int worker, int nw)
     char *tile = w->tiles + (size_t)worker * w->tile_bytes;
     const int64_t H = set->H;
     for (;;) {
-        int64_t r0 = atomic_fetch_add(&w->next, MM_SV_TILE);
-        if (r0 >= w->rows) return MEGAMOE_OK;
-        int64_t n = w->rows - r0 < MM_SV_TILE ? w->rows - r0 : MM_SV_TILE;
+        const int64_t u = atomic_fetch_add(&w->next, 1);
+        if (u >= w->n_units) return MEGAMOE_OK;
+        const mm_sv_unit_t *un = &w->units[u];
         if (w->acc) {
             /* shared experts on local tokens: the token rows in the set's wire format */
             char *q = tile + mm_sv_tile_bytes(set);
             size_t rb = set->atype == MEGAMOE_SERVE_TYPE_BF16 ? (size_t)H * 2 : w->b->row_bytes;
-            for (int64_t r = 0; r < n; r++) {
-                const uint16_t *xr = w->x + w->tok[r0 + r] * H;
+            for (int64_t r = 0; r < un->n; r++) {
+                const uint16_t *xr = w->x + w->tok[un->r0 + r] * H;
                 if (set->atype == MEGAMOE_SERVE_TYPE_BF16) memcpy(q + (size_t)r * rb, xr, (size_t)H * 2);
                 else mm_sv_row_quant(xr, set->atype, H, q + (size_t)r * rb);
             }
-            float *acc = w->acc + r0 * H;
-            MM_CHECK(mm_sv_ffn_tile(set, w->pw, &w->c->act, n, q, rb, tile, NULL, 0, acc));
-        } else {
-            char *in = w->base + (size_t)r0 * w->ld;
-            MM_CHECK(mm_sv_ffn_tile(set, w->pw, &w->c->act, n, in, w->ld, tile, (uint16_t *)(void *)in,
-                                    w->ld, NULL));
-            if (w->combine_q) { /* MX fp8 on the combine wire, in place */
-                uint16_t *tmp = (uint16_t *)(void *)(tile + mm_sv_tile_bytes(set));
-                const megamoe_dtype_t qt = w->combine_q == 3 ? MEGAMOE_DTYPE_FP8_E5M2
-                                                             : MEGAMOE_DTYPE_FP8_E4M3FN;
-                for (int64_t r = 0; r < n; r++) {
-                    uint8_t *row = (uint8_t *)in + (size_t)r * w->ld;
-                    memcpy(tmp, row, (size_t)H * 2);
-                    MM_CHECK(mm_quant_mx(tmp, MEGAMOE_DTYPE_BF16, H, qt, row, row + H));
-                }
+            for (int e = 0; e < set->count; e++)
+                MM_CHECK(mm_sv_ffn_tile(set, &w->pw[e], &w->c->act, un->n, q, rb, tile, NULL, 0,
+                                        w->acc + un->r0 * H));
+            continue;
+        }
+        char *in = w->base + (size_t)un->r0 * w->ld;
+        const mm_sv_prepared_t *pw = w->pw + (set->scene >= MM_SV_A8W8_FP ? 0 : un->e);
+        MM_CHECK(mm_sv_ffn_tile(set, pw, &w->c->act, un->n, in, w->ld, tile,
+                                (uint16_t *)(void *)in, w->ld, NULL));
+        if (w->combine_q) { /* MX fp8 on the combine wire, in place */
+            uint16_t *tmp = (uint16_t *)(void *)(tile + mm_sv_tile_bytes(set));
+            const megamoe_dtype_t qt = w->combine_q == 3 ? MEGAMOE_DTYPE_FP8_E5M2
+                                                         : MEGAMOE_DTYPE_FP8_E4M3FN;
+            for (int64_t r = 0; r < un->n; r++) {
+                uint8_t *row = (uint8_t *)in + (size_t)r * w->ld;
+                memcpy(tmp, row, (size_t)H * 2);
+                MM_CHECK(mm_quant_mx(tmp, MEGAMOE_DTYPE_BF16, H, qt, row, row + H));
             }
         }
     }
@@ -289,25 +300,133 @@ static size_t mm_sv_worker_bytes(const megamoe_symm_buffer_t *b, const mm_sv_exp
     return mm_align_up(mm_sv_tile_bytes(set) + (size_t)MM_SV_TILE * b->row_bytes, 4096);
 }
 
-static megamoe_status_t mm_sv_run_set(megamoe_symm_buffer_t *b, const mm_sv_call_t *c,
-                                      const mm_sv_experts_t *set, int e,
-                                      const mm_gemm_backend_ops_t *gemm, mm_sv_work_t *w)
+/* Tiles of `rows` rows from r0 for expert e into units (returns the new count). */
+static int64_t mm_sv_cut(mm_sv_unit_t *units, int64_t n, int e, int64_t r0, int64_t rows)
 {
-    void *prep = NULL, *tiles = NULL;
-    MM_CHECK(mm_sv_scratch(b, SCR_PREP, mm_sv_prepare_bytes(set), &prep));
-    mm_sv_prepared_t pw;
-    pw.gemm = gemm;
-    MM_CHECK(mm_sv_prepare(set, e, prep, &pw));
-    const size_t tb = mm_sv_worker_bytes(b, set);
+    for (int64_t r = 0; r < rows; r += MM_SV_TILE) {
+        units[n].e = e;
+        units[n].r0 = r0 + r;
+        units[n].n = rows - r < MM_SV_TILE ? rows - r : MM_SV_TILE;
+        n++;
+    }
+    return n;
+}
+
+/* Run the units on the pool. */
+static megamoe_status_t mm_sv_run(megamoe_symm_buffer_t *b, mm_sv_work_t *w)
+{
+    void *tiles = NULL;
+    const size_t tb = mm_sv_worker_bytes(b, w->set);
     MM_CHECK(mm_sv_scratch(b, SCR_TILES, tb * (size_t)b->workers, &tiles));
     w->b = b;
-    w->c = c;
-    w->set = set;
-    w->pw = &pw;
     w->tiles = tiles;
     w->tile_bytes = tb;
     atomic_store(&w->next, 0);
     return mm_pool_run(b->pool, mm_sv_tiles, w);
+}
+
+/* Prepare the experts of a set that have rows (has_rows NULL: all): weight-cache lookups and
+ * per-channel terms, on this thread. MX scenes decode whole weights: done per expert later. */
+static megamoe_status_t mm_sv_prepare_all(megamoe_symm_buffer_t *b, const mm_sv_experts_t *set,
+                                          const mm_gemm_backend_ops_t *gemm, int slot,
+                                          const int64_t *rows, mm_sv_prepared_t **pw_p)
+{
+    const size_t per = mm_sv_prepare_bytes(set);
+    void *mem = NULL;
+    const size_t head = mm_align_up(sizeof(mm_sv_prepared_t) * (size_t)set->count, 64);
+    MM_CHECK(mm_sv_scratch(b, slot, head + per * (size_t)set->count, &mem));
+    mm_sv_prepared_t *pw = mem;
+    for (int e = 0; e < set->count; e++) {
+        pw[e].gemm = gemm;
+        if (rows && rows[e] == 0) continue;
+        MM_CHECK(mm_sv_prepare(set, e, (char *)mem + head + per * (size_t)e, &pw[e]));
+    }
+    *pw_p = pw;
+    return MEGAMOE_OK;
+}
+
+/* The local experts: every tile of every expert with rows, results in place. */
+static megamoe_status_t mm_sv_run_routed(megamoe_symm_buffer_t *b, const mm_sv_call_t *c,
+                                         const mm_sv_plan_t *pl,
+                                         const mm_gemm_backend_ops_t *gemm)
+{
+    const mm_sv_experts_t *set = &c->routed;
+    int64_t n_units = 0;
+    for (int64_t j = 0; j < c->L; j++)
+        n_units += (pl->grp_off[j + 1] - pl->grp_off[j] + MM_SV_TILE - 1) / MM_SV_TILE;
+    mm_sv_unit_t *units = NULL;
+    MM_CHECK(mm_sv_scratch(b, SCR_UNITS, sizeof *units * (size_t)(n_units + 1), (void **)&units));
+    mm_sv_work_t w;
+    memset(&w, 0, sizeof w);
+    w.c = c;
+    w.set = set;
+    w.base = b->recv;
+    w.ld = b->row_bytes;
+    w.combine_q = (int)b->p.combine_quant_mode;
+    if (set->scene >= MM_SV_A8W8_FP) { /* MX: decode one expert's weights at a time */
+        void *prep = NULL;
+        MM_CHECK(mm_sv_scratch(b, SCR_PREP, mm_sv_prepare_bytes(set), &prep));
+        for (int64_t j = 0; j < c->L; j++) {
+            const int64_t rows = pl->grp_off[j + 1] - pl->grp_off[j];
+            if (rows == 0) continue;
+            mm_sv_prepared_t pw;
+            pw.gemm = gemm;
+            MM_CHECK(mm_sv_prepare(set, (int)j, prep, &pw));
+            w.pw = &pw;
+            w.units = units;
+            w.n_units = mm_sv_cut(units, 0, (int)j, pl->grp_off[j], rows);
+            MM_CHECK(mm_sv_run(b, &w));
+        }
+        return MEGAMOE_OK;
+    }
+    int64_t *rows = NULL;
+    MM_CHECK(mm_sv_scratch(b, SCR_ROWS, sizeof *rows * (size_t)c->L, (void **)&rows));
+    for (int64_t j = 0; j < c->L; j++) rows[j] = pl->grp_off[j + 1] - pl->grp_off[j];
+    mm_sv_prepared_t *pw = NULL;
+    MM_CHECK(mm_sv_prepare_all(b, set, gemm, SCR_PREP, rows, &pw));
+    int64_t n = 0;
+    for (int64_t j = 0; j < c->L; j++) n = mm_sv_cut(units, n, (int)j, pl->grp_off[j], rows[j]);
+    w.pw = pw;
+    w.units = units;
+    w.n_units = n;
+    return mm_sv_run(b, &w);
+}
+
+/* The shared experts on this rank's active tokens, summed into shared (fp32 [n, H], token
+ * rows; inactive rows unused). */
+static megamoe_status_t mm_sv_run_shared(megamoe_symm_buffer_t *b, const mm_sv_call_t *c,
+                                         const mm_gemm_backend_ops_t *gemm, float **shared_p)
+{
+    float *shared = NULL;
+    MM_CHECK(mm_sv_scratch(b, SCR_SHARED, (size_t)c->n * (size_t)c->H * 4 + (size_t)c->n * 8 + 64,
+                           (void **)&shared));
+    int64_t *tok = (int64_t *)(void *)(shared + c->n * c->H);
+    int64_t na = 0;
+    for (int64_t t = 0; t < c->n; t++)
+        if (mm_sv_active(c, t)) tok[na++] = t;
+    memset(shared, 0, (size_t)na * (size_t)c->H * 4);
+    *shared_p = shared;
+    if (na == 0) return MEGAMOE_OK;
+    mm_sv_prepared_t *pw = NULL;
+    MM_CHECK(mm_sv_prepare_all(b, &c->shared, gemm, SCR_SPREP, NULL, &pw));
+    mm_sv_unit_t *units = NULL;
+    MM_CHECK(mm_sv_scratch(b, SCR_UNITS, sizeof *units * (size_t)(na / MM_SV_TILE + 2),
+                           (void **)&units));
+    mm_sv_work_t w;
+    memset(&w, 0, sizeof w);
+    w.c = c;
+    w.set = &c->shared;
+    w.pw = pw;
+    w.units = units;
+    w.n_units = mm_sv_cut(units, 0, 0, 0, na);
+    w.acc = shared;
+    w.x = c->x;
+    w.tok = tok;
+    MM_CHECK(mm_sv_run(b, &w));
+    /* the active tokens' sums to their token rows (backwards: tok[i] >= i) */
+    for (int64_t i = na - 1; i >= 0; i--)
+        if (tok[i] != i) memmove(shared + tok[i] * c->H, shared + i * c->H, (size_t)c->H * 4);
+    return MEGAMOE_OK;
 }
 
 /* ---- combine --------------------------------------------------------------------------- */
@@ -366,10 +485,42 @@ static megamoe_status_t mm_sv_reduce(megamoe_symm_buffer_t *b, const mm_sv_call_
 
 /* ---- the call -------------------------------------------------------------------------- */
 
+/* Before this rank's rows take new data: every participant of its last call finished reading
+ * them (a lost peer reads nothing more). */
+static megamoe_status_t mm_sv_wait_readers(megamoe_symm_buffer_t *b)
+{
+    for (int i = 0; i < b->prev_n; i++) {
+        const int s = b->prev[i];
+        if (!mm_shmem_pe_alive(b->pes[s])) continue;
+        megamoe_status_t st = mm_shmem_signal_wait_until(mm_sv_line(b, MM_SV_READ, s),
+                                                         MM_SHMEM_CMP_GE, b->prev_gen, NULL);
+        if (st != MEGAMOE_OK) {
+            b->broken = 1;
+            return st;
+        }
+    }
+    b->prev_n = 0;
+    return MEGAMOE_OK;
+}
+
+/* This call read (or will read) nothing more from the participants' rows: tell each. */
+static void mm_sv_done_reading(megamoe_symm_buffer_t *b, const mm_sv_plan_t *pl, uint64_t gen)
+{
+    mm_shmem_quiet(); /* the gets of the reduce completed */
+    for (int i = 0; i < pl->np; i++) {
+        int p = (pl->part_of[b->me] + i) % pl->np, d = pl->member[p];
+        mm_shmem_signal_op(mm_sv_line(b, MM_SV_READ, b->me), gen, MM_SHMEM_SIGNAL_SET, b->pes[d]);
+    }
+    for (int i = 0; i < pl->np; i++) b->prev[i] = pl->member[i];
+    b->prev_n = pl->np;
+    b->prev_gen = gen;
+}
+
 static megamoe_status_t mm_sv_body(megamoe_symm_buffer_t *b, const megamoe_mega_moe_args_t *a)
 {
     mm_sv_order_t *order = NULL;
     MM_CHECK(mm_sv_order(b, &order)); /* a masked rank's own mistake: local */
+    MM_CHECK(mm_sv_wait_readers(b));
     mm_sv_call_t c;
     memset(&c, 0, sizeof c);
     megamoe_status_t local = mm_take_next_call_error();
@@ -431,31 +582,8 @@ static megamoe_status_t mm_sv_body(megamoe_symm_buffer_t *b, const megamoe_mega_
     if (work == MEGAMOE_OK) work = mm_sv_dispatch(b, &c, &pl, pair_row, pair_row + c.n * c.K);
     mm_sv_signal(b, &pl, MM_SV_DISPATCH, (gen << 1) | (work != MEGAMOE_OK));
     float *shared = NULL;
-    if (work == MEGAMOE_OK && c.shared.count > 0 && c.n > 0) {
-        int64_t *tok = NULL;
-        work = mm_sv_scratch(b, SCR_SHARED, (size_t)c.n * (size_t)c.H * 4 + (size_t)c.n * 8 + 64,
-                             (void **)&shared);
-        if (work == MEGAMOE_OK) {
-            tok = (int64_t *)(void *)(shared + c.n * c.H);
-            int64_t na = 0;
-            for (int64_t t = 0; t < c.n; t++)
-                if (mm_sv_active(&c, t)) tok[na++] = t;
-            memset(shared, 0, (size_t)na * (size_t)c.H * 4);
-            for (int e = 0; work == MEGAMOE_OK && e < c.shared.count && na > 0; e++) {
-                mm_sv_work_t w;
-                memset(&w, 0, sizeof w);
-                w.rows = na;
-                w.acc = shared;
-                w.x = c.x;
-                w.tok = tok;
-                work = mm_sv_run_set(b, &c, &c.shared, e, gemm, &w);
-            }
-            /* scatter the active tokens' sums to their token rows (inactive rows stay unused) */
-            for (int64_t i = na - 1; work == MEGAMOE_OK && i >= 0; i--)
-                if (tok[i] != i)
-                    memmove(shared + tok[i] * c.H, shared + i * c.H, (size_t)c.H * 4);
-        }
-    }
+    if (work == MEGAMOE_OK && c.shared.count > 0 && c.n > 0)
+        work = mm_sv_run_shared(b, &c, gemm, &shared);
     int failed = -1;
     st = mm_sv_wait(b, &pl, MM_SV_DISPATCH, gen, &failed);
     if (st != MEGAMOE_OK) {
@@ -465,28 +593,21 @@ static megamoe_status_t mm_sv_body(megamoe_symm_buffer_t *b, const megamoe_mega_
 
     /* ---- the local experts, results in place ---- */
     if (work == MEGAMOE_OK && failed < 0) {
-        for (int64_t j = 0; work == MEGAMOE_OK && j < c.L; j++) {
-            const int64_t rows = pl.grp_off[j + 1] - pl.grp_off[j];
-            c.expert_token_nums[j] = (int32_t)rows;
-            if (rows == 0) continue;
-            mm_sv_work_t w;
-            memset(&w, 0, sizeof w);
-            w.base = (char *)b->recv + (size_t)pl.grp_off[j] * b->row_bytes;
-            w.ld = b->row_bytes;
-            w.rows = rows;
-            w.combine_q = (int)b->p.combine_quant_mode;
-            work = mm_sv_run_set(b, &c, &c.routed, (int)j, gemm, &w);
-        }
+        for (int64_t j = 0; j < c.L; j++)
+            c.expert_token_nums[j] = (int32_t)(pl.grp_off[j + 1] - pl.grp_off[j]);
+        work = mm_sv_run_routed(b, &c, &pl, gemm);
     }
     mm_sv_signal(b, &pl, MM_SV_COMBINE, (gen << 1) | (work != MEGAMOE_OK || failed >= 0));
     int failed2 = -1;
     st = mm_sv_wait(b, &pl, MM_SV_COMBINE, gen, &failed2);
+    const int waited = st == MEGAMOE_OK; /* (after a lost peer or a timeout the group is broken) */
     if (st == MEGAMOE_OK && failed < 0 && failed2 >= 0) failed = failed2;
     if (st == MEGAMOE_OK && work != MEGAMOE_OK) st = work; /* our own message */
     else if (st == MEGAMOE_OK && failed >= 0)
         st = mm_error(MEGAMOE_INTERNAL, "mega_moe: rank %d failed after the exchange (its log "
                       "names the cause); no output was written", b->pes[failed]);
     if (st == MEGAMOE_OK) st = mm_sv_reduce(b, &c, pair_row, shared);
+    if (waited) mm_sv_done_reading(b, &pl, gen);
     if (st == MEGAMOE_OK) {
         b->calls++;
         b->last_recv_rows = pl.recv_rows;

@@ -10,6 +10,8 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "kernels/qgemm.h"
+#include "kernels/quant.h"
 #include "megamoe/dtype.h"
 #include "serve/serve_impl.h"
 
@@ -43,9 +45,16 @@ static inline int mm_sv_int4_at(const void *w, int carrier, int64_t N, int64_t k
     return nib >= 8 ? (int)nib - 16 : (int)nib; /* two's complement */
 }
 
+static int mm_sv_is_int(const mm_sv_experts_t *set)
+{
+    return set->scene == MM_SV_A8W8_INT || set->scene == MM_SV_A8W4_INT;
+}
+
 size_t mm_sv_prepare_bytes(const mm_sv_experts_t *set)
 {
-    if (set->scene == MM_SV_A16W16) return 0;
+    if (set->scene == MM_SV_A16W16) return 64;
+    if (mm_sv_is_int(set)) /* sig1, sig2, off1, off2 */
+        return mm_align_up((size_t)(2 * set->I + set->H) * 2 * sizeof(float), 64);
     const size_t H = (size_t)set->H, I = (size_t)set->I;
     return mm_align_up(H * 2 * I * 2, 64) + mm_align_up(I * H * 2, 64) +
            mm_align_up((2 * I + H) * 2 * sizeof(float), 64);
@@ -104,6 +113,28 @@ megamoe_status_t mm_sv_prepare(const mm_sv_experts_t *set, int e, void *scratch,
         /* the packed copies from the cache: a decode step streams each weight once */
         MM_CHECK(mm_sv_wcache_bf16(gemm, pw->w1, H, 2 * I, 2 * I, set->version, set->stamp, &pw->pk1));
         MM_CHECK(mm_sv_wcache_bf16(gemm, pw->w2, I, H, H, set->version, set->stamp, &pw->pk2));
+        return MEGAMOE_OK;
+    }
+    if (mm_sv_is_int(set)) { /* the integer kernels on packed copies from the cache */
+        const int int4 = set->scene == MM_SV_A8W4_INT;
+        const int32_t *cs1 = NULL, *cs2 = NULL;
+        MM_CHECK(mm_sv_wcache_q(int4, set->w1[e], H, 2 * I, int4 ? I : 2 * I, set->version,
+                                set->stamp, &pw->q1, &cs1));
+        MM_CHECK(mm_sv_wcache_q(int4, set->w2[e], I, H, int4 ? H / 2 : H, set->version,
+                                set->stamp, &pw->q2, &cs2));
+        float *sig1 = scratch, *sig2 = sig1 + 2 * I, *off1 = sig2 + H, *off2 = off1 + 2 * I;
+        for (int64_t n = 0; n < 2 * I; n++) sig1[n] = mm_sv_scale_at(set->s1[e], set->sf_kind, n);
+        for (int64_t n = 0; n < H; n++) sig2[n] = mm_sv_scale_at(set->s2[e], set->sf_kind, n);
+        pw->sig1 = sig1;
+        pw->sig2 = sig2;
+        if (int4 && set->b1[e]) { /* off = B - 8 colsum(V o sigma) */
+            for (int64_t n = 0; n < 2 * I; n++)
+                off1[n] = set->b1[e][n] - 8.0f * ((float)cs1[n] * sig1[n]);
+            for (int64_t n = 0; n < H; n++)
+                off2[n] = set->b2[e][n] - 8.0f * ((float)cs2[n] * sig2[n]);
+            pw->off1 = off1;
+            pw->off2 = off2;
+        }
         return MEGAMOE_OK;
     }
     char *p = scratch;
@@ -210,6 +241,49 @@ static void mm_sv_epilogue(float *c, int64_t rows, int64_t N, const float *sig, 
     }
 }
 
+static megamoe_status_t mm_sv_qgemm(const mm_qweight_t *w, const float *sig, const float *off,
+                                    int64_t rows, int64_t K, int64_t N, const int8_t *A,
+                                    int64_t lda, const float *xs, float *C)
+{
+    mm_qgemm_expert_t ex;
+    memset(&ex, 0, sizeof ex);
+    ex.weight = w;
+    ex.w_scale = sig;
+    ex.bias_pre = off;
+    mm_qgemm_args_t g;
+    mm_qgemm_args_init(&g);
+    g.num_groups = 1;
+    g.group_rows = &rows;
+    g.experts = &ex;
+    g.K = K;
+    g.N = N;
+    g.a_type = MEGAMOE_DTYPE_INT8;
+    g.A = A;
+    g.lda = lda;
+    g.a_num_rows = rows;
+    g.x_scale = xs;
+    g.C = C;
+    g.ldc = N;
+    g.c_type = MEGAMOE_DTYPE_FP32;
+    return mm_qgemm(&g);
+}
+
+/* A8W8 / A8W4: int8 rows (q, then the fp32 scale at align4(H)) through the integer kernels */
+static megamoe_status_t mm_sv_ffn_tile_int(const mm_sv_experts_t *set, const mm_sv_prepared_t *pw,
+                                           const mm_sv_act_t *act, int64_t rows, const void *in,
+                                           size_t ld, mm_sv_tile_t *t)
+{
+    const int64_t H = set->H, I = set->I;
+    const size_t soff = ((size_t)H + 3) / 4 * 4;
+    for (int64_t r = 0; r < rows; r++) memcpy(&t->sx[r], (const char *)in + (size_t)r * ld + soff, 4);
+    MM_CHECK(mm_sv_qgemm(pw->q1, pw->sig1, pw->off1, rows, H, 2 * I, in, (int64_t)ld, t->sx, t->c1));
+    mm_sv_activation(act, rows, I, t->c1, 2 * I, t->act, I);
+    int8_t *qa = (int8_t *)(void *)t->a2; /* [rows, I] int8 in the bf16 tile's room */
+    MM_CHECK(mm_quant_rows_int8(MM_QROW_SYM127, t->act, MEGAMOE_DTYPE_FP32, rows, I, I, NULL, qa,
+                                I, t->sa));
+    return mm_sv_qgemm(pw->q2, pw->sig2, pw->off2, rows, I, H, qa, I, t->sa, t->c2);
+}
+
 megamoe_status_t mm_sv_ffn_tile(const mm_sv_experts_t *set, const mm_sv_prepared_t *pw,
                                 const mm_sv_act_t *act, int64_t rows, const void *in, size_t ld,
                                 void *scratch, uint16_t *out, size_t ldo, float *acc)
@@ -217,6 +291,10 @@ megamoe_status_t mm_sv_ffn_tile(const mm_sv_experts_t *set, const mm_sv_prepared
     const int64_t H = set->H, I = set->I;
     mm_sv_tile_t t;
     mm_sv_tile_layout(set, &t, scratch);
+    if (pw->q1) {
+        MM_CHECK(mm_sv_ffn_tile_int(set, pw, act, rows, in, ld, &t));
+        goto out;
+    }
     /* GMM1 input: the rows as they came (bf16), or their exact bf16 images */
     const uint16_t *a1 = t.a1;
     int64_t lda1 = H;
@@ -254,6 +332,7 @@ megamoe_status_t mm_sv_ffn_tile(const mm_sv_experts_t *set, const mm_sv_prepared
     }
     MM_CHECK(mm_sv_gemm(pw, pw->nt, rows, I, H, t.a2, I, pw->w2, pw->ld2, pw->pk2, t.c2));
     mm_sv_epilogue(t.c2, rows, H, pw->sig2, pw->off2, t.sa);
+out:
     for (int64_t r = 0; r < rows; r++) {
         const float *f = t.c2 + r * H;
         if (acc) {

@@ -129,11 +129,18 @@ struct megamoe_symm_buffer {
     int64_t L, cap;           /* local experts; receive capacity (rows) */
     size_t row_bytes;         /* bytes per receive row */
     void *recv;               /* symmetric [cap][row_bytes] */
-    uint64_t *sig;            /* symmetric: [2][W] lines (dispatch from s, combine from s) */
+    uint64_t *sig;            /* symmetric: [3][W] lines (dispatch from s, combine from s, s
+                                 finished reading this rank's rows) */
     size_t sym_bytes;
     int alive, broken;
     uint64_t id;              /* the buffer's number (agreed at creation) */
     uint64_t gen;             /* generation of the last call (monotone, agreed per call) */
+    /* the participants of this rank's last call that moved data and its generation: before
+     * its next call this rank waits until each of them finished reading its rows (a rank the
+     * next call's mask leaves out is not held back by that call's exchange) */
+    int prev_n;
+    int *prev;                /* [W] member indices */
+    uint64_t prev_gen;
     int32_t *mask;            /* [W] or NULL before the first mask call */
     mm_sv_order_t orders[MM_SV_MAX_MASK_GROUPS];
     mm_pool_t *pool;
@@ -142,8 +149,8 @@ struct megamoe_symm_buffer {
     int64_t last_recv_rows;
     atomic_int busy;
     /* per-call scratch, grown to the largest call (serve_call.c) */
-    void *scr[12];
-    size_t scr_bytes[12];
+    void *scr[16];
+    size_t scr_bytes[16];
 };
 
 /* ---- serve_buffer.c ---- */
@@ -198,6 +205,12 @@ uint64_t mm_sv_wcache_begin(void);
 megamoe_status_t mm_sv_wcache_bf16(const mm_gemm_backend_ops_t *backend, const uint16_t *src,
                                    int64_t K, int64_t N, int64_t ld, uint64_t version,
                                    uint64_t stamp, const mm_gemm_weight_t **weight_p);
+/* The packed copy of int8 or int4 (packed two per byte along N) KN weight src (ld_bytes per
+ * row), and for int4 its column sums (sum over k of the values). */
+struct mm_qweight;
+megamoe_status_t mm_sv_wcache_q(int int4, const void *src, int64_t K, int64_t N, int64_t ld_bytes,
+                                uint64_t version, uint64_t stamp, const struct mm_qweight **weight_p,
+                                const int32_t **colsum_p);
 void mm_sv_wcache_stats(size_t *bytes, uint64_t *hits, uint64_t *misses);
 void mm_sv_wcache_clear(void);
 
@@ -212,6 +225,7 @@ typedef struct mm_sv_prepared {
     const float *off1, *off2; /* A8W4: B - 8 colsum(V o sigma) per channel (else NULL) */
     const mm_gemm_backend_ops_t *gemm; /* resolved once per call (MEGAMOE_GEMM) */
     const mm_gemm_weight_t *pk1, *pk2; /* packed copies from the weight cache (bf16), or NULL */
+    const struct mm_qweight *q1, *q2;  /* integer scenes: packed int8 / int4 weights (qgemm) */
 } mm_sv_prepared_t;
 /* Scratch bytes one expert's preparation needs (0 for bf16 weights). */
 size_t mm_sv_prepare_bytes(const mm_sv_experts_t *set);

@@ -15,6 +15,7 @@
 
 #include "base/env.h"
 #include "base/error.h"
+#include "kernels/qgemm.h"
 #include "serve/serve_impl.h"
 
 typedef struct mm_sv_wentry {
@@ -23,9 +24,12 @@ typedef struct mm_sv_wentry {
     int64_t K, N, ld;
     uint64_t version, sample, last_use;
     size_t bytes;
-    void *packed;
+    void *packed;        /* mm_gemm_weight_t (bf16) or mm_qweight_t (int8 / int4) */
+    int32_t *colsum;     /* int4: sum over k of V[k][n] (the A8W4 offset's weight part) */
     struct mm_sv_wentry *next; /* hash chain */
 } mm_sv_wentry_t;
+
+enum { MM_SV_WK_BF16 = 0, MM_SV_WK_INT8 = 1, MM_SV_WK_INT4 = 2 };
 
 #define MM_SV_WBUCKETS 4096
 
@@ -38,8 +42,7 @@ static size_t mm_sv_wbound; /* MEGAMOE_SERVE_WEIGHT_CACHE, read by the calling t
 
 static size_t mm_sv_src_bytes(int kind, int64_t K, int64_t ld)
 {
-    (void)kind;
-    return (size_t)K * (size_t)ld * 2;
+    return (size_t)K * (size_t)ld * (kind == MM_SV_WK_BF16 ? 2 : 1); /* ld: elements / bytes */
 }
 
 /* 16 words spread over the source (8-byte aligned reads inside it). */
@@ -60,7 +63,9 @@ static unsigned mm_sv_bucket(const void *src) { return (unsigned)(((uintptr_t)sr
 
 static void mm_sv_wfree(mm_sv_wentry_t *e)
 {
-    mm_gemm_weight_destroy(e->packed);
+    if (e->kind == MM_SV_WK_BF16) mm_gemm_weight_destroy(e->packed);
+    else mm_qweight_destroy(e->packed);
+    free(e->colsum);
     free(e);
 }
 
@@ -177,3 +182,72 @@ void megamoe_serve_weight_cache_info(size_t *bytes_p, uint64_t *hits_p, uint64_t
 }
 
 void megamoe_serve_weight_cache_clear(void) { mm_sv_wcache_clear(); }
+
+/* int4 column sums of packed [K][N/2] (two's complement, even index low) */
+static void mm_sv_colsum_int4(const uint8_t *w, int64_t K, int64_t N, int64_t ld, int32_t *out)
+{
+    for (int64_t n = 0; n < N; n++) out[n] = 0;
+    for (int64_t k = 0; k < K; k++) {
+        const uint8_t *row = w + k * ld;
+        for (int64_t n = 0; n < N; n++) {
+            unsigned nib = (n & 1) ? row[n / 2] >> 4 : row[n / 2] & 15u;
+            out[n] += nib >= 8 ? (int)nib - 16 : (int)nib;
+        }
+    }
+}
+
+megamoe_status_t mm_sv_wcache_q(int int4, const void *src, int64_t K, int64_t N, int64_t ld_bytes,
+                                uint64_t version, uint64_t stamp, const mm_qweight_t **weight_p,
+                                const int32_t **colsum_p)
+{
+    const int kind = int4 ? MM_SV_WK_INT4 : MM_SV_WK_INT8;
+    const size_t sbytes = mm_sv_src_bytes(kind, K, ld_bytes);
+    const uint64_t sample = mm_sv_sample(src, sbytes);
+    mm_qweight_src_t qs = {int4 ? MM_QW_INT4 : MM_QW_INT8, MM_QW_KN, K, N, src, ld_bytes, 0};
+    megamoe_status_t st = MEGAMOE_OK;
+    pthread_mutex_lock(&mm_sv_wlock);
+    mm_sv_wentry_t *e = mm_sv_wtab[mm_sv_bucket(src)];
+    while (e && !(e->src == src && e->kind == kind && e->K == K && e->N == N && e->ld == ld_bytes))
+        e = e->next;
+    if (e && (e->version != version || e->sample != sample)) {
+        st = mm_qweight_update(e->packed, &qs, version ^ sample, NULL);
+        if (st == MEGAMOE_OK && e->colsum) mm_sv_colsum_int4(src, K, N, ld_bytes, e->colsum);
+        e->version = version;
+        e->sample = sample;
+        mm_sv_wmisses++;
+    } else if (e) {
+        mm_sv_whits++;
+    }
+    if (e == NULL) {
+        mm_qweight_t *w = NULL;
+        st = mm_qweight_create(&qs, version ^ sample, &w);
+        int32_t *cs = NULL;
+        if (st == MEGAMOE_OK && int4 && (cs = malloc(sizeof *cs * (size_t)N)) == NULL)
+            st = mm_error(MEGAMOE_OUT_OF_MEMORY, "mega_moe: int4 column sums");
+        if (st == MEGAMOE_OK && (e = calloc(1, sizeof *e)) == NULL)
+            st = mm_error(MEGAMOE_OUT_OF_MEMORY, "mega_moe: packed-weight cache entry");
+        if (st != MEGAMOE_OK) {
+            mm_qweight_destroy(w);
+            free(cs);
+        } else {
+            if (cs) mm_sv_colsum_int4(src, K, N, ld_bytes, cs);
+            *e = (mm_sv_wentry_t){.src = src, .kind = kind, .K = K, .N = N, .ld = ld_bytes,
+                                  .version = version, .sample = sample, .packed = w,
+                                  .colsum = cs};
+            e->bytes = mm_qweight_packed_bytes(w) + (cs ? sizeof *cs * (size_t)N : 0);
+            unsigned b = mm_sv_bucket(src);
+            e->next = mm_sv_wtab[b];
+            mm_sv_wtab[b] = e;
+            mm_sv_wbytes += e->bytes;
+            mm_sv_wmisses++;
+        }
+    }
+    if (st == MEGAMOE_OK) {
+        e->last_use = stamp;
+        mm_sv_wtrim(mm_sv_wbound, stamp);
+        *weight_p = e->packed;
+        *colsum_p = e->colsum;
+    }
+    pthread_mutex_unlock(&mm_sv_wlock);
+    return st;
+}
