@@ -67,6 +67,7 @@ const char *megamoe_serve_type_name(int type);
 typedef struct megamoe_symm_buffer megamoe_symm_buffer_t;
 
 typedef struct megamoe_symm_buffer_params {
+    size_t struct_size; /* set by megamoe_symm_buffer_params_default(): the caller's sizeof (megamoe/version.h) */
     int64_t num_experts;             /* E > 0, a multiple of the group size W */
     int64_t num_max_tokens_per_rank; /* >= 0: bound on n of every call; 0 = no bound */
     int64_t num_topk;                /* K >= 1 */
@@ -84,7 +85,14 @@ typedef struct megamoe_symm_buffer_params {
     int64_t topk_weights_type;       /* 0 or 1 (accepted; a transport choice) */
 } megamoe_symm_buffer_params_t;
 
-megamoe_symm_buffer_params_t megamoe_symm_buffer_params_default(void);
+/* All fields zero (the shapes must be set). */
+megamoe_status_t megamoe_symm_buffer_params_init(megamoe_symm_buffer_params_t *p, size_t struct_size);
+static inline megamoe_symm_buffer_params_t megamoe_symm_buffer_params_default(void)
+{
+    megamoe_symm_buffer_params_t v;
+    megamoe_symm_buffer_params_init(&v, sizeof v);
+    return v;
+}
 
 /* Collective over the members of group: validate params (INVALID_ARGUMENT naming the rule),
  * compare them across the members (INVALID_ARGUMENT naming the field and the ranks when they
@@ -127,8 +135,12 @@ typedef struct megamoe_symm_buffer_info {
     uint64_t id;                    /* the buffer's number (equal on every member) */
 } megamoe_symm_buffer_info_t;
 
-megamoe_status_t megamoe_symm_buffer_get_info(const megamoe_symm_buffer_t *buffer,
-                                              megamoe_symm_buffer_info_t *info_p);
+/* Filled by the library: the caller's sizeof travels with the call (megamoe/version.h). */
+megamoe_status_t megamoe_symm_buffer_get_info_sized(const megamoe_symm_buffer_t *buffer,
+                                                    megamoe_symm_buffer_info_t *info_p,
+                                                    size_t info_size);
+#define megamoe_symm_buffer_get_info(buffer, info_p)                                        \
+    megamoe_symm_buffer_get_info_sized((buffer), (info_p), sizeof *(info_p))
 
 /* This rank's part of the symmetric memory as plain bytes (CANN's get_local_buffer_tensor):
  * valid until destroy / update_group; mega_moe calls overwrite it. */
@@ -157,6 +169,7 @@ typedef struct megamoe_tensor_list {
 #define MEGAMOE_ACT_LINEAR_BETA 4 /* situglu */
 
 typedef struct megamoe_mega_moe_args {
+    size_t struct_size; /* set by megamoe_mega_moe_args_default(): the caller's sizeof (megamoe/version.h) */
     megamoe_tensor_t x;            /* bf16 [n, H], n >= 0 */
     megamoe_tensor_t topk_ids;     /* int32 or int64 [n, K] */
     megamoe_tensor_t topk_weights; /* fp32 or bf16 [n, K], used as given */
@@ -189,7 +202,14 @@ typedef struct megamoe_mega_moe_args {
     uint64_t weights_version;
 } megamoe_mega_moe_args_t;
 
-megamoe_mega_moe_args_t megamoe_mega_moe_args_default(void);
+/* Every tensor absent, activation NULL ("swiglu"), no clamp or parameters, types NONE. */
+megamoe_status_t megamoe_mega_moe_args_init(megamoe_mega_moe_args_t *p, size_t struct_size);
+static inline megamoe_mega_moe_args_t megamoe_mega_moe_args_default(void)
+{
+    megamoe_mega_moe_args_t v;
+    megamoe_mega_moe_args_init(&v, sizeof v);
+    return v;
+}
 
 /* Collective over the buffer's group (its unmasked ranks). */
 megamoe_status_t megamoe_mega_moe(megamoe_symm_buffer_t *buffer, const megamoe_mega_moe_args_t *args);
@@ -200,9 +220,6 @@ megamoe_status_t megamoe_mega_moe(megamoe_symm_buffer_t *buffer, const megamoe_m
 void megamoe_serve_weight_cache_info(size_t *bytes_p, uint64_t *hits_p, uint64_t *misses_p);
 void megamoe_serve_weight_cache_clear(void);
 
-/* sizeof of this header's structs as the library was built (bindings check their mirrors):
- * 0 params, 1 info, 2 args, 3 tensor list; 0 for another value. */
-size_t megamoe_serve_struct_size(int which);
 
 MEGAMOE_API_END
 #ifdef __cplusplus

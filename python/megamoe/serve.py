@@ -86,11 +86,13 @@ def _serve_type(value, what):
 
 # ---- C mirrors ---------------------------------------------------------------------------
 
+@_lib.mirror("megamoe_tensor_t")
 class _Tensor(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int),
                 ("shape", ctypes.c_int64 * 4)]
 
 
+@_lib.mirror("megamoe_tensor_list_t")
 class _List(ctypes.Structure):
     _fields_ = [("count", ctypes.c_int64), ("items", ctypes.POINTER(_Tensor))]
 
@@ -98,14 +100,16 @@ class _List(ctypes.Structure):
 _I64 = ctypes.c_int64
 
 
+@_lib.mirror("megamoe_symm_buffer_params_t")
 class _Params(ctypes.Structure):
-    _fields_ = [("num_experts", _I64), ("num_max_tokens_per_rank", _I64), ("num_topk", _I64),
+    _fields_ = [("struct_size", ctypes.c_size_t), ("num_experts", _I64), ("num_max_tokens_per_rank", _I64), ("num_topk", _I64),
                 ("hidden", _I64), ("intermediate_hidden", _I64), ("max_recv_token_num", _I64),
                 ("dispatch_quant_mode", _I64), ("dispatch_quant_out_dtype", ctypes.c_int),
                 ("combine_quant_mode", _I64), ("comm_alg", ctypes.c_char_p),
                 ("combine_comm_mode", _I64), ("topk_weights_type", _I64)]
 
 
+@_lib.mirror("megamoe_symm_buffer_info_t")
 class _Info(ctypes.Structure):
     _fields_ = [("rank", ctypes.c_int), ("world_size", ctypes.c_int),
                 ("ranks_per_host", ctypes.c_int), ("alive", ctypes.c_int), ("params", _Params),
@@ -120,8 +124,9 @@ _D = ctypes.c_double
 _Ci = ctypes.c_int
 
 
+@_lib.mirror("megamoe_mega_moe_args_t")
 class _Args(ctypes.Structure):
-    _fields_ = ([("x", _T), ("topk_ids", _T), ("topk_weights", _T)]
+    _fields_ = ([("struct_size", ctypes.c_size_t), ("x", _T), ("topk_ids", _T), ("topk_weights", _T)]
                 + [(n, _Lst) for n in ("l1_weights", "l2_weights", "l1_weights_sf",
                                        "l2_weights_sf", "l1_bias", "l2_bias")]
                 + [("x_active_mask", _T), ("scales", _T), ("activation", ctypes.c_char_p),
@@ -139,12 +144,6 @@ class _Args(ctypes.Structure):
 _L = _lib.lib
 _vp = ctypes.c_void_p
 _P = ctypes.POINTER
-_L.megamoe_serve_struct_size.restype = ctypes.c_size_t
-_L.megamoe_serve_struct_size.argtypes = [ctypes.c_int]
-for _i, _st in enumerate((_Params, _Info, _Args, _List)):
-    if _L.megamoe_serve_struct_size(_i) != ctypes.sizeof(_st):
-        raise ImportError(f"megamoe.serve: {_st.__name__} is {ctypes.sizeof(_st)} bytes but the "
-                          f"library's is {_L.megamoe_serve_struct_size(_i)}; rebuild libmegamoe")
 _L.megamoe_symm_buffer_create.restype = ctypes.c_int
 _L.megamoe_symm_buffer_create.argtypes = [_vp, _P(_Params), _P(_vp)]
 _L.megamoe_symm_buffer_destroy.restype = ctypes.c_int
@@ -155,8 +154,8 @@ _L.megamoe_symm_buffer_set_quant.restype = ctypes.c_int
 _L.megamoe_symm_buffer_set_quant.argtypes = [_vp, ctypes.c_int64, ctypes.c_int]
 _L.megamoe_symm_buffer_update_group.restype = ctypes.c_int
 _L.megamoe_symm_buffer_update_group.argtypes = [_vp, _vp]
-_L.megamoe_symm_buffer_get_info.restype = ctypes.c_int
-_L.megamoe_symm_buffer_get_info.argtypes = [_vp, _P(_Info)]
+_L.megamoe_symm_buffer_get_info_sized.restype = ctypes.c_int
+_L.megamoe_symm_buffer_get_info_sized.argtypes = [_vp, _P(_Info), ctypes.c_size_t]
 _L.megamoe_symm_buffer_local.restype = ctypes.c_int
 _L.megamoe_symm_buffer_local.argtypes = [_vp, _P(_vp), _P(ctypes.c_size_t)]
 _L.megamoe_symm_buffer_mask.restype = ctypes.c_int
@@ -343,7 +342,8 @@ class SymmBuffer:
 
     def _info(self):
         info = _Info()
-        check(_L.megamoe_symm_buffer_get_info(self._live_handle(), ctypes.byref(info)))
+        check(_L.megamoe_symm_buffer_get_info_sized(self._live_handle(), ctypes.byref(info),
+                                                    ctypes.sizeof(info)))
         return info
 
     def _live_handle(self):
@@ -511,11 +511,14 @@ def get_symm_buffer_for_mega_moe(group, num_experts, num_max_tokens_per_rank, nu
     except Exception:  # sizing is a convenience; the library checks everything
         heap = 0
     comm = _resolve_group(group, heap)
-    p = _Params(vals["num_experts"], vals["num_max_tokens_per_rank"], vals["num_topk"],
-                vals["hidden"], vals["intermediate_hidden"], vals["max_recv_token_num"],
-                vals["dispatch_quant_mode"], out if out != _T_INVALID else 0,
-                vals["combine_quant_mode"], comm_alg.encode(), vals["combine_comm_mode"],
-                vals["topk_weights_type"])
+    p = _lib.default(_Params)
+    for name in ("num_experts", "num_max_tokens_per_rank", "num_topk", "hidden",
+                 "intermediate_hidden", "max_recv_token_num", "dispatch_quant_mode",
+                 "combine_quant_mode", "combine_comm_mode", "topk_weights_type"):
+        setattr(p, name, vals[name])
+    p.dispatch_quant_out_dtype = out if out != _T_INVALID else 0
+    alg = comm_alg.encode()
+    p.comm_alg = alg
     handle = ctypes.c_void_p()
     call.run(_L.megamoe_symm_buffer_create, comm.handle, ctypes.byref(p), ctypes.byref(handle))
     kw = dict(num_experts=vals["num_experts"],
@@ -565,7 +568,7 @@ def mega_moe(x, topk_ids, topk_weights, l1_weights, l2_weights, sym_buffer, *, l
                                    "destroy(), or with its group's communicator); create a new "
                                    "one with get_symm_buffer_for_mega_moe")
     call = _Call()
-    a = _Args()
+    a = _lib.default(_Args)
     call.tensor(a.x, x, "x")
     if x is None:
         call.refuse(TypeError, "x is required (a bf16 tensor [n, hidden])")

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/abi.h"
 #include "base/alloc.h"
 #include "base/error.h"
 #include "serve/serve_impl.h"
@@ -20,31 +21,20 @@ const char *megamoe_serve_type_name(int type)
     return type >= 0 && type < MEGAMOE_SERVE_TYPE_COUNT_ ? mm_sv_type_names[type] : "unknown";
 }
 
-megamoe_symm_buffer_params_t megamoe_symm_buffer_params_default(void)
+megamoe_status_t megamoe_symm_buffer_params_init(megamoe_symm_buffer_params_t *p, size_t size)
 {
-    megamoe_symm_buffer_params_t p;
-    memset(&p, 0, sizeof p);
-    return p;
+    megamoe_symm_buffer_params_t d;
+    memset(&d, 0, sizeof d);
+    return mm_abi_init(p, size, &d, sizeof d, "megamoe_symm_buffer_params_t");
 }
 
-megamoe_mega_moe_args_t megamoe_mega_moe_args_default(void)
+megamoe_status_t megamoe_mega_moe_args_init(megamoe_mega_moe_args_t *p, size_t size)
 {
-    megamoe_mega_moe_args_t a;
-    memset(&a, 0, sizeof a);
+    megamoe_mega_moe_args_t d;
+    memset(&d, 0, sizeof d);
     megamoe_tensor_t none = megamoe_tensor_none();
-    a.x = a.topk_ids = a.topk_weights = a.x_active_mask = a.scales = a.y = a.expert_token_nums = none;
-    return a;
-}
-
-size_t megamoe_serve_struct_size(int which)
-{
-    switch (which) {
-    case 0: return sizeof(megamoe_symm_buffer_params_t);
-    case 1: return sizeof(megamoe_symm_buffer_info_t);
-    case 2: return sizeof(megamoe_mega_moe_args_t);
-    case 3: return sizeof(megamoe_tensor_list_t);
-    default: return 0;
-    }
+    d.x = d.topk_ids = d.topk_weights = d.x_active_mask = d.scales = d.y = d.expert_token_nums = none;
+    return mm_abi_init(p, size, &d, sizeof d, "megamoe_mega_moe_args_t");
 }
 
 size_t mm_sv_row_bytes(int64_t H)
@@ -336,9 +326,11 @@ static void mm_sv_bind(megamoe_symm_buffer_t *b, megamoe_comm_t *comm, mm_shmem_
 }
 
 megamoe_status_t megamoe_symm_buffer_create(megamoe_comm_t *group,
-                                            const megamoe_symm_buffer_params_t *params,
+                                            const megamoe_symm_buffer_params_t *caller_params,
                                             megamoe_symm_buffer_t **buffer_p)
 {
+    megamoe_symm_buffer_params_t copy = megamoe_symm_buffer_params_default();
+    const megamoe_symm_buffer_params_t *params = NULL;
     mm_shmem_team_t *team = mm_comm_team(group);
     if (team == NULL || buffer_p == NULL)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "get_symm_buffer_for_mega_moe: the group is not "
@@ -346,8 +338,11 @@ megamoe_status_t megamoe_symm_buffer_create(megamoe_comm_t *group,
                         "NULL");
     const int W = mm_shmem_team_n_pes(team);
     megamoe_status_t st = mm_take_next_call_error();
-    if (st == MEGAMOE_OK && params == NULL)
+    if (st == MEGAMOE_OK && caller_params == NULL)
         st = mm_error(MEGAMOE_INVALID_ARGUMENT, "get_symm_buffer_for_mega_moe: params is NULL");
+    if (st == MEGAMOE_OK)
+        st = mm_abi_copy_in(&copy, sizeof copy, caller_params, "megamoe_symm_buffer_params_t");
+    if (st == MEGAMOE_OK) params = &copy;
     if (st == MEGAMOE_OK) st = mm_sv_check_params(params, W);
     megamoe_symm_buffer_t *b = NULL;
     if (st == MEGAMOE_OK) {
@@ -512,11 +507,13 @@ megamoe_status_t megamoe_symm_buffer_update_group(megamoe_symm_buffer_t *b, mega
     return MEGAMOE_OK;
 }
 
-megamoe_status_t megamoe_symm_buffer_get_info(const megamoe_symm_buffer_t *b,
-                                              megamoe_symm_buffer_info_t *info)
+megamoe_status_t megamoe_symm_buffer_get_info_sized(const megamoe_symm_buffer_t *b,
+                                                    megamoe_symm_buffer_info_t *caller_info,
+                                                    size_t info_size)
 {
-    if (b == NULL || b->magic != MM_SV_MAGIC || info == NULL)
+    if (b == NULL || b->magic != MM_SV_MAGIC || caller_info == NULL)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "symm_buffer_get_info: not a buffer, or info NULL");
+    megamoe_symm_buffer_info_t full, *info = &full;
     memset(info, 0, sizeof *info);
     info->rank = b->me;
     info->world_size = b->W;
@@ -530,7 +527,7 @@ megamoe_status_t megamoe_symm_buffer_get_info(const megamoe_symm_buffer_t *b,
     info->calls = b->calls;
     info->last_recv_rows = b->last_recv_rows;
     info->id = b->id;
-    return MEGAMOE_OK;
+    return mm_abi_copy_out(caller_info, info_size, info, sizeof *info, "megamoe_symm_buffer_info_t");
 }
 
 megamoe_status_t megamoe_symm_buffer_local(megamoe_symm_buffer_t *b, void **ptr_p, size_t *bytes_p)

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/abi.h"
 #include "base/alloc.h"
 #include "base/error.h"
 #include "kernels/quant.h"
@@ -616,13 +617,21 @@ static megamoe_status_t mm_sv_body(megamoe_symm_buffer_t *b, const megamoe_mega_
     return st;
 }
 
-megamoe_status_t megamoe_mega_moe(megamoe_symm_buffer_t *b, const megamoe_mega_moe_args_t *a)
+megamoe_status_t megamoe_mega_moe(megamoe_symm_buffer_t *b, const megamoe_mega_moe_args_t *caller)
 {
     MM_CHECK(mm_sv_buffer_check(b, "mega_moe"));
     int idle = 0;
     if (!atomic_compare_exchange_strong(&b->busy, &idle, 1))
         return mm_error(MEGAMOE_INVALID_STATE, "mega_moe: the buffer is in use by another thread; "
                         "calls on one buffer are serialised by the caller");
+    /* the caller's struct by its struct_size (a bad one is this rank's argument error, taken
+     * into the call's exchange like any other) */
+    megamoe_mega_moe_args_t copy = megamoe_mega_moe_args_default();
+    const megamoe_mega_moe_args_t *a = NULL;
+    if (caller != NULL && mm_abi_copy_in(&copy, sizeof copy, caller, "megamoe_mega_moe_args_t") == MEGAMOE_OK)
+        a = &copy;
+    else if (caller != NULL)
+        megamoe_fail_next_call(MEGAMOE_INVALID_ARGUMENT, megamoe_last_error());
     megamoe_status_t st = mm_sv_body(b, a);
     atomic_store(&b->busy, 0);
     return st;
