@@ -13,7 +13,7 @@
 enum { MM_SV_DISPATCH = 0, MM_SV_COMBINE = 1, MM_SV_READ = 2 };
 /* scratch slots (0, 1: the expert sets' pointer arrays, serve_args.c) */
 enum { SCR_PAYLOAD = 2, SCR_PLAN, SCR_PAIRS, SCR_PREP, SCR_TILES, SCR_SHARED, SCR_QX, SCR_FETCH,
-       SCR_UNITS, SCR_ROWS, SCR_SPREP };
+       SCR_UNITS, SCR_ROWS, SCR_SPREP, SCR_STAGE };
 
 /* The record of the first exchange. */
 typedef struct mm_sv_rec {
@@ -153,25 +153,39 @@ static megamoe_status_t mm_sv_make_plan(megamoe_symm_buffer_t *b, const mm_call_
 
 /* ---- dispatch -------------------------------------------------------------------------- */
 
-static void mm_sv_put(const megamoe_symm_buffer_t *b, int d, int64_t row, const void *src,
-                      size_t bytes)
+/* Rows for owners this rank cannot store into (another host) are staged in this rank's
+ * order (expert, then pair order) and travel as one put per (owner, expert) block; the
+ * combine brings them back the same way. */
+static int mm_sv_remote(const megamoe_symm_buffer_t *b, int d)
 {
-    char *sym = (char *)b->recv + (size_t)row * b->row_bytes;
-    void *direct = mm_shmem_ptr(sym, b->pes[d]);
-    if (direct) memcpy(direct, src, bytes);
-    else mm_shmem_put(sym, src, bytes, b->pes[d]);
+    return mm_shmem_ptr(b->recv, b->pes[d]) == NULL;
 }
 
-/* Send every active pair's row; pair_row[t*K+k] = (owner << 40) | row, or -1. */
+/* Send every active pair's row; pair_row[t*K+k] = (owner << 40) | row on the owner, or -1;
+ * pair_pos[t*K+k] = its position in this rank's order (the staging row). */
 static megamoe_status_t mm_sv_dispatch(megamoe_symm_buffer_t *b, const mm_sv_call_t *c,
-                                       const mm_sv_plan_t *pl, int64_t *pair_row, int64_t *next)
+                                       const mm_sv_plan_t *pl, int64_t *pair_row,
+                                       int64_t *pair_pos, int64_t *next, int64_t *prefix,
+                                       char **stage_p)
 {
     const int atype = c->routed.atype;
     const size_t wire = atype == MEGAMOE_SERVE_TYPE_BF16
                             ? (size_t)c->H * 2
                             : b->row_bytes; /* quantised row + its scales */
+    const size_t rb = b->row_bytes;
     void *qx = NULL;
     if (atype != MEGAMOE_SERVE_TYPE_BF16) MM_CHECK(mm_sv_scratch(b, SCR_QX, b->row_bytes, &qx));
+    /* this rank's pairs per expert, and where each expert's pairs start in its order */
+    const int32_t *mine = pl->rec[pl->part_of[b->me]]->counts;
+    int64_t total = 0, remote = 0;
+    for (int64_t e = 0; e < c->E; e++) {
+        prefix[e] = total;
+        total += mine[e];
+        if (mine[e] && pl->dst_off[e] >= 0 && mm_sv_remote(b, (int)(e / c->L))) remote = 1;
+    }
+    char *stage = NULL;
+    if (remote) MM_CHECK(mm_sv_scratch(b, SCR_STAGE, (size_t)(total > 0 ? total : 1) * rb, (void **)&stage));
+    *stage_p = stage;
     memcpy(next, pl->dst_off, sizeof *next * (size_t)c->E);
     for (int64_t t = 0; t < c->n; t++) {
         const int act = mm_sv_active(c, t);
@@ -191,9 +205,19 @@ static megamoe_status_t mm_sv_dispatch(megamoe_symm_buffer_t *b, const mm_sv_cal
             }
             const int d = (int)(e / c->L);
             const int64_t r = next[e]++;
-            mm_sv_put(b, d, r, row, wire);
+            const int64_t pos = prefix[e] + (r - pl->dst_off[e]);
+            char *sym = (char *)b->recv + (size_t)r * rb;
+            void *direct = mm_shmem_ptr(sym, b->pes[d]);
+            memcpy(direct ? direct : stage + (size_t)pos * rb, row, wire);
             pair_row[i] = ((int64_t)d << 40) | r;
+            pair_pos[i] = pos;
         }
+    }
+    for (int64_t e = 0; remote && e < c->E; e++) { /* one put per (owner, expert) block */
+        if (mine[e] == 0 || pl->dst_off[e] < 0 || !mm_sv_remote(b, (int)(e / c->L))) continue;
+        MM_CHECK(mm_shmem_put((char *)b->recv + (size_t)pl->dst_off[e] * rb,
+                              stage + (size_t)prefix[e] * rb, (size_t)mine[e] * rb,
+                              b->pes[e / c->L]));
     }
     return MEGAMOE_OK;
 }
@@ -433,17 +457,24 @@ static megamoe_status_t mm_sv_run_shared(megamoe_symm_buffer_t *b, const mm_sv_c
 /* ---- combine --------------------------------------------------------------------------- */
 
 static megamoe_status_t mm_sv_reduce(megamoe_symm_buffer_t *b, const mm_sv_call_t *c,
-                                     const int64_t *pair_row, const float *shared)
+                                     const mm_sv_plan_t *pl, const int64_t *pair_row,
+                                     const int64_t *pair_pos, const int64_t *prefix, char *stage,
+                                     const float *shared)
 {
     const int64_t H = c->H, K = c->K;
+    const size_t rb = b->row_bytes;
     const int cq = (int)b->p.combine_quant_mode;
-    float *acc = NULL;
-    void *fetch = NULL;
-    MM_CHECK(mm_sv_scratch(b, SCR_FETCH, (size_t)H * 4 + b->row_bytes + 64, &fetch));
-    acc = fetch;
-    uint8_t *tmp = (uint8_t *)fetch + mm_align_up((size_t)H * 4, 64);
-    float *deq = NULL;
-    if (cq) MM_CHECK(mm_sv_scratch(b, SCR_QX, (size_t)H * 4, (void **)&deq));
+    /* results of owners on other hosts: one get per (owner, expert) block into the staging rows */
+    const int32_t *mine = pl->rec[pl->part_of[b->me]]->counts;
+    for (int64_t e = 0; stage && e < c->E; e++) {
+        if (mine[e] == 0 || pl->dst_off[e] < 0 || !mm_sv_remote(b, (int)(e / c->L))) continue;
+        MM_CHECK(mm_shmem_get(stage + (size_t)prefix[e] * rb,
+                              (char *)b->recv + (size_t)pl->dst_off[e] * rb, (size_t)mine[e] * rb,
+                              b->pes[e / c->L]));
+    }
+    float *acc = NULL, *deq = NULL;
+    MM_CHECK(mm_sv_scratch(b, SCR_FETCH, (size_t)H * 8 + 128, (void **)&acc));
+    deq = acc + mm_align_up((size_t)H, 16);
     for (int64_t t = 0; t < c->n; t++) {
         uint16_t *y = c->y + t * H;
         if (!mm_sv_active(c, t)) {
@@ -456,13 +487,8 @@ static megamoe_status_t mm_sv_reduce(megamoe_symm_buffer_t *b, const mm_sv_call_
             if (pr < 0) continue;
             const int d = (int)(pr >> 40);
             const int64_t row = pr & (((int64_t)1 << 40) - 1);
-            const char *sym = (const char *)b->recv + (size_t)row * b->row_bytes;
-            const uint8_t *src = mm_shmem_ptr(sym, b->pes[d]);
-            const size_t bytes = cq ? (size_t)H + (size_t)mm_quant_mx_scale_count(H) : (size_t)H * 2;
-            if (src == NULL) {
-                MM_CHECK(mm_shmem_get(tmp, sym, bytes, b->pes[d]));
-                src = tmp;
-            }
+            const uint8_t *src = mm_shmem_ptr((const char *)b->recv + (size_t)row * rb, b->pes[d]);
+            if (src == NULL) src = (const uint8_t *)stage + (size_t)pair_pos[t * K + k] * rb;
             const float w = mm_sv_w(c, t * K + k);
             if (cq) {
                 MM_CHECK(mm_comm_dequant_mx_f32(src, src + H,
@@ -577,10 +603,13 @@ static megamoe_status_t mm_sv_body(megamoe_symm_buffer_t *b, const megamoe_mega_
 
     /* ---- dispatch; shared experts overlap the peers' dispatch ---- */
     int64_t *pair_row = NULL;
+    char *stage = NULL;
     megamoe_status_t work = mm_sv_scratch(b, SCR_PAIRS,
-                                          sizeof(int64_t) * (size_t)(c.n * c.K + E) + 64,
+                                          sizeof(int64_t) * (size_t)(2 * c.n * c.K + 2 * E) + 64,
                                           (void **)&pair_row);
-    if (work == MEGAMOE_OK) work = mm_sv_dispatch(b, &c, &pl, pair_row, pair_row + c.n * c.K);
+    int64_t *pair_pos = pair_row + c.n * c.K, *next = pair_pos + c.n * c.K, *prefix = next + E;
+    if (work == MEGAMOE_OK)
+        work = mm_sv_dispatch(b, &c, &pl, pair_row, pair_pos, next, prefix, &stage);
     mm_sv_signal(b, &pl, MM_SV_DISPATCH, (gen << 1) | (work != MEGAMOE_OK));
     float *shared = NULL;
     if (work == MEGAMOE_OK && c.shared.count > 0 && c.n > 0)
@@ -607,7 +636,7 @@ static megamoe_status_t mm_sv_body(megamoe_symm_buffer_t *b, const megamoe_mega_
     else if (st == MEGAMOE_OK && failed >= 0)
         st = mm_error(MEGAMOE_INTERNAL, "mega_moe: rank %d failed after the exchange (its log "
                       "names the cause); no output was written", b->pes[failed]);
-    if (st == MEGAMOE_OK) st = mm_sv_reduce(b, &c, pair_row, shared);
+    if (st == MEGAMOE_OK) st = mm_sv_reduce(b, &c, &pl, pair_row, pair_pos, prefix, stage, shared);
     if (waited) mm_sv_done_reading(b, &pl, gen);
     if (st == MEGAMOE_OK) {
         b->calls++;
