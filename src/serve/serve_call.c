@@ -222,31 +222,50 @@ static megamoe_status_t mm_sv_dispatch(megamoe_symm_buffer_t *b, const mm_sv_cal
     return MEGAMOE_OK;
 }
 
-static void mm_sv_signal(megamoe_symm_buffer_t *b, const mm_sv_plan_t *pl, int dir, uint64_t v)
+/* A control signal every peer needs whatever failed: one more try (a failed one was not
+ * applied), else the peer is declared lost rather than left waiting for the timeout. */
+static void mm_sv_signal_to(megamoe_symm_buffer_t *b, uint64_t *line, uint64_t v, int pe)
 {
-    mm_shmem_quiet(); /* puts through the runtime complete before the signals */
+    if (mm_shmem_signal_op(line, v, MM_SHMEM_SIGNAL_SET, pe) != MEGAMOE_OK &&
+        mm_shmem_signal_op(line, v, MM_SHMEM_SIGNAL_SET, pe) != MEGAMOE_OK)
+        mm_shmem_declare_lost(pe, "a mega_moe signal to it failed twice");
+    (void)b;
+}
+
+/* SET this rank's line of dir on every participant to (gen << 8) | -status (0 when OK); a put
+ * that did not complete makes it a failure, so every participant fails the call with it. */
+static void mm_sv_signal(megamoe_symm_buffer_t *b, const mm_sv_plan_t *pl, int dir, uint64_t gen,
+                         megamoe_status_t status)
+{
+    megamoe_status_t q = mm_shmem_quiet(); /* puts complete before the signals */
+    if (status == MEGAMOE_OK) status = q;
+    const uint64_t v = (gen << 8) | (uint64_t)((-(int)status) & 0xFF);
     for (int i = 0; i < pl->np; i++) {
         int p = (pl->part_of[b->me] + i) % pl->np, d = pl->member[p];
-        mm_shmem_signal_op(mm_sv_line(b, dir, b->me), v, MM_SHMEM_SIGNAL_SET, b->pes[d]);
+        mm_sv_signal_to(b, mm_sv_line(b, dir, b->me), v, b->pes[d]);
     }
 }
 
-/* Wait for every participant's line of dir; *failed = the lowest member whose value carries
- * the failure bit (-1: none). */
+/* Wait for every participant's line of dir; *failed = the lowest member whose value carries a
+ * failure, *status its status (OK when none). */
 static megamoe_status_t mm_sv_wait(megamoe_symm_buffer_t *b, const mm_sv_plan_t *pl, int dir,
-                                   uint64_t gen, int *failed)
+                                   uint64_t gen, int *failed, megamoe_status_t *status)
 {
     *failed = -1;
+    *status = MEGAMOE_OK;
     for (int p = 0; p < pl->np; p++) {
         const int s = pl->member[p];
         uint64_t v = 0;
         megamoe_status_t st = mm_shmem_signal_wait_until(mm_sv_line(b, dir, s), MM_SHMEM_CMP_GE,
-                                                         gen << 1, &v);
+                                                         gen << 8, &v);
         if (st != MEGAMOE_OK) {
             b->broken = 1;
             return st;
         }
-        if ((v & 1) && *failed < 0) *failed = s;
+        if ((v & 0xFF) && *failed < 0) {
+            *failed = s;
+            *status = (megamoe_status_t)(-(int)(v & 0xFF));
+        }
     }
     return MEGAMOE_OK;
 }
@@ -533,10 +552,10 @@ static megamoe_status_t mm_sv_wait_readers(megamoe_symm_buffer_t *b)
 /* This call read (or will read) nothing more from the participants' rows: tell each. */
 static void mm_sv_done_reading(megamoe_symm_buffer_t *b, const mm_sv_plan_t *pl, uint64_t gen)
 {
-    mm_shmem_quiet(); /* the gets of the reduce completed */
+    (void)mm_shmem_quiet(); /* (gets are complete on return; nothing of ours is in flight) */
     for (int i = 0; i < pl->np; i++) {
         int p = (pl->part_of[b->me] + i) % pl->np, d = pl->member[p];
-        mm_shmem_signal_op(mm_sv_line(b, MM_SV_READ, b->me), gen, MM_SHMEM_SIGNAL_SET, b->pes[d]);
+        mm_sv_signal_to(b, mm_sv_line(b, MM_SV_READ, b->me), gen, b->pes[d]);
     }
     for (int i = 0; i < pl->np; i++) b->prev[i] = pl->member[i];
     b->prev_n = pl->np;
@@ -610,12 +629,13 @@ static megamoe_status_t mm_sv_body(megamoe_symm_buffer_t *b, const megamoe_mega_
     int64_t *pair_pos = pair_row + c.n * c.K, *next = pair_pos + c.n * c.K, *prefix = next + E;
     if (work == MEGAMOE_OK)
         work = mm_sv_dispatch(b, &c, &pl, pair_row, pair_pos, next, prefix, &stage);
-    mm_sv_signal(b, &pl, MM_SV_DISPATCH, (gen << 1) | (work != MEGAMOE_OK));
+    mm_sv_signal(b, &pl, MM_SV_DISPATCH, gen, work);
     float *shared = NULL;
     if (work == MEGAMOE_OK && c.shared.count > 0 && c.n > 0)
         work = mm_sv_run_shared(b, &c, gemm, &shared);
     int failed = -1;
-    st = mm_sv_wait(b, &pl, MM_SV_DISPATCH, gen, &failed);
+    megamoe_status_t fst = MEGAMOE_OK;
+    st = mm_sv_wait(b, &pl, MM_SV_DISPATCH, gen, &failed, &fst);
     if (st != MEGAMOE_OK) {
         mm_call_end(&call);
         return st;
@@ -627,15 +647,19 @@ static megamoe_status_t mm_sv_body(megamoe_symm_buffer_t *b, const megamoe_mega_
             c.expert_token_nums[j] = (int32_t)(pl.grp_off[j + 1] - pl.grp_off[j]);
         work = mm_sv_run_routed(b, &c, &pl, gemm);
     }
-    mm_sv_signal(b, &pl, MM_SV_COMBINE, (gen << 1) | (work != MEGAMOE_OK || failed >= 0));
+    mm_sv_signal(b, &pl, MM_SV_COMBINE, gen, work != MEGAMOE_OK ? work : fst);
     int failed2 = -1;
-    st = mm_sv_wait(b, &pl, MM_SV_COMBINE, gen, &failed2);
+    megamoe_status_t fst2 = MEGAMOE_OK;
+    st = mm_sv_wait(b, &pl, MM_SV_COMBINE, gen, &failed2, &fst2);
     const int waited = st == MEGAMOE_OK; /* (after a lost peer or a timeout the group is broken) */
-    if (st == MEGAMOE_OK && failed < 0 && failed2 >= 0) failed = failed2;
+    if (st == MEGAMOE_OK && failed < 0 && failed2 >= 0) {
+        failed = failed2;
+        fst = fst2;
+    }
     if (st == MEGAMOE_OK && work != MEGAMOE_OK) st = work; /* our own message */
     else if (st == MEGAMOE_OK && failed >= 0)
-        st = mm_error(MEGAMOE_INTERNAL, "mega_moe: rank %d failed after the exchange (its log "
-                      "names the cause); no output was written", b->pes[failed]);
+        st = mm_error(fst, "mega_moe: rank %d failed after the exchange with %s (its log names the "
+                      "cause); no output was written", b->pes[failed], megamoe_status_name(fst));
     if (st == MEGAMOE_OK) st = mm_sv_reduce(b, &c, &pl, pair_row, pair_pos, prefix, stage, shared);
     if (waited) mm_sv_done_reading(b, &pl, gen);
     if (st == MEGAMOE_OK) {
