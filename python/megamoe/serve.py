@@ -115,7 +115,8 @@ class _Info(ctypes.Structure):
                 ("ranks_per_host", ctypes.c_int), ("alive", ctypes.c_int), ("params", _Params),
                 ("local_experts", _I64), ("max_recv_rows", _I64),
                 ("symmetric_bytes", ctypes.c_size_t), ("local_bytes", ctypes.c_size_t),
-                ("calls", ctypes.c_uint64), ("last_recv_rows", _I64), ("id", ctypes.c_uint64)]
+                ("calls", ctypes.c_uint64), ("last_recv_rows", _I64), ("id", ctypes.c_uint64),
+                ("o1_calls", ctypes.c_uint64)]
 
 
 _T = _Tensor
@@ -365,7 +366,7 @@ class SymmBuffer:
                 "alive": bool(i.alive), "local_experts": i.local_experts,
                 "max_recv_rows": i.max_recv_rows, "symmetric_bytes": i.symmetric_bytes,
                 "local_bytes": i.local_bytes, "calls": i.calls,
-                "last_recv_rows": i.last_recv_rows, "id": i.id}
+                "last_recv_rows": i.last_recv_rows, "id": i.id, "o1_calls": i.o1_calls}
 
     # -- lifecycle
     def destroy(self):

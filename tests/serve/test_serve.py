@@ -93,3 +93,16 @@ def test_buffer_api(world, tmp_path_factory):
         a = api["attrs"]
         assert a["rank_id"] == rank and a["ep_world_size"] == world and a["topo_type"] == 0
         assert a["rank_num_per_server"] == world and a["ccl_buffer_size"] > 0
+
+
+@pytest.mark.parametrize("world", (2, 4))
+def test_o1_and_host_paths_same_bits(world, tmp_path_factory):
+    """The O1 executor's inference plan and the host-scheduled path: the same bits (y and
+    expert_token_nums) for bf16, int8, int4, zero-token ranks, shared experts with a token mask,
+    several tiles per expert; auto takes the O1 path, host does not."""
+    for rank, res in enumerate(_per_rank(world, tmp_path_factory)):
+        paths = res["paths"]
+        assert "crash" not in paths, paths.get("crash")
+        for name, got in paths.items():
+            assert got["same"], f"rank {rank} {name}: the paths differ"
+            assert got["o1"] == 1 and got["host_o1"] == 0, f"rank {rank} {name}: {got}"
