@@ -503,6 +503,38 @@ def run_paths():
     return out
 
 
+# ---- torch.ops.megamoe.mega_moe (the torch.library registration) -------------------------
+
+def run_torch():
+    out = {}
+    buf = ops.get_symm_buffer_for_mega_moe(None, E, 8, 2, H, 2 * I)
+    args, kw = _valid_call(buf, "int8")
+    L = E // WORLD
+    out["registered"] = hasattr(torch.ops.megamoe, "mega_moe") and ops.mega_moe.op.name == "mega_moe"
+
+    def meta(t):
+        if isinstance(t, torch.Tensor):
+            return t.to("meta")
+        return [meta(u) for u in t] if isinstance(t, list) else t
+    y, etn = ops.mega_moe(*[meta(a) for a in args[:5]], buf, **{k: meta(v) for k, v in kw.items()})
+    out["meta_shapes"] = (y.device.type == "meta" and tuple(y.shape) == (args[0].shape[0], H) and
+                          y.dtype == torch.bfloat16 and tuple(etn.shape) == (L,) and
+                          etn.dtype == torch.int32)
+    y1, e1 = ops.mega_moe(*args, **kw)
+    y2, e2 = torch.ops.megamoe.mega_moe(*args[:5], buf.context, **kw)
+    y3, e3 = ops.mega_moe.op.ctypes_path(*args[:5], buf, **kw)
+    out["torch_ops_same"] = bool(torch.equal(y1, y2) and torch.equal(e1, e2) and
+                                 torch.equal(y1, y3) and torch.equal(e1, e3))
+    if hasattr(torch.library, "opcheck"):  # torch >= 2.4 (make test-debian13)
+        res = torch.library.opcheck(torch.ops.megamoe.mega_moe.default,
+                                    tuple(args[:5]) + (buf.context,), kw)
+        out["opcheck"] = {k: v for k, v in res.items() if v != "SUCCESS"} or "ok"
+    else:
+        out["opcheck"] = "ok"  # (not in this torch)
+    buf.destroy()
+    return out
+
+
 def main():
     prefix = sys.argv[1]
     what = sys.argv[2] if len(sys.argv) > 2 else "all"
@@ -530,6 +562,11 @@ def main():
             results["paths"] = run_paths()
         except Exception:  # noqa: BLE001
             results["paths"] = {"crash": traceback.format_exc()[-3000:]}
+    if what in ("torch", "all"):
+        try:
+            results["torch"] = run_torch()
+        except Exception:  # noqa: BLE001
+            results["torch"] = {"crash": traceback.format_exc()[-3000:]}
     if what in ("api", "all"):
         try:
             results["api"] = run_api()

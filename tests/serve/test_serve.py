@@ -106,3 +106,15 @@ def test_o1_and_host_paths_same_bits(world, tmp_path_factory):
         for name, got in paths.items():
             assert got["same"], f"rank {rank} {name}: the paths differ"
             assert got["o1"] == 1 and got["host_o1"] == 0, f"rank {rank} {name}: {got}"
+
+
+@pytest.mark.parametrize("world", (2, 4))
+def test_torch_operator(world, tmp_path_factory):
+    """torch.ops.megamoe.mega_moe (torch.library, python/megamoe/_library.py): registered, the
+    entry point of megamoe.ops.mega_moe, its fake kernel's shapes on meta tensors, the same
+    bits through torch.ops, the Python entry and the body; opcheck where torch has it."""
+    for rank, res in enumerate(_per_rank(world, tmp_path_factory)):
+        t = res["torch"]
+        assert "crash" not in t, t.get("crash")
+        assert t["registered"] and t["meta_shapes"] and t["torch_ops_same"], t
+        assert t["opcheck"] == "ok", t["opcheck"]
