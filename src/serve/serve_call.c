@@ -9,6 +9,7 @@
 #include "base/env.h"
 #include "base/error.h"
 #include "kernels/quant.h"
+#include "kernels/rows.h"
 #include "serve/serve_o1.h"
 
 enum { MM_SV_DISPATCH = 0, MM_SV_COMBINE = 1, MM_SV_READ = 2 };
@@ -543,17 +544,13 @@ static megamoe_status_t mm_sv_reduce(megamoe_symm_buffer_t *b, const mm_sv_call_
                                                 cq == 3 ? MEGAMOE_DTYPE_FP8_E5M2
                                                         : MEGAMOE_DTYPE_FP8_E4M3FN,
                                                 H, deq));
-                for (int64_t h = 0; h < H; h++) acc[h] = acc[h] + w * deq[h];
-            } else {
-                const uint16_t *r = (const uint16_t *)(const void *)src;
-                for (int64_t h = 0; h < H; h++) acc[h] = acc[h] + w * megamoe_bf16_to_fp32(r[h]);
+                mm_rows_axpy_f32(acc, deq, w, H);
+            } else { /* acc += w * row: one fp32 multiply and add per element (rows.h) */
+                mm_rows_axpy(MEGAMOE_DTYPE_BF16, acc, src, w, H);
             }
         }
-        if (shared) {
-            const float *s = shared + t * H;
-            for (int64_t h = 0; h < H; h++) acc[h] = acc[h] + s[h];
-        }
-        for (int64_t h = 0; h < H; h++) y[h] = megamoe_fp32_to_bf16(acc[h]);
+        if (shared) mm_rows_axpy_f32(acc, shared + t * H, 1.0f, H);
+        MM_CHECK(megamoe_convert(y, MEGAMOE_DTYPE_BF16, acc, MEGAMOE_DTYPE_FP32, (size_t)H));
     }
     return MEGAMOE_OK;
 }
