@@ -109,6 +109,24 @@ megamoe_status_t mm_shmem_signal_op(uint64_t *sig, uint64_t value, int sig_op, i
 megamoe_status_t mm_shmem_put_signal(void *dest, const void *src, size_t nbytes, uint64_t *sig,
                                      uint64_t value, int sig_op, int pe)
 {
+    mm_shmem_global_t *g = &mm_shmem_g;
+    /* A peer on another host: one engine operation, so the signal travels with its data (one
+     * message) instead of after it. Same checks as the two calls below. */
+    if (mm_shmem_running_now() && g->engine && g->engine_ops->put_signal &&
+        (unsigned)pe < (unsigned)g->n_pes && g->remote[pe] && g->bases[pe] == NULL &&
+        (sig_op == MM_SHMEM_SIGNAL_SET || sig_op == MM_SHMEM_SIGNAL_ADD) &&
+        ((uintptr_t)sig & 7) == 0) {
+        uint64_t off = 0, soff = 0;
+        int bad = 0;
+        if (nbytes && mm_shmem_xlate(dest, nbytes, pe, "mm_shmem_put_signal", &off, &bad) == NULL &&
+            bad)
+            return MEGAMOE_INVALID_ARGUMENT;
+        if (mm_shmem_xlate(sig, sizeof *sig, pe, "mm_shmem_put_signal", &soff, &bad) == NULL && bad)
+            return MEGAMOE_INVALID_ARGUMENT;
+        return g->engine_ops->put_signal(g->engine, pe, off, src, nbytes, soff, value,
+                                         sig_op == MM_SHMEM_SIGNAL_ADD ? MM_ENGINE_ADD
+                                                                       : MM_ENGINE_SET);
+    }
     MM_CHECK(mm_shmem_put(dest, src, nbytes, pe));
     /* Data stores (regular ones are ordered by the release below; streaming ones were fenced
      * by the copy; the engine orders its signals after the puts they cover) precede the
@@ -164,6 +182,7 @@ megamoe_status_t mm_shmem_word_op(int pe, uint64_t off, uint64_t value, int op)
     mm_shmem_global_t *g = &mm_shmem_g;
     if (g->bases[pe]) {
         uint64_t *w = (uint64_t *)(g->bases[pe] + off);
+        op &= ~MM_ENGINE_NO_QUIET;
         if (op == MM_ENGINE_ADD) __atomic_fetch_add(w, value, __ATOMIC_RELEASE);
         else if (op == MM_ENGINE_SET) __atomic_store_n(w, value, __ATOMIC_RELEASE);
         else {

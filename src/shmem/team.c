@@ -125,7 +125,8 @@ static megamoe_status_t mm_team_barrier_raw(mm_shmem_team_t *t, const char *what
     uint64_t gen = ++t->bar_gen;
     for (int k = 0, d = 1; d < t->n; k++, d <<= 1) {
         int to = mm_team_pe(t, (t->me + d) % t->n);
-        st = mm_shmem_word_op(to, mm_shmem_slot_line_off(t->slot, k), gen, MM_ENGINE_SET);
+        st = mm_shmem_word_op(to, mm_shmem_slot_line_off(t->slot, k), gen,
+                              MM_ENGINE_SET | MM_ENGINE_NO_QUIET);
         if (st == MEGAMOE_OK)
             st = mm_shmem_wait_impl(mm_shmem_slot_line(g->my_base, t->slot, k), MM_SHMEM_CMP_GE,
                                     gen, NULL, what);
