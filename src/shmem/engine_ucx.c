@@ -390,8 +390,12 @@ static megamoe_status_t mm_ucx_get(mm_shmem_engine_t *se, int pe, uint64_t off, 
     megamoe_status_t st = MEGAMOE_OK;
     pthread_mutex_lock(&e->lock);
     ucs_status_ptr_t r = NULL;
-    if (mm_ucx_ep_locked(e, pe, "inter-host get", &st))
+    if (mm_ucx_ep_locked(e, pe, "inter-host get", &st)) {
+        if (e->proto == MM_UCX_PROTO_AM) mm_ucx_am_flush_pe(e, pe);
         r = ucp_get_nbx(p->ep, dst, n, p->base + off, p->rkey, &prm);
+        e->stats.gets++;
+        e->stats.get_bytes += n;
+    }
     pthread_mutex_unlock(&e->lock);
     if (st != MEGAMOE_OK || r == NULL || UCS_PTR_IS_ERR(r)) {
         mm_ucx_done_release(e, d);
@@ -792,6 +796,14 @@ static void mm_ucx_fini(mm_shmem_engine_t *se)
     free(se);
 }
 
+static void mm_ucx_stats(mm_shmem_engine_t *se, mm_shmem_engine_stats_t *out)
+{
+    mm_ucx_engine_t *e = &se->u;
+    pthread_mutex_lock(&e->lock);
+    *out = e->stats;
+    pthread_mutex_unlock(&e->lock);
+}
+
 static void mm_ucx_describe(mm_shmem_engine_t *se, char *buf, size_t len)
 {
     snprintf(buf, len, "%s", se ? se->u.desc : "none");
@@ -810,5 +822,6 @@ const mm_shmem_engine_ops_t mm_shmem_engine_ucx = {
     .quiet = mm_ucx_quiet,
     .progress = mm_ucx_progress,
     .fini = mm_ucx_fini,
+    .stats = mm_ucx_stats,
     .describe = mm_ucx_describe,
 };

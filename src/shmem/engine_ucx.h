@@ -83,6 +83,9 @@ typedef struct mm_ucx_engine_s {
     mm_ucx_peer_t *peers;
     mm_ucx_flush_ctx_t *flush_ctxs; /* per PE: user data of its flush / error callbacks */
     struct mm_am_rx *rx;            /* per source PE (am protocol) */
+    struct mm_am_cork *corks;       /* per thread: small puts being coalesced (am protocol) */
+    int n_corks;
+    uint64_t uid;                   /* process-unique (threads find their cork by it) */
     /* staging ring: bytes [tail, head) in flight (positions grow, modulo the size) */
     char *ring;
     uint64_t ring_head, ring_tail;
@@ -99,6 +102,7 @@ typedef struct mm_ucx_engine_s {
     int efd, wake_fd;
     atomic_int stop;
     char desc[224];
+    mm_shmem_engine_stats_t stats; /* under the lock */
 } mm_ucx_engine_t;
 
 struct mm_shmem_engine {
@@ -160,6 +164,8 @@ megamoe_status_t mm_ucx_am_setup(mm_ucx_engine_t *e);
 megamoe_status_t mm_ucx_am_send(mm_ucx_engine_t *e, int pe, uint64_t off, const void *src,
                                 size_t n, uint64_t sig_off, uint64_t value, int sig_op);
 megamoe_status_t mm_ucx_am_quiet(mm_ucx_engine_t *e);
+/* Send every coalesced put to pe now (lock held): before a get from pe. */
+void mm_ucx_am_flush_pe(mm_ucx_engine_t *e, int pe);
 /* Forget what pe sent and what waits for it (lock held; pe lost or the engine closing). */
 void mm_ucx_am_forget(mm_ucx_engine_t *e, int pe);
 /* Free the receive state (fini, after the worker is gone). */

@@ -86,6 +86,35 @@ typedef struct mm_am_recv_ctx {
     mm_am_held_t *held; /* NULL: straight into the heap (the source's busy message) */
 } mm_am_recv_ctx_t;
 
+/* ---- coalescing small puts ("corks", lock held) ----
+ *
+ * A put below MM_AM_CORK_MAX bytes is not sent at once: it is copied into this thread's cork,
+ * a ring reservation of MM_AM_CORK_BYTES for one PE, and later puts by the same thread to the
+ * next bytes of that PE join it. A row-by-row dispatch (1-4 KiB rows into consecutive
+ * receive rows) then leaves in messages of up to 256 KiB instead of one message per row, and
+ * the signal that follows rides in the same message. Data nobody has signalled cannot be
+ * observed, so holding it costs nothing; everything that can make it observable sends the
+ * corks first: a signal to the PE (every thread's cork to it, then the signal, in the own
+ * cork when it is to the same PE), a get from it, a quiet (all corks). Another put by the
+ * same thread to the same PE that cannot join sends the cork first (the thread's order stays
+ * its issue order); threads' corks are independent (puts of different threads are not
+ * ordered, OpenSHMEM's rule, but every signal is ordered after all of them). */
+#define MM_AM_CORK_MAX (64u << 10)
+#define MM_AM_CORK_BYTES (256u << 10)
+#define MM_AM_CORKS 256 /* threads that cork; later ones send at once */
+
+typedef struct mm_am_cork {
+    int pe; /* -1: empty */
+    uint64_t off;
+    size_t len;
+    char *stage;
+    mm_ucx_ring_rec_t *rec;
+} mm_am_cork_t;
+
+static _Thread_local uint64_t mm_am_tl_uid; /* the engine the slot below belongs to */
+static _Thread_local int mm_am_tl_slot;
+static atomic_ullong mm_am_uids;
+
 /* ---- target side (inside progress, lock held) ---- */
 
 static void mm_am_send_ack(mm_ucx_engine_t *e, int src, uint64_t seq);
@@ -338,7 +367,9 @@ static ucs_status_t mm_am_ack_handler(void *arg, const void *header, size_t head
 megamoe_status_t mm_ucx_am_setup(mm_ucx_engine_t *e)
 {
     e->rx = calloc((size_t)e->n_pes, sizeof *e->rx);
-    if (e->rx == NULL)
+    e->corks = calloc(MM_AM_CORKS, sizeof *e->corks);
+    e->uid = atomic_fetch_add(&mm_am_uids, 1) + 1;
+    if (e->rx == NULL || e->corks == NULL)
         return mm_error(MEGAMOE_OUT_OF_MEMORY, "inter-host engine: out of memory for %d PEs",
                         e->n_pes);
     for (int pe = 0; pe < e->n_pes; pe++) e->rx[pe].next = 1;
@@ -362,11 +393,99 @@ megamoe_status_t mm_ucx_am_setup(mm_ucx_engine_t *e)
     return MEGAMOE_OK;
 }
 
+/* Post the staged message at stage (lock held): its header slot is filled here (the sequence
+ * number is taken now), n data bytes follow it. covered: a later quiet waits for it. */
+static megamoe_status_t mm_am_post(mm_ucx_engine_t *e, int pe, mm_am_hdr_t *h, char *stage,
+                                   size_t n, mm_ucx_ring_rec_t *rec, int covered)
+{
+    mm_ucx_peer_t *p = &e->peers[pe];
+    megamoe_status_t st = MEGAMOE_OK;
+    ucp_ep_h ep = mm_ucx_ep_locked(e, pe, (h->flags & MM_AM_F_SIG) ? "inter-host signal"
+                                                                  : "inter-host put", &st);
+    if (ep == NULL) {
+        rec->done = 1; /* the reserved bytes go back with the record */
+        return st;
+    }
+    h->seq = ++p->seq_sent;
+    if (covered) p->quiet_seq = h->seq;
+    e->stats.messages++;
+    e->stats.put_bytes += n;
+    e->stats.signals += (h->flags & MM_AM_F_SIG) != 0;
+    memcpy(stage, h, sizeof *h);
+    ucp_request_param_t prm;
+    memset(&prm, 0, sizeof prm);
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FIELD_FLAGS;
+    prm.cb.send = mm_ucx_put_done_cb;
+    prm.user_data = rec;
+    prm.flags = UCP_AM_SEND_FLAG_EAGER;
+    ucs_status_ptr_t r = ucp_am_send_nbx(ep, MM_AM_ID_MSG, stage, sizeof *h,
+                                         n ? stage + MM_AM_HDR_SLOT : NULL, n, &prm);
+    if (r == NULL) {
+        rec->done = 1;
+    } else if (UCS_PTR_IS_ERR(r)) {
+        rec->done = 1;
+        st = mm_ucx_status(UCS_PTR_STATUS(r), pe, "an inter-host put");
+    }
+    return st;
+}
+
+/* This thread's cork (NULL when every slot is taken). */
+static mm_am_cork_t *mm_am_my_cork(mm_ucx_engine_t *e)
+{
+    if (mm_am_tl_uid != e->uid) {
+        if (e->n_corks >= MM_AM_CORKS) return NULL;
+        mm_am_tl_slot = e->n_corks++;
+        e->corks[mm_am_tl_slot].pe = -1;
+        mm_am_tl_uid = e->uid;
+    }
+    return &e->corks[mm_am_tl_slot];
+}
+
+/* Send cork c (with the signal when sig_op >= 0, and the extra flags); its data is always
+ * covered by a later quiet. */
+static megamoe_status_t mm_am_cork_send(mm_ucx_engine_t *e, mm_am_cork_t *c, uint64_t sig_off,
+                                        uint64_t value, int sig_op, unsigned extra)
+{
+    const int pe = c->pe;
+    c->pe = -1;
+    /* give back the unused part of the reservation when nothing was reserved after it */
+    const size_t unused = MM_AM_CORK_BYTES - c->len;
+    if (e->ring_head == c->rec->start + c->rec->len && c->rec->len >= unused) {
+        c->rec->len -= unused;
+        e->ring_head -= unused;
+    }
+    mm_am_hdr_t h = {.off = c->off,
+                     .sig_off = sig_off,
+                     .sig_val = value,
+                     .src = e->my_pe,
+                     .flags = (uint16_t)(MM_AM_F_DATA | (sig_op >= 0 ? MM_AM_F_SIG : 0) | extra),
+                     .sig_op = (uint16_t)(sig_op >= 0 ? sig_op : 0)};
+    return mm_am_post(e, pe, &h, c->stage, c->len, c->rec, 1);
+}
+
+/* Send every cork to pe (pe < 0: every cork) except `except`. */
+static megamoe_status_t mm_am_corks_flush(mm_ucx_engine_t *e, int pe, const mm_am_cork_t *except)
+{
+    megamoe_status_t st = MEGAMOE_OK;
+    for (int i = 0; i < e->n_corks; i++) {
+        mm_am_cork_t *c = &e->corks[i];
+        if (c == except || c->pe < 0 || (pe >= 0 && c->pe != pe)) continue;
+        megamoe_status_t s = mm_am_cork_send(e, c, 0, 0, -1, 0);
+        if (st == MEGAMOE_OK) st = s;
+    }
+    return st;
+}
+
+void mm_ucx_am_flush_pe(mm_ucx_engine_t *e, int pe)
+{
+    if (e->corks) mm_am_corks_flush(e, pe, NULL);
+}
+
 static megamoe_status_t mm_am_send_flags(mm_ucx_engine_t *e, int pe, uint64_t off,
                                          const void *src, size_t n, uint64_t sig_off,
                                          uint64_t value, int sig_op, unsigned extra)
 {
-    mm_ucx_peer_t *p = &e->peers[pe];
     const int covered = !(sig_op >= 0 && (sig_op & MM_ENGINE_NO_QUIET));
     if (sig_op >= 0) sig_op &= ~MM_ENGINE_NO_QUIET;
     mm_am_hdr_t h = {.off = off,
@@ -382,39 +501,60 @@ static megamoe_status_t mm_am_send_flags(mm_ucx_engine_t *e, int pe, uint64_t of
         /* staged: header and data copied into the ring, sent from there (eager: the bytes
          * leave now, the source is reusable at once) */
         pthread_mutex_lock(&e->lock);
-        mm_ucx_ring_rec_t *rec = NULL;
-        char *stage = NULL;
-        st = mm_ucx_ring_alloc(e, MM_AM_HDR_SLOT + n, pe, &stage, &rec);
-        ucp_ep_h ep = NULL;
-        if (st == MEGAMOE_OK) {
-            ep = mm_ucx_ep_locked(e, pe, sig_op >= 0 ? "inter-host signal" : "inter-host put", &st);
-            if (ep == NULL) rec->done = 1; /* the reserved bytes go back with the record */
-        }
-        if (st != MEGAMOE_OK) {
+        mm_am_cork_t *mine = mm_am_my_cork(e);
+        const int joins = mine && mine->pe == pe && mine->off + mine->len == off &&
+                          mine->len + n <= MM_AM_CORK_BYTES;
+        if (sig_op >= 0 || extra) {
+            /* a signal or a request: every cork to pe leaves first, this one with it */
+            st = mm_am_corks_flush(e, pe, mine);
+            if (st == MEGAMOE_OK && mine && mine->pe == pe && (n == 0 || joins)) {
+                if (n) memcpy(mine->stage + MM_AM_HDR_SLOT + mine->len, src, n);
+                mine->len += n;
+                st = mm_am_cork_send(e, mine, sig_off, value, sig_op, extra);
+                pthread_mutex_unlock(&e->lock);
+                return st;
+            }
+        } else if (mine && n < MM_AM_CORK_MAX) {
+            if (joins) {
+                memcpy(mine->stage + MM_AM_HDR_SLOT + mine->len, src, n);
+                mine->len += n;
+                pthread_mutex_unlock(&e->lock);
+                return MEGAMOE_OK;
+            }
+            if (mine->pe >= 0) st = mm_am_cork_send(e, mine, 0, 0, -1, 0);
+            mm_ucx_ring_rec_t *rec = NULL;
+            char *stage = NULL;
+            if (st == MEGAMOE_OK)
+                st = mm_ucx_ring_alloc(e, MM_AM_HDR_SLOT + MM_AM_CORK_BYTES, pe, &stage, &rec);
+            if (st == MEGAMOE_OK && mm_ucx_ep_locked(e, pe, "inter-host put", &st) == NULL)
+                rec->done = 1;
+            if (st == MEGAMOE_OK) {
+                memcpy(stage + MM_AM_HDR_SLOT, src, n);
+                *mine = (mm_am_cork_t){.pe = pe, .off = off, .len = n, .stage = stage, .rec = rec};
+            }
             pthread_mutex_unlock(&e->lock);
             return st;
         }
-        if (n) memcpy(stage + MM_AM_HDR_SLOT, src, n);
-        h.seq = ++p->seq_sent;
-        if (covered) p->quiet_seq = h.seq;
-        memcpy(stage, &h, sizeof h);
-        memset(&prm, 0, sizeof prm);
-        prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                           UCP_OP_ATTR_FIELD_FLAGS;
-        prm.cb.send = mm_ucx_put_done_cb;
-        prm.user_data = rec;
-        prm.flags = UCP_AM_SEND_FLAG_EAGER;
-        ucs_status_ptr_t r = ucp_am_send_nbx(ep, MM_AM_ID_MSG, stage, sizeof h,
-                                             n ? stage + MM_AM_HDR_SLOT : NULL, n, &prm);
-        if (r == NULL) {
-            rec->done = 1;
-        } else if (UCS_PTR_IS_ERR(r)) {
-            rec->done = 1;
-            st = mm_ucx_status(UCS_PTR_STATUS(r), pe, "an inter-host put");
+        if (st == MEGAMOE_OK && mine && mine->pe == pe) st = mm_am_cork_send(e, mine, 0, 0, -1, 0);
+        mm_ucx_ring_rec_t *rec = NULL;
+        char *stage = NULL;
+        if (st == MEGAMOE_OK) st = mm_ucx_ring_alloc(e, MM_AM_HDR_SLOT + n, pe, &stage, &rec);
+        if (st == MEGAMOE_OK) {
+            if (n) memcpy(stage + MM_AM_HDR_SLOT, src, n);
+            st = mm_am_post(e, pe, &h, stage, n, rec, covered);
         }
         pthread_mutex_unlock(&e->lock);
         return st;
     }
+    mm_ucx_peer_t *p = &e->peers[pe];
+    pthread_mutex_lock(&e->lock);
+    {
+        mm_am_cork_t *mine = mm_am_my_cork(e);
+        if (mine && mine->pe == pe) st = mm_am_cork_send(e, mine, 0, 0, -1, 0);
+        if (st == MEGAMOE_OK && sig_op >= 0) st = mm_am_corks_flush(e, pe, NULL);
+    }
+    pthread_mutex_unlock(&e->lock);
+    if (st != MEGAMOE_OK) return st;
     /* large: zero-copy from the caller's buffer in eager messages of MM_AM_CHUNK bytes, all
      * posted before the first wait (so they pipeline), the signal with the last; the caller's
      * buffer is free again once every send completed locally. Measured over TCP (UCX 1.13):
@@ -443,6 +583,9 @@ static megamoe_status_t mm_am_send_flags(mm_ucx_engine_t *e, int pe, uint64_t of
         if (ep) {
             hc.seq = ++p->seq_sent;
             p->quiet_seq = hc.seq;
+            e->stats.messages++;
+            e->stats.put_bytes += len;
+            e->stats.signals += (hc.flags & MM_AM_F_SIG) != 0;
             memcpy(d->hdr, &hc, sizeof hc);
             r = ucp_am_send_nbx(ep, MM_AM_ID_MSG, d->hdr, sizeof hc, (const char *)src + o, len,
                                 &prm);
@@ -487,7 +630,9 @@ megamoe_status_t mm_ucx_am_quiet(mm_ucx_engine_t *e)
     uint64_t here[256], *want = here;
     if (e->n_pes > 256 && (want = malloc(sizeof *want * (size_t)e->n_pes)) == NULL)
         return mm_error(MEGAMOE_OUT_OF_MEMORY, "inter-host quiet: out of memory");
-    megamoe_status_t st = MEGAMOE_OK;
+    pthread_mutex_lock(&e->lock);
+    megamoe_status_t st = mm_am_corks_flush(e, -1, NULL);
+    pthread_mutex_unlock(&e->lock);
     int any = 0;
     for (int pe = 0; pe < e->n_pes; pe++) {
         mm_ucx_peer_t *p = &e->peers[pe];
@@ -511,6 +656,9 @@ megamoe_status_t mm_ucx_am_quiet(mm_ucx_engine_t *e)
         any = 1;
     }
     if (st == MEGAMOE_OK && any) {
+        pthread_mutex_lock(&e->lock);
+        e->stats.quiet_waits++;
+        pthread_mutex_unlock(&e->lock);
         mm_am_quiet_t q = {want};
         st = mm_ucx_wait_until(e, mm_am_quiet_done, &q, -1, "an inter-host quiet");
     }
@@ -520,6 +668,11 @@ megamoe_status_t mm_ucx_am_quiet(mm_ucx_engine_t *e)
 
 void mm_ucx_am_forget(mm_ucx_engine_t *e, int pe)
 {
+    for (int i = 0; e->corks && i < e->n_corks; i++)
+        if (e->corks[i].pe == pe) { /* never sent: the ring space goes back */
+            e->corks[i].rec->done = 1;
+            e->corks[i].pe = -1;
+        }
     struct mm_am_rx *rx = &e->rx[pe];
     rx->gen++; /* receives in flight from pe now find a stale generation */
     rx->busy = 0;
@@ -549,4 +702,6 @@ void mm_ucx_am_fini(mm_ucx_engine_t *e)
     }
     free(e->rx);
     e->rx = NULL;
+    free(e->corks);
+    e->corks = NULL;
 }

@@ -181,6 +181,8 @@ megamoe_status_t mm_ucx_rma_atomic(mm_ucx_engine_t *e, int pe, uint64_t off, uin
     a->op = op & ~MM_ENGINE_NO_QUIET; /* every signal here waits in quiet's worker flush */
     a->e = e;
     a->gen = p->put_gen;
+    e->stats.messages++;
+    e->stats.signals++;
     if (p->q_head == NULL && p->done_gen >= p->put_gen) {
         st = mm_ucx_atomic_post(e, a);
     } else {
@@ -220,6 +222,8 @@ megamoe_status_t mm_ucx_rma_put(mm_ucx_engine_t *e, int pe, uint64_t off, const 
         prm.user_data = rec;
         ucs_status_ptr_t r = ucp_put_nbx(p->ep, stage, n, p->base + off, p->rkey, &prm);
         p->put_gen++;
+        e->stats.messages++;
+        e->stats.put_bytes += n;
         if (r == NULL) rec->done = 1;
         else if (UCS_PTR_IS_ERR(r)) {
             rec->done = 1;
@@ -235,6 +239,8 @@ megamoe_status_t mm_ucx_rma_put(mm_ucx_engine_t *e, int pe, uint64_t off, const 
     if (mm_ucx_ep_locked(e, pe, "inter-host put", &st)) {
         r = ucp_put_nbx(p->ep, src, n, p->base + off, p->rkey, &prm);
         p->put_gen++;
+        e->stats.messages++;
+        e->stats.put_bytes += n;
     }
     pthread_mutex_unlock(&e->lock);
     if (st != MEGAMOE_OK || r == NULL || UCS_PTR_IS_ERR(r)) {
@@ -272,6 +278,7 @@ megamoe_status_t mm_ucx_rma_quiet(mm_ucx_engine_t *e)
      * a quiet allocates nothing in the usual jobs) */
     uint64_t gens_here[256], *gens = gens_here;
     ucs_status_ptr_t r = ucp_worker_flush_nbx(e->worker, &prm);
+    e->stats.quiet_waits++;
     int n = e->n_pes;
     if (n > 256) gens = malloc(sizeof *gens * (size_t)n);
     for (int pe = 0; gens && pe < n; pe++) gens[pe] = e->peers[pe].put_gen;

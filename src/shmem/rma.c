@@ -195,6 +195,21 @@ megamoe_status_t mm_shmem_word_op(int pe, uint64_t off, uint64_t value, int op)
     return g->engine_ops->atomic(g->engine, pe, off, value, op);
 }
 
+megamoe_status_t mm_shmem_seg_put_signal(int pe, uint64_t off, const void *src, size_t n,
+                                         uint64_t sig_off, uint64_t value, int op)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    if (g->bases[pe]) {
+        if (n) memcpy(g->bases[pe] + off, src, n);
+        return mm_shmem_word_op(pe, sig_off, value, op); /* a release: the data first */
+    }
+    MM_CHECK(mm_shmem_route(pe, "a runtime message"));
+    if (g->engine_ops->put_signal)
+        return g->engine_ops->put_signal(g->engine, pe, off, src, n, sig_off, value, op);
+    if (n) MM_CHECK(g->engine_ops->put(g->engine, pe, off, src, n));
+    return g->engine_ops->atomic(g->engine, pe, sig_off, value, op);
+}
+
 megamoe_status_t mm_shmem_seg_read(int pe, uint64_t off, void *dst, size_t n)
 {
     mm_shmem_global_t *g = &mm_shmem_g;

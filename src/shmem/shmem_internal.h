@@ -63,7 +63,8 @@ struct mm_shmem_team {
     int n, me, slot;
     int *pes;          /* world PE of each member */
     uint64_t bar_gen;  /* barriers done (generation numbers, monotone) */
-    uint64_t coll_gen; /* collectives done (outbox parity) */
+    uint64_t coll_gen; /* collectives with data done (outbox parity) */
+    uint64_t push_gen; /* push collectives done (the arrival words' values, team.c) */
     uint64_t alloc_seq; /* symmetric allocations and frees done on this team */
     uint64_t uid;       /* unique in this process (never reused, unlike the address) */
     megamoe_status_t failed; /* a barrier of this team did not complete: the team is done */
@@ -141,6 +142,17 @@ static inline uint64_t mm_shmem_slot_line_off(int slot, int round)
     return MM_SHMEM_HEADER_BYTES + (uint64_t)slot * MM_SHMEM_SLOT_STRIDE + (uint64_t)round * 64u;
 }
 
+/* Push collectives (team.c) among at most MM_SHMEM_PUSH_MAX members: per source member one
+ * 8-byte arrival word (its push count, monotone), after the barrier lines of the sync area. */
+#define MM_SHMEM_PUSH_MAX 128
+#define MM_SHMEM_SLOT_WORDS (MM_SHMEM_BAR_ROUNDS * 64u + MM_SHMEM_PUSH_MAX * 8u)
+_Static_assert(MM_SHMEM_SLOT_WORDS <= MM_SHMEM_SLOT_SYNC, "the push words fit the sync area");
+static inline uint64_t mm_shmem_slot_push_off(int slot, int src)
+{
+    return MM_SHMEM_HEADER_BYTES + (uint64_t)slot * MM_SHMEM_SLOT_STRIDE +
+           MM_SHMEM_BAR_ROUNDS * 64u + (uint64_t)src * 8u;
+}
+
 static inline uint64_t mm_shmem_slot_outbox_off(int slot, uint64_t parity)
 {
     return MM_SHMEM_HEADER_BYTES + (uint64_t)slot * MM_SHMEM_SLOT_STRIDE + MM_SHMEM_SLOT_SYNC +
@@ -203,6 +215,11 @@ static inline int mm_shmem_same_host(int pe)
 /* Atomic on the 64-bit word at offset off of pe's segment: a direct atomic when mapped, else
  * through the engine (ordered after earlier puts to pe). op: MM_ENGINE_SET/ADD/CAS0. */
 megamoe_status_t mm_shmem_word_op(int pe, uint64_t off, uint64_t value, int op);
+/* n bytes to offset off of pe's segment, then the atomic op (MM_ENGINE_*, with
+ * MM_ENGINE_NO_QUIET) on the word at sig_off: direct stores and a release atomic when mapped,
+ * else one engine put-with-signal (one message). */
+megamoe_status_t mm_shmem_seg_put_signal(int pe, uint64_t off, const void *src, size_t n,
+                                         uint64_t sig_off, uint64_t value, int op);
 /* Copy n bytes from offset off of pe's segment (direct or a blocking engine get). */
 megamoe_status_t mm_shmem_seg_read(int pe, uint64_t off, void *dst, size_t n);
 

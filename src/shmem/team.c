@@ -110,10 +110,72 @@ static megamoe_status_t mm_team_failed(const mm_shmem_team_t *t, const char *wha
                     megamoe_status_name(t->failed));
 }
 
+/* ---- push collectives (teams that span hosts) ----
+ *
+ * Across hosts the dissemination barrier costs a quiet (a round trip when data is in flight)
+ * and log2(n) one-way latencies, and an allgather after it a blocking get of every remote
+ * member's outbox (a round trip each). In push mode every member writes its contribution into
+ * entry `me` of every other member's inbox (the outbox of this call's parity) and then its
+ * arrival word there, one put-with-signal (one message across hosts), and waits for the n-1
+ * words of its own inbox. Every pair of members exchanges a message, and each arrives after
+ * everything its sender put to that member before (the engine applies a PE's messages in
+ * issue order; mapped stores are ordered by the release of the word), so a member leaving sees
+ * every put any member did to it before entering: the barrier's guarantee, in one one-way
+ * latency and without a round trip. An arrival word holds its sender's count of push calls, so
+ * an earlier call's word never satisfies a later wait, and a later one proves the earlier
+ * message applied (same sender, in order); the data goes to the outbox of the call's parity,
+ * and the parity argument of the outboxes (file comment) holds for the inboxes alike, since
+ * every call needs every member's arrival. Used when the team has members on another host (the same answer on every member),
+ * at most MM_SHMEM_PUSH_MAX members, and n entries of the contribution fit an outbox. */
+static int mm_team_push_mode(const mm_shmem_team_t *t, size_t nbytes)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    if (g->engine == NULL || t->n > MM_SHMEM_PUSH_MAX ||
+        (size_t)t->n * ((nbytes + 63) & ~(size_t)63) > MM_SHMEM_COLL_CHUNK)
+        return 0;
+    for (int i = 0; i < t->n; i++)
+        if (g->remote[mm_team_pe(t, i)]) return 1;
+    return 0;
+}
+
+static megamoe_status_t mm_team_push(mm_shmem_team_t *t, void *dest, const void *src,
+                                     size_t nbytes, const char *what)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    megamoe_status_t st = mm_shmem_check_peers(what);
+    if (st != MEGAMOE_OK) {
+        t->failed = st;
+        return st;
+    }
+    /* a barrier (no data) uses no outbox, so it leaves the outbox parity alone: the pull
+     * allgather's chunks rely on it alternating between their own calls */
+    const uint64_t parity = nbytes ? t->coll_gen++ : 0, gen = ++t->push_gen;
+    const size_t stride = (nbytes + 63) & ~(size_t)63;
+    const uint64_t box = mm_shmem_slot_outbox_off(t->slot, parity);
+    const uint64_t word = mm_shmem_slot_push_off(t->slot, t->me);
+    for (int i = 1; i < t->n && st == MEGAMOE_OK; i++) {
+        int pe = mm_team_pe(t, (t->me + i) % t->n); /* rotated: not everyone to member 0 first */
+        st = mm_shmem_seg_put_signal(pe, box + (uint64_t)t->me * stride, src, nbytes, word, gen,
+                                     MM_ENGINE_SET | MM_ENGINE_NO_QUIET);
+    }
+    if (st == MEGAMOE_OK && nbytes) memmove((char *)dest + (size_t)t->me * nbytes, src, nbytes);
+    for (int i = 1; i < t->n && st == MEGAMOE_OK; i++) {
+        int j = (t->me + t->n - i) % t->n;
+        uint64_t *w = (uint64_t *)(void *)(g->my_base + mm_shmem_slot_push_off(t->slot, j));
+        st = mm_shmem_wait_impl(w, MM_SHMEM_CMP_GE, gen, NULL, what);
+        if (st == MEGAMOE_OK && nbytes)
+            memcpy((char *)dest + (size_t)j * nbytes, g->my_base + box + (uint64_t)j * stride,
+                   nbytes);
+    }
+    if (st != MEGAMOE_OK) t->failed = st; /* the members are out of step now */
+    return st;
+}
+
 static megamoe_status_t mm_team_barrier_raw(mm_shmem_team_t *t, const char *what)
 {
     mm_shmem_global_t *g = &mm_shmem_g;
     if (t->failed != MEGAMOE_OK) return mm_team_failed(t, what);
+    if (mm_team_push_mode(t, 0)) return mm_team_push(t, NULL, NULL, 0, what);
     /* after a loss every collective fails at once (the quiet below could wait for the
      * lost PE) */
     megamoe_status_t st = mm_shmem_check_peers(what);
@@ -157,6 +219,7 @@ static megamoe_status_t mm_team_allgather_raw(mm_shmem_team_t *t, void *dest, co
     mm_shmem_global_t *g = &mm_shmem_g;
     if (t->failed != MEGAMOE_OK) return mm_team_failed(t, what); /* before the outbox write */
     if (nbytes == 0) return mm_team_barrier_raw(t, what);
+    if (mm_team_push_mode(t, nbytes)) return mm_team_push(t, dest, src, nbytes, what);
     for (size_t done = 0; done < nbytes; done += MM_SHMEM_COLL_CHUNK) {
         size_t chunk = nbytes - done < MM_SHMEM_COLL_CHUNK ? nbytes - done : MM_SHMEM_COLL_CHUNK;
         uint64_t parity = t->coll_gen++;
@@ -330,7 +393,7 @@ megamoe_status_t mm_shmem_team_split(mm_shmem_team_t *parent, int color, int key
                 if (members[m] == parent->me) t->me = m;
             }
             /* Nobody writes this slot before the barrier below, so plain zeroing is safe. */
-            memset(mm_shmem_slot_line(g->my_base, t->slot, 0), 0, MM_SHMEM_BAR_ROUNDS * 64u);
+            memset(mm_shmem_slot_line(g->my_base, t->slot, 0), 0, MM_SHMEM_SLOT_WORDS);
             g->slots_used |= 1ull << t->slot;
             t->next = g->teams;
             g->teams = t;
@@ -416,7 +479,7 @@ megamoe_status_t mm_shmem_team_destroy(mm_shmem_team_t *t)
     /* After this barrier no member writes into this PE's slot or reads its outboxes. */
     if (st == MEGAMOE_OK) st = mm_team_barrier_raw(t, "team destroy");
     if (st == MEGAMOE_OK) /* a later team taking the slot starts from zero lines */
-        memset(mm_shmem_slot_line(mm_shmem_g.my_base, t->slot, 0), 0, MM_SHMEM_BAR_ROUNDS * 64u);
+        memset(mm_shmem_slot_line(mm_shmem_g.my_base, t->slot, 0), 0, MM_SHMEM_SLOT_WORDS);
     mm_shmem_team_destroy_local(t);
     return st;
 }

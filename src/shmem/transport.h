@@ -55,6 +55,7 @@ extern const mm_shmem_seg_transport_t mm_shmem_transport_shm;
 #define MM_ENGINE_BLOB_MAX 4096
 
 typedef struct mm_shmem_engine mm_shmem_engine_t;
+struct mm_shmem_engine_stats; /* shmem.h */
 
 typedef struct mm_engine_init {
     int my_pe, n_pes;
@@ -97,6 +98,8 @@ typedef struct mm_shmem_engine_ops {
     int (*progress)(mm_shmem_engine_t *e);
     /* Stop the progress thread, close connections (forced: peers may be gone), deregister. */
     void (*fini)(mm_shmem_engine_t *e);
+    /* Counters since init (shmem.h, mm_shmem_engine_stats_t); may be NULL. */
+    void (*stats)(mm_shmem_engine_t *e, struct mm_shmem_engine_stats *out);
     /* "UCX 1.13.1, tcp" style description for logs and benchmarks. */
     void (*describe)(mm_shmem_engine_t *e, char *buf, size_t len);
 } mm_shmem_engine_ops_t;
