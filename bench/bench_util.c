@@ -10,7 +10,7 @@
 #include "bench_util.h"
 
 #define MM_BENCH_MAX_ROWS 4096
-#define MM_BENCH_MAX_FIELDS 32
+#define MM_BENCH_MAX_FIELDS 48
 
 typedef struct mm_bench_field {
     char key[32];

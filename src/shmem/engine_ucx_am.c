@@ -31,10 +31,13 @@
 #include <string.h>
 
 #include "base/arch.h"
+#include "engine_test.h"
 #include "engine_ucx.h"
 
 enum { MM_AM_ID_MSG = 1, MM_AM_ID_ACK = 2 };
-enum { MM_AM_F_DATA = 1, MM_AM_F_SIG = 2, MM_AM_F_ACKREQ = 4 };
+/* MULTI: the data is several pieces: the payload is their bytes back to back, then a table
+ * of (offset, length) pairs (u64 each), one per piece; `off` holds the number of pieces. */
+enum { MM_AM_F_DATA = 1, MM_AM_F_SIG = 2, MM_AM_F_ACKREQ = 4, MM_AM_F_MULTI = 8 };
 
 /* The user header of a message (the data, if any, is the message's payload). */
 typedef struct mm_am_hdr {
@@ -89,10 +92,12 @@ typedef struct mm_am_recv_ctx {
 /* ---- coalescing small puts ("corks", lock held) ----
  *
  * A put below MM_AM_CORK_MAX bytes is not sent at once: it is copied into this thread's cork,
- * a ring reservation of MM_AM_CORK_BYTES for one PE, and later puts by the same thread to the
- * next bytes of that PE join it. A row-by-row dispatch (1-4 KiB rows into consecutive
- * receive rows) then leaves in messages of up to 256 KiB instead of one message per row, and
- * the signal that follows rides in the same message. Data nobody has signalled cannot be
+ * a ring reservation of MM_AM_CORK_BYTES for one PE, and later puts by the same thread to that
+ * PE join it as further pieces (anywhere in the segment: a piece that continues the last one
+ * extends it). A row-by-row dispatch (1-4 KiB rows, with their metadata) then leaves in
+ * messages of up to 256 KiB instead of one message per row, and the signal that follows rides
+ * in the same message. The target applies the pieces in order, so a later piece over an
+ * earlier one wins as if they had been sent one by one. Data nobody has signalled cannot be
  * observed, so holding it costs nothing; everything that can make it observable sends the
  * corks first: a signal to the PE (every thread's cork to it, then the signal, in the own
  * cork when it is to the same PE), a get from it, a quiet (all corks). Another put by the
@@ -101,12 +106,15 @@ typedef struct mm_am_recv_ctx {
  * ordered, OpenSHMEM's rule, but every signal is ordered after all of them). */
 #define MM_AM_CORK_MAX (64u << 10)
 #define MM_AM_CORK_BYTES (256u << 10)
+#define MM_AM_CORK_SEGS 256 /* pieces per message (adjacent ones merge) */
+#define MM_AM_CORK_RESERVE (MM_AM_HDR_SLOT + MM_AM_CORK_BYTES + 16u * MM_AM_CORK_SEGS)
 #define MM_AM_CORKS 256 /* threads that cork; later ones send at once */
 
 typedef struct mm_am_cork {
-    int pe; /* -1: empty */
-    uint64_t off;
-    size_t len;
+    int pe;     /* -1: empty */
+    size_t len; /* data bytes so far (at stage + MM_AM_HDR_SLOT) */
+    int nseg;   /* pieces: (offset, length) pairs in seg */
+    uint64_t seg[2 * MM_AM_CORK_SEGS];
     char *stage;
     mm_ucx_ring_rec_t *rec;
 } mm_am_cork_t;
@@ -163,8 +171,19 @@ static void mm_am_send_ack(mm_ucx_engine_t *e, int src, uint64_t seq)
 /* Apply one message whose turn it is: its data (unless already in place), then its signal. */
 static void mm_am_apply(mm_ucx_engine_t *e, const mm_am_hdr_t *h, const void *data, size_t len)
 {
-    if ((h->flags & MM_AM_F_DATA) && data != NULL && len)
+    if (h->flags & MM_AM_F_MULTI) { /* pieces, in order (checked by mm_am_multi_valid) */
+        const size_t nseg = (size_t)h->off;
+        const char *tab = (const char *)data + len - 16 * nseg, *p = data;
+        for (size_t i = 0; i < nseg; i++) {
+            uint64_t o, l;
+            memcpy(&o, tab + 16 * i, 8);
+            memcpy(&l, tab + 16 * i + 8, 8);
+            memcpy(e->seg_base + o, p, l);
+            p += l;
+        }
+    } else if ((h->flags & MM_AM_F_DATA) && data != NULL && len) {
         memcpy(e->seg_base + h->off, data, len);
+    }
     if (h->flags & MM_AM_F_SIG) {
         uint64_t *w = (uint64_t *)(void *)(e->seg_base + h->sig_off);
         mm_store_fence(); /* streaming stores of a large copy are visible before the signal */
@@ -261,7 +280,9 @@ static int mm_am_recv_start(mm_ucx_engine_t *e, int src, void *desc, void *dst, 
 static int mm_am_valid(const mm_ucx_engine_t *e, const mm_am_hdr_t *h, size_t len)
 {
     if (h->src < 0 || h->src >= e->n_pes || h->src == e->my_pe || h->seq == 0) return 0;
-    if (h->flags & MM_AM_F_DATA) {
+    if (h->flags & MM_AM_F_MULTI) {
+        if (!(h->flags & MM_AM_F_DATA) || h->off == 0 || h->off > len / 16) return 0;
+    } else if (h->flags & MM_AM_F_DATA) {
         if (h->off > e->seg_size || len > e->seg_size - h->off) return 0;
     } else if (len) {
         return 0;
@@ -270,6 +291,23 @@ static int mm_am_valid(const mm_ucx_engine_t *e, const mm_am_hdr_t *h, size_t le
         ((h->sig_off & 7) || h->sig_off > e->seg_size - 8 || h->sig_op > MM_ENGINE_CAS0))
         return 0;
     return 1;
+}
+
+/* The pieces of a MULTI message lie inside the segment and add up to its data. */
+static int mm_am_multi_valid(const mm_ucx_engine_t *e, const mm_am_hdr_t *h, const void *data,
+                             size_t len)
+{
+    const size_t nseg = (size_t)h->off;
+    const char *tab = (const char *)data + len - 16 * nseg;
+    uint64_t sum = 0;
+    for (size_t i = 0; i < nseg; i++) {
+        uint64_t o, l;
+        memcpy(&o, tab + 16 * i, 8);
+        memcpy(&l, tab + 16 * i + 8, 8);
+        if (o > e->seg_size || l > e->seg_size - o) return 0;
+        sum += l;
+    }
+    return sum == len - 16 * nseg;
 }
 
 static ucs_status_t mm_am_msg_handler(void *arg, const void *header, size_t header_length,
@@ -283,11 +321,9 @@ static ucs_status_t mm_am_msg_handler(void *arg, const void *header, size_t head
         return UCS_OK;
     }
     memcpy(&h, header, sizeof h);
-    if (!mm_am_valid(e, &h, length)) {
-        MM_SHMEM_WARN("inter-host engine: dropped a malformed message (source %d, sequence %llu, "
-                      "offset %llu, %zu bytes, flags 0x%x)", (int)h.src,
-                      (unsigned long long)h.seq, (unsigned long long)h.off, length,
-                      (unsigned)h.flags);
+    if (h.src < 0 || h.src >= e->n_pes || h.src == e->my_pe || h.seq == 0) {
+        MM_SHMEM_WARN("inter-host engine: dropped a message from an unknown source (%d)",
+                      (int)h.src);
         return UCS_OK;
     }
     if (mm_ucx_pe_lost(h.src)) return UCS_OK; /* a lost peer's late message */
@@ -297,8 +333,19 @@ static ucs_status_t mm_am_msg_handler(void *arg, const void *header, size_t head
                       (unsigned long long)h.seq, (int)h.src);
         return UCS_OK;
     }
-    const int rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-    void *dst = (h.flags & MM_AM_F_DATA) ? e->seg_base + h.off : NULL;
+    int rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    if (!mm_am_valid(e, &h, length) ||
+        ((h.flags & MM_AM_F_MULTI) && (rndv || !mm_am_multi_valid(e, &h, data, length)))) {
+        /* applied as nothing: its number still counts, so the source's later messages apply */
+        MM_SHMEM_WARN("inter-host engine: ignored a malformed message of rank %d (sequence %llu, "
+                      "offset %llu, %zu bytes, flags 0x%x: outside the segment; a different "
+                      "megamoe build?)", (int)h.src, (unsigned long long)h.seq,
+                      (unsigned long long)h.off, length, (unsigned)h.flags);
+        h.flags = 0;
+        length = 0;
+        rndv = 0; /* a rendezvous' data is never fetched (UCX completes the sender) */
+    }
+    void *dst = (h.flags & MM_AM_F_DATA) && !(h.flags & MM_AM_F_MULTI) ? e->seg_base + h.off : NULL;
     if (h.seq == rx->next && !rx->busy) { /* held messages all come later */
         if (!rndv) {
             mm_am_apply(e, &h, data, length);
@@ -393,6 +440,54 @@ megamoe_status_t mm_ucx_am_setup(mm_ucx_engine_t *e)
     return MEGAMOE_OK;
 }
 
+/* Test seam (engine_test.h): one data message held back, sent after the next message. */
+static atomic_int mm_am_test_swap;
+static struct {
+    int pe;
+    char *stage;
+    size_t n;
+    mm_ucx_ring_rec_t *rec;
+} mm_am_deferred = {-1, NULL, 0, NULL};
+
+void mm_shmem_engine_test_reorder(int on) { atomic_store(&mm_am_test_swap, on); }
+
+static megamoe_status_t mm_am_send_staged(ucp_ep_h ep, int pe, char *stage, size_t n,
+                                          mm_ucx_ring_rec_t *rec)
+{
+    ucp_request_param_t prm;
+    memset(&prm, 0, sizeof prm);
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FIELD_FLAGS;
+    prm.cb.send = mm_ucx_put_done_cb;
+    prm.user_data = rec;
+    prm.flags = UCP_AM_SEND_FLAG_EAGER;
+    ucs_status_ptr_t r = ucp_am_send_nbx(ep, MM_AM_ID_MSG, stage, sizeof(mm_am_hdr_t),
+                                         n ? stage + MM_AM_HDR_SLOT : NULL, n, &prm);
+    if (r == NULL) {
+        rec->done = 1;
+    } else if (UCS_PTR_IS_ERR(r)) {
+        rec->done = 1;
+        return mm_ucx_status(UCS_PTR_STATUS(r), pe, "an inter-host put");
+    }
+    return MEGAMOE_OK;
+}
+
+/* The held-back message goes now (lock held). */
+static megamoe_status_t mm_am_send_deferred(mm_ucx_engine_t *e)
+{
+    if (mm_am_deferred.stage == NULL) return MEGAMOE_OK;
+    const int pe = mm_am_deferred.pe;
+    char *stage = mm_am_deferred.stage;
+    mm_am_deferred.stage = NULL;
+    megamoe_status_t st = MEGAMOE_OK;
+    ucp_ep_h ep = mm_ucx_ep_locked(e, pe, "inter-host put", &st);
+    if (ep == NULL) {
+        mm_am_deferred.rec->done = 1;
+        return st;
+    }
+    return mm_am_send_staged(ep, pe, stage, mm_am_deferred.n, mm_am_deferred.rec);
+}
+
 /* Post the staged message at stage (lock held): its header slot is filled here (the sequence
  * number is taken now), n data bytes follow it. covered: a later quiet waits for it. */
 static megamoe_status_t mm_am_post(mm_ucx_engine_t *e, int pe, mm_am_hdr_t *h, char *stage,
@@ -412,22 +507,17 @@ static megamoe_status_t mm_am_post(mm_ucx_engine_t *e, int pe, mm_am_hdr_t *h, c
     e->stats.put_bytes += n;
     e->stats.signals += (h->flags & MM_AM_F_SIG) != 0;
     memcpy(stage, h, sizeof *h);
-    ucp_request_param_t prm;
-    memset(&prm, 0, sizeof prm);
-    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                       UCP_OP_ATTR_FIELD_FLAGS;
-    prm.cb.send = mm_ucx_put_done_cb;
-    prm.user_data = rec;
-    prm.flags = UCP_AM_SEND_FLAG_EAGER;
-    ucs_status_ptr_t r = ucp_am_send_nbx(ep, MM_AM_ID_MSG, stage, sizeof *h,
-                                         n ? stage + MM_AM_HDR_SLOT : NULL, n, &prm);
-    if (r == NULL) {
-        rec->done = 1;
-    } else if (UCS_PTR_IS_ERR(r)) {
-        rec->done = 1;
-        st = mm_ucx_status(UCS_PTR_STATUS(r), pe, "an inter-host put");
+    if (atomic_load(&mm_am_test_swap) && mm_am_deferred.stage == NULL &&
+        !(h->flags & (MM_AM_F_SIG | MM_AM_F_ACKREQ))) {
+        mm_am_deferred.pe = pe;
+        mm_am_deferred.stage = stage;
+        mm_am_deferred.n = n;
+        mm_am_deferred.rec = rec;
+        return MEGAMOE_OK;
     }
-    return st;
+    st = mm_am_send_staged(ep, pe, stage, n, rec);
+    megamoe_status_t ds = mm_am_send_deferred(e);
+    return st != MEGAMOE_OK ? st : ds;
 }
 
 /* This thread's cork (NULL when every slot is taken). */
@@ -449,19 +539,28 @@ static megamoe_status_t mm_am_cork_send(mm_ucx_engine_t *e, mm_am_cork_t *c, uin
 {
     const int pe = c->pe;
     c->pe = -1;
+    const int multi = c->nseg > 1;
+    size_t n = c->len;
+    if (multi) { /* the table after the data */
+        memcpy(c->stage + MM_AM_HDR_SLOT + n, c->seg, 16u * (size_t)c->nseg);
+        n += 16u * (size_t)c->nseg;
+    }
     /* give back the unused part of the reservation when nothing was reserved after it */
-    const size_t unused = MM_AM_CORK_BYTES - c->len;
+    const size_t unused = MM_AM_CORK_RESERVE - MM_AM_HDR_SLOT - n;
     if (e->ring_head == c->rec->start + c->rec->len && c->rec->len >= unused) {
         c->rec->len -= unused;
         e->ring_head -= unused;
     }
-    mm_am_hdr_t h = {.off = c->off,
+    mm_am_hdr_t h = {.off = multi ? (uint64_t)c->nseg : c->seg[0],
                      .sig_off = sig_off,
                      .sig_val = value,
                      .src = e->my_pe,
-                     .flags = (uint16_t)(MM_AM_F_DATA | (sig_op >= 0 ? MM_AM_F_SIG : 0) | extra),
+                     .flags = (uint16_t)(MM_AM_F_DATA | (multi ? MM_AM_F_MULTI : 0) |
+                                         (sig_op >= 0 ? MM_AM_F_SIG : 0) | extra),
                      .sig_op = (uint16_t)(sig_op >= 0 ? sig_op : 0)};
-    return mm_am_post(e, pe, &h, c->stage, c->len, c->rec, 1);
+    megamoe_status_t st = mm_am_post(e, pe, &h, c->stage, n, c->rec, 1);
+    if (st == MEGAMOE_OK && multi) e->stats.put_bytes -= 16u * (size_t)c->nseg; /* data only */
+    return st;
 }
 
 /* Send every cork to pe (pe < 0: every cork) except `except`. */
@@ -480,6 +579,29 @@ static megamoe_status_t mm_am_corks_flush(mm_ucx_engine_t *e, int pe, const mm_a
 void mm_ucx_am_flush_pe(mm_ucx_engine_t *e, int pe)
 {
     if (e->corks) mm_am_corks_flush(e, pe, NULL);
+}
+
+/* 1 when n bytes for off of pe can join cork c. */
+static int mm_am_cork_fits(const mm_am_cork_t *c, int pe, uint64_t off, size_t n)
+{
+    if (c == NULL || c->pe != pe || c->len + n > MM_AM_CORK_BYTES) return 0;
+    if (c->nseg < MM_AM_CORK_SEGS) return 1;
+    const uint64_t *last = &c->seg[2 * (c->nseg - 1)];
+    return last[0] + last[1] == off;
+}
+
+static void mm_am_cork_add(mm_am_cork_t *c, uint64_t off, const void *src, size_t n)
+{
+    if (n == 0) return;
+    memcpy(c->stage + MM_AM_HDR_SLOT + c->len, src, n);
+    c->len += n;
+    if (c->nseg > 0 && c->seg[2 * c->nseg - 2] + c->seg[2 * c->nseg - 1] == off) {
+        c->seg[2 * c->nseg - 1] += n;
+        return;
+    }
+    c->seg[2 * c->nseg] = off;
+    c->seg[2 * c->nseg + 1] = n;
+    c->nseg++;
 }
 
 static megamoe_status_t mm_am_send_flags(mm_ucx_engine_t *e, int pe, uint64_t off,
@@ -502,35 +624,35 @@ static megamoe_status_t mm_am_send_flags(mm_ucx_engine_t *e, int pe, uint64_t of
          * leave now, the source is reusable at once) */
         pthread_mutex_lock(&e->lock);
         mm_am_cork_t *mine = mm_am_my_cork(e);
-        const int joins = mine && mine->pe == pe && mine->off + mine->len == off &&
-                          mine->len + n <= MM_AM_CORK_BYTES;
+        const int joins = mm_am_cork_fits(mine, pe, off, n);
         if (sig_op >= 0 || extra) {
             /* a signal or a request: every cork to pe leaves first, this one with it */
             st = mm_am_corks_flush(e, pe, mine);
             if (st == MEGAMOE_OK && mine && mine->pe == pe && (n == 0 || joins)) {
-                if (n) memcpy(mine->stage + MM_AM_HDR_SLOT + mine->len, src, n);
-                mine->len += n;
+                mm_am_cork_add(mine, off, src, n);
                 st = mm_am_cork_send(e, mine, sig_off, value, sig_op, extra);
                 pthread_mutex_unlock(&e->lock);
                 return st;
             }
         } else if (mine && n < MM_AM_CORK_MAX) {
             if (joins) {
-                memcpy(mine->stage + MM_AM_HDR_SLOT + mine->len, src, n);
-                mine->len += n;
+                mm_am_cork_add(mine, off, src, n);
                 pthread_mutex_unlock(&e->lock);
                 return MEGAMOE_OK;
             }
             if (mine->pe >= 0) st = mm_am_cork_send(e, mine, 0, 0, -1, 0);
             mm_ucx_ring_rec_t *rec = NULL;
             char *stage = NULL;
-            if (st == MEGAMOE_OK)
-                st = mm_ucx_ring_alloc(e, MM_AM_HDR_SLOT + MM_AM_CORK_BYTES, pe, &stage, &rec);
+            if (st == MEGAMOE_OK) st = mm_ucx_ring_alloc(e, MM_AM_CORK_RESERVE, pe, &stage, &rec);
             if (st == MEGAMOE_OK && mm_ucx_ep_locked(e, pe, "inter-host put", &st) == NULL)
                 rec->done = 1;
             if (st == MEGAMOE_OK) {
-                memcpy(stage + MM_AM_HDR_SLOT, src, n);
-                *mine = (mm_am_cork_t){.pe = pe, .off = off, .len = n, .stage = stage, .rec = rec};
+                mine->pe = pe;
+                mine->len = 0;
+                mine->nseg = 0;
+                mine->stage = stage;
+                mine->rec = rec;
+                mm_am_cork_add(mine, off, src, n);
             }
             pthread_mutex_unlock(&e->lock);
             return st;
@@ -632,6 +754,8 @@ megamoe_status_t mm_ucx_am_quiet(mm_ucx_engine_t *e)
         return mm_error(MEGAMOE_OUT_OF_MEMORY, "inter-host quiet: out of memory");
     pthread_mutex_lock(&e->lock);
     megamoe_status_t st = mm_am_corks_flush(e, -1, NULL);
+    megamoe_status_t ds = mm_am_send_deferred(e);
+    if (st == MEGAMOE_OK) st = ds;
     pthread_mutex_unlock(&e->lock);
     int any = 0;
     for (int pe = 0; pe < e->n_pes; pe++) {
@@ -668,6 +792,10 @@ megamoe_status_t mm_ucx_am_quiet(mm_ucx_engine_t *e)
 
 void mm_ucx_am_forget(mm_ucx_engine_t *e, int pe)
 {
+    if (mm_am_deferred.stage && mm_am_deferred.pe == pe) {
+        mm_am_deferred.rec->done = 1;
+        mm_am_deferred.stage = NULL;
+    }
     for (int i = 0; e->corks && i < e->n_corks; i++)
         if (e->corks[i].pe == pe) { /* never sent: the ring space goes back */
             e->corks[i].rec->done = 1;
@@ -690,6 +818,7 @@ void mm_ucx_am_forget(mm_ucx_engine_t *e, int pe)
 
 void mm_ucx_am_fini(mm_ucx_engine_t *e)
 {
+    mm_am_deferred.stage = NULL; /* in the ring, which goes with the engine */
     if (e->rx == NULL) return;
     for (int pe = 0; pe < e->n_pes; pe++) {
         mm_am_held_t *m = e->rx[pe].held;
