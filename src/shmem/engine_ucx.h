@@ -86,6 +86,7 @@ typedef struct mm_ucx_engine_s {
     struct mm_am_cork *corks;       /* per thread: small puts being coalesced (am protocol) */
     int n_corks;
     uint64_t uid;                   /* process-unique (threads find their cork by it) */
+    size_t am_msg_max;              /* bytes of the largest message (one transport segment) */
     /* staging ring: bytes [tail, head) in flight (positions grow, modulo the size) */
     char *ring;
     uint64_t ring_head, ring_tail;

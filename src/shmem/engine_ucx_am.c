@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "base/arch.h"
+#include "base/env.h"
 #include "engine_test.h"
 #include "engine_ucx.h"
 
@@ -53,8 +54,6 @@ _Static_assert(sizeof(mm_am_hdr_t) <= sizeof(((mm_ucx_done_t *)0)->hdr), "header
 
 /* The staging ring keeps a message's header in front of its data (one 64-byte line). */
 #define MM_AM_HDR_SLOT 64u
-/* Puts above MM_UCX_STAGE_MAX leave in zero-copy messages of this size. */
-#define MM_AM_CHUNK (1u << 20)
 
 typedef struct mm_am_ack {
     uint64_t seq; /* every message of the acknowledged PE up to seq is applied here */
@@ -92,7 +91,8 @@ typedef struct mm_am_recv_ctx {
 /* ---- coalescing small puts ("corks", lock held) ----
  *
  * A put below MM_AM_CORK_MAX bytes is not sent at once: it is copied into this thread's cork,
- * a ring reservation of MM_AM_CORK_BYTES for one PE, and later puts by the same thread to that
+ * a ring reservation of one message (e->am_msg_max) for one PE, and later puts by the same
+ * thread to that
  * PE join it as further pieces (anywhere in the segment: a piece that continues the last one
  * extends it). A row-by-row dispatch (1-4 KiB rows, with their metadata) then leaves in
  * messages of up to 256 KiB instead of one message per row, and the signal that follows rides
@@ -105,9 +105,7 @@ typedef struct mm_am_recv_ctx {
  * its issue order); threads' corks are independent (puts of different threads are not
  * ordered, OpenSHMEM's rule, but every signal is ordered after all of them). */
 #define MM_AM_CORK_MAX (64u << 10)
-#define MM_AM_CORK_BYTES (256u << 10)
 #define MM_AM_CORK_SEGS 256 /* pieces per message (adjacent ones merge) */
-#define MM_AM_CORK_RESERVE (MM_AM_HDR_SLOT + MM_AM_CORK_BYTES + 16u * MM_AM_CORK_SEGS)
 #define MM_AM_CORKS 256 /* threads that cork; later ones send at once */
 
 typedef struct mm_am_cork {
@@ -411,11 +409,30 @@ static ucs_status_t mm_am_ack_handler(void *arg, const void *header, size_t head
 
 /* ---- source side ---- */
 
+/* The largest message that travels as one transport segment: UCX's TCP receive segment
+ * (UCX_TCP_RX_SEG_SIZE, 256k unless the user set it) less room for the headers. */
+static size_t mm_am_msg_max(void)
+{
+    const char *rx = "";
+    uint64_t seg = 256u << 10;
+    if (mm_env_string(MM_ENV_UCX_TCP_RX_SEG_SIZE, &rx) == MEGAMOE_OK && rx[0]) {
+        char *end = NULL;
+        unsigned long long v = strtoull(rx, &end, 10);
+        if (end && (*end == 'k' || *end == 'K')) v <<= 10, end++;
+        else if (end && (*end == 'm' || *end == 'M')) v <<= 20, end++;
+        seg = end && (*end == '\0' || *end == 'b' || *end == 'B') && v > 0 ? v : 64u << 10;
+    }
+    if (seg < (16u << 10)) seg = 16u << 10;
+    if (seg > (1u << 20)) seg = 1u << 20; /* the staging limit */
+    return (size_t)seg - 4096u;
+}
+
 megamoe_status_t mm_ucx_am_setup(mm_ucx_engine_t *e)
 {
     e->rx = calloc((size_t)e->n_pes, sizeof *e->rx);
     e->corks = calloc(MM_AM_CORKS, sizeof *e->corks);
     e->uid = atomic_fetch_add(&mm_am_uids, 1) + 1;
+    e->am_msg_max = mm_am_msg_max();
     if (e->rx == NULL || e->corks == NULL)
         return mm_error(MEGAMOE_OUT_OF_MEMORY, "inter-host engine: out of memory for %d PEs",
                         e->n_pes);
@@ -546,7 +563,7 @@ static megamoe_status_t mm_am_cork_send(mm_ucx_engine_t *e, mm_am_cork_t *c, uin
         n += 16u * (size_t)c->nseg;
     }
     /* give back the unused part of the reservation when nothing was reserved after it */
-    const size_t unused = MM_AM_CORK_RESERVE - MM_AM_HDR_SLOT - n;
+    const size_t unused = e->am_msg_max - n;
     if (e->ring_head == c->rec->start + c->rec->len && c->rec->len >= unused) {
         c->rec->len -= unused;
         e->ring_head -= unused;
@@ -582,9 +599,12 @@ void mm_ucx_am_flush_pe(mm_ucx_engine_t *e, int pe)
 }
 
 /* 1 when n bytes for off of pe can join cork c. */
-static int mm_am_cork_fits(const mm_am_cork_t *c, int pe, uint64_t off, size_t n)
+static int mm_am_cork_fits(const mm_ucx_engine_t *e, const mm_am_cork_t *c, int pe, uint64_t off,
+                           size_t n)
 {
-    if (c == NULL || c->pe != pe || c->len + n > MM_AM_CORK_BYTES) return 0;
+    /* data and table (one more piece, to be safe) in one message */
+    if (c == NULL || c->pe != pe || c->len + n + 16u * ((size_t)c->nseg + 1) > e->am_msg_max)
+        return 0;
     if (c->nseg < MM_AM_CORK_SEGS) return 1;
     const uint64_t *last = &c->seg[2 * (c->nseg - 1)];
     return last[0] + last[1] == off;
@@ -617,14 +637,14 @@ static megamoe_status_t mm_am_send_flags(mm_ucx_engine_t *e, int pe, uint64_t of
                      .flags = (uint16_t)((n ? MM_AM_F_DATA : 0) | (sig_op >= 0 ? MM_AM_F_SIG : 0) |
                                          extra),
                      .sig_op = (uint16_t)(sig_op >= 0 ? sig_op : 0)};
-    ucp_request_param_t prm;
     megamoe_status_t st = MEGAMOE_OK;
-    if (n <= MM_UCX_STAGE_MAX) {
-        /* staged: header and data copied into the ring, sent from there (eager: the bytes
-         * leave now, the source is reusable at once) */
+    const size_t mmax = e->am_msg_max;
+    if (n <= mmax) {
+        /* one staged message: header and data copied into the ring, sent from there (eager:
+         * the bytes leave now, the source is reusable at once), or into a cork */
         pthread_mutex_lock(&e->lock);
         mm_am_cork_t *mine = mm_am_my_cork(e);
-        const int joins = mm_am_cork_fits(mine, pe, off, n);
+        const int joins = mm_am_cork_fits(e, mine, pe, off, n);
         if (sig_op >= 0 || extra) {
             /* a signal or a request: every cork to pe leaves first, this one with it */
             st = mm_am_corks_flush(e, pe, mine);
@@ -643,7 +663,7 @@ static megamoe_status_t mm_am_send_flags(mm_ucx_engine_t *e, int pe, uint64_t of
             if (mine->pe >= 0) st = mm_am_cork_send(e, mine, 0, 0, -1, 0);
             mm_ucx_ring_rec_t *rec = NULL;
             char *stage = NULL;
-            if (st == MEGAMOE_OK) st = mm_ucx_ring_alloc(e, MM_AM_CORK_RESERVE, pe, &stage, &rec);
+            if (st == MEGAMOE_OK) st = mm_ucx_ring_alloc(e, MM_AM_HDR_SLOT + mmax, pe, &stage, &rec);
             if (st == MEGAMOE_OK && mm_ucx_ep_locked(e, pe, "inter-host put", &st) == NULL)
                 rec->done = 1;
             if (st == MEGAMOE_OK) {
@@ -668,27 +688,47 @@ static megamoe_status_t mm_am_send_flags(mm_ucx_engine_t *e, int pe, uint64_t of
         pthread_mutex_unlock(&e->lock);
         return st;
     }
-    mm_ucx_peer_t *p = &e->peers[pe];
+    /* larger than one message: pieces of at most mmax bytes (each one transport segment: UCX
+     * would otherwise cut a message into fragments and the target assemble them in a fresh
+     * buffer, a copy and a page-faulting allocation per message), the signal with the last */
     pthread_mutex_lock(&e->lock);
     {
         mm_am_cork_t *mine = mm_am_my_cork(e);
         if (mine && mine->pe == pe) st = mm_am_cork_send(e, mine, 0, 0, -1, 0);
-        if (st == MEGAMOE_OK && sig_op >= 0) st = mm_am_corks_flush(e, pe, NULL);
+        if (st == MEGAMOE_OK && (sig_op >= 0 || extra)) st = mm_am_corks_flush(e, pe, NULL);
     }
     pthread_mutex_unlock(&e->lock);
-    if (st != MEGAMOE_OK) return st;
-    /* large: zero-copy from the caller's buffer in eager messages of MM_AM_CHUNK bytes, all
-     * posted before the first wait (so they pipeline), the signal with the last; the caller's
-     * buffer is free again once every send completed locally. Measured over TCP (UCX 1.13):
-     * one rendezvous message per put 0.6-0.9x UCX's own put at 1-4 MiB (a round trip before
-     * the data, nothing pipelines); eager chunks at or above it. */
-    const size_t nchunk = (n + MM_AM_CHUNK - 1) / MM_AM_CHUNK;
+    const size_t npiece = (n + mmax - 1) / mmax;
+    if (n <= MM_UCX_STAGE_MAX) { /* staged pieces */
+        for (size_t c = 0; c < npiece && st == MEGAMOE_OK; c++) {
+            const size_t o = c * mmax, len = n - o < mmax ? n - o : mmax;
+            mm_am_hdr_t hc = h;
+            hc.off = off + o;
+            if (c + 1 < npiece) hc.flags &= (uint16_t)~(MM_AM_F_SIG | MM_AM_F_ACKREQ);
+            pthread_mutex_lock(&e->lock);
+            mm_ucx_ring_rec_t *rec = NULL;
+            char *stage = NULL;
+            st = mm_ucx_ring_alloc(e, MM_AM_HDR_SLOT + len, pe, &stage, &rec);
+            if (st == MEGAMOE_OK) {
+                memcpy(stage + MM_AM_HDR_SLOT, (const char *)src + o, len);
+                st = mm_am_post(e, pe, &hc, stage, len, rec, covered);
+            }
+            pthread_mutex_unlock(&e->lock);
+        }
+        return st;
+    }
+    /* large: zero-copy from the caller's buffer, every piece posted before the first wait (so
+     * they pipeline); the caller's buffer is free again once every send completed locally.
+     * Measured over TCP (UCX 1.13): one rendezvous message per put 0.6-0.9x UCX's own put at
+     * 1-4 MiB (a round trip before the data, nothing pipelines); eager pieces at or above it. */
+    ucp_request_param_t prm;
+    mm_ucx_peer_t *p = &e->peers[pe];
     mm_ucx_done_t *dh[64], **ds = dh;
-    if (nchunk > 64 && (ds = calloc(nchunk, sizeof *ds)) == NULL)
+    if (npiece > 64 && (ds = calloc(npiece, sizeof *ds)) == NULL)
         return mm_error(MEGAMOE_OUT_OF_MEMORY, "inter-host put: out of memory");
     size_t posted = 0;
-    for (size_t c = 0; c < nchunk && st == MEGAMOE_OK; c++) {
-        const size_t o = c * MM_AM_CHUNK, len = n - o < MM_AM_CHUNK ? n - o : MM_AM_CHUNK;
+    for (size_t c = 0; c < npiece && st == MEGAMOE_OK; c++) {
+        const size_t o = c * mmax, len = n - o < mmax ? n - o : mmax;
         mm_ucx_done_t *d = mm_ucx_done_new(e, &prm);
         if (d == NULL) {
             st = MEGAMOE_OUT_OF_MEMORY;
@@ -698,7 +738,7 @@ static megamoe_status_t mm_am_send_flags(mm_ucx_engine_t *e, int pe, uint64_t of
         prm.flags = UCP_AM_SEND_FLAG_EAGER;
         mm_am_hdr_t hc = h;
         hc.off = off + o;
-        if (c + 1 < nchunk) hc.flags &= (uint16_t)~(MM_AM_F_SIG | MM_AM_F_ACKREQ);
+        if (c + 1 < npiece) hc.flags &= (uint16_t)~(MM_AM_F_SIG | MM_AM_F_ACKREQ);
         pthread_mutex_lock(&e->lock);
         ucs_status_ptr_t r = NULL;
         ucp_ep_h ep = mm_ucx_ep_locked(e, pe, "inter-host put", &st);
