@@ -369,6 +369,9 @@ megamoe_status_t mm_ucx_ring_alloc(mm_ucx_engine_t *e, size_t n, int pe, char **
             return MEGAMOE_OK;
         }
         if (start_ns == 0) start_ns = mm_now_ns();
+        /* coalesced puts hold their reservations until sent, and the ring is released in
+         * order: send them (any thread's), else an idle thread's cork could fill it for good */
+        if (e->proto == MM_UCX_PROTO_AM) mm_ucx_am_flush_pe(e, -1);
         mm_ucx_progress_locked(e);
         MM_CHECK(mm_shmem_check_peers("an inter-host put"));
         if (mm_now_ns() - start_ns > mm_shmem_timeout_ns())

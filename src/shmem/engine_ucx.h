@@ -165,7 +165,8 @@ megamoe_status_t mm_ucx_am_setup(mm_ucx_engine_t *e);
 megamoe_status_t mm_ucx_am_send(mm_ucx_engine_t *e, int pe, uint64_t off, const void *src,
                                 size_t n, uint64_t sig_off, uint64_t value, int sig_op);
 megamoe_status_t mm_ucx_am_quiet(mm_ucx_engine_t *e);
-/* Send every coalesced put to pe now (lock held): before a get from pe. */
+/* Send every coalesced put to pe (pe < 0: to every PE) now (lock held): before a get from pe,
+ * and when the staging ring is full. */
 void mm_ucx_am_flush_pe(mm_ucx_engine_t *e, int pe);
 /* Forget what pe sent and what waits for it (lock held; pe lost or the engine closing). */
 void mm_ucx_am_forget(mm_ucx_engine_t *e, int pe);

@@ -596,6 +596,7 @@ static megamoe_status_t mm_am_corks_flush(mm_ucx_engine_t *e, int pe, const mm_a
 void mm_ucx_am_flush_pe(mm_ucx_engine_t *e, int pe)
 {
     if (e->corks) mm_am_corks_flush(e, pe, NULL);
+    if (pe < 0) mm_am_send_deferred(e);
 }
 
 /* 1 when n bytes for off of pe can join cork c. */

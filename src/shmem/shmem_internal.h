@@ -9,8 +9,10 @@
  *   header page   line 0: magic; line 1: job-lost word (every PE's own copy; a loss is
  *                 pushed into every peer's)
  *   team slots    MM_SHMEM_MAX_TEAMS x MM_SHMEM_SLOT_STRIDE, one per live team on this PE:
- *                   MM_SHMEM_BAR_ROUNDS barrier lines (64 B each, generation numbers)
+ *                   MM_SHMEM_BAR_ROUNDS barrier lines (64 B each, generation numbers) and
+ *                     the push collectives' arrival words (one per source member)
  *                   2 collective outboxes of MM_SHMEM_COLL_CHUNK bytes (double buffered)
+ *                   2 push inboxes of MM_SHMEM_COLL_CHUNK bytes (an entry per member)
  *   mailboxes     per source PE an inbox line (sequence + 48-byte payload), then per
  *                   destination PE an ack line: small messages between any two PEs, used to
  *                   create a team among a subset of the world without the others
@@ -37,7 +39,7 @@
 #define MM_SHMEM_COLL_CHUNK (64u << 10)
 #define MM_SHMEM_HEADER_BYTES 4096u
 #define MM_SHMEM_SLOT_SYNC 4096u
-#define MM_SHMEM_SLOT_STRIDE (MM_SHMEM_SLOT_SYNC + 2u * MM_SHMEM_COLL_CHUNK)
+#define MM_SHMEM_SLOT_STRIDE (MM_SHMEM_SLOT_SYNC + 4u * MM_SHMEM_COLL_CHUNK)
 /* Mailboxes: per source PE one 64-byte inbox line and one ack line. */
 #define MM_SHMEM_MAIL_OFF (MM_SHMEM_HEADER_BYTES + (uint64_t)MM_SHMEM_MAX_TEAMS * MM_SHMEM_SLOT_STRIDE)
 #define MM_SHMEM_MAIL_BYTES (2u * 64u * (uint64_t)MM_SHMEM_MAX_PES)
@@ -71,6 +73,7 @@ struct mm_shmem_team {
     int is_world;
     struct mm_shmem_team *next; /* live non-world teams */
     void *agree_buf; /* [n] entries of mm_shmem_team_agree: made at the first, kept */
+    void *push_buf;  /* a push collective's message (MM_SHMEM_COLL_CHUNK), made at the first */
 };
 #define MM_SHMEM_TEAM_MAGIC 0x7465616du
 
@@ -157,6 +160,12 @@ static inline uint64_t mm_shmem_slot_outbox_off(int slot, uint64_t parity)
 {
     return MM_SHMEM_HEADER_BYTES + (uint64_t)slot * MM_SHMEM_SLOT_STRIDE + MM_SHMEM_SLOT_SYNC +
            (parity & 1) * MM_SHMEM_COLL_CHUNK;
+}
+
+static inline uint64_t mm_shmem_slot_inbox_off(int slot, uint64_t parity)
+{
+    return MM_SHMEM_HEADER_BYTES + (uint64_t)slot * MM_SHMEM_SLOT_STRIDE + MM_SHMEM_SLOT_SYNC +
+           (2u + (parity & 1)) * MM_SHMEM_COLL_CHUNK;
 }
 
 static inline uint64_t mm_shmem_inbox_off(int src)

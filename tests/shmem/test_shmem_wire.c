@@ -262,3 +262,59 @@ MM_TEST(different_protocols_are_refused_on_every_rank)
 }
 
 
+
+typedef struct {
+    uint8_t *dst;
+    int pe;
+    pthread_barrier_t *bar;
+    megamoe_status_t st;
+} mm_idle_job_t;
+
+/* One small put, then idle until the main thread is done: its coalesced put holds a staging
+ * ring reservation that must not block the main thread's stream of puts. */
+static void *mm_idle_cork(void *arg)
+{
+    mm_idle_job_t *j = arg;
+    uint64_t v = 0x5eed;
+    j->st = mm_shmem_put(j->dst, &v, sizeof v, j->pe);
+    pthread_barrier_wait(j->bar); /* put done */
+    pthread_barrier_wait(j->bar); /* the main thread streamed and signalled */
+    return NULL;
+}
+
+MM_TEST(an_idle_threads_coalesced_put_does_not_block_the_staging_ring)
+{
+    mm_shmem_params_t p = mm_t_params();
+    p.heap_size = 96u << 20;
+    ASSERT_OK(mm_shmem_acquire(&p));
+    int me = mm_shmem_my_pe(), n = mm_shmem_n_pes(), next = (me + 1) % n, prev = (me + n - 1) % n;
+    const size_t piece = 512u << 10, total = 48u << 20; /* more than the 32 MiB ring */
+    uint8_t *recv = NULL, *src = malloc(piece);
+    uint64_t *sig = NULL;
+    ASSERT_OK(mm_shmem_calloc(total + 64, 64, (void **)&recv));
+    ASSERT_OK(mm_shmem_calloc(64, 64, (void **)&sig));
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, 2);
+    mm_idle_job_t job = {recv + total, next, &bar, MEGAMOE_OK};
+    pthread_t th;
+    ASSERT_EQ_INT(pthread_create(&th, NULL, mm_idle_cork, &job), 0);
+    pthread_barrier_wait(&bar);
+    mm_t_fill(src, piece, me, 21);
+    for (size_t o = 0; o < total; o += piece) ASSERT_OK(mm_shmem_put(recv + o, src, piece, next));
+    ASSERT_OK(mm_shmem_signal_op(sig, 1, MM_SHMEM_SIGNAL_SET, next));
+    pthread_barrier_wait(&bar);
+    pthread_join(th, NULL);
+    pthread_barrier_destroy(&bar);
+    ASSERT_OK(job.st);
+    ASSERT_OK(mm_shmem_signal_wait_until(sig, MM_SHMEM_CMP_EQ, 1, NULL));
+    for (size_t o = 0; o < total; o += piece)
+        ASSERT_EQ_INT(mm_t_check(recv + o, piece, prev, 21), -1);
+    uint64_t v;
+    memcpy(&v, recv + total, 8);
+    ASSERT_EQ_U64(v, 0x5eed); /* the idle thread's put: covered by the main thread's signal */
+    free(src);
+    ASSERT_OK(mm_shmem_barrier_all());
+    ASSERT_OK(mm_shmem_free(recv));
+    ASSERT_OK(mm_shmem_free(sig));
+    ASSERT_OK(mm_shmem_release());
+}
