@@ -22,3 +22,6 @@ __all__ += ["float8_e4m3fn", "float8_e5m2"]
 
 from . import profiler  # noqa: E402  megamoe.profiler.mega_kernel_profile (docs/profiling.md)
 __all__ += ["profiler"]
+
+float4_e2m1fn_x2 = 296  # torch_npu's packed-fp4 dtype enum (mega_moe weight types, docs/serve.md)
+__all__ += ["float4_e2m1fn_x2"]

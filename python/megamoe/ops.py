@@ -479,3 +479,9 @@ moe_distribute_combine = npu_moe_distribute_combine
 moe_distribute_dispatch_v2 = npu_moe_distribute_dispatch_v2
 moe_distribute_combine_v2 = npu_moe_distribute_combine_v2
 moe_distribute_combine_add_rms_norm = npu_moe_distribute_combine_add_rms_norm
+
+# ---- the serving MegaMoE (CANN's get_symm_buffer_for_mega_moe / mega_moe): serve.py ----------
+from .serve import (SymmBuffer, float4_e2m1fn_x2, get_symm_buffer_for_mega_moe,  # noqa: E402
+                    mega_moe)
+
+__all__ += ["SymmBuffer", "get_symm_buffer_for_mega_moe", "mega_moe", "float4_e2m1fn_x2"]

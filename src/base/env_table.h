@@ -74,5 +74,7 @@
     MM_ENV(BUILD_DIR, "MEGAMOE_BUILD_DIR", STRING, "", 0, 0, "", \
            "Source checkout: build directory whose src/libmegamoe.so Python loads (when MEGAMOE_LIB is unset) and which 'pip install .' packages.") \
     MM_ENV(TORCH_ADAPTER, "MEGAMOE_TORCH_ADAPTER", ENUM, "auto", 0, 0, "auto|on|off", \
-           "Python binding: call the library through the Torch adapter (torch.ops.megamoe) when it is built (auto), always (on: ImportError without it) or never (off: ctypes only).")
+           "Python binding: call the library through the Torch adapter (torch.ops.megamoe) when it is built (auto), always (on: ImportError without it) or never (off: ctypes only).") \
+    MM_ENV(SERVE_WEIGHT_CACHE, "MEGAMOE_SERVE_WEIGHT_CACHE", SIZE, "0", 0, 1099511627776LL, "", \
+           "mega_moe: bytes of packed expert-weight copies kept between calls (process-wide, least recently used dropped first); 0 = no bound (docs/serve.md).")
 /* clang-format on */
