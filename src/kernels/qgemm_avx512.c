@@ -34,9 +34,12 @@ MM_QK_INLINE void mm_qk_pf_plan(const mm_qk_ukr_args_t *p, int64_t nq, int64_t *
     if (*n > nq) *n = nq;
 }
 
-MM_QK_INLINE void mm_qk_pf(const char *pf, int64_t per)
+MM_QK_INLINE void mm_qk_pf(const char *pf, int64_t per, int l2)
 {
-    for (int64_t i = 0; i < per; i++) _mm_prefetch(pf + 64 * i, _MM_HINT_T0);
+    if (l2)
+        for (int64_t i = 0; i < per; i++) _mm_prefetch(pf + 64 * i, _MM_HINT_T1);
+    else
+        for (int64_t i = 0; i < per; i++) _mm_prefetch(pf + 64 * i, _MM_HINT_T0);
 }
 
 /* ---- int8 A ------------------------------------------------------------------------------ */
@@ -63,7 +66,7 @@ MM_TARGET_AVX512VNNI MM_QK_INLINE void mm_qk_int(const int MR, const int INT4,
         mm_qk_pf_plan(p, nq, &per, &npq);
         for (int64_t q = 0; q < nq; q++) {
             if (q < npq) {
-                mm_qk_pf(pf, per);
+                mm_qk_pf(pf, per, p->pf_l2);
                 pf += 64 * per;
             }
             const __m512i b0 = _mm512_load_si512(b), b1 = _mm512_load_si512(b + 64),
@@ -85,7 +88,7 @@ MM_TARGET_AVX512VNNI MM_QK_INLINE void mm_qk_int(const int MR, const int INT4,
         mm_qk_pf_plan(p, no, &per, &npq);
         for (int64_t o = 0; o < no; o++) {
             if (o < npq) {
-                mm_qk_pf(pf, per);
+                mm_qk_pf(pf, per, p->pf_l2);
                 pf += 64 * per;
             }
             __m512i v0 = _mm512_and_si512(_mm512_load_si512(b), m4);
@@ -163,7 +166,7 @@ MM_TARGET_AVX512 MM_QK_INLINE void mm_qk_wo(const int MR, const int INT4, const 
     mm_qk_pf_plan(p, nq, &per, &npq);
     for (int64_t q = 0; q < nq; q++) {
         if (q < npq) {
-            mm_qk_pf(pf, INT4 ? (per + 1) / 2 : per);
+            mm_qk_pf(pf, INT4 ? (per + 1) / 2 : per, p->pf_l2);
             pf += 64 * (INT4 ? (per + 1) / 2 : per);
         }
         const int kmax = q == nq - 1 ? p->kv : 4;
@@ -258,6 +261,18 @@ MM_TARGET_AVX512 static void mm_qk_epilogue_avx512(const mm_qk_epi_args_t *e)
     }
 }
 
+/* Sum of n signed bytes: sign-extended to 32 bits 16 at a time (AVX-512F/BW only, so the
+ * bf16-A kernel table can share it on CPUs without VNNI). */
+MM_TARGET_AVX512 static int32_t mm_qk_rowsum_avx512(const int8_t *x, int64_t n)
+{
+    __m512i s = _mm512_setzero_si512();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = mm_tail_mask16(n - i);
+        s = _mm512_add_epi32(s, _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, x + i)));
+    }
+    return _mm512_reduce_add_epi32(s);
+}
+
 const mm_qk_kernels_t mm_qk_kernels_avx512 = {
     .ukr_i8 = mm_qk_ukr_i8_avx512,
     .ukr_i4 = mm_qk_ukr_i4_avx512,
@@ -265,5 +280,6 @@ const mm_qk_kernels_t mm_qk_kernels_avx512 = {
     .ukr_w4 = mm_qk_ukr_w4_avx512,
     .flush = mm_qk_flush_avx512,
     .epilogue = mm_qk_epilogue_avx512,
+    .rowsum = mm_qk_rowsum_avx512,
 };
 #endif /* MM_X86 */
