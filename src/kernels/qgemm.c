@@ -367,10 +367,18 @@ static void mm_qk_block(const mm_qk_run_t *u, int64_t rb0, int64_t rows, void *a
                     k.cont = u->i8 ? s0 > g * u->gq : s0 > 0;
                     k.ws = mm_qk_ones;
                     k.wo = mm_qk_zeros;
+                    float ws_pad[MM_QK_NR], wo_pad[MM_QK_NR];
                     if (!u->i8) {
                         const int64_t so = (w->groups > 1 ? g * e->ld_scale : 0) + nc;
                         if (e->w_scale) k.ws = e->w_scale + so;
                         if (e->w_offset) k.wo = e->w_offset + so;
+                        if (nr < MM_QK_NR) { /* the kernel reads 64: pad past the last column */
+                            memcpy(ws_pad, k.ws, (size_t)nr * sizeof(float));
+                            memcpy(wo_pad, k.wo, (size_t)nr * sizeof(float));
+                            for (int64_t c = nr; c < MM_QK_NR; c++) ws_pad[c] = 1.0f, wo_pad[c] = 0.0f;
+                            k.ws = ws_pad;
+                            k.wo = wo_pad;
+                        }
                     }
                     /* One tile: prefetch into L1 as far ahead as it reads. Several: the
                      * tiles of a chunk share the next chunk's lines, into L2 (L1 holds the
