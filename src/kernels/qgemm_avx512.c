@@ -58,14 +58,14 @@ MM_TARGET_AVX512VNNI MM_QK_INLINE __m512i mm_dpbusd(__m512i acc, __m512i u8, __m
         ACC[r][3] = mm_dpbusd(ACC[r][3], B3, x_);                                           \
     }
 
-/* With MR <= 3 the accumulator chains are too few to hide vpdpbusd's latency (4 chains at
- * M = 1: the loop ran latency-bound, int4 below the memory's pace), so quads alternate between
- * two accumulator sets (int4: the low and the high nibbles), added at the end. Integer sums:
- * the order changes no bit. */
+/* int4 with MR <= 3: the high nibbles go to a second accumulator set, added at the end, so
+ * the two dot products of an octet do not form one dependency chain (integer sums: the order
+ * changes no bit). The same alternation of quads for int8 slowed M = 1 streaming from memory
+ * (22.6 against 27 GB/s of weights at 1408 x 4096), so int8 keeps one set. */
 MM_TARGET_AVX512VNNI MM_QK_INLINE void mm_qk_int(const int MR, const int INT4,
                                                  const mm_qk_ukr_args_t *p)
 {
-    const int SPLIT = MR <= 3;
+    const int SPLIT = MR <= 3 && INT4;
     const int64_t nq = p->nq;
     const int32_t *a = p->a;
     const uint8_t *b = p->b;
@@ -86,21 +86,7 @@ MM_TARGET_AVX512VNNI MM_QK_INLINE void mm_qk_int(const int MR, const int INT4,
     int64_t left = p->npf;
     const int l2 = p->pf_l2;
     if (!INT4) {
-        int64_t q = 0;
-        if (SPLIT)
-            for (; q + 1 < nq; q += 2) {
-                mm_qk_pf(&pf, &left, 4, l2);
-                mm_qk_pf(&pf, &left, 4, l2);
-                const __m512i b0 = _mm512_load_si512(b), b1 = _mm512_load_si512(b + 64),
-                              b2 = _mm512_load_si512(b + 128), b3 = _mm512_load_si512(b + 192);
-                MM_QK_DOTS(acc, a, b0, b1, b2, b3)
-                const __m512i c0 = _mm512_load_si512(b + 256), c1 = _mm512_load_si512(b + 320),
-                              c2 = _mm512_load_si512(b + 384), c3 = _mm512_load_si512(b + 448);
-                MM_QK_DOTS(acc2, a + MM_QK_MR, c0, c1, c2, c3)
-                a += 2 * MM_QK_MR;
-                b += 512;
-            }
-        for (; q < nq; q++) {
+        for (int64_t q = 0; q < nq; q++) {
             mm_qk_pf(&pf, &left, 4, l2);
             const __m512i b0 = _mm512_load_si512(b), b1 = _mm512_load_si512(b + 64),
                           b2 = _mm512_load_si512(b + 128), b3 = _mm512_load_si512(b + 192);
