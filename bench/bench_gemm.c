@@ -296,6 +296,9 @@ static int mm_bench_gemm_main(int argc, char **argv)
                "                moe_dw1 moe_dw2\n"
                "                (the quantised rows: moe_gmm1 moe_gmm2 dec_gmm1 dec_gmm2)\n"
                "  --no-quant    skip the quantised (w8a8, w4a8) and decode rows\n"
+               "  --weight-sets N  at most N rotating weight sets per quantised case (default:\n"
+               "                enough to exceed twice the last-level cache; a smaller N lets\n"
+               "                the weights sit in cache: for smoke tests only)\n"
                "  --no-probe    skip the peak and bandwidth probes (pct_* become null)\n"
                "MEGAMOE_GEMM picks the backend of the 'grouped' rows (default auto); the 'amx'\n"
                "rows use the own AMX backend where it is usable (MEGAMOE_GEMM=onednn puts our\n"
@@ -363,6 +366,7 @@ static int mm_bench_gemm_main(int argc, char **argv)
     qenv.min_rounds = min_rounds;
     qenv.quick = quick;
     qenv.only = only;
+    qenv.max_sets = atoi(mm_bench_opt(argc, argv, "--weight-sets", "0"));
     double gf[MM_NSHAPES][2][NIMPL], gfb[MM_NSHAPES][2][NIMPL]; /* median, best call; NAN: none */
     const char *packed_be[MM_NSHAPES] = {0};                    /* backend of our packed weights */
     int step = 0, total = (only ? 1 : MM_NSHAPES) * 2;

@@ -14,6 +14,7 @@ typedef struct mm_gemm_bench_env {
     int min_rounds;
     int quick;
     const char *only;            /* --shape, or NULL */
+    int max_sets;                /* --weight-sets: cap on the rotating weight sets (0: none) */
     int threads;                 /* workers of this pass: 1 or 2 */
     /* Run job(ctx, w) on workers w = 0 .. threads-1 and wait. */
     void (*run)(void *run_ctx, mm_gb_job_fn job, void *ctx);

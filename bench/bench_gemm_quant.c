@@ -138,7 +138,7 @@ static uint32_t qb_rnd(uint32_t *x)
 }
 
 /* 0 on success. */
-static int qb_setup(qb_case_t *c, const qb_shape_t *s, int threads, size_t llc)
+static int qb_setup(qb_case_t *c, const qb_shape_t *s, int threads, size_t llc, int max_sets)
 {
     memset(c, 0, sizeof *c);
     c->s = s;
@@ -170,6 +170,7 @@ static int qb_setup(qb_case_t *c, const qb_shape_t *s, int threads, size_t llc)
         const double wb = qb_weight_bytes(s, q);
         int n = (int)ceil(2.0 * (double)llc / wb) + 1;
         if (n > QB_MAX_SETS) n = QB_MAX_SETS;
+        if (max_sets > 0 && n > max_sets) n = max_sets;
         c->nsets[q] = n;
         for (int i = 0; i < n; i++) {
             megamoe_status_t st;
@@ -202,7 +203,7 @@ int mm_bench_gemm_quant(const mm_gemm_bench_env_t *env)
                  s->impl, s->name, (long long)s->M, (long long)s->K, (long long)s->N, t);
         fprintf(stderr, "[quant] %s\n", label);
         qb_case_t c;
-        if (qb_setup(&c, s, t, llc) != 0) {
+        if (qb_setup(&c, s, t, llc, env->max_sets) != 0) {
             fprintf(stderr, "bench gemm: quant setup failed: %s\n", megamoe_last_error());
             qb_free(&c);
             return 1;

@@ -151,7 +151,7 @@ size_t mm_qweight_packed_bytes(const mm_qweight_t *w) { return w ? w->bytes : 0;
 const mm_qk_kernels_t *mm_qk_kernels_for(megamoe_dtype_t a_type)
 {
 #if MM_X86
-    if (mm_kernels_use_avx512() && (a_type == MEGAMOE_DTYPE_BF16 || mm_cpu_has_avx512_vnni()))
+    if (mm_kernels_use_avx512() && (a_type != MEGAMOE_DTYPE_INT8 || mm_cpu_has_avx512_vnni()))
         return &mm_qk_kernels_avx512;
 #endif
     (void)a_type;
@@ -190,8 +190,10 @@ static megamoe_status_t mm_qgemm_check(const mm_qgemm_args_t *a, int64_t *R_p)
     if (a->K < 1 || a->N < 1)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: K=%lld N=%lld must be >= 1", fn,
                         (long long)a->K, (long long)a->N);
-    if (a->a_type != MEGAMOE_DTYPE_INT8 && a->a_type != MEGAMOE_DTYPE_BF16)
-        return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: a_type %s (int8 or bf16)", fn,
+    if (a->a_type != MEGAMOE_DTYPE_INT8 && a->a_type != MEGAMOE_DTYPE_BF16 &&
+        a->a_type != MEGAMOE_DTYPE_FP16 && a->a_type != MEGAMOE_DTYPE_FP32)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "%s: a_type %s (int8; or bf16, fp16, fp32 for weight-only products)", fn,
                         megamoe_dtype_name(a->a_type));
     if (a->c_type != MEGAMOE_DTYPE_INT32 && a->c_type != MEGAMOE_DTYPE_FP32 &&
         a->c_type != MEGAMOE_DTYPE_BF16)
@@ -317,9 +319,16 @@ static void mm_qk_pack_tile(const mm_qk_run_t *u, int64_t r0, int rows, void *pa
     float *d = panel;
     const int64_t kp = u->kq_loop * 4;
     memset(d, 0, (size_t)kp * MM_QK_MR * sizeof(float));
-    for (int r = 0; r < rows; r++) {
-        const uint16_t *x = (const uint16_t *)a->A + mm_qk_src_row(a, r0 + r) * a->lda;
-        for (int64_t k = 0; k < K; k++) d[k * MM_QK_MR + r] = mm_bf16_f32(x[k]);
+    const size_t es = megamoe_dtype_size(a->a_type);
+    for (int r = 0; r < rows; r++) { /* widened exactly to fp32 */
+        const void *x = (const char *)a->A + (size_t)(mm_qk_src_row(a, r0 + r) * a->lda) * es;
+        if (a->a_type == MEGAMOE_DTYPE_BF16)
+            for (int64_t k = 0; k < K; k++) d[k * MM_QK_MR + r] = mm_bf16_f32(((const uint16_t *)x)[k]);
+        else if (a->a_type == MEGAMOE_DTYPE_FP16)
+            for (int64_t k = 0; k < K; k++)
+                d[k * MM_QK_MR + r] = megamoe_fp16_to_fp32(((const uint16_t *)x)[k]);
+        else
+            for (int64_t k = 0; k < K; k++) d[k * MM_QK_MR + r] = ((const float *)x)[k];
     }
 }
 
