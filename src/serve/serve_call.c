@@ -506,39 +506,41 @@ static megamoe_status_t mm_sv_run_shared(megamoe_symm_buffer_t *b, const mm_sv_c
 
 /* ---- combine --------------------------------------------------------------------------- */
 
-static megamoe_status_t mm_sv_reduce(megamoe_symm_buffer_t *b, const mm_sv_call_t *c,
-                                     const mm_sv_plan_t *pl, const int64_t *pair_row,
-                                     const int64_t *pair_pos, const int64_t *prefix, char *stage,
-                                     const float *shared)
+/* The sums of tokens [t0, t1), on a pool worker (acc, deq: its [H] fp32 rows). */
+typedef struct mm_sv_red {
+    const megamoe_symm_buffer_t *b;
+    const mm_sv_call_t *c;
+    const int64_t *pair_row, *pair_pos;
+    const char *stage;
+    const float *shared;
+    float *acc; /* [workers][2][H] */
+} mm_sv_red_t;
+
+static megamoe_status_t mm_sv_reduce_part(void *arg, int worker, int nw)
 {
-    const int64_t H = c->H, K = c->K;
+    const mm_sv_red_t *r = arg;
+    const megamoe_symm_buffer_t *b = r->b;
+    const mm_sv_call_t *c = r->c;
+    const int64_t H = c->H, K = c->K, hs = (int64_t)mm_align_up((size_t)H, 16);
     const size_t rb = b->row_bytes;
     const int cq = (int)b->p.combine_quant_mode;
-    /* results of owners on other hosts: one get per (owner, expert) block into the staging rows */
-    const int32_t *mine = pl->rec[pl->part_of[b->me]]->counts;
-    for (int64_t e = 0; stage && e < c->E; e++) {
-        if (mine[e] == 0 || pl->dst_off[e] < 0 || !mm_sv_remote(b, (int)(e / c->L))) continue;
-        MM_CHECK(mm_shmem_get(stage + (size_t)prefix[e] * rb,
-                              (char *)b->recv + (size_t)pl->dst_off[e] * rb, (size_t)mine[e] * rb,
-                              b->pes[e / c->L]));
-    }
-    float *acc = NULL, *deq = NULL;
-    MM_CHECK(mm_sv_scratch(b, SCR_FETCH, (size_t)H * 8 + 128, (void **)&acc));
-    deq = acc + mm_align_up((size_t)H, 16);
-    for (int64_t t = 0; t < c->n; t++) {
+    float *acc = r->acc + (size_t)worker * 2 * (size_t)hs, *deq = acc + hs;
+    int64_t t0, t1;
+    mm_pool_split(c->n, worker, nw, 1, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
         uint16_t *y = c->y + t * H;
         if (!mm_sv_active(c, t)) {
             memset(y, 0, (size_t)H * 2);
             continue;
         }
         for (int64_t h = 0; h < H; h++) acc[h] = 0.0f;
-        for (int64_t k = 0; k < K; k++) {
-            const int64_t pr = pair_row[t * K + k];
+        for (int64_t k = 0; k < K; k++) { /* k ascending, then the shared experts */
+            const int64_t pr = r->pair_row[t * K + k];
             if (pr < 0) continue;
             const int d = (int)(pr >> 40);
             const int64_t row = pr & (((int64_t)1 << 40) - 1);
             const uint8_t *src = mm_shmem_ptr((const char *)b->recv + (size_t)row * rb, b->pes[d]);
-            if (src == NULL) src = (const uint8_t *)stage + (size_t)pair_pos[t * K + k] * rb;
+            if (src == NULL) src = (const uint8_t *)r->stage + (size_t)r->pair_pos[t * K + k] * rb;
             const float w = mm_sv_w(c, t * K + k);
             if (cq) {
                 MM_CHECK(mm_comm_dequant_mx_f32(src, src + H,
@@ -550,10 +552,33 @@ static megamoe_status_t mm_sv_reduce(megamoe_symm_buffer_t *b, const mm_sv_call_
                 mm_rows_axpy(MEGAMOE_DTYPE_BF16, acc, src, w, H);
             }
         }
-        if (shared) mm_rows_axpy_f32(acc, shared + t * H, 1.0f, H);
+        if (r->shared) mm_rows_axpy_f32(acc, r->shared + t * H, 1.0f, H);
         MM_CHECK(megamoe_convert(y, MEGAMOE_DTYPE_BF16, acc, MEGAMOE_DTYPE_FP32, (size_t)H));
     }
     return MEGAMOE_OK;
+}
+
+static megamoe_status_t mm_sv_reduce(megamoe_symm_buffer_t *b, const mm_sv_call_t *c,
+                                     const mm_sv_plan_t *pl, const int64_t *pair_row,
+                                     const int64_t *pair_pos, const int64_t *prefix, char *stage,
+                                     const float *shared)
+{
+    const size_t rb = b->row_bytes;
+    /* results of owners on other hosts: one get per (owner, expert) block into the staging rows */
+    const int32_t *mine = pl->rec[pl->part_of[b->me]]->counts;
+    for (int64_t e = 0; stage && e < c->E; e++) {
+        if (mine[e] == 0 || pl->dst_off[e] < 0 || !mm_sv_remote(b, (int)(e / c->L))) continue;
+        MM_CHECK(mm_shmem_get(stage + (size_t)prefix[e] * rb,
+                              (char *)b->recv + (size_t)pl->dst_off[e] * rb, (size_t)mine[e] * rb,
+                              b->pes[e / c->L]));
+    }
+    /* then the sums, tokens split over the pool (each token's order fixed: the same bits) */
+    const size_t hs = mm_align_up((size_t)c->H, 16);
+    mm_sv_red_t r = {b, c, pair_row, pair_pos, stage, shared, NULL};
+    MM_CHECK(mm_sv_scratch(b, SCR_FETCH, sizeof(float) * 2 * hs * (size_t)b->workers,
+                           (void **)&r.acc));
+    if (c->n == 0) return MEGAMOE_OK;
+    return mm_pool_run(b->pool, mm_sv_reduce_part, &r);
 }
 
 /* ---- the call -------------------------------------------------------------------------- */
