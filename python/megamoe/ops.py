@@ -473,3 +473,14 @@ moe_distribute_combine = npu_moe_distribute_combine
 moe_distribute_dispatch_v2 = npu_moe_distribute_dispatch_v2
 moe_distribute_combine_v2 = npu_moe_distribute_combine_v2
 moe_distribute_combine_add_rms_norm = npu_moe_distribute_combine_add_rms_norm
+
+# ---- torch_npu's companion operators (grouped matmul, activations, quantisation, routing) ------
+from .companion import (npu_dequant_swiglu_quant, npu_dynamic_quant,  # noqa: E402
+                        npu_clipped_swiglu, npu_grouped_matmul, npu_grouped_matmul_swiglu_quant,
+                        npu_grouped_matmul_swiglu_quant_v2, npu_swiglu)
+from .companion_routing import (npu_moe_finalize_routing, npu_moe_gating_top_k,  # noqa: E402
+                                npu_moe_init_routing_v2, npu_moe_token_permute,
+                                npu_moe_token_unpermute, npu_moe_update_expert)
+from . import companion as _companion  # noqa: E402
+
+__all__ += list(_companion.OPERATORS)
