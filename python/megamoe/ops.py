@@ -262,6 +262,22 @@ def _comm_handle(group, what):
         return None
 
 
+def _scales_code(scales_dtype, scales=None):
+    """megamoe_dtype_t of dispatch's scales: fp32, or the MX e8m0 bytes (scales_dtype, or a
+    uint8 tensor of them); None: the tensor's own type."""
+    if scales_dtype is None:
+        if isinstance(scales, torch.Tensor) and scales.dtype == torch.uint8:
+            return _E8M0
+        return None
+    if type(scales_dtype) is int:
+        return scales_dtype
+    if scales_dtype is torch.float32:
+        return _FP32
+    if scales_dtype is torch.uint8 or str(scales_dtype) in ("float8_e8m0fnu", "e8m0"):
+        return _E8M0
+    return _INVALID  # the library names the rule
+
+
 def _y_code(y_dtype):
     if y_dtype is None or type(y_dtype) is int:  # None, or already a megamoe dtype code
         return y_dtype
@@ -286,7 +302,8 @@ def _group_name(group):
 
 
 _operator = _adapter.operator({"group_ep": _group_name, "group_tp": _group_name,
-                               "y_dtype": _y_code,
+                               "y_dtype": _y_code, "x_dtype": _y_code,
+                               "scales_dtype": lambda d: d if d is None else _scales_code(d),
                                "expand_idx": lambda t: _v2_assist(t)})  # V1's, see below
 
 
@@ -313,14 +330,19 @@ def npu_moe_distribute_dispatch_v2(x, expert_ids, group_ep, ep_world_size, ep_ra
                                    expert_shard_type=0, shared_expert_num=1,
                                    shared_expert_rank_num=0, quant_mode=0, global_bs=0,
                                    expert_token_nums_type=1, comm_alg="", zero_expert_num=0,
-                                   copy_expert_num=0, const_expert_num=0, y_dtype=None):
+                                   copy_expert_num=0, const_expert_num=0, y_dtype=None,
+                                   x_dtype=None, scales_dtype=None):
     """Returns (expand_x, dynamic_scales, assist_info_for_combine, expert_token_nums,
-    ep_recv_counts, tp_recv_counts, expand_scales)."""
+    ep_recv_counts, tp_recv_counts, expand_scales). x_dtype: the element type of an x that is
+    already quantised (torch.int8, megamoe.float8_e4m3fn / float8_e5m2 for uint8 bytes) with
+    quant_mode 0: the rows travel as they are and ``scales`` (their per-token fp32 [BS],
+    per-group fp32 [BS, ceil(H/128)] or MX e8m0 [BS, align2(ceil(H/32))] scales;
+    scales_dtype names the e8m0 bytes) arrive in dynamic_scales (docs/ops.md)."""
     a = _L.megamoe_dispatch_v2_args_default()
     call = _Call()
-    call.tensor(a.x, x, "x")
+    call.tensor(a.x, x, "x", _y_code(x_dtype))
     call.tensor(a.expert_ids, expert_ids, "expert_ids")
-    call.tensor(a.scales, scales, "scales")
+    call.tensor(a.scales, scales, "scales", _scales_code(scales_dtype, scales))
     call.tensor(a.x_active_mask, x_active_mask, "x_active_mask")
     call.tensor(a.expert_scales, expert_scales, "expert_scales")
     call.tensor(a.elastic_info, elastic_info, "elastic_info")

@@ -133,9 +133,9 @@ static megamoe_status_t mm_cx_swiglu_shape(const char *fn, const megamoe_swiglu_
 
 static megamoe_status_t mm_cx_same_shape(const char *fn, const char *name,
                                          const megamoe_tensor_t *t, const megamoe_tensor_t *ref,
-                                         int64_t dim, int halve, megamoe_dtype_t want)
+                                         int64_t dim, int halve, int want)
 {
-    int ok = t->ndim == ref->ndim && mm_cx_is_float(t->dtype) && (want < 0 || t->dtype == want);
+    int ok = t->ndim == ref->ndim && mm_cx_is_float(t->dtype) && (want < 0 || (int)t->dtype == want);
     for (int i = 0; ok && i < ref->ndim; i++)
         ok = t->shape[i] == (i == dim && halve ? ref->shape[i] / 2 : ref->shape[i]);
     if (ok && (t->data || mm_cx_numel(t) == 0)) return MEGAMOE_OK;
@@ -152,7 +152,7 @@ megamoe_status_t megamoe_swiglu(const megamoe_swiglu_args_t *in)
     MM_CX_ARGS(fn, in, a, megamoe_swiglu_args_default());
     mm_cx_split_shape_t s;
     MM_CHECK(mm_cx_swiglu_shape(fn, &a, &s));
-    MM_CHECK(mm_cx_same_shape(fn, "y", &a.y, &a.x, s.dim, 1, (megamoe_dtype_t)-1));
+    MM_CHECK(mm_cx_same_shape(fn, "y", &a.y, &a.x, s.dim, 1, -1));
     mm_cx_glu_t f = {a.clipped, a.alpha, a.limit, a.bias};
     int64_t valid = a.valid_rows < 0 || a.valid_rows > s.pre ? s.pre : a.valid_rows;
     int64_t span = s.cut * s.post, half = span / 2;
@@ -200,8 +200,8 @@ megamoe_status_t megamoe_swiglu_backward(const megamoe_swiglu_args_t *in,
     if (!dy || !dx) return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: dy and dx are required", fn);
     mm_cx_split_shape_t s;
     MM_CHECK(mm_cx_swiglu_shape(fn, &a, &s));
-    MM_CHECK(mm_cx_same_shape(fn, "grad", dy, &a.x, s.dim, 1, (megamoe_dtype_t)-1));
-    MM_CHECK(mm_cx_same_shape(fn, "dx", dx, &a.x, s.dim, 0, (megamoe_dtype_t)-1));
+    MM_CHECK(mm_cx_same_shape(fn, "grad", dy, &a.x, s.dim, 1, -1));
+    MM_CHECK(mm_cx_same_shape(fn, "dx", dx, &a.x, s.dim, 0, -1));
     int64_t span = s.cut * s.post, half = span / 2;
     size_t xs = megamoe_dtype_size(a.x.dtype), gs = megamoe_dtype_size(dy->dtype);
     size_t ds = megamoe_dtype_size(dx->dtype);

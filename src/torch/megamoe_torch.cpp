@@ -174,7 +174,8 @@ Tensors7 dispatch_v2(const Opt &x, const Opt &expert_ids, c10::string_view group
                      int64_t shared_expert_rank_num, int64_t quant_mode, int64_t global_bs,
                      int64_t expert_token_nums_type, c10::string_view comm_alg,
                      int64_t zero_expert_num, int64_t copy_expert_num, int64_t const_expert_num,
-                     optional<int64_t> y_dtype)
+                     optional<int64_t> y_dtype, optional<int64_t> x_dtype,
+                     optional<int64_t> scales_dtype)
 {
     megamoe_dispatch_v2_args_t a = megamoe_dispatch_v2_args_default();
     Call call;
@@ -204,6 +205,12 @@ Tensors7 dispatch_v2(const Opt &x, const Opt &expert_ids, c10::string_view group
     a.copy_expert_num = copy_expert_num;
     a.const_expert_num = const_expert_num;
     if (y_dtype.has_value()) a.expand_x.dtype = static_cast<megamoe_dtype_t>(*y_dtype);
+    // a pre-quantised x (int8 / fp8 bytes) and its scales' type (fp32 / e8m0 bytes)
+    if (x_dtype.has_value() && a.x.data) a.x.dtype = static_cast<megamoe_dtype_t>(*x_dtype);
+    if (scales_dtype.has_value() && a.scales.data)
+        a.scales.dtype = static_cast<megamoe_dtype_t>(*scales_dtype);
+    else if (a.scales.data && a.scales.dtype == MEGAMOE_DTYPE_UINT8)
+        a.scales.dtype = MEGAMOE_DTYPE_E8M0; // MX scales arrive as their bytes
 
     megamoe_tensor_t *outs[] = {&a.expand_x, &a.dynamic_scales, &a.assist_info_for_combine,
                                 &a.expert_token_nums, &a.ep_recv_counts, &a.tp_recv_counts,
@@ -473,7 +480,8 @@ TORCH_LIBRARY(megamoe, m)
           "int tp_rank_id=0, int expert_shard_type=0, int shared_expert_num=1, "
           "int shared_expert_rank_num=0, int quant_mode=0, int global_bs=0, "
           "int expert_token_nums_type=1, str comm_alg=\"\", int zero_expert_num=0, "
-          "int copy_expert_num=0, int const_expert_num=0, int? y_dtype=None) "
+          "int copy_expert_num=0, int const_expert_num=0, int? y_dtype=None, "
+          "int? x_dtype=None, int? scales_dtype=None) "
           "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
           &dispatch_v2);
     m.def("npu_moe_distribute_combine_v2(Tensor? expand_x, Tensor? expert_ids, "

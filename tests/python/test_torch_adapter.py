@@ -55,7 +55,8 @@ def test_schema_mismatch_is_detected(adapter):
                       performance_info=None, group_tp="", tp_world_size=0, tp_rank_id=0,
                       expert_shard_type=0, shared_expert_num=2, shared_expert_rank_num=0,
                       quant_mode=0, global_bs=0, expert_token_nums_type=1, comm_alg="",
-                      zero_expert_num=0, copy_expert_num=0, const_expert_num=0, y_dtype=None):
+                      zero_expert_num=0, copy_expert_num=0, const_expert_num=0, y_dtype=None,
+                      x_dtype=None, scales_dtype=None):
         pass
 
     assert adapter._schema_mismatch(real, op) == ""
