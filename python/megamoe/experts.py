@@ -141,6 +141,13 @@ def _ptr(t):
 
 _DEFAULT_FACTOR = 1.25  # push: initial and growth factor when not given (HyperParallel's)
 
+# HyperParallel's replica_transport values (how guest expert weights reach a replica and their
+# gradients return). On Ascend they pick between HCCL point-to-point, barrier-based SHMEM,
+# signalled SHMEM and SDMA copy engines; on a CPU every one is the same transport: megamoe's
+# replicas move through the symmetric heap with put + signal (docs/moe.md "Load balance").
+REPLICA_TRANSPORTS = ("p2p", "shmem", "shmem_signal", "shmem_signal_sdma",
+                      "shmem_signal_sdma_parallel", "shmem_signal_sdma_bidir")
+
 
 def _factor(name, value):
     """None, or a finite number >= 1 as float; ValueError otherwise (0 is not 'lossless')."""
@@ -200,6 +207,43 @@ class _Saved:
             self.free()
         except Exception:  # pragma: no cover - interpreter shutdown
             pass
+
+
+class _SavedToken(ctypes.c_int64 * 1):
+    """The storage of the tensor that stands for a forward's saved state in autograd's saved
+    tensors (_saved_tensor): the state lives exactly as long as any tensor sharing that storage.
+    So activation checkpointing (torch.utils.checkpoint, which drops saved tensors after the
+    forward and recomputes them for the backward) frees the layer's saved activations at once,
+    and the backward uses the recomputed forward's state; detached copies share the storage."""
+
+    def __del__(self):
+        saved = _LIVE_TOKENS.pop(self[0], None)
+        if saved is not None:
+            try:
+                saved.free()
+            except Exception:  # pragma: no cover - interpreter shutdown
+                pass
+
+
+_LIVE_TOKENS = {}  # token id -> _Saved
+_next_token = [0]
+
+
+def _saved_tensor(saved):
+    """An int64 [1] tensor owning `saved` (see _SavedToken)."""
+    import numpy as np
+    _next_token[0] += 1
+    tok = _SavedToken()
+    tok[0] = _next_token[0]
+    _LIVE_TOKENS[tok[0]] = saved
+    return torch.from_numpy(np.frombuffer(tok, dtype=np.int64))
+
+
+def _saved_of(token):
+    """The _Saved a token tensor stands for (None when gone)."""
+    if token is None or token.numel() != 1:
+        return None
+    return _LIVE_TOKENS.get(int(token[0]))
 
 
 def _weights_desc(layer, gate_up, down, external):
@@ -274,10 +318,11 @@ class _MegaMoeFunction(torch.autograd.Function):
                                              ctypes.byref(saved.handle) if saved else None))
         _profiler._note_invocation()  # an active mega_kernel_profile counts its launches
         ctx.layer = layer
-        ctx.saved = saved
         ctx.weights_version = w.version  # the backward uses these weights (autograd saves them)
         ctx.weights_dtype = topk_weights.dtype
-        ctx.save_for_backward(gate_up, down)
+        # the saved state travels as a saved tensor, so checkpointing can drop and recompute it
+        ctx.save_for_backward(gate_up, down,
+                              _saved_tensor(saved) if saved is not None else torch.empty(0))
         return out
 
     @staticmethod
@@ -290,13 +335,13 @@ class _MegaMoeFunction(torch.autograd.Function):
 
     @staticmethod
     def _grads(ctx, grad_out):
-        layer, saved = ctx.layer, ctx.saved
+        gate_up, down, token = ctx.saved_tensors
+        layer, saved = ctx.layer, _saved_of(token)
         if saved is None or not saved.handle:
             # one rank only (e.g. a second backward there): the peers are in their backward
             layer._refuse("backward", MegaMoeError(-2, "MegaMoeExperts backward: the saved "
                                                        "state is gone (retain_graph / double "
                                                        "backward is not supported)"))
-        gate_up, down = ctx.saved_tensors
         grad_out = grad_out.to(torch.bfloat16).contiguous()
         g_hidden = torch.empty_like(grad_out)
         g_topk = torch.empty(layer._tk_shape, dtype=ctx.weights_dtype)
@@ -338,14 +383,19 @@ class MegaMoeExperts(torch.nn.Module):
     0 = derived; docs/multicore.md), ``replica_slots_per_rank`` (hot-expert replicas: R guest
     slots per rank, 0 = off; per call the hottest experts get guest copies on lighter ranks
     and their weight gradients are summed back at home; ``info()["replicas"]`` shows the
-    last plan; docs/moe.md "Load balance: hot-expert replicas").
+    last plan; docs/moe.md "Load balance: hot-expert replicas"), ``replica_transport``
+    (HyperParallel's "p2p" (default), "shmem", "shmem_signal", "shmem_signal_sdma",
+    "shmem_signal_sdma_parallel" or "shmem_signal_sdma_bidir": Ascend transports for the
+    replicas' weights and gradients; on a CPU they are one and the same — puts and signals on
+    the symmetric heap — so every value is accepted and behaves identically).
     """
 
     def __init__(self, local_num_tokens, hidden_size, intermediate_size, num_experts, top_k,
                  expert_capacity_factor=None, swiglu_limit=None, ep_size=1, ep_group=None,
                  create_parameters=True, schedule="O1", workers=0, cube_workers=0,
                  vector_workers=0, dispatch_mode=None, initial_capacity_factor=None,
-                 capacity_growth_factor=None, replica_slots_per_rank=0):
+                 capacity_growth_factor=None, replica_slots_per_rank=0,
+                 replica_transport="p2p"):
         super().__init__()
         from . import comm as _comm
         self._handle = ctypes.c_void_p(None)
@@ -354,6 +404,9 @@ class MegaMoeExperts(torch.nn.Module):
         self._weights_epoch = 0
         self._packed_from = None
         self._external_from = None
+        if replica_transport not in REPLICA_TRANSPORTS:
+            raise ValueError(f"replica_transport must be one of {', '.join(REPLICA_TRANSPORTS)}, "
+                             f"got {replica_transport!r}")
         mode, factor, initial, growth = _resolve_capacity(
             expert_capacity_factor, dispatch_mode, initial_capacity_factor,
             capacity_growth_factor)
@@ -412,6 +465,7 @@ class MegaMoeExperts(torch.nn.Module):
         self.ep_size = int(ep_size)
         self.schedule = schedule
         self.replica_slots_per_rank = int(replica_slots_per_rank)
+        self.replica_transport = replica_transport  # every value: one transport on a CPU
         self._tk_shape = (self.local_num_tokens, self.top_k)
         handle = ctypes.c_void_p(None)
         try:
@@ -672,4 +726,5 @@ class MegaMoeExperts(torch.nn.Module):
                 f"initial_capacity_factor={self.initial_capacity_factor}, "
                 f"capacity_growth_factor={self.capacity_growth_factor}, "
                 f"swiglu_limit={self.swiglu_limit}, schedule={self.schedule!r}, "
-                f"replica_slots_per_rank={self.replica_slots_per_rank}")
+                f"replica_slots_per_rank={self.replica_slots_per_rank}, "
+                f"replica_transport={self.replica_transport!r}")
