@@ -49,6 +49,13 @@ megamoe_status_t megamoe_group_list_counts(const megamoe_tensor_t *group_list,
 
 /* ---- grouped matmul (npu_grouped_matmul, group_type 0: groups along M) -------------------- */
 
+/* Expert weights packed once for megamoe_grouped_matmul (the kernels' preferred layout):
+ * serving calls the same weights every step, so a caller that keeps this object skips the
+ * per-call repacking. Made from the weight fields of an args struct (weight / weight_list /
+ * weight_stride / weight_int4; bf16, int8 or int4); it keeps pointers to the caller's weights
+ * for columns the packed copy does not serve, so they must outlive it. */
+typedef struct megamoe_gmm_weights megamoe_gmm_weights_t;
+
 /* y[rows of g] = x[rows of g] @ W_g, fp32 accumulation, for the float variant:
  *   x bf16 | fp16 | fp32 [M, K]; weight the same type [E, K, N] (or [K, N] = one group);
  *   optional bias [E, N] (fp32, or x's type) added in fp32; y [M, N] of x's type or fp32
@@ -78,10 +85,23 @@ typedef struct megamoe_grouped_matmul_args {
     int weight_int4;                  /* 1: weight is int32 [E, K, N / 8] of packed int4 */
     megamoe_tensor_t y;               /* [M, N] output, dtype selects the output type */
     int threads;                      /* OpenMP threads the call may use (<= 1: the caller) */
+    const megamoe_gmm_weights_t *packed; /* optional: these packed weights (of this weight) */
 } megamoe_grouped_matmul_args_t;
 
 megamoe_grouped_matmul_args_t megamoe_grouped_matmul_args_default(void);
 megamoe_status_t megamoe_grouped_matmul(const megamoe_grouped_matmul_args_t *args);
+
+/* Pack the weights args describes (version: the caller's counter for their values). */
+megamoe_status_t megamoe_gmm_weights_create(const megamoe_grouped_matmul_args_t *args,
+                                            uint64_t version, megamoe_gmm_weights_t **weights_p);
+/* Re-pack in place when version or the weights' addresses changed (same shapes and types);
+ * *repacked_p (may be NULL) tells. Not concurrently with products that use them. */
+megamoe_status_t megamoe_gmm_weights_update(megamoe_gmm_weights_t *weights,
+                                            const megamoe_grouped_matmul_args_t *args,
+                                            uint64_t version, int *repacked_p);
+/* Bytes of the packed copies. */
+size_t megamoe_gmm_weights_bytes(const megamoe_gmm_weights_t *weights);
+void megamoe_gmm_weights_destroy(megamoe_gmm_weights_t *weights); /* accepts NULL */
 
 /* ---- routing ---------------------------------------------------------------------------- */
 

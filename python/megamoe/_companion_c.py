@@ -35,7 +35,8 @@ class GroupedMatmulArgs(ctypes.Structure):
                 ("weight_stride", _i64 * 3), ("weight_list", ctypes.POINTER(_vp)),
                 ("bias", _T), ("scale", _T), ("per_token_scale", _T), ("antiquant_scale", _T),
                 ("antiquant_offset", _T), ("group_list", _T), ("group_list_type", _i64),
-                ("weight_int4", ctypes.c_int), ("y", _T), ("threads", ctypes.c_int)]
+                ("weight_int4", ctypes.c_int), ("y", _T), ("threads", ctypes.c_int),
+                ("packed", ctypes.c_void_p)]
 
 
 class InitRoutingArgs(ctypes.Structure):
@@ -107,6 +108,16 @@ _L.megamoe_token_unpermute.restype = ctypes.c_int
 _L.megamoe_token_unpermute.argtypes = [_P(_T), _P(_T), _P(_T), _P(_T), ctypes.c_int]
 _L.megamoe_token_unpermute_backward.restype = ctypes.c_int
 _L.megamoe_token_unpermute_backward.argtypes = [_P(_T)] * 6 + [ctypes.c_int]
+
+_L.megamoe_gmm_weights_create.restype = ctypes.c_int
+_L.megamoe_gmm_weights_create.argtypes = [_P(GroupedMatmulArgs), ctypes.c_uint64, _P(_vp)]
+_L.megamoe_gmm_weights_update.restype = ctypes.c_int
+_L.megamoe_gmm_weights_update.argtypes = [_vp, _P(GroupedMatmulArgs), ctypes.c_uint64,
+                                          _P(ctypes.c_int)]
+_L.megamoe_gmm_weights_bytes.restype = ctypes.c_size_t
+_L.megamoe_gmm_weights_bytes.argtypes = [_vp]
+_L.megamoe_gmm_weights_destroy.restype = None
+_L.megamoe_gmm_weights_destroy.argtypes = [_vp]
 
 lib = _L
 _EMPTY = ctypes.create_string_buffer(64)  # the data pointer of present but empty tensors

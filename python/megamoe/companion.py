@@ -12,9 +12,14 @@ threads, like torch's own operators.
 Each operator is a plain function listed in ``OPERATORS`` (name -> function): the one place the
 torch.library registration (``torch.ops.megamoe.*``) reads.
 """
+import ctypes
+import os
+import weakref
+
 import torch
 
 from . import _companion_c as _c
+from .errors import check
 
 __all__ = ["npu_grouped_matmul", "npu_swiglu", "npu_clipped_swiglu", "npu_dynamic_quant",
            "npu_dequant_swiglu_quant", "npu_grouped_matmul_swiglu_quant",
@@ -96,6 +101,69 @@ def _weight_view(call, w, op):
     return d, strides
 
 
+# ---- packed weights: one per weight tensor, for as long as it lives ----------------------------
+
+class _Pack:
+    """A megamoe_gmm_weights handle for one weight (a tensor view, or a list of them)."""
+
+    def __init__(self, handle, bases, version):
+        self.handle, self.version = handle, version
+        self.refs = [weakref.ref(b, self._gone) for b in bases]
+        self.key = None
+
+    def _gone(self, _ref):
+        _PACKS.pop(self.key, None)
+        self.close()
+
+    def close(self):
+        if self.handle:
+            _c.lib.megamoe_gmm_weights_destroy(self.handle)
+            self.handle = None
+
+
+_PACKS = {}
+
+
+def _pack_enabled():
+    v = os.environ.get("MEGAMOE_GMM_PACK", "on")
+    if v not in ("on", "off"):
+        raise ValueError(f"MEGAMOE_GMM_PACK={v!r}; use on or off")
+    return v == "on"
+
+
+def _packed(a, weights):
+    """The packed copy of these weight tensors (created on first use, re-packed when a tensor
+    changed: torch's version counter), or None when packing is off or the type has none."""
+    if not _pack_enabled() or weights[0].dtype not in (torch.bfloat16, torch.int8, torch.int32):
+        return None
+    bases = [w._base if w._base is not None else w for w in weights]
+    key = tuple(id(b) for b in bases)  # one pack per weight tensor (the last view used)
+    view = (tuple(w.data_ptr() for w in weights), tuple(weights[0].shape),
+            tuple(weights[0].stride()), weights[0].dtype)
+    version = sum(w._version for w in weights) & 0xFFFFFFFFFFFFFFFF
+    p = _PACKS.get(key)
+    if p is not None and all(r() is b for r, b in zip(p.refs, bases)) and p.handle and \
+            p.view == view:
+        if p.version != version:
+            check(_c.lib.megamoe_gmm_weights_update(p.handle, ctypes.byref(a), version, None))
+            p.version = version
+        return p.handle
+    handle = ctypes.c_void_p()
+    check(_c.lib.megamoe_gmm_weights_create(ctypes.byref(a), version, ctypes.byref(handle)))
+    p = _Pack(handle.value, bases, version)
+    p.key, p.view = key, view
+    old = _PACKS.pop(key, None)
+    if old is not None:
+        old.close()
+    _PACKS[key] = p
+    return p.handle
+
+
+def packed_weight_bytes():
+    """Bytes of the packed weight copies the companion operators keep (MEGAMOE_GMM_PACK)."""
+    return sum(_c.lib.megamoe_gmm_weights_bytes(p.handle) for p in _PACKS.values() if p.handle)
+
+
 def _gmm_call(op, x, weight, *, weight_list=None, bias=None, scale=None, per_token_scale=None,
               antiquant_scale=None, antiquant_offset=None, group_list=None, group_list_type=0,
               y_dtype, int4=False):
@@ -138,6 +206,7 @@ def _gmm_call(op, x, weight, *, weight_list=None, bias=None, scale=None, per_tok
     y = torch.empty((x.shape[0], n_cols), dtype=y_dtype)
     a.y = call.out(y, "y")
     a.threads = _c.threads()
+    a.packed = _packed(a, list(weight_list) if weight_list is not None else [weight])
     call.run(_c.lib.megamoe_grouped_matmul, a)
     return y
 

@@ -72,5 +72,7 @@
     MM_ENV(BUILD_DIR, "MEGAMOE_BUILD_DIR", STRING, "", 0, 0, "", \
            "Source checkout: build directory whose src/libmegamoe.so Python loads (when MEGAMOE_LIB is unset) and which 'pip install .' packages.") \
     MM_ENV(TORCH_ADAPTER, "MEGAMOE_TORCH_ADAPTER", ENUM, "auto", 0, 0, "auto|on|off", \
-           "Python binding: call the library through the Torch adapter (torch.ops.megamoe) when it is built (auto), always (on: ImportError without it) or never (off: ctypes only).")
+           "Python binding: call the library through the Torch adapter (torch.ops.megamoe) when it is built (auto), always (on: ImportError without it) or never (off: ctypes only).") \
+    MM_ENV(GMM_PACK, "MEGAMOE_GMM_PACK", ENUM, "on", 0, 0, "on|off", \
+           "megamoe.ops.npu_grouped_matmul (and the companion operators on it): keep a packed copy of each weight tensor for later calls, re-packed when the tensor changes and freed with it (on); off: use the weights as they are on every call (no extra memory, slower).")
 /* clang-format on */

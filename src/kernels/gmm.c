@@ -14,6 +14,7 @@
 #include "base/cpu.h"
 #include "companion_util.h"
 #include "gemm.h"
+#include "gemm_impl.h"
 #include "gmm_internal.h"
 #include "simd.h"
 
@@ -30,15 +31,9 @@ megamoe_grouped_matmul_args_t megamoe_grouped_matmul_args_default(void)
 
 static const char *const mm_gmm_fn = "megamoe_grouped_matmul";
 
-static megamoe_status_t mm_gmm_plan(const megamoe_grouped_matmul_args_t *a, mm_gmm_plan_t *p)
+megamoe_status_t mm_gmm_geometry(const char *fn, const megamoe_grouped_matmul_args_t *a,
+                                  mm_gmm_plan_t *p)
 {
-    const char *fn = mm_gmm_fn;
-    memset(p, 0, sizeof *p);
-    p->a = a;
-    if (!mm_cx_present(&a->x) || a->x.ndim != 2)
-        return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: x must be a 2-D [M, K] tensor", fn);
-    if (!mm_cx_present(&a->y) || a->y.ndim != 2)
-        return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: y must be a 2-D [M, N] output", fn);
     if (a->weight.ndim != 2 && a->weight.ndim != 3)
         return mm_error(MEGAMOE_INVALID_ARGUMENT,
                         "%s: weight must be [E, K, N] or [K, N], got %d dims", fn, a->weight.ndim);
@@ -49,17 +44,8 @@ static megamoe_status_t mm_gmm_plan(const megamoe_grouped_matmul_args_t *a, mm_g
     p->K = a->weight.shape[three];
     int64_t n_stored = a->weight.shape[three + 1];
     p->N = a->weight_int4 ? n_stored * 8 : n_stored;
-    p->M = a->x.shape[0];
     if (p->E < 1 || p->K < 0 || n_stored < 0)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: weight shape has a bad size", fn);
-    if (a->x.shape[1] != p->K)
-        return mm_error(MEGAMOE_INVALID_ARGUMENT,
-                        "%s: x is [%lld, %lld] but weight's K is %lld", fn, (long long)p->M,
-                        (long long)a->x.shape[1], (long long)p->K);
-    if (a->y.shape[0] != p->M || a->y.shape[1] != p->N)
-        return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: y is [%lld, %lld], expected [%lld, %lld]",
-                        fn, (long long)a->y.shape[0], (long long)a->y.shape[1], (long long)p->M,
-                        (long long)p->N);
     /* strides of the [E, K, N] view (a 2-D weight is one group: its E stride is unused) */
     const int64_t *s = a->weight_stride;
     if (s[0] == 0 && s[1] == 0 && s[2] == 0) {
@@ -76,6 +62,28 @@ static megamoe_status_t mm_gmm_plan(const megamoe_grouped_matmul_args_t *a, mm_g
         if (p->s_k < 0 || p->s_n < 0 || p->s_e < 0)
             return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: negative weight stride", fn);
     }
+    return MEGAMOE_OK;
+}
+
+static megamoe_status_t mm_gmm_plan(const megamoe_grouped_matmul_args_t *a, mm_gmm_plan_t *p)
+{
+    const char *fn = mm_gmm_fn;
+    memset(p, 0, sizeof *p);
+    p->a = a;
+    if (!mm_cx_present(&a->x) || a->x.ndim != 2)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: x must be a 2-D [M, K] tensor", fn);
+    if (!mm_cx_present(&a->y) || a->y.ndim != 2)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: y must be a 2-D [M, N] output", fn);
+    MM_CHECK(mm_gmm_geometry(fn, a, p));
+    p->M = a->x.shape[0];
+    if (a->x.shape[1] != p->K)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "%s: x is [%lld, %lld] but weight's K is %lld", fn, (long long)p->M,
+                        (long long)a->x.shape[1], (long long)p->K);
+    if (a->y.shape[0] != p->M || a->y.shape[1] != p->N)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: y is [%lld, %lld], expected [%lld, %lld]",
+                        fn, (long long)a->y.shape[0], (long long)a->y.shape[1], (long long)p->M,
+                        (long long)p->N);
     p->counts = calloc((size_t)p->E + 1, sizeof *p->counts);
     p->starts = calloc((size_t)p->E + 1, sizeof *p->starts);
     if (!p->counts || !p->starts) return mm_error(MEGAMOE_OUT_OF_MEMORY, "%s: group table", fn);
@@ -234,6 +242,8 @@ typedef struct mm_gmm_bf16_ctx {
     const mm_gemm_weight_t *const *packed; /* megamoe packed weights per group, or NULL */
 } mm_gmm_bf16_ctx_t;
 
+static mm_gemm_form_t mm_gmm_form_of(const mm_gemm_weight_t *w) { return w->form; }
+
 static megamoe_status_t mm_gmm_tile_bf16(const mm_gmm_plan_t *p, const mm_gmm_tile_t *t, void *vctx)
 {
     const mm_gmm_bf16_ctx_t *ctx = vctx;
@@ -252,7 +262,7 @@ static megamoe_status_t mm_gmm_tile_bf16(const mm_gmm_plan_t *p, const mm_gmm_ti
      * serve only their full width); else a product of the tile's own columns */
     int full = ctx->packed && ctx->packed[t->g];
     if (full) {
-        ga.form = MM_GEMM_NN;
+        ga.form = mm_gmm_form_of(ctx->packed[t->g]);
         ga.weight = ctx->packed[t->g];
         ga.backend = NULL;
         ga.N = p->N;
@@ -430,7 +440,11 @@ megamoe_status_t mm_gmm_float(const mm_gmm_plan_t *p, const mm_gemm_weight_t *co
     if (a->x.dtype == MEGAMOE_DTYPE_BF16) {
         mm_gmm_bf16_ctx_t ctx = {NULL, packed};
         MM_CHECK(mm_gemm_backend_default(&ctx.backend));
-        int64_t n = mm_gmm_tiles(p, 64, &tiles);
+        int64_t align = 64;
+        for (int64_t g = 0; packed && g < p->E; g++)
+            if (packed[g] && mm_gemm_weight_n_align(packed[g]) > align)
+                align = mm_gemm_weight_n_align(packed[g]);
+        int64_t n = mm_gmm_tiles(p, align, &tiles);
         if (n < 0) return mm_error(MEGAMOE_OUT_OF_MEMORY, "%s: tiles", mm_gmm_fn);
         st = mm_gmm_run_tiles(p, tiles, n, mm_gmm_tile_bf16, &ctx);
     } else {
@@ -443,22 +457,19 @@ megamoe_status_t mm_gmm_float(const mm_gmm_plan_t *p, const mm_gemm_weight_t *co
     return st;
 }
 
-megamoe_status_t mm_gmm_with_packed(const megamoe_grouped_matmul_args_t *in,
-                                    const mm_gemm_weight_t *const *packed)
+megamoe_status_t megamoe_grouped_matmul(const megamoe_grouped_matmul_args_t *in)
 {
     megamoe_grouped_matmul_args_t a;
     MM_CX_ARGS(mm_gmm_fn, in, a, megamoe_grouped_matmul_args_default());
     mm_gmm_plan_t p;
     megamoe_status_t st = mm_gmm_plan(&a, &p);
+    if (st == MEGAMOE_OK && a.packed) st = mm_gmm_weights_check(a.packed, &p);
     if (st == MEGAMOE_OK) {
-        if (mm_cx_is_float(a.x.dtype)) st = mm_gmm_float(&p, packed);
-        else st = mm_gmm_quant(&p);
+        if (mm_cx_is_float(a.x.dtype))
+            st = mm_gmm_float(&p, a.packed ? mm_gmm_weights_bf16(a.packed) : NULL);
+        else
+            st = mm_gmm_quant(&p);
     }
     mm_gmm_plan_free(&p);
     return st;
-}
-
-megamoe_status_t megamoe_grouped_matmul(const megamoe_grouped_matmul_args_t *args)
-{
-    return mm_gmm_with_packed(args, NULL);
 }

@@ -41,10 +41,21 @@ void mm_gmm_epilogue_row(const mm_gmm_plan_t *p, int64_t g, const float *acc, in
 megamoe_status_t mm_gmm_float(const mm_gmm_plan_t *p, const mm_gemm_weight_t *const *packed);
 /* int8 / int4 operands: W8A8 (int32 or dequantised y), W8A16, W4A8 (gmm_quant.c). */
 megamoe_status_t mm_gmm_quant(const mm_gmm_plan_t *p);
+/* Pack (or re-pack) quantised expert e into packs[e] (gmm_quant.c). */
+megamoe_status_t mm_gmm_quant_pack(void **packs, int64_t e, const megamoe_grouped_matmul_args_t *a,
+                                   const mm_gmm_plan_t *geo, const void *src, uint64_t version,
+                                   int *repacked);
+size_t mm_gmm_quant_packed_bytes(const void *pack);
+void mm_gmm_quant_destroy(void *pack);
 
-/* megamoe_grouped_matmul with optional megamoe-packed bf16 weights per group (NN form of each
- * group's [K, N]; NULL entries use the args' weight). */
-megamoe_status_t mm_gmm_with_packed(const megamoe_grouped_matmul_args_t *args,
-                                    const mm_gemm_weight_t *const *packed);
+/* E, K, N and the element strides of args' weight view (p->E, K, N, s_*; nothing else). */
+megamoe_status_t mm_gmm_geometry(const char *fn, const megamoe_grouped_matmul_args_t *args,
+                                 mm_gmm_plan_t *p);
+/* Packed weights (gmm_weights.c): INVALID_ARGUMENT unless they are p's weights' shape and type;
+ * the bf16 packs per group (NULL for quantised weights), the quantised packs (void *: the
+ * kernels' mm_qweight_t; NULL for bf16). */
+megamoe_status_t mm_gmm_weights_check(const megamoe_gmm_weights_t *w, const mm_gmm_plan_t *p);
+const mm_gemm_weight_t *const *mm_gmm_weights_bf16(const megamoe_gmm_weights_t *w);
+void *const *mm_gmm_weights_quant(const megamoe_gmm_weights_t *w);
 
 #endif /* MM_KERNELS_GMM_INTERNAL_H */

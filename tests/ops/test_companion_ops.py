@@ -556,3 +556,32 @@ def test_update_expert_balance_and_pruning():
     _, m = ops.npu_moe_update_expert(ids, table, expert_scales=sc, pruning_threshold=thr,
                                      active_mask=torch.tensor([True, False]), balance_mode=1)
     assert m.tolist() == [[True, True, False], [False, False, False]]
+
+
+def test_gmm_packed_weight_cache_follows_the_tensor():
+    import gc
+    from megamoe import companion
+    e, k, n, m = 3, 64, 128, 12
+    counts = [4, 4, 4]
+    x = torch.randn(m, k).to(BF)
+    w = torch.randn(e, n, k).to(BF)  # vLLM's [E, N, K] tensor, passed as a transposed view
+    before = companion.packed_weight_bytes()
+    gl = torch.tensor(counts)
+
+    def run():
+        return ops.npu_grouped_matmul([x], [w.transpose(1, 2)], group_list=gl, split_item=2,
+                                      group_type=0, group_list_type=1)[0]
+    close(run(), gmm(x, w.transpose(1, 2), counts), "first call")
+    held = companion.packed_weight_bytes()
+    assert held > before  # one packed copy, reused by the next calls (a new view each time)
+    close(run(), gmm(x, w.transpose(1, 2), counts), "second call")
+    assert companion.packed_weight_bytes() == held
+    with torch.no_grad():
+        w.mul_(-2)  # an in-place update (an optimizer step, a weight reload): re-packed
+    close(run(), gmm(x, w.transpose(1, 2), counts), "after an in-place change")
+    w.data = torch.randn(e, n, k).to(BF)  # new storage: a new pack replaces the old one
+    close(run(), gmm(x, w.transpose(1, 2), counts), "after replacing the data")
+    assert companion.packed_weight_bytes() == held
+    del w
+    gc.collect()
+    assert companion.packed_weight_bytes() == before  # freed with the tensor
