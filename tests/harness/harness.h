@@ -7,6 +7,15 @@
  *
  * main() (in harness.c) runs every case, or the ones named on the command line, and exits
  * non-zero if any failed. `--list` prints the names. A failing assert ends the current case.
+ * A name on the command line that matches no case is an error (exit 2), never ignored.
+ *
+ * A case that cannot run here (no AMX, no AVX-512, ...) says so with MM_SKIP("why"): it ends
+ * the case, prints `[SKIP] name: why`, is counted apart from the passed ones and is never
+ * reported as OK. When every case a single-process run ran was skipped, main() exits 77
+ * (CTest's SKIP_RETURN_CODE, set by megamoe_add_test, shows the test as skipped); otherwise
+ * skips do not change the exit status but each is appended to $MEGAMOE_TEST_SKIP_LOG when
+ * set (`make test-c` prints that list at the end). A case that failed before MM_SKIP stays
+ * failed.
  */
 #ifndef MM_TEST_HARNESS_H
 #define MM_TEST_HARNESS_H
@@ -25,6 +34,10 @@ void mm_test_register(const char *name, mm_test_fn fn);
 void mm_test_fail(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int mm_test_failed(void);
+void mm_test_skip(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Exit status of a single-process run whose every selected case was skipped. */
+#define MM_TEST_EXIT_SKIPPED 77
 
 /* RANK / WORLD_SIZE of a multi-rank test (0 / 1 when unset). */
 int mm_test_rank(void);
@@ -48,6 +61,13 @@ int mm_test_allclose(const char *what, const float *got, const float *want, size
 #define MM_FAIL_(...)                                                                      \
     do {                                                                                   \
         mm_test_fail(__FILE__, __LINE__, __VA_ARGS__);                                     \
+        return;                                                                            \
+    } while (0)
+
+/* End the current case as skipped, with the reason (printf format). */
+#define MM_SKIP(...)                                                                       \
+    do {                                                                                   \
+        mm_test_skip(__FILE__, __LINE__, __VA_ARGS__);                                     \
         return;                                                                            \
     } while (0)
 

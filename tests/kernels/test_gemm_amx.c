@@ -16,8 +16,9 @@
 
 #include "gemm_check.h"
 
-/* The amx backend when it is usable here, else NULL (with a note: only the UNSUPPORTED path
- * is tested then). */
+/* The amx backend when it is usable here, else NULL (the reason in amx_why: the cases that
+ * need AMX skip with it; only the UNSUPPORTED path is tested then). */
+static char amx_why[256];
 static const mm_gemm_backend_ops_t *amx(void)
 {
     const mm_gemm_backend_ops_t *b = NULL;
@@ -25,8 +26,7 @@ static const mm_gemm_backend_ops_t *amx(void)
     megamoe_status_t st = mm_gemm_backend_get("amx", &b);
     megamoe_log_set_level(MEGAMOE_LOG_WARN);
     if (st == MEGAMOE_OK) return b;
-    fprintf(stderr, "  no usable AMX here (%s): only the UNSUPPORTED path is tested\n",
-            megamoe_last_error());
+    snprintf(amx_why, sizeof amx_why, "no usable AMX here (%s)", megamoe_last_error());
     return NULL;
 }
 
@@ -43,8 +43,7 @@ MM_TEST(without_amx_every_entry_is_a_clean_unsupported)
 {
     const mm_gemm_backend_ops_t *ops = amx_ops(), *b = NULL;
     if (ops == NULL) {
-        fprintf(stderr, "  no x86 kernels in this build: amx is not registered\n");
-        return;
+        MM_SKIP("no x86 kernels in this build: amx is not registered");
     }
     const int real = amx() != NULL;
     mm_amx_test_disable(1); /* a machine without AMX, also where there is AMX */
@@ -128,7 +127,7 @@ static int same_bits(const char *what, const void *x, const void *y, size_t byte
 MM_TEST(bits_do_not_depend_on_blocking_splits_or_row_chunks)
 {
     const mm_gemm_backend_ops_t *be = amx();
-    if (!be) return;
+    if (!be) MM_SKIP("%s", amx_why);
     const int64_t M = 75, N = 101, K = 1000; /* 32 k-steps, the last partial */
     static const mm_amx_blocking_t blk[] = {{1, 1, 1}, {3, 2, 1}, {7, 3, 2}, {32, 4, 3}};
     int checked = 0;
@@ -204,7 +203,7 @@ MM_TEST(bits_do_not_depend_on_blocking_splits_or_row_chunks)
 MM_TEST(gathered_rows_with_repeats)
 {
     const mm_gemm_backend_ops_t *be = amx();
-    if (!be) return;
+    if (!be) MM_SKIP("%s", amx_why);
     for (int f = 0; f < 3; f++)
         for (int packed = 0; packed < (f == MM_GEMM_TN ? 1 : 2); packed++) {
             /* NN/NT: 45 rows of C read 11 source rows, many more than once; TN: 70 k rows */
@@ -243,7 +242,7 @@ MM_TEST(gathered_rows_with_repeats)
 MM_TEST(micro_tile_and_k_step_edges_against_fp64)
 {
     const mm_gemm_backend_ops_t *be = amx();
-    if (!be) return;
+    if (!be) MM_SKIP("%s", amx_why);
     static const int64_t Ms[] = {0, 1, 15, 16, 17, 31, 32, 33, 129};
     static const int64_t Ks[] = {1, 2, 31, 33, 64, 95};
     static const int64_t Ns[] = {1, 16, 17, 33};
@@ -273,7 +272,7 @@ MM_TEST(micro_tile_and_k_step_edges_against_fp64)
 MM_TEST(packed_weights_give_the_bits_of_plain_b)
 {
     const mm_gemm_backend_ops_t *be = amx();
-    if (!be) return;
+    if (!be) MM_SKIP("%s", amx_why);
     const int64_t M = 50, N = 200, K = 300;
     for (int f = 0; f < 2; f++) {
         uint16_t *A = rand_bf16((size_t)(M * K)), *B = rand_bf16((size_t)(K * N));

@@ -216,10 +216,7 @@ static uint16_t rand_elem(megamoe_dtype_t t, int kind)
 
 MM_TEST(vector_paths_bit_identical_to_scalar)
 {
-    if (!mm_kernels_use_avx512()) {
-        fprintf(stderr, "  no AVX-512 here: only the scalar definition runs\n");
-        return;
-    }
+    if (!mm_kernels_use_avx512()) MM_SKIP("no AVX-512 here: only the scalar definition runs");
     static const int64_t Hs[] = {1, 7, 8, 9, 15, 16, 17, 127, 129, 300, 4097};
     uint16_t *x = malloc(4097 * 2), *sx0 = malloc(600 * 2), *sx1 = malloc(600 * 2);
     uint16_t *y0 = malloc(4097 * 2), *y1 = malloc(4097 * 2);

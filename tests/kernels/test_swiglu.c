@@ -165,10 +165,8 @@ MM_TEST(limit_off_values_agree)
 
 MM_TEST(vector_and_scalar_paths_agree)
 {
-    if (!mm_kernels_use_avx512()) {
-        fprintf(stderr, "  no AVX-512 here: the scalar path is the only one (nothing to compare)\n");
-        return;
-    }
+    if (!mm_kernels_use_avx512())
+        MM_SKIP("no AVX-512 here: the scalar path is the only one (nothing to compare)");
     /* random rows over a wide range, plus special values */
     const int64_t I = 1000;
     uint16_t *h = malloc(2 * I * 2), *da = malloc(I * 2);
