@@ -465,7 +465,7 @@ megamoe_status_t megamoe_grouped_matmul(const megamoe_grouped_matmul_args_t *in)
     megamoe_status_t st = mm_gmm_plan(&a, &p);
     if (st == MEGAMOE_OK && a.packed) st = mm_gmm_weights_check(a.packed, &p);
     if (st == MEGAMOE_OK) {
-        if (mm_cx_is_float(a.x.dtype))
+        if (mm_cx_is_float(a.x.dtype) && !a.weight_int4 && a.weight.dtype != MEGAMOE_DTYPE_INT8)
             st = mm_gmm_float(&p, a.packed ? mm_gmm_weights_bf16(a.packed) : NULL);
         else
             st = mm_gmm_quant(&p);
