@@ -165,6 +165,9 @@ megamoe_status_t megamoe_swiglu(const megamoe_swiglu_args_t *in)
     {
         float *buf = malloc((size_t)(2 * span + 16) * sizeof *buf);
         if (!buf) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
             oom = 1;
         } else {
             float *ab = buf + span; /* a: ab[0:half], b: ab[half:span]; out reuses buf */
@@ -320,6 +323,9 @@ megamoe_status_t megamoe_dynamic_quant(const megamoe_dynamic_quant_args_t *in)
         float *v = malloc((size_t)(2 * H + 16) * sizeof *v);
         int8_t *q = int4 ? malloc((size_t)H + 16) : NULL;
         if (!v || (int4 && !q)) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
             oom = 1;
         } else {
             float *smv = v + H;
@@ -465,6 +471,9 @@ megamoe_status_t megamoe_dequant_swiglu_quant(const megamoe_dequant_swiglu_quant
     {
         float *buf = malloc((size_t)(5 * H2 + 16) * sizeof *buf);
         if (!buf) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
             oom = 1;
         } else {
             float *ab = buf + H2, *out = ab + H2, *wsv = out + H, *qsv = wsv + H2, *qov = qsv + H;

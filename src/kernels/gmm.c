@@ -198,8 +198,8 @@ megamoe_status_t mm_gmm_run_tiles(const mm_gmm_plan_t *p, const mm_gmm_tile_t *t
             if (s != MEGAMOE_OK) continue;
             s = fn(p, &tiles[i], ctx);
             if (s != MEGAMOE_OK) {
-#pragma omp critical(mm_gmm_status)
-                if (st == MEGAMOE_OK) st = s;
+#pragma omp atomic write
+                st = s; /* any failure will do: every tile's is a real one */
             }
         }
         omp_set_num_threads(prev);

@@ -460,7 +460,7 @@ megamoe_status_t megamoe_token_unpermute(const megamoe_tensor_t *rows,
         float *acc = malloc((size_t)(2 * H + 16) * sizeof *acc);
         if (!acc) {
 #ifdef _OPENMP
-#pragma omp critical(mm_unpermute)
+#pragma omp atomic write
 #endif
             st = MEGAMOE_OUT_OF_MEMORY;
         } else {
@@ -632,7 +632,7 @@ megamoe_status_t megamoe_finalize_routing(const megamoe_finalize_routing_args_t 
         float *acc = malloc((size_t)(2 * H + 16) * sizeof *acc);
         if (!acc) {
 #ifdef _OPENMP
-#pragma omp critical(mm_finalize)
+#pragma omp atomic write
 #endif
             st = MEGAMOE_OUT_OF_MEMORY;
         } else {
