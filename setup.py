@@ -76,7 +76,8 @@ class BuildWithNative(build_py):
     def run(self):
         super().run()
         native = os.path.join(self.build_lib, "megamoe", "_native")
-        os.makedirs(native, exist_ok=True)
+        shutil.rmtree(native, ignore_errors=True)  # no stale payload (an older SONAME)
+        os.makedirs(native)
         for src, name in _stage():
             shutil.copy2(src, os.path.join(native, name))
 

@@ -16,6 +16,7 @@
 #ifndef MEGAMOE_COMM_H
 #define MEGAMOE_COMM_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "megamoe/export.h"
@@ -29,6 +30,7 @@ MEGAMOE_API_BEGIN
 typedef struct megamoe_comm megamoe_comm_t;
 
 typedef struct megamoe_comm_params {
+    size_t struct_size; /* set by megamoe_comm_params_default(): the caller's sizeof (megamoe/version.h) */
     int rank;             /* -1: from the environment */
     int world_size;       /* -1: from the environment */
     const char *endpoint; /* NULL: HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT ("tcp://host:port") */
@@ -40,8 +42,14 @@ typedef struct megamoe_comm_params {
     const char *job_token;
 } megamoe_comm_params_t;
 
-/* All fields "from the environment". */
-megamoe_comm_params_t megamoe_comm_params_default(void);
+/* All fields "from the environment" (extensible struct: megamoe/version.h). */
+megamoe_status_t megamoe_comm_params_init(megamoe_comm_params_t *p, size_t struct_size);
+static inline megamoe_comm_params_t megamoe_comm_params_default(void)
+{
+    megamoe_comm_params_t v;
+    megamoe_comm_params_init(&v, sizeof v);
+    return v;
+}
 
 /* Communicator of all ranks of the job (NULL params = defaults). While another communicator
  * is alive in the process the params must be defaults or equal to the running ones. */

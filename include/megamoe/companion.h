@@ -17,8 +17,8 @@
  *  - Errors: INVALID_ARGUMENT naming the parameter and the rule; outputs are written only on
  *    success. Every function is local (no communication) and thread-safe; `threads` > 1 lets a
  *    call use that many OpenMP threads (0 or 1: the calling thread only).
- *  - Structs carry struct_size (set by the *_default() function): a caller built against an
- *    older header passes its smaller size and the library reads only the fields it knew.
+ *  - The args structs are extensible (include/megamoe/version.h): struct_size first, set by the
+ *    inline *_default() over the exported *_init(p, sizeof *p).
  */
 #ifndef MEGAMOE_COMPANION_H
 #define MEGAMOE_COMPANION_H
@@ -69,7 +69,7 @@ typedef struct megamoe_gmm_weights megamoe_gmm_weights_t;
  * strided view (weight_stride[d] = elements between neighbours along dim d of the [E, K, N]
  * view; all zero: contiguous); views whose N or K stride is 1 are used in place. */
 typedef struct megamoe_grouped_matmul_args {
-    size_t struct_size;               /* sizeof(megamoe_grouped_matmul_args_t), by _default() */
+    size_t struct_size;               /* the caller's sizeof, set by _default() */
     megamoe_tensor_t x;               /* [M, K] */
     megamoe_tensor_t weight;          /* [E, K, N] or [K, N] (shape; data unused with weight_list) */
     int64_t weight_stride[3];         /* element strides of the [E, K, N] view; 0 0 0 = dense */
@@ -88,7 +88,13 @@ typedef struct megamoe_grouped_matmul_args {
     const megamoe_gmm_weights_t *packed; /* optional: these packed weights (of this weight) */
 } megamoe_grouped_matmul_args_t;
 
-megamoe_grouped_matmul_args_t megamoe_grouped_matmul_args_default(void);
+megamoe_status_t megamoe_grouped_matmul_args_init(megamoe_grouped_matmul_args_t *p, size_t struct_size);
+static inline megamoe_grouped_matmul_args_t megamoe_grouped_matmul_args_default(void)
+{
+    megamoe_grouped_matmul_args_t v;
+    megamoe_grouped_matmul_args_init(&v, sizeof v);
+    return v;
+}
 megamoe_status_t megamoe_grouped_matmul(const megamoe_grouped_matmul_args_t *args);
 
 /* Pack the weights args describes (version: the caller's counter for their values). */
@@ -135,7 +141,13 @@ typedef struct megamoe_init_routing_args {
     int threads;
 } megamoe_init_routing_args_t;
 
-megamoe_init_routing_args_t megamoe_init_routing_args_default(void);
+megamoe_status_t megamoe_init_routing_args_init(megamoe_init_routing_args_t *p, size_t struct_size);
+static inline megamoe_init_routing_args_t megamoe_init_routing_args_default(void)
+{
+    megamoe_init_routing_args_t v;
+    megamoe_init_routing_args_init(&v, sizeof v);
+    return v;
+}
 megamoe_status_t megamoe_init_routing_infer(megamoe_init_routing_args_t *args);
 megamoe_status_t megamoe_init_routing(const megamoe_init_routing_args_t *args);
 
@@ -184,7 +196,13 @@ typedef struct megamoe_finalize_routing_args {
     int threads;
 } megamoe_finalize_routing_args_t;
 
-megamoe_finalize_routing_args_t megamoe_finalize_routing_args_default(void);
+megamoe_status_t megamoe_finalize_routing_args_init(megamoe_finalize_routing_args_t *p, size_t struct_size);
+static inline megamoe_finalize_routing_args_t megamoe_finalize_routing_args_default(void)
+{
+    megamoe_finalize_routing_args_t v;
+    megamoe_finalize_routing_args_init(&v, sizeof v);
+    return v;
+}
 megamoe_status_t megamoe_finalize_routing(const megamoe_finalize_routing_args_t *args);
 
 /* npu_moe_gating_top_k: norm = softmax(x) (norm_type 0) or sigmoid(x) (1) in fp32; selection
@@ -205,7 +223,13 @@ typedef struct megamoe_gating_top_k_args {
     int threads;
 } megamoe_gating_top_k_args_t;
 
-megamoe_gating_top_k_args_t megamoe_gating_top_k_args_default(void);
+megamoe_status_t megamoe_gating_top_k_args_init(megamoe_gating_top_k_args_t *p, size_t struct_size);
+static inline megamoe_gating_top_k_args_t megamoe_gating_top_k_args_default(void)
+{
+    megamoe_gating_top_k_args_t v;
+    megamoe_gating_top_k_args_init(&v, sizeof v);
+    return v;
+}
 megamoe_status_t megamoe_gating_top_k(const megamoe_gating_top_k_args_t *args);
 
 /* ---- activations and quantisation -------------------------------------------------------- */
@@ -228,7 +252,13 @@ typedef struct megamoe_swiglu_args {
     int threads;
 } megamoe_swiglu_args_t;
 
-megamoe_swiglu_args_t megamoe_swiglu_args_default(void);
+megamoe_status_t megamoe_swiglu_args_init(megamoe_swiglu_args_t *p, size_t struct_size);
+static inline megamoe_swiglu_args_t megamoe_swiglu_args_default(void)
+{
+    megamoe_swiglu_args_t v;
+    megamoe_swiglu_args_init(&v, sizeof v);
+    return v;
+}
 megamoe_status_t megamoe_swiglu(const megamoe_swiglu_args_t *args);
 /* Gradient of the unclipped form: dx (x's shape and type) from dy (y's shape): dA = dy * B *
  * silu'(A), dB = dy * silu(A), fp32 math. */
@@ -250,7 +280,13 @@ typedef struct megamoe_dynamic_quant_args {
     int threads;
 } megamoe_dynamic_quant_args_t;
 
-megamoe_dynamic_quant_args_t megamoe_dynamic_quant_args_default(void);
+megamoe_status_t megamoe_dynamic_quant_args_init(megamoe_dynamic_quant_args_t *p, size_t struct_size);
+static inline megamoe_dynamic_quant_args_t megamoe_dynamic_quant_args_default(void)
+{
+    megamoe_dynamic_quant_args_t v;
+    megamoe_dynamic_quant_args_init(&v, sizeof v);
+    return v;
+}
 megamoe_status_t megamoe_dynamic_quant(const megamoe_dynamic_quant_args_t *args);
 
 /* npu_dequant_swiglu_quant (and the activation of npu_grouped_matmul_swiglu_quant): per row t
@@ -279,7 +315,13 @@ typedef struct megamoe_dequant_swiglu_quant_args {
     int threads;
 } megamoe_dequant_swiglu_quant_args_t;
 
-megamoe_dequant_swiglu_quant_args_t megamoe_dequant_swiglu_quant_args_default(void);
+megamoe_status_t megamoe_dequant_swiglu_quant_args_init(megamoe_dequant_swiglu_quant_args_t *p, size_t struct_size);
+static inline megamoe_dequant_swiglu_quant_args_t megamoe_dequant_swiglu_quant_args_default(void)
+{
+    megamoe_dequant_swiglu_quant_args_t v;
+    megamoe_dequant_swiglu_quant_args_init(&v, sizeof v);
+    return v;
+}
 megamoe_status_t megamoe_dequant_swiglu_quant(const megamoe_dequant_swiglu_quant_args_t *args);
 
 MEGAMOE_API_END

@@ -44,7 +44,8 @@ megamoe_status_t megamoe_config_validate(void);
  * with current values. */
 megamoe_status_t megamoe_config_print(FILE *out, int markdown);
 
-/* What this host offers (cpuid + OS state), for `megamoe info` and benchmark headers. */
+/* What this host offers (cpuid + OS state), for `megamoe info` and benchmark headers. Filled
+ * by the library: the caller's sizeof travels with the call (the macro below). */
 typedef struct megamoe_host_info {
     char cpu[64];       /* brand string */
     int cores;          /* online logical cores */
@@ -54,7 +55,8 @@ typedef struct megamoe_host_info {
     int amx_usable;     /* ... and the kernel granted the tile-data permission */
 } megamoe_host_info_t;
 
-megamoe_status_t megamoe_host_info(megamoe_host_info_t *info_p);
+megamoe_status_t megamoe_host_info_sized(megamoe_host_info_t *info_p, size_t info_size);
+#define megamoe_host_info(info_p) megamoe_host_info_sized((info_p), sizeof *(info_p))
 
 MEGAMOE_API_END
 #ifdef __cplusplus

@@ -60,6 +60,7 @@ typedef struct megamoe_experts megamoe_experts_t;      /* one layer */
 typedef struct megamoe_experts_saved megamoe_experts_saved_t; /* one forward's saved state */
 
 typedef struct megamoe_experts_params {
+    size_t struct_size; /* set by megamoe_experts_params_default(): the caller's sizeof (megamoe/version.h) */
     int64_t local_num_tokens;      /* T: tokens per rank, a positive multiple of 128 */
     int64_t hidden_size;           /* H >= 1 */
     int64_t intermediate_size;     /* I >= 1 */
@@ -91,8 +92,15 @@ typedef struct megamoe_experts_params {
                                       docs/moe.md "Load balance: hot-expert replicas") */
 } megamoe_experts_params_t;
 
-/* All fields zero except schedule = "O1": the caller must set the five shapes. */
-megamoe_experts_params_t megamoe_experts_params_default(void);
+/* All fields zero except schedule = "O1": the caller must set the five shapes. Extensible
+ * (megamoe/version.h): new fields go at the end, their zero meaning the old behaviour. */
+megamoe_status_t megamoe_experts_params_init(megamoe_experts_params_t *p, size_t struct_size);
+static inline megamoe_experts_params_t megamoe_experts_params_default(void)
+{
+    megamoe_experts_params_t v;
+    megamoe_experts_params_init(&v, sizeof v);
+    return v;
+}
 
 /* The layer's weights, owned by the caller (e.g. torch parameters), bf16 and contiguous:
  * gate_up [E/EP, H, 2I] and down [E/EP, I, H]. version is the caller's counter for their
@@ -105,6 +113,7 @@ typedef struct megamoe_experts_weights {
 } megamoe_experts_weights_t;
 
 typedef struct megamoe_experts_input {
+    size_t struct_size; /* set by megamoe_experts_input_default(): the caller's sizeof (megamoe/version.h) */
     const void *hidden_states;           /* bf16 [T, H] */
     const void *topk_ids;                /* [T, K] global expert ids */
     megamoe_dtype_t topk_ids_dtype;      /* INT32 or INT64 */
@@ -116,8 +125,14 @@ typedef struct megamoe_experts_input {
     megamoe_dtype_t tokens_per_expert_dtype; /* INT32 or INT64 */
 } megamoe_experts_input_t;
 
-/* Input descriptor with int32 ids, fp32 weights and no histogram. */
-megamoe_experts_input_t megamoe_experts_input_default(void);
+/* Input descriptor with int32 ids, fp32 weights and no histogram (extensible). */
+megamoe_status_t megamoe_experts_input_init(megamoe_experts_input_t *p, size_t struct_size);
+static inline megamoe_experts_input_t megamoe_experts_input_default(void)
+{
+    megamoe_experts_input_t v;
+    megamoe_experts_input_init(&v, sizeof v);
+    return v;
+}
 
 /* Output gradients of one backward; all bf16 unless stated. */
 typedef struct megamoe_experts_grads {
@@ -180,6 +195,7 @@ megamoe_status_t megamoe_experts_close(megamoe_experts_t *experts);
  * last SHMEM release will report them. NULL is a no-op. */
 void megamoe_experts_destroy(megamoe_experts_t *experts);
 
+/* Filled by the library: the caller's sizeof travels with the call (the macro below). */
 typedef struct megamoe_experts_info {
     int64_t tokens, hidden, intermediate, num_experts, top_k;
     int ep, rank;
@@ -208,8 +224,10 @@ typedef struct megamoe_experts_info {
     int64_t last_max_rows;          /* ... with the plan */
 } megamoe_experts_info_t;
 
-megamoe_status_t megamoe_experts_get_info(const megamoe_experts_t *experts,
-                                          megamoe_experts_info_t *info_p);
+megamoe_status_t megamoe_experts_get_info_sized(const megamoe_experts_t *experts,
+                                                megamoe_experts_info_t *info_p, size_t info_size);
+#define megamoe_experts_get_info(experts, info_p)                                          \
+    megamoe_experts_get_info_sized((experts), (info_p), sizeof *(info_p))
 
 /* One growth of the receive capacity ("push"), identical on every rank. */
 typedef struct megamoe_experts_growth {

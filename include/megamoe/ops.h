@@ -23,6 +23,7 @@
 #ifndef MEGAMOE_OPS_H
 #define MEGAMOE_OPS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "megamoe/comm.h"
@@ -49,9 +50,11 @@ megamoe_tensor_t megamoe_tensor_none(void);
 /* Element count (product of the shape; 1 for ndim 0). */
 int64_t megamoe_tensor_numel(const megamoe_tensor_t *tensor);
 
-/* ---- MoeDistributeDispatchV2 ------------------------------------------------------------ */
+/* ---- MoeDistributeDispatchV2 ------------------------------------------------------------ *
+ * The three args structs are extensible (megamoe/version.h): start from *_default(). */
 
 typedef struct megamoe_dispatch_v2_args {
+    size_t struct_size; /* set by megamoe_dispatch_v2_args_default(): the caller's sizeof (megamoe/version.h) */
     /* inputs */
     megamoe_tensor_t x;                /* [BS, H] bf16 | fp16 */
     megamoe_tensor_t expert_ids;       /* [BS, K] int32 */
@@ -82,7 +85,13 @@ typedef struct megamoe_dispatch_v2_args {
     int zero_fill;                            /* 1 (default): zero unwritten output regions */
 } megamoe_dispatch_v2_args_t;
 
-megamoe_dispatch_v2_args_t megamoe_dispatch_v2_args_default(void);
+megamoe_status_t megamoe_dispatch_v2_args_init(megamoe_dispatch_v2_args_t *p, size_t struct_size);
+static inline megamoe_dispatch_v2_args_t megamoe_dispatch_v2_args_default(void)
+{
+    megamoe_dispatch_v2_args_t v;
+    megamoe_dispatch_v2_args_init(&v, sizeof v);
+    return v;
+}
 /* Fill the output descriptors (dtype, ndim, shape; data untouched) from the inputs and
  * attributes. expand_x.dtype is kept when it is a valid quantised type for quant_mode, else set
  * to the default (x dtype for mode 0, int8 for 1-2, fp8_e4m3fn for 3-4). Local checks only. */
@@ -93,6 +102,7 @@ megamoe_status_t megamoe_dispatch_v2(const megamoe_dispatch_v2_args_t *args);
 /* ---- MoeDistributeCombineV2 ------------------------------------------------------------- */
 
 typedef struct megamoe_combine_v2_args {
+    size_t struct_size; /* set by megamoe_combine_v2_args_default(): the caller's sizeof (megamoe/version.h) */
     /* inputs */
     megamoe_tensor_t expand_x;                /* [T*A, H] bf16 | fp16 (expert outputs) */
     megamoe_tensor_t expert_ids;              /* [BS, K] int32 */
@@ -126,14 +136,22 @@ typedef struct megamoe_combine_v2_args {
     int zero_fill;      /* 1 (default): zero rows of tokens that are not processed */
 } megamoe_combine_v2_args_t;
 
-megamoe_combine_v2_args_t megamoe_combine_v2_args_default(void);
+megamoe_status_t megamoe_combine_v2_args_init(megamoe_combine_v2_args_t *p, size_t struct_size);
+static inline megamoe_combine_v2_args_t megamoe_combine_v2_args_default(void)
+{
+    megamoe_combine_v2_args_t v;
+    megamoe_combine_v2_args_init(&v, sizeof v);
+    return v;
+}
 megamoe_status_t megamoe_combine_v2_infer(megamoe_combine_v2_args_t *args);
 megamoe_status_t megamoe_combine_v2(const megamoe_combine_v2_args_t *args);
 
 /* ---- MoeDistributeCombineAddRmsNorm ----------------------------------------------------- */
 
 typedef struct megamoe_combine_add_rms_norm_args {
-    megamoe_combine_v2_args_t combine; /* its output x is the add result ("x" output) */
+    size_t struct_size; /* set by megamoe_combine_add_rms_norm_args_default(): the caller's sizeof (megamoe/version.h) */
+    megamoe_combine_v2_args_t combine; /* its output x is the add result ("x" output); the
+                                          fields below start at its struct_size */
     megamoe_tensor_t residual_x;       /* [BS, 1, H], dtype of expand_x */
     megamoe_tensor_t gamma;            /* [H], dtype of expand_x */
     double norm_eps;                   /* 1e-6 */
@@ -141,7 +159,15 @@ typedef struct megamoe_combine_add_rms_norm_args {
     megamoe_tensor_t rstd;             /* output fp32 [BS, 1, 1] */
 } megamoe_combine_add_rms_norm_args_t;
 
-megamoe_combine_add_rms_norm_args_t megamoe_combine_add_rms_norm_args_default(void);
+/* combine_size: sizeof p->combine as the caller was compiled (the embedded struct grows too). */
+megamoe_status_t megamoe_combine_add_rms_norm_args_init(megamoe_combine_add_rms_norm_args_t *p,
+                                                        size_t struct_size, size_t combine_size);
+static inline megamoe_combine_add_rms_norm_args_t megamoe_combine_add_rms_norm_args_default(void)
+{
+    megamoe_combine_add_rms_norm_args_t v;
+    megamoe_combine_add_rms_norm_args_init(&v, sizeof v, sizeof v.combine);
+    return v;
+}
 megamoe_status_t megamoe_combine_add_rms_norm_infer(megamoe_combine_add_rms_norm_args_t *args);
 megamoe_status_t megamoe_combine_add_rms_norm(const megamoe_combine_add_rms_norm_args_t *args);
 

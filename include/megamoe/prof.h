@@ -96,6 +96,7 @@ megamoe_status_t megamoe_profiler_export_dir(const char *dir);
 typedef struct megamoe_profile megamoe_profile_t;
 
 typedef struct megamoe_profile_params {
+    size_t struct_size; /* set by megamoe_profile_params_default(): the caller's sizeof (megamoe/version.h) */
     int rank;                        /* pid in the trace; -1 = RANK from the environment, else 0 */
     int cube_workers;                /* >= 0 */
     int vector_workers;              /* >= 0; at least one worker in total */
@@ -105,7 +106,13 @@ typedef struct megamoe_profile_params {
 } megamoe_profile_params_t;
 
 /* rank -1, one cube and one vector worker, 65536 records each, no stages (set them). */
-megamoe_profile_params_t megamoe_profile_params_default(void);
+megamoe_status_t megamoe_profile_params_init(megamoe_profile_params_t *p, size_t struct_size);
+static inline megamoe_profile_params_t megamoe_profile_params_default(void)
+{
+    megamoe_profile_params_t v;
+    megamoe_profile_params_init(&v, sizeof v);
+    return v;
+}
 
 /* Create a session and register it with the process-wide profiler (it records while the
  * profiler is started; megamoe_profile_set_active overrides that). */

@@ -39,6 +39,7 @@
 #ifndef MEGAMOE_REFERENCE_H
 #define MEGAMOE_REFERENCE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "megamoe/dtype.h"
@@ -62,6 +63,7 @@ typedef struct megamoe_reference_shape {
 
 /* Options and element types of the inputs (outputs are always fp32). */
 typedef struct megamoe_reference_params {
+    size_t struct_size; /* set by megamoe_reference_params_default(): the caller's sizeof (megamoe/version.h) */
     float swiglu_limit;           /* > 0 clamps as above; <= 0 is off (default 0); not NaN */
     megamoe_dtype_t hidden_dtype; /* hidden_states: FP32 (default) or BF16 */
     megamoe_dtype_t ids_dtype;    /* topk_ids: INT32 (default) or INT64 */
@@ -71,7 +73,13 @@ typedef struct megamoe_reference_params {
     int bf16_intermediates;       /* 1: round intermediates to bf16 as above (default 0) */
 } megamoe_reference_params_t;
 
-megamoe_reference_params_t megamoe_reference_params_default(void);
+megamoe_status_t megamoe_reference_params_init(megamoe_reference_params_t *p, size_t struct_size);
+static inline megamoe_reference_params_t megamoe_reference_params_default(void)
+{
+    megamoe_reference_params_t v;
+    megamoe_reference_params_init(&v, sizeof v);
+    return v;
+}
 
 /* out_p [N, H] = the MoE output for hidden_states [N, H], topk_ids [N, K],
  * topk_weights [N, K], gate_up_weight [E, H, 2I], down_weight [E, I, H] (N = EP*T, all

@@ -78,7 +78,9 @@ typedef struct megamoe_symm_state {
     int timeout_sec;
     char engine[96];        /* the inter-host engine ("none" on one host) */
 } megamoe_symm_state_t;
-megamoe_status_t megamoe_symm_state(megamoe_symm_state_t *state);
+/* Filled by the library: the macro passes the caller's sizeof (megamoe/version.h). */
+megamoe_status_t megamoe_symm_state_sized(megamoe_symm_state_t *state, size_t state_size);
+#define megamoe_symm_state(state_p) megamoe_symm_state_sized((state_p), sizeof *(state_p))
 
 MEGAMOE_API_END
 #ifdef __cplusplus

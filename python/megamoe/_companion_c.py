@@ -22,7 +22,7 @@ FROM_TORCH = {torch.float32: FP32, torch.bfloat16: BF16, torch.float16: FP16,
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
-class Tensor(ctypes.Structure):
+class Tensor(ctypes.Structure):  # megamoe_tensor_t (its registered mirror is megamoe.ops')
     _fields_ = [("data", _vp), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int),
                 ("shape", _i64 * 4)]
 
@@ -30,6 +30,7 @@ class Tensor(ctypes.Structure):
 _T = Tensor
 
 
+@_lib.mirror("megamoe_grouped_matmul_args_t")
 class GroupedMatmulArgs(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("x", _T), ("weight", _T),
                 ("weight_stride", _i64 * 3), ("weight_list", ctypes.POINTER(_vp)),
@@ -39,6 +40,7 @@ class GroupedMatmulArgs(ctypes.Structure):
                 ("packed", ctypes.c_void_p)]
 
 
+@_lib.mirror("megamoe_init_routing_args_t")
 class InitRoutingArgs(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("x", _T), ("expert_idx", _T), ("scale", _T),
                 ("offset", _T), ("active_num", _i64), ("expert_capacity", _i64),
@@ -49,6 +51,7 @@ class InitRoutingArgs(ctypes.Structure):
                 ("expanded_scale", _T), ("threads", ctypes.c_int)]
 
 
+@_lib.mirror("megamoe_finalize_routing_args_t")
 class FinalizeRoutingArgs(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("expanded_permuted_rows", _T),
                 ("skip1", _T), ("skip2", _T), ("bias", _T), ("scales", _T),
@@ -56,6 +59,7 @@ class FinalizeRoutingArgs(ctypes.Structure):
                 ("drop_pad_mode", _i64), ("k", _i64), ("out", _T), ("threads", ctypes.c_int)]
 
 
+@_lib.mirror("megamoe_gating_top_k_args_t")
 class GatingTopKArgs(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("x", _T), ("bias", _T), ("k", _i64),
                 ("k_group", _i64), ("group_count", _i64), ("group_select_mode", _i64),
@@ -64,6 +68,7 @@ class GatingTopKArgs(ctypes.Structure):
                 ("threads", ctypes.c_int)]
 
 
+@_lib.mirror("megamoe_swiglu_args_t")
 class SwigluArgs(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("x", _T), ("dim", _i64),
                 ("interleaved", ctypes.c_int), ("clipped", ctypes.c_int),
@@ -71,11 +76,13 @@ class SwigluArgs(ctypes.Structure):
                 ("valid_rows", _i64), ("y", _T), ("threads", ctypes.c_int)]
 
 
+@_lib.mirror("megamoe_dynamic_quant_args_t")
 class DynamicQuantArgs(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("x", _T), ("smooth_scales", _T),
                 ("group_index", _T), ("y", _T), ("scale", _T), ("threads", ctypes.c_int)]
 
 
+@_lib.mirror("megamoe_dequant_swiglu_quant_args_t")
 class DequantSwigluQuantArgs(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("x", _T), ("weight_scale", _T),
                 ("activation_scale", _T), ("bias", _T), ("quant_scale", _T),
@@ -87,17 +94,14 @@ class DequantSwigluQuantArgs(ctypes.Structure):
 
 
 _P = ctypes.POINTER
+_ARGS = {}
 for _name, _st in (("grouped_matmul", GroupedMatmulArgs), ("init_routing", InitRoutingArgs),
                    ("finalize_routing", FinalizeRoutingArgs), ("gating_top_k", GatingTopKArgs),
                    ("swiglu", SwigluArgs), ("dynamic_quant", DynamicQuantArgs),
                    ("dequant_swiglu_quant", DequantSwigluQuantArgs)):
-    _d = getattr(_L, f"megamoe_{_name}_args_default")
-    _d.restype, _d.argtypes = _st, []
     _f = getattr(_L, f"megamoe_{_name}")
     _f.restype, _f.argtypes = ctypes.c_int, [_P(_st)]
-    if _d().struct_size != ctypes.sizeof(_st):
-        raise ImportError(f"megamoe: {_st.__name__} is {ctypes.sizeof(_st)} bytes but the library's "
-                          f"is {_d().struct_size}; rebuild libmegamoe")
+    _ARGS[_name] = _st
 _L.megamoe_init_routing_infer.restype = ctypes.c_int
 _L.megamoe_init_routing_infer.argtypes = [_P(InitRoutingArgs)]
 _L.megamoe_swiglu_backward.restype = ctypes.c_int
@@ -124,8 +128,8 @@ _EMPTY = ctypes.create_string_buffer(64)  # the data pointer of present but empt
 
 
 def default(name):
-    """A fresh args struct of megamoe_<name>_args_default()."""
-    return getattr(_L, f"megamoe_{name}_args_default")()
+    """A fresh args struct with the library's defaults (megamoe_<name>_args_default())."""
+    return _lib.default(_ARGS[name])
 
 
 def threads():

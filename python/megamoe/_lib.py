@@ -5,7 +5,7 @@ import os
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _REPO = os.path.abspath(os.path.join(_HERE, "..", ".."))
-ABI_VERSION = 1
+ABI_VERSION = 2
 # The installed package (the wheel) carries its own library here, under its SONAME.
 NATIVE_DIR = os.path.join(_HERE, "_native")
 _PACKAGED = os.path.join(NATIVE_DIR, f"libmegamoe.so.{ABI_VERSION}")
@@ -71,22 +71,66 @@ if lib.megamoe_abi_version() != ABI_VERSION:
                       f"this binding needs {ABI_VERSION}; rebuild with 'make build'")
 
 
+# ---- public structs (include/megamoe/version.h: the ABI scheme) ----------------------------
+lib.megamoe_struct_size.restype = ctypes.c_int64
+lib.megamoe_struct_size.argtypes = [c_char_p]
+lib.megamoe_struct_min_size.restype = ctypes.c_int64
+lib.megamoe_struct_min_size.argtypes = [c_char_p]
+
+# C type name -> its ctypes mirror (tests/install/test_abi_layout.py compares every one field
+# by field with the C layout).
+MIRRORS = {}
+
+
+def mirror(c_name):
+    """Class decorator for the ctypes mirror of public struct c_name: registers it, and fails
+    the import when its size is not the library's (a stale mirror or library would corrupt
+    memory)."""
+    def register(cls):
+        size = lib.megamoe_struct_size(c_name.encode())
+        if size != ctypes.sizeof(cls):
+            raise ImportError(f"megamoe: the mirror {cls.__name__} of {c_name} is "
+                              f"{ctypes.sizeof(cls)} bytes, {path} says {size}; the package and "
+                              f"the library differ: rebuild with 'make build'")
+        cls.c_name = c_name
+        MIRRORS[c_name] = cls
+        return cls
+    return register
+
+
+def default(cls):
+    """An extensible struct with the library's defaults: megamoe_X_init(&v, sizeof v), the
+    struct_size being the mirror's (what megamoe_X_default() does in C)."""
+    v = cls()
+    stem = cls.c_name[:-2]
+    init = getattr(lib, f"{stem}_init")
+    init.restype = c_int
+    if cls.c_name == "megamoe_combine_add_rms_norm_args_t":
+        st = init(ctypes.byref(v), ctypes.c_size_t(ctypes.sizeof(v)),
+                  ctypes.c_size_t(ctypes.sizeof(v.combine)))
+    else:
+        st = init(ctypes.byref(v), ctypes.c_size_t(ctypes.sizeof(v)))
+    if st != 0:
+        raise RuntimeError(f"{stem}_init failed: {lib.megamoe_last_error().decode()}")
+    return v
+
+
 # ---- reference model (include/megamoe/reference.h) -----------------------------------------
+@mirror("megamoe_reference_shape_t")
 class ReferenceShape(ctypes.Structure):
     _fields_ = [("ep", ctypes.c_int64), ("tokens_per_rank", ctypes.c_int64),
                 ("hidden", ctypes.c_int64), ("intermediate", ctypes.c_int64),
                 ("num_experts", ctypes.c_int64), ("top_k", ctypes.c_int64)]
 
 
+@mirror("megamoe_reference_params_t")
 class ReferenceParams(ctypes.Structure):
-    _fields_ = [("swiglu_limit", ctypes.c_float), ("hidden_dtype", c_int), ("ids_dtype", c_int),
+    _fields_ = [("struct_size", ctypes.c_size_t), ("swiglu_limit", ctypes.c_float), ("hidden_dtype", c_int), ("ids_dtype", c_int),
                 ("probs_dtype", c_int), ("weight_dtype", c_int), ("grad_dtype", c_int),
                 ("bf16_intermediates", c_int)]
 
 
 _vp = ctypes.c_void_p
-lib.megamoe_reference_params_default.restype = ReferenceParams
-lib.megamoe_reference_params_default.argtypes = []
 lib.megamoe_reference_forward.restype = c_int
 lib.megamoe_reference_forward.argtypes = [ctypes.POINTER(ReferenceShape),
                                           ctypes.POINTER(ReferenceParams)] + [_vp] * 6

@@ -47,15 +47,14 @@ _by_group = {}
 _order = []  # creation order, destroyed in reverse
 
 
+@_lib.mirror("megamoe_comm_params_t")
 class _Params(ctypes.Structure):
-    _fields_ = [("rank", ctypes.c_int), ("world_size", ctypes.c_int),
+    _fields_ = [("struct_size", ctypes.c_size_t), ("rank", ctypes.c_int), ("world_size", ctypes.c_int),
                 ("endpoint", ctypes.c_char_p), ("heap_size", ctypes.c_uint64),
                 ("timeout_sec", ctypes.c_int), ("job_token", ctypes.c_char_p)]
 
 
 _L = _lib.lib
-_L.megamoe_comm_params_default.restype = _Params
-_L.megamoe_comm_params_default.argtypes = []
 _L.megamoe_comm_create.restype = ctypes.c_int
 _L.megamoe_comm_create.argtypes = [ctypes.POINTER(_Params), ctypes.POINTER(ctypes.c_void_p)]
 _L.megamoe_comm_create_group.restype = ctypes.c_int
@@ -165,7 +164,7 @@ def _world_comm(endpoint=None, heap_size=0, timeout_sec=0):
     with _lock:
         if _world is not None and _world.alive:
             return _world
-        params = _L.megamoe_comm_params_default()
+        params = _lib.default(_Params)
         dist = _torch_dist()
         secret = None
         if dist is not None:

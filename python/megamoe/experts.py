@@ -32,8 +32,9 @@ _vp = ctypes.c_void_p
 _FP32, _BF16, _INT32, _INT64 = 0, 1, 8, 9
 
 
+@_lib.mirror("megamoe_experts_params_t")
 class _Params(ctypes.Structure):
-    _fields_ = [("local_num_tokens", _c_int64), ("hidden_size", _c_int64),
+    _fields_ = [("struct_size", ctypes.c_size_t), ("local_num_tokens", _c_int64), ("hidden_size", _c_int64),
                 ("intermediate_size", _c_int64), ("num_experts", _c_int64),
                 ("top_k", _c_int64), ("expert_capacity_factor", ctypes.c_double),
                 ("swiglu_limit", ctypes.c_float), ("schedule", ctypes.c_char_p),
@@ -44,21 +45,25 @@ class _Params(ctypes.Structure):
                 ("replica_slots_per_rank", ctypes.c_int)]
 
 
+@_lib.mirror("megamoe_experts_weights_t")
 class _Weights(ctypes.Structure):
     _fields_ = [("gate_up", _vp), ("down", _vp), ("version", ctypes.c_uint64)]
 
 
+@_lib.mirror("megamoe_experts_input_t")
 class _Input(ctypes.Structure):
-    _fields_ = [("hidden_states", _vp), ("topk_ids", _vp), ("topk_ids_dtype", ctypes.c_int),
+    _fields_ = [("struct_size", ctypes.c_size_t), ("hidden_states", _vp), ("topk_ids", _vp), ("topk_ids_dtype", ctypes.c_int),
                 ("topk_weights", _vp), ("topk_weights_dtype", ctypes.c_int),
                 ("tokens_per_expert", _vp), ("tokens_per_expert_dtype", ctypes.c_int)]
 
 
+@_lib.mirror("megamoe_experts_grads_t")
 class _Grads(ctypes.Structure):
     _fields_ = [("hidden_states", _vp), ("topk_weights", _vp), ("gate_up", _vp),
                 ("down", _vp), ("weight_grad_dtype", ctypes.c_int)]
 
 
+@_lib.mirror("megamoe_experts_info_t")
 class _Info(ctypes.Structure):
     _fields_ = [("tokens", _c_int64), ("hidden", _c_int64), ("intermediate", _c_int64),
                 ("num_experts", _c_int64), ("top_k", _c_int64), ("ep", ctypes.c_int),
@@ -77,11 +82,13 @@ class _Info(ctypes.Structure):
                 ("last_max_rows", _c_int64)]
 
 
+@_lib.mirror("megamoe_experts_replica_t")
 class _Replica(ctypes.Structure):
     _fields_ = [("rank", ctypes.c_int), ("slot", ctypes.c_int), ("expert", _c_int64),
                 ("home", ctypes.c_int), ("rows", _c_int64)]
 
 
+@_lib.mirror("megamoe_experts_growth_t")
 class _Growth(ctypes.Structure):
     _fields_ = [("forward", ctypes.c_uint64), ("demand", _c_int64), ("rows_before", _c_int64),
                 ("rows_after", _c_int64), ("heap_bytes_before", ctypes.c_size_t),
@@ -92,6 +99,7 @@ class _Growth(ctypes.Structure):
 _MAX_PHASES = 20
 
 
+@_lib.mirror("megamoe_experts_timing_t")
 class _Timing(ctypes.Structure):
     _fields_ = [("count", ctypes.c_int), ("name", ctypes.c_char_p * _MAX_PHASES),
                 ("seconds", ctypes.c_double * _MAX_PHASES), ("forwards", ctypes.c_uint64),
@@ -100,8 +108,6 @@ class _Timing(ctypes.Structure):
 
 _L = _lib.lib
 _P = ctypes.POINTER
-_L.megamoe_experts_params_default.restype = _Params
-_L.megamoe_experts_params_default.argtypes = []
 _L.megamoe_experts_create.restype = ctypes.c_int
 _L.megamoe_experts_create.argtypes = [_vp, _P(_Params), _P(_vp)]
 _L.megamoe_experts_share.restype = ctypes.c_int
@@ -116,8 +122,8 @@ _L.megamoe_experts_close.restype = ctypes.c_int
 _L.megamoe_experts_close.argtypes = [_vp]
 _L.megamoe_experts_destroy.restype = None
 _L.megamoe_experts_destroy.argtypes = [_vp]
-_L.megamoe_experts_get_info.restype = ctypes.c_int
-_L.megamoe_experts_get_info.argtypes = [_vp, _P(_Info)]
+_L.megamoe_experts_get_info_sized.restype = ctypes.c_int
+_L.megamoe_experts_get_info_sized.argtypes = [_vp, _P(_Info), ctypes.c_size_t]
 _L.megamoe_experts_get_growth.restype = ctypes.c_int
 _L.megamoe_experts_get_growth.argtypes = [_vp, ctypes.c_int, _P(_Growth)]
 _L.megamoe_experts_get_replicas.restype = ctypes.c_int
@@ -295,7 +301,7 @@ class _MegaMoeFunction(torch.autograd.Function):
                 tokens_per_expert, gate_up, down):
         out = torch.empty_like(hidden)
         tpe_int64 = tokens_per_expert is not None and tokens_per_expert.dtype == torch.int64
-        inp = _Input(_ptr(hidden), _ptr(topk_ids),
+        inp = _Input(ctypes.sizeof(_Input), _ptr(hidden), _ptr(topk_ids),
                      _INT32 if topk_ids.dtype == torch.int32 else _INT64,
                      _ptr(topk_weights),
                      _FP32 if topk_weights.dtype == torch.float32 else _BF16,
@@ -410,7 +416,7 @@ class MegaMoeExperts(torch.nn.Module):
         mode, factor, initial, growth = _resolve_capacity(
             expert_capacity_factor, dispatch_mode, initial_capacity_factor,
             capacity_growth_factor)
-        p = _L.megamoe_experts_params_default()
+        p = _lib.default(_Params)
         p.local_num_tokens = int(local_num_tokens)
         p.hidden_size = int(hidden_size)
         p.intermediate_size = int(intermediate_size)
@@ -676,7 +682,7 @@ class MegaMoeExperts(torch.nn.Module):
         if not self._handle:
             raise MegaMoeError(-2, "INVALID_STATE: layer destroyed")
         i = _Info()
-        check(_L.megamoe_experts_get_info(self._handle, ctypes.byref(i)))
+        check(_L.megamoe_experts_get_info_sized(self._handle, ctypes.byref(i), ctypes.sizeof(i)))
         d = {f: getattr(i, f) for f, _ in _Info._fields_}
         for f in ("schedule", "dispatch_mode", "capacity_policy"):
             d[f] = getattr(i, f).decode()

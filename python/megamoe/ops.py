@@ -52,6 +52,7 @@ _TO_TORCH = {_FP32: torch.float32, _BF16: torch.bfloat16, _FP16: torch.float16,
              _UINT8: torch.uint8, _INT32: torch.int32, _INT64: torch.int64, _BOOL: torch.bool}
 
 
+@_lib.mirror("megamoe_tensor_t")
 class _Tensor(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int),
                 ("shape", ctypes.c_int64 * 4)]
@@ -70,8 +71,12 @@ def _ints(*names):
     return [(n, _I) for n in names]
 
 
+_SIZE = [("struct_size", ctypes.c_size_t)]  # extensible structs (megamoe/version.h)
+
+
+@_lib.mirror("megamoe_dispatch_v2_args_t")
 class _DispatchArgs(ctypes.Structure):
-    _fields_ = (_tensors("x", "expert_ids", "scales", "x_active_mask", "expert_scales",
+    _fields_ = (_SIZE + _tensors("x", "expert_ids", "scales", "x_active_mask", "expert_scales",
                          "elastic_info", "performance_info")
                 + [("group_ep", _P)] + _ints("ep_world_size", "ep_rank_id", "moe_expert_num")
                 + [("group_tp", _P)] + _ints("tp_world_size", "tp_rank_id")
@@ -85,8 +90,9 @@ class _DispatchArgs(ctypes.Structure):
                 + [("zero_fill", ctypes.c_int)])
 
 
+@_lib.mirror("megamoe_combine_v2_args_t")
 class _CombineArgs(ctypes.Structure):
-    _fields_ = (_tensors("expand_x", "expert_ids", "assist_info_for_combine", "ep_send_counts",
+    _fields_ = (_SIZE + _tensors("expand_x", "expert_ids", "assist_info_for_combine", "ep_send_counts",
                          "expert_scales", "tp_send_counts", "x_active_mask", "expand_scales",
                          "shared_expert_x", "elastic_info", "ori_x", "const_expert_alpha_1",
                          "const_expert_alpha_2", "const_expert_v", "performance_info",
@@ -100,16 +106,15 @@ class _CombineArgs(ctypes.Structure):
                 + _tensors("x") + [("zero_fill", ctypes.c_int)])
 
 
+@_lib.mirror("megamoe_combine_add_rms_norm_args_t")
 class _AddRmsNormArgs(ctypes.Structure):
-    _fields_ = ([("combine", _CombineArgs)] + _tensors("residual_x", "gamma")
+    _fields_ = (_SIZE + [("combine", _CombineArgs)] + _tensors("residual_x", "gamma")
                 + [("norm_eps", ctypes.c_double)] + _tensors("y", "rstd"))
 
 
 _L = _lib.lib
 for _name, _st in (("dispatch_v2", _DispatchArgs), ("combine_v2", _CombineArgs),
                    ("combine_add_rms_norm", _AddRmsNormArgs)):
-    getattr(_L, f"megamoe_{_name}_args_default").restype = _st
-    getattr(_L, f"megamoe_{_name}_args_default").argtypes = []
     for _fn in (f"megamoe_{_name}_infer", f"megamoe_{_name}"):
         getattr(_L, _fn).restype = ctypes.c_int
         getattr(_L, _fn).argtypes = [ctypes.POINTER(_st)]
@@ -121,6 +126,7 @@ _L.megamoe_ops_release.argtypes = []
 
 # ---- quantisation modes: the library's one table (megamoe_quant_mode_info) --------------------
 
+@_lib.mirror("megamoe_quant_mode_info_t")
 class _QuantInfo(ctypes.Structure):
     _fields_ = [("mode", ctypes.c_int64), ("name", ctypes.c_char_p), ("same_as_input", ctypes.c_int),
                 ("out_dtypes", ctypes.c_uint32), ("scale_group", ctypes.c_int64),
@@ -338,7 +344,7 @@ def npu_moe_distribute_dispatch_v2(x, expert_ids, group_ep, ep_world_size, ep_ra
     quant_mode 0: the rows travel as they are and ``scales`` (their per-token fp32 [BS],
     per-group fp32 [BS, ceil(H/128)] or MX e8m0 [BS, align2(ceil(H/32))] scales;
     scales_dtype names the e8m0 bytes) arrive in dynamic_scales (docs/ops.md)."""
-    a = _L.megamoe_dispatch_v2_args_default()
+    a = _lib.default(_DispatchArgs)
     call = _Call()
     call.tensor(a.x, x, "x", _y_code(x_dtype))
     call.tensor(a.expert_ids, expert_ids, "expert_ids")
@@ -425,7 +431,7 @@ def npu_moe_distribute_combine_v2(expand_x, expert_ids, assist_info_for_combine,
 def _combine(kw):
     """One CombineV2 call from keyword values (the reserved activation_scale, weight_scale,
     group_list, out_dtype and group_list_type too; the library checks them)."""
-    a = _L.megamoe_combine_v2_args_default()
+    a = _lib.default(_CombineArgs)
     call = _Call()
     _combine_args(a, call, kw["expand_x"], kw["expert_ids"], kw["assist_info_for_combine"],
                   kw["ep_send_counts"], kw["expert_scales"], kw["group_ep"], kw["ep_world_size"],
@@ -459,7 +465,7 @@ def npu_moe_distribute_combine_add_rms_norm(expand_x, expert_ids, expand_idx, ep
     """Combine, add residual_x, RMSNorm with gamma. Returns (y, rstd_out, x), all [BS, 1, *].
     comm_alg as in npu_moe_distribute_combine_v2 (it must match the dispatch's)."""
     kw = dict(locals())
-    a = _L.megamoe_combine_add_rms_norm_args_default()
+    a = _lib.default(_AddRmsNormArgs)
     call = _Call()
     expand_idx = _v2_assist(expand_idx)  # a V1 dispatch's expand_idx works too
     _combine_args(a.combine, call, expand_x, expert_ids, expand_idx, ep_send_counts,

@@ -53,24 +53,28 @@ WAIT, COMPUTE, SIGNAL = 0, 1, 2
 CUBE, VECTOR = 0, 1
 
 
+@_lib.mirror("megamoe_profile_summary_t")
 class _Summary(ctypes.Structure):
     _fields_ = [("wait_ns", _u64), ("compute_ns", _u64), ("signal_ns", _u64),
                 ("wall_ns", _u64), ("launch_ns", _u64), ("records", _u64), ("dropped", _u64),
                 ("invocations", _u64), ("workers", ctypes.c_int), ("sessions", ctypes.c_int)]
 
 
+@_lib.mirror("megamoe_profile_params_t")
 class _Params(ctypes.Structure):
-    _fields_ = [("rank", ctypes.c_int), ("cube_workers", ctypes.c_int),
+    _fields_ = [("struct_size", ctypes.c_size_t), ("rank", ctypes.c_int), ("cube_workers", ctypes.c_int),
                 ("vector_workers", ctypes.c_int), ("records_per_worker", ctypes.c_uint32),
                 ("stage_names", _P(ctypes.c_char_p)), ("stage_count", ctypes.c_int)]
 
 
+@_lib.mirror("megamoe_profile_record_t")
 class _Record(ctypes.Structure):
     _fields_ = [("start_ns", _u64), ("end_ns", _u64), ("kind", ctypes.c_int),
                 ("stage", ctypes.c_int), ("task", ctypes.c_int32), ("owner", ctypes.c_int32),
                 ("peer", ctypes.c_int), ("invocation", ctypes.c_uint32)]
 
 
+@_lib.mirror("megamoe_trace_svg_options_t")
 class _SvgOptions(ctypes.Structure):
     _fields_ = [("width", ctypes.c_int), ("invocation", ctypes.c_int64)]
 
@@ -90,7 +94,6 @@ _declare("megamoe_profiler_session_count", _int, [])
 _declare("megamoe_profiler_get_summary", _int, [_P(_Summary)])
 _declare("megamoe_profiler_export", _int, [ctypes.c_char_p])
 _declare("megamoe_profiler_export_dir", _int, [ctypes.c_char_p])
-_declare("megamoe_profile_params_default", _Params, [])
 _declare("megamoe_profile_create", _int, [_P(_Params), _P(_vp)])
 _declare("megamoe_profile_destroy", None, [_vp])
 _declare("megamoe_profile_is_active", _int, [_vp])
@@ -472,7 +475,7 @@ class Session:
     def __init__(self, stages, cube_workers=1, vector_workers=1, records_per_worker=65536,
                  rank=None):
         self._names = [os.fsencode(s) if isinstance(s, str) else bytes(s) for s in stages]
-        p = _L.megamoe_profile_params_default()
+        p = _lib.default(_Params)
         p.rank = -1 if rank is None else int(rank)
         p.cube_workers = int(cube_workers)
         p.vector_workers = int(vector_workers)

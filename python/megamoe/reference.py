@@ -66,7 +66,7 @@ def _prepare(hidden, topk_ids, topk_weights, gate_up, down, ep, swiglu_limit,
     if ts["gate_up"].dtype != ts["down"].dtype:
         raise ValueError("gate_up and down must have the same dtype")
     shape = _lib.ReferenceShape(ep, n // ep, h, i, e, k)
-    params = _lib.lib.megamoe_reference_params_default()
+    params = _lib.default(_lib.ReferenceParams)
     params.swiglu_limit = 0.0 if swiglu_limit is None else float(swiglu_limit)
     params.hidden_dtype = _FLOAT_DTYPES[ts["hidden"].dtype]
     params.ids_dtype = _ID_DTYPES[ts["topk_ids"].dtype]

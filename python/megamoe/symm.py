@@ -45,11 +45,11 @@ _L.megamoe_symm_signal_i32.argtypes = [_vp, _vp, ctypes.c_int32, ctypes.c_int, c
 _L.megamoe_symm_wait_i32.argtypes = [_vp, _vp, ctypes.c_int, ctypes.c_int32]
 _L.megamoe_symm_quiet.argtypes = [_vp]
 _L.megamoe_symm_all_gather.argtypes = [_vp, _vp, _vp, _sz]
-for _f in ("malloc", "free", "put", "get", "signal_i32", "wait_i32", "quiet", "all_gather",
-           "state"):
+for _f in ("malloc", "free", "put", "get", "signal_i32", "wait_i32", "quiet", "all_gather"):
     getattr(_L, "megamoe_symm_" + _f).restype = ctypes.c_int
 
 
+@_lib.mirror("megamoe_symm_state_t")
 class _State(ctypes.Structure):
     _fields_ = [("running", ctypes.c_int), ("refcount", ctypes.c_int), ("rank", ctypes.c_int),
                 ("world_size", ctypes.c_int), ("heap_size", ctypes.c_uint64),
@@ -58,7 +58,8 @@ class _State(ctypes.Structure):
                 ("engine", ctypes.c_char * 96)]
 
 
-_L.megamoe_symm_state.argtypes = [ctypes.POINTER(_State)]
+_L.megamoe_symm_state_sized.argtypes = [ctypes.POINTER(_State), ctypes.c_size_t]
+_L.megamoe_symm_state_sized.restype = ctypes.c_int
 
 _lock = threading.RLock()
 _users = 0
@@ -384,7 +385,7 @@ def all_gather(output, input_tensor=None, **kw):
 
 def _state():
     s = _State()
-    check(_L.megamoe_symm_state(ctypes.byref(s)))
+    check(_L.megamoe_symm_state_sized(ctypes.byref(s), ctypes.sizeof(s)))
     return s
 
 

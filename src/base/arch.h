@@ -9,10 +9,12 @@
 #include <immintrin.h>
 #define MM_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 #define MM_TARGET_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#define MM_TARGET_AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 #else
 #define MM_X86 0
 #define MM_TARGET_AVX512
 #define MM_TARGET_AVX512BF16
+#define MM_TARGET_AVX512VNNI
 #endif
 
 /* One iteration of a spin-wait: `pause` on x86 (frees the sibling hyper-thread and avoids the

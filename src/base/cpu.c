@@ -8,6 +8,8 @@
 
 #include "megamoe/config.h"
 
+#include "base/abi.h"
+#include "base/error.h"
 #include "cpu.h"
 
 #if MM_X86
@@ -81,6 +83,38 @@ int mm_cpu_has_amx_bf16(void)
 #endif
 }
 
+int mm_cpu_has_avx512_vnni(void)
+{
+#if MM_X86
+    static atomic_int cached = -1; /* racing first calls compute the same value */
+    int c = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (c >= 0) return c;
+    unsigned r[4];
+    mm_cpuid(7, 0, r);
+    int v = mm_cpu_has_avx512() && ((r[2] >> 11) & 1); /* ECX bit 11: AVX512_VNNI */
+    atomic_store_explicit(&cached, v, memory_order_relaxed);
+    return v;
+#else
+    return 0;
+#endif
+}
+
+int mm_cpu_has_amx_int8(void)
+{
+#if MM_X86
+    static atomic_int cached = -1; /* racing first calls compute the same value */
+    int c = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (c >= 0) return c;
+    unsigned r[4];
+    mm_cpuid(7, 0, r);
+    int v = ((r[3] >> 24) & 1) && ((r[3] >> 25) & 1); /* AMX-TILE, AMX-INT8 */
+    atomic_store_explicit(&cached, v, memory_order_relaxed);
+    return v;
+#else
+    return 0;
+#endif
+}
+
 static char mm_brand[49];
 
 static void mm_cpu_brand_init(void)
@@ -141,15 +175,16 @@ int mm_cpu_request_amx(void)
     return mm_amx_granted;
 }
 
-megamoe_status_t megamoe_host_info(megamoe_host_info_t *info_p)
+megamoe_status_t megamoe_host_info_sized(megamoe_host_info_t *info_p, size_t info_size)
 {
-    if (info_p == NULL) return MEGAMOE_INVALID_ARGUMENT;
-    memset(info_p, 0, sizeof *info_p);
-    snprintf(info_p->cpu, sizeof info_p->cpu, "%s", mm_cpu_brand());
-    info_p->cores = mm_cpu_count();
-    info_p->avx512 = mm_cpu_has_avx512();
-    info_p->avx512_bf16 = mm_cpu_has_avx512_bf16();
-    info_p->amx_bf16 = mm_cpu_has_amx_bf16();
-    info_p->amx_usable = mm_cpu_request_amx();
-    return MEGAMOE_OK;
+    if (info_p == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "host_info: NULL output");
+    megamoe_host_info_t in;
+    memset(&in, 0, sizeof in);
+    snprintf(in.cpu, sizeof in.cpu, "%s", mm_cpu_brand());
+    in.cores = mm_cpu_count();
+    in.avx512 = mm_cpu_has_avx512();
+    in.avx512_bf16 = mm_cpu_has_avx512_bf16();
+    in.amx_bf16 = mm_cpu_has_amx_bf16();
+    in.amx_usable = mm_cpu_request_amx();
+    return mm_abi_copy_out(info_p, info_size, &in, sizeof in, "megamoe_host_info_t");
 }

@@ -8,6 +8,10 @@
 int mm_cpu_has_avx512(void);
 /* AVX512-BF16 (vdpbf16ps, vcvtne2ps2bf16). */
 int mm_cpu_has_avx512_bf16(void);
+/* AVX512-VNNI (vpdpbusd) with AVX-512 F/BW/VL/DQ usable. */
+int mm_cpu_has_avx512_vnni(void);
+/* AMX-TILE and AMX-INT8 reported by cpuid (tdpbssd; the permission is requested separately). */
+int mm_cpu_has_amx_int8(void);
 /* AMX-TILE and AMX-BF16 reported by cpuid (the kernel permission is requested separately). */
 int mm_cpu_has_amx_bf16(void);
 /* Brand string ("AMD EPYC ..."); never NULL. */

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "companion_quant.h"
+#include "base/abi.h"
 #include "companion_util.h"
 #include "vmath.h"
 
@@ -88,7 +89,7 @@ static void mm_cx_split(const float *span, int64_t cut, int64_t post, int interl
 
 /* ---- npu_swiglu / npu_clipped_swiglu ------------------------------------------------------ */
 
-megamoe_swiglu_args_t megamoe_swiglu_args_default(void)
+static megamoe_swiglu_args_t mm_swiglu_defaults(void)
 {
     megamoe_swiglu_args_t a;
     memset(&a, 0, sizeof a);
@@ -100,6 +101,12 @@ megamoe_swiglu_args_t megamoe_swiglu_args_default(void)
     a.valid_rows = -1;
     a.threads = 1;
     return a;
+}
+
+megamoe_status_t megamoe_swiglu_args_init(megamoe_swiglu_args_t *p, size_t struct_size)
+{
+    megamoe_swiglu_args_t d = mm_swiglu_defaults();
+    return mm_abi_init(p, struct_size, &d, sizeof d, "megamoe_swiglu_args_t");
 }
 
 typedef struct mm_cx_split_shape {
@@ -149,7 +156,7 @@ megamoe_status_t megamoe_swiglu(const megamoe_swiglu_args_t *in)
 {
     const char *fn = "megamoe_swiglu";
     megamoe_swiglu_args_t a;
-    MM_CX_ARGS(fn, in, a, megamoe_swiglu_args_default());
+    MM_CX_ARGS("megamoe_swiglu_args_t", in, a, mm_swiglu_defaults());
     mm_cx_split_shape_t s;
     MM_CHECK(mm_cx_swiglu_shape(fn, &a, &s));
     MM_CHECK(mm_cx_same_shape(fn, "y", &a.y, &a.x, s.dim, 1, -1));
@@ -197,7 +204,7 @@ megamoe_status_t megamoe_swiglu_backward(const megamoe_swiglu_args_t *in,
 {
     const char *fn = "megamoe_swiglu_backward";
     megamoe_swiglu_args_t a;
-    MM_CX_ARGS(fn, in, a, megamoe_swiglu_args_default());
+    MM_CX_ARGS("megamoe_swiglu_args_t", in, a, mm_swiglu_defaults());
     if (a.clipped)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: the clipped form has no gradient here", fn);
     if (!dy || !dx) return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: dy and dx are required", fn);
@@ -236,13 +243,19 @@ megamoe_status_t megamoe_swiglu_backward(const megamoe_swiglu_args_t *in,
 
 /* ---- npu_dynamic_quant ------------------------------------------------------------------- */
 
-megamoe_dynamic_quant_args_t megamoe_dynamic_quant_args_default(void)
+static megamoe_dynamic_quant_args_t mm_dynamic_quant_defaults(void)
 {
     megamoe_dynamic_quant_args_t a;
     memset(&a, 0, sizeof a);
     a.struct_size = sizeof a;
     a.threads = 1;
     return a;
+}
+
+megamoe_status_t megamoe_dynamic_quant_args_init(megamoe_dynamic_quant_args_t *p, size_t struct_size)
+{
+    megamoe_dynamic_quant_args_t d = mm_dynamic_quant_defaults();
+    return mm_abi_init(p, struct_size, &d, sizeof d, "megamoe_dynamic_quant_args_t");
 }
 
 /* int4 pack: 8 values of [-8, 7] per int32, element 8m + i in bits 4i..4i+3 */
@@ -259,7 +272,7 @@ megamoe_status_t megamoe_dynamic_quant(const megamoe_dynamic_quant_args_t *in)
 {
     const char *fn = "megamoe_dynamic_quant";
     megamoe_dynamic_quant_args_t a;
-    MM_CX_ARGS(fn, in, a, megamoe_dynamic_quant_args_default());
+    MM_CX_ARGS("megamoe_dynamic_quant_args_t", in, a, mm_dynamic_quant_defaults());
     const megamoe_tensor_t *x = &a.x;
     if (!mm_cx_is_float(x->dtype) || x->ndim < 1 || (!x->data && mm_cx_numel(x) > 0))
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: x must be a bf16, fp16 or fp32 tensor", fn);
@@ -371,7 +384,7 @@ megamoe_status_t megamoe_dynamic_quant(const megamoe_dynamic_quant_args_t *in)
 
 /* ---- npu_dequant_swiglu_quant ------------------------------------------------------------- */
 
-megamoe_dequant_swiglu_quant_args_t megamoe_dequant_swiglu_quant_args_default(void)
+static megamoe_dequant_swiglu_quant_args_t mm_dequant_swiglu_quant_defaults(void)
 {
     megamoe_dequant_swiglu_quant_args_t a;
     memset(&a, 0, sizeof a);
@@ -383,6 +396,12 @@ megamoe_dequant_swiglu_quant_args_t megamoe_dequant_swiglu_quant_args_default(vo
     a.glu_bias = 1.0f;
     a.threads = 1;
     return a;
+}
+
+megamoe_status_t megamoe_dequant_swiglu_quant_args_init(megamoe_dequant_swiglu_quant_args_t *p, size_t struct_size)
+{
+    megamoe_dequant_swiglu_quant_args_t d = mm_dequant_swiglu_quant_defaults();
+    return mm_abi_init(p, struct_size, &d, sizeof d, "megamoe_dequant_swiglu_quant_args_t");
 }
 
 /* A per-group row parameter [G, n] (or [n] / [1, n] for one group): its row g, or NULL. */
@@ -406,7 +425,7 @@ megamoe_status_t megamoe_dequant_swiglu_quant(const megamoe_dequant_swiglu_quant
 {
     const char *fn = "megamoe_dequant_swiglu_quant";
     megamoe_dequant_swiglu_quant_args_t a;
-    MM_CX_ARGS(fn, in, a, megamoe_dequant_swiglu_quant_args_default());
+    MM_CX_ARGS("megamoe_dequant_swiglu_quant_args_t", in, a, mm_dequant_swiglu_quant_defaults());
     const megamoe_tensor_t *x = &a.x;
     if (x->ndim != 2 || (!mm_cx_is_float(x->dtype) && x->dtype != MEGAMOE_DTYPE_INT32) ||
         x->shape[1] % 2 || (!x->data && mm_cx_numel(x)))

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "base/abi.h"
 #include "base/error.h"
 #include "megamoe/companion.h"
 #include "megamoe/dtype.h"
@@ -15,19 +16,12 @@
 #include <omp.h>
 #endif
 
-/* Copy a caller's args struct into a defaulted local: fields past the caller's struct_size
- * (an older header) keep their defaults. INVALID_ARGUMENT for NULL or a size too small to hold
- * struct_size itself. */
-#define MM_CX_ARGS(fn, in, local, defaults)                                                       \
+/* Copy a caller's args struct (type: its C name) into a local holding the defaults, by the
+ * caller's struct_size (base/abi.h: older callers' missing fields keep the defaults). */
+#define MM_CX_ARGS(type, in, local, defaults)                                                    \
     do {                                                                                         \
-        if ((in) == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: NULL args", fn);       \
         (local) = (defaults);                                                                    \
-        size_t mm_cx_n_ = (in)->struct_size;                                                     \
-        if (mm_cx_n_ < sizeof(size_t) || mm_cx_n_ > sizeof(local))                               \
-            return mm_error(MEGAMOE_INVALID_ARGUMENT,                                           \
-                            "%s: struct_size %zu is not a size of this struct (use %s_default())", \
-                            fn, mm_cx_n_, fn);                                                   \
-        memcpy(&(local), (in), mm_cx_n_);                                                        \
+        MM_CHECK(mm_abi_copy_in(&(local), sizeof(local), (in), (type)));                         \
     } while (0)
 
 static inline int mm_cx_present(const megamoe_tensor_t *t) { return t != NULL && t->data != NULL; }

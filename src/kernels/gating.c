@@ -5,9 +5,10 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "base/abi.h"
 #include "companion_util.h"
 
-megamoe_gating_top_k_args_t megamoe_gating_top_k_args_default(void)
+static megamoe_gating_top_k_args_t mm_gating_top_k_defaults(void)
 {
     megamoe_gating_top_k_args_t a;
     memset(&a, 0, sizeof a);
@@ -19,6 +20,12 @@ megamoe_gating_top_k_args_t megamoe_gating_top_k_args_default(void)
     a.eps = 1e-20;
     a.threads = 1;
     return a;
+}
+
+megamoe_status_t megamoe_gating_top_k_args_init(megamoe_gating_top_k_args_t *p, size_t struct_size)
+{
+    megamoe_gating_top_k_args_t d = mm_gating_top_k_defaults();
+    return mm_abi_init(p, struct_size, &d, sizeof d, "megamoe_gating_top_k_args_t");
 }
 
 /* index of the largest v[i] over the candidates (ties: the lower index), or -1 */
@@ -36,7 +43,7 @@ megamoe_status_t megamoe_gating_top_k(const megamoe_gating_top_k_args_t *in)
 {
     const char *fn = "megamoe_gating_top_k";
     megamoe_gating_top_k_args_t a;
-    MM_CX_ARGS(fn, in, a, megamoe_gating_top_k_args_default());
+    MM_CX_ARGS("megamoe_gating_top_k_args_t", in, a, mm_gating_top_k_defaults());
     const megamoe_tensor_t *x = &a.x;
     if (x->ndim != 2 || !mm_cx_is_float(x->dtype) || (!x->data && mm_cx_numel(x)))
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: x must be a float [N, E] tensor", fn);

@@ -12,19 +12,26 @@
 
 #include "base/arch.h"
 #include "base/cpu.h"
+#include "base/abi.h"
 #include "companion_util.h"
 #include "gemm.h"
 #include "gemm_impl.h"
 #include "gmm_internal.h"
 #include "simd.h"
 
-megamoe_grouped_matmul_args_t megamoe_grouped_matmul_args_default(void)
+static megamoe_grouped_matmul_args_t mm_grouped_matmul_defaults(void)
 {
     megamoe_grouped_matmul_args_t a;
     memset(&a, 0, sizeof a);
     a.struct_size = sizeof a;
     a.threads = 1;
     return a;
+}
+
+megamoe_status_t megamoe_grouped_matmul_args_init(megamoe_grouped_matmul_args_t *p, size_t struct_size)
+{
+    megamoe_grouped_matmul_args_t d = mm_grouped_matmul_defaults();
+    return mm_abi_init(p, struct_size, &d, sizeof d, "megamoe_grouped_matmul_args_t");
 }
 
 /* ---- plan: shapes, strides and groups, checked once ------------------------------------- */
@@ -460,7 +467,7 @@ megamoe_status_t mm_gmm_float(const mm_gmm_plan_t *p, const mm_gemm_weight_t *co
 megamoe_status_t megamoe_grouped_matmul(const megamoe_grouped_matmul_args_t *in)
 {
     megamoe_grouped_matmul_args_t a;
-    MM_CX_ARGS(mm_gmm_fn, in, a, megamoe_grouped_matmul_args_default());
+    MM_CX_ARGS("megamoe_grouped_matmul_args_t", in, a, mm_grouped_matmul_defaults());
     mm_gmm_plan_t p;
     megamoe_status_t st = mm_gmm_plan(&a, &p);
     if (st == MEGAMOE_OK && a.packed) st = mm_gmm_weights_check(a.packed, &p);

@@ -69,7 +69,7 @@ megamoe_status_t megamoe_gmm_weights_update(megamoe_gmm_weights_t *w,
 {
     if (w == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s_update: NULL weights", mm_gw_fn);
     megamoe_grouped_matmul_args_t a;
-    MM_CX_ARGS(mm_gw_fn, in, a, megamoe_grouped_matmul_args_default());
+    MM_CX_ARGS("megamoe_grouped_matmul_args_t", in, a, megamoe_grouped_matmul_args_default());
     mm_gmm_plan_t g;
     memset(&g, 0, sizeof g);
     MM_CHECK(mm_gmm_geometry(mm_gw_fn, &a, &g));
@@ -101,7 +101,7 @@ megamoe_status_t megamoe_gmm_weights_create(const megamoe_grouped_matmul_args_t 
     if (weights_p == NULL)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s_create: NULL weights_p", mm_gw_fn);
     megamoe_grouped_matmul_args_t a;
-    MM_CX_ARGS(mm_gw_fn, in, a, megamoe_grouped_matmul_args_default());
+    MM_CX_ARGS("megamoe_grouped_matmul_args_t", in, a, megamoe_grouped_matmul_args_default());
     mm_gmm_plan_t g;
     memset(&g, 0, sizeof g);
     MM_CHECK(mm_gmm_geometry(mm_gw_fn, &a, &g));

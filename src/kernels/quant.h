@@ -97,4 +97,25 @@ megamoe_status_t mm_comm_dequant_int8(const int8_t *q, const void *scales, megam
 megamoe_status_t mm_comm_dequant_mx_f32(const uint8_t *q, const uint8_t *scales,
                                         megamoe_dtype_t q_type, int64_t n, float *out);
 
+/* Per-token int8 quantisation of activation rows for the quantised GEMMs (qgemm.h): row r of
+ * h elements at x + r * ldx -> q + r * ldq and scales[r] (x ~ q * scale). Two rules, each
+ * operator uses its own spec's (docs/kernels.md, "Activation quantisers"):
+ *   MM_QROW_DISPATCH  MoeDistributeDispatchV2 quantMode 2, bit-exact (mm_quant_dynamic_token:
+ *                     d = fl32(127/m), q = int8(fl32(v*d)) RNE in [-128, 127], scale =
+ *                     fl32(1/d)); bf16 / fp16 rows. Rows dispatched as int8 feed the GEMM with
+ *                     their scales unchanged.
+ *   MM_QROW_SYM127    mega_moe §6.3 and npu_dynamic_quant: s = fl32(m/127),
+ *                     q = round half away from zero of fl32(v/s), clamped to [-127, 127];
+ *                     fp32 / bf16 / fp16 rows.
+ * m = max|v|, v = f32(x) or fl32(f32(x) * smooth[i]) (smooth may be NULL). An all-zero row gives
+ * scale 0 and q = 0; a row holding a NaN gives scale NaN and q = 0; an Inf row scale Inf, q = 0
+ * (NaN quotients quantise to 0). AVX-512 and scalar paths give the same bits. */
+typedef enum mm_qrow_rule {
+    MM_QROW_DISPATCH = 0,
+    MM_QROW_SYM127 = 1,
+} mm_qrow_rule_t;
+megamoe_status_t mm_quant_rows_int8(mm_qrow_rule_t rule, const void *x, megamoe_dtype_t x_type,
+                                    int64_t rows, int64_t h, int64_t ldx, const float *smooth,
+                                    int8_t *q, int64_t ldq, float *scales);
+
 #endif /* MM_KERNELS_QUANT_H */

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "companion_quant.h"
+#include "base/abi.h"
 #include "companion_util.h"
 #include "rows.h"
 
@@ -41,7 +42,7 @@ static megamoe_status_t mm_cx_sort_keys(const char *fn, const void *keys, megamo
 
 static const char *const mm_ir_fn = "megamoe_init_routing";
 
-megamoe_init_routing_args_t megamoe_init_routing_args_default(void)
+static megamoe_init_routing_args_t mm_init_routing_defaults(void)
 {
     megamoe_init_routing_args_t a;
     memset(&a, 0, sizeof a);
@@ -52,6 +53,12 @@ megamoe_init_routing_args_t megamoe_init_routing_args_default(void)
     a.quant_mode = -1;
     a.threads = 1;
     return a;
+}
+
+megamoe_status_t megamoe_init_routing_args_init(megamoe_init_routing_args_t *p, size_t struct_size)
+{
+    megamoe_init_routing_args_t d = mm_init_routing_defaults();
+    return mm_abi_init(p, struct_size, &d, sizeof d, "megamoe_init_routing_args_t");
 }
 
 typedef struct mm_ir_shape {
@@ -164,7 +171,7 @@ megamoe_status_t megamoe_init_routing_infer(megamoe_init_routing_args_t *in)
 {
     if (in == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s_infer: NULL args", mm_ir_fn);
     megamoe_init_routing_args_t a;
-    MM_CX_ARGS(mm_ir_fn, in, a, megamoe_init_routing_args_default());
+    MM_CX_ARGS("megamoe_init_routing_args_t", in, a, mm_init_routing_defaults());
     mm_ir_shape_t sh;
     MM_CHECK(mm_ir_shape(&a, &sh));
     megamoe_tensor_t *ex = &in->expanded_x;
@@ -246,7 +253,7 @@ static float mm_ir_row(const megamoe_init_routing_args_t *a, const mm_ir_shape_t
 megamoe_status_t megamoe_init_routing(const megamoe_init_routing_args_t *in)
 {
     megamoe_init_routing_args_t a;
-    MM_CX_ARGS(mm_ir_fn, in, a, megamoe_init_routing_args_default());
+    MM_CX_ARGS("megamoe_init_routing_args_t", in, a, mm_init_routing_defaults());
     mm_ir_shape_t sh;
     MM_CHECK(mm_ir_shape(&a, &sh));
     megamoe_init_routing_args_t want = a;
@@ -554,7 +561,7 @@ megamoe_status_t megamoe_token_unpermute_backward(const megamoe_tensor_t *rows,
 
 /* ---- npu_moe_finalize_routing ------------------------------------------------------------- */
 
-megamoe_finalize_routing_args_t megamoe_finalize_routing_args_default(void)
+static megamoe_finalize_routing_args_t mm_finalize_routing_defaults(void)
 {
     megamoe_finalize_routing_args_t a;
     memset(&a, 0, sizeof a);
@@ -564,11 +571,17 @@ megamoe_finalize_routing_args_t megamoe_finalize_routing_args_default(void)
     return a;
 }
 
+megamoe_status_t megamoe_finalize_routing_args_init(megamoe_finalize_routing_args_t *p, size_t struct_size)
+{
+    megamoe_finalize_routing_args_t d = mm_finalize_routing_defaults();
+    return mm_abi_init(p, struct_size, &d, sizeof d, "megamoe_finalize_routing_args_t");
+}
+
 megamoe_status_t megamoe_finalize_routing(const megamoe_finalize_routing_args_t *in)
 {
     const char *fn = "megamoe_finalize_routing";
     megamoe_finalize_routing_args_t a;
-    MM_CX_ARGS(fn, in, a, megamoe_finalize_routing_args_default());
+    MM_CX_ARGS("megamoe_finalize_routing_args_t", in, a, mm_finalize_routing_defaults());
     const megamoe_tensor_t *rows = &a.expanded_permuted_rows;
     MM_CHECK(mm_cx_float_rows(fn, "expanded_permuted_rows", rows));
     MM_CHECK(mm_cx_float_rows(fn, "out", &a.out));

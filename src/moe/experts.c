@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/abi.h"
 #include "base/alloc.h"
 #include "base/env.h"
 #include "base/error.h"
@@ -38,22 +39,22 @@ static atomic_uint_fast64_t mm_moe_serial = 1;
 /* Layers this process created (their numbers, "layer #N", are agreed across ranks). */
 static atomic_uint_fast64_t mm_moe_layer_count;
 
-megamoe_experts_params_t megamoe_experts_params_default(void)
+megamoe_status_t megamoe_experts_params_init(megamoe_experts_params_t *p, size_t struct_size)
 {
-    megamoe_experts_params_t p;
-    memset(&p, 0, sizeof p);
-    p.schedule = "O1";
-    return p;
+    megamoe_experts_params_t d;
+    memset(&d, 0, sizeof d);
+    d.schedule = "O1";
+    return mm_abi_init(p, struct_size, &d, sizeof d, "megamoe_experts_params_t");
 }
 
-megamoe_experts_input_t megamoe_experts_input_default(void)
+megamoe_status_t megamoe_experts_input_init(megamoe_experts_input_t *in, size_t struct_size)
 {
-    megamoe_experts_input_t in;
-    memset(&in, 0, sizeof in);
-    in.topk_ids_dtype = MEGAMOE_DTYPE_INT32;
-    in.topk_weights_dtype = MEGAMOE_DTYPE_FP32;
-    in.tokens_per_expert_dtype = MEGAMOE_DTYPE_INT32;
-    return in;
+    megamoe_experts_input_t d;
+    memset(&d, 0, sizeof d);
+    d.topk_ids_dtype = MEGAMOE_DTYPE_INT32;
+    d.topk_weights_dtype = MEGAMOE_DTYPE_FP32;
+    d.tokens_per_expert_dtype = MEGAMOE_DTYPE_INT32;
+    return mm_abi_init(in, struct_size, &d, sizeof d, "megamoe_experts_input_t");
 }
 
 int64_t megamoe_experts_capacity_rows(int64_t ep, int64_t tokens, int64_t top_k, double factor)
@@ -110,9 +111,13 @@ static int64_t mm_moe_initial_rows(mm_moe_mode_t mode, int64_t ep, int64_t T, in
     return megamoe_experts_capacity_rows(ep, T, K, f);
 }
 
-size_t megamoe_experts_heap_bytes(const megamoe_experts_params_t *p, int ep)
+size_t megamoe_experts_heap_bytes(const megamoe_experts_params_t *caller_p, int ep)
 {
-    if (p == NULL || ep < 1) return 0;
+    if (caller_p == NULL || ep < 1) return 0;
+    megamoe_experts_params_t params = megamoe_experts_params_default();
+    const megamoe_experts_params_t *p = &params;
+    if (mm_abi_copy_in(&params, sizeof params, caller_p, "megamoe_experts_params_t") != MEGAMOE_OK)
+        return 0;
     mm_moe_config_t c;
     memset(&c, 0, sizeof c);
     c.T = p->local_num_tokens;
@@ -298,7 +303,8 @@ static megamoe_status_t mm_moe_agree_config(mm_shmem_team_t *team, const mm_moe_
     return st;
 }
 
-megamoe_status_t megamoe_experts_create(megamoe_comm_t *comm, const megamoe_experts_params_t *p,
+megamoe_status_t megamoe_experts_create(megamoe_comm_t *comm,
+                                        const megamoe_experts_params_t *caller_p,
                                         megamoe_experts_t **experts_p)
 {
     if (experts_p == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "experts_p is NULL");
@@ -309,10 +315,16 @@ megamoe_status_t megamoe_experts_create(megamoe_comm_t *comm, const megamoe_expe
                         "the EP communicator is not usable (destroyed, or SHMEM not running)");
     int ep = mm_shmem_team_n_pes(team), me = mm_shmem_team_my_pe(team);
     megamoe_status_t st = MEGAMOE_OK;
-    if (p == NULL)
+    /* the library's full copy (version.h: extensible structs); p stays NULL when refused */
+    megamoe_experts_params_t params = megamoe_experts_params_default();
+    const megamoe_experts_params_t *p = NULL;
+    if (caller_p == NULL)
         st = mm_error(MEGAMOE_INVALID_ARGUMENT,
                       "params is NULL; start from megamoe_experts_params_default() and set the "
                       "shapes");
+    else if ((st = mm_abi_copy_in(&params, sizeof params, caller_p,
+                                  "megamoe_experts_params_t")) == MEGAMOE_OK)
+        p = &params;
     /* The EP communicator may be any group of ranks (the current HyperParallel accepts an EP
      * subgroup, e.g. 2 data-parallel replicas x EP 2): its symmetric buffers and collectives
      * are the group's own, so ranks outside it never call into it. */
@@ -751,11 +763,17 @@ void mm_moe_call_begin(mm_call_t *c, const megamoe_experts_t *x, int kind)
 
 megamoe_status_t megamoe_experts_forward(megamoe_experts_t *x,
                                          const megamoe_experts_weights_t *weights,
-                                         const megamoe_experts_input_t *input, void *output,
-                                         megamoe_experts_saved_t **saved_p)
+                                         const megamoe_experts_input_t *caller_input,
+                                         void *output, megamoe_experts_saved_t **saved_p)
 {
     MM_CHECK(mm_moe_enter(x, MM_CALL_FORWARD));
     megamoe_status_t st = mm_take_next_call_error();
+    /* the library's full copy of the input (version.h: extensible structs); a bad struct_size
+     * is this rank's argument error, agreed in the call's first exchange like any other */
+    megamoe_experts_input_t in_copy = megamoe_experts_input_default();
+    const megamoe_experts_input_t *input = caller_input == NULL ? NULL : &in_copy;
+    if (caller_input != NULL && st == MEGAMOE_OK)
+        st = mm_abi_copy_in(&in_copy, sizeof in_copy, caller_input, "megamoe_experts_input_t");
     mm_call_t call;
     mm_moe_call_begin(&call, x, MM_CALL_FORWARD);
     if (!x->group->ready) {
@@ -791,8 +809,8 @@ megamoe_status_t megamoe_experts_backward(megamoe_experts_t *x, megamoe_experts_
     return st;
 }
 
-megamoe_status_t megamoe_experts_get_info(const megamoe_experts_t *x,
-                                          megamoe_experts_info_t *info_p)
+megamoe_status_t megamoe_experts_get_info_sized(const megamoe_experts_t *x,
+                                                megamoe_experts_info_t *info_p, size_t info_size)
 {
     if (x == NULL || info_p == NULL)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "get_info: NULL argument");
@@ -836,8 +854,7 @@ megamoe_status_t megamoe_experts_get_info(const megamoe_experts_t *x,
         in.last_max_rows_plain = x->rep->max_rows_plain;
         in.last_max_rows = x->rep->max_rows;
     }
-    *info_p = in;
-    return MEGAMOE_OK;
+    return mm_abi_copy_out(info_p, info_size, &in, sizeof in, "megamoe_experts_info_t");
 }
 
 megamoe_status_t megamoe_experts_get_growth(const megamoe_experts_t *x, int index,

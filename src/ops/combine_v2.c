@@ -13,6 +13,7 @@
 
 #include "base/alloc.h"
 #include "base/clock.h"
+#include "base/abi.h"
 #include "base/error.h"
 #include "combine_v2.h"
 #include "ops/call_order.h"
@@ -493,23 +494,36 @@ static megamoe_status_t mm_v2c_entry(const megamoe_combine_v2_args_t *a,
     return st;
 }
 
+/* The library's full copies of the args (megamoe/version.h); an unusable struct_size is
+ * refused like NULL args: this rank's error on every rank. */
 megamoe_status_t megamoe_combine_v2(const megamoe_combine_v2_args_t *args)
 {
-    if (args == NULL) {
+    megamoe_combine_v2_args_t copy = megamoe_combine_v2_args_default();
+    megamoe_status_t cs = args == NULL ? MEGAMOE_INVALID_ARGUMENT
+                                       : mm_abi_copy_in(&copy, sizeof copy, args,
+                                                        "megamoe_combine_v2_args_t");
+    if (cs != MEGAMOE_OK) {
         megamoe_status_t st = mm_take_next_call_error();
-        if (st == MEGAMOE_OK) st = mm_error(MEGAMOE_INVALID_ARGUMENT, "combine_v2: args is NULL");
+        if (st == MEGAMOE_OK)
+            st = args == NULL ? mm_error(MEGAMOE_INVALID_ARGUMENT, "combine_v2: args is NULL")
+                              : cs;
         return mm_v2_call_refuse(MM_CALL_COMBINE_V2, st);
     }
-    return mm_v2c_entry(args, NULL, MM_V2_OP_COMBINE);
+    return mm_v2c_entry(&copy, NULL, MM_V2_OP_COMBINE);
 }
 
 megamoe_status_t megamoe_combine_add_rms_norm(const megamoe_combine_add_rms_norm_args_t *args)
 {
-    if (args == NULL) {
+    megamoe_combine_add_rms_norm_args_t copy;
+    megamoe_status_t cs =
+        args == NULL ? MEGAMOE_INVALID_ARGUMENT : mm_v2_arn_copy_in(&copy, args);
+    if (cs != MEGAMOE_OK) {
         megamoe_status_t st = mm_take_next_call_error();
         if (st == MEGAMOE_OK)
-            st = mm_error(MEGAMOE_INVALID_ARGUMENT, "combine_add_rms_norm: args is NULL");
+            st = args == NULL
+                     ? mm_error(MEGAMOE_INVALID_ARGUMENT, "combine_add_rms_norm: args is NULL")
+                     : cs;
         return mm_v2_call_refuse(MM_CALL_COMBINE_ADD_RMS_NORM, st);
     }
-    return mm_v2c_entry(&args->combine, args, MM_V2_OP_ADD_RMS_NORM);
+    return mm_v2c_entry(&copy.combine, &copy, MM_V2_OP_ADD_RMS_NORM);
 }

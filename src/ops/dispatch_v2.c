@@ -12,6 +12,7 @@
 
 #include "base/alloc.h"
 #include "base/clock.h"
+#include "base/abi.h"
 #include "base/error.h"
 #include "dispatch_v2.h"
 #include "ops/call_order.h"
@@ -557,11 +558,21 @@ static megamoe_status_t mm_v2d_local(mm_v2_dispatch_t *d)
     return mm_v2d_plan(d);
 }
 
-megamoe_status_t megamoe_dispatch_v2(const megamoe_dispatch_v2_args_t *a)
+megamoe_status_t megamoe_dispatch_v2(const megamoe_dispatch_v2_args_t *caller_args)
 {
     megamoe_status_t local = mm_take_next_call_error();
-    if (a == NULL && local == MEGAMOE_OK)
+    if (caller_args == NULL && local == MEGAMOE_OK)
         local = mm_error(MEGAMOE_INVALID_ARGUMENT, "dispatch_v2: args is NULL");
+    /* the library's full copy (megamoe/version.h); an unusable struct_size is refused like
+     * NULL args: this rank's error on every rank */
+    megamoe_dispatch_v2_args_t copy = megamoe_dispatch_v2_args_default();
+    const megamoe_dispatch_v2_args_t *a = NULL;
+    if (caller_args != NULL) {
+        megamoe_status_t cs =
+            mm_abi_copy_in(&copy, sizeof copy, caller_args, "megamoe_dispatch_v2_args_t");
+        if (cs == MEGAMOE_OK) a = &copy;
+        else if (local == MEGAMOE_OK) local = cs;
+    }
     if (a == NULL) return mm_v2_call_refuse(MM_CALL_DISPATCH_V2, local);
     mm_v2_dispatch_t d;
     memset(&d, 0, sizeof d);

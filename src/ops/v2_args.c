@@ -2,7 +2,9 @@
 #include <string.h>
 
 #include "megamoe/ops.h"
+#include "megamoe/version.h"
 
+#include "base/abi.h"
 #include "base/alloc.h"
 #include "base/error.h"
 #include "v2_internal.h"
@@ -84,7 +86,7 @@ megamoe_tensor_t mm_v2_tensor(megamoe_dtype_t dtype, int ndim, int64_t d0, int64
     return t;
 }
 
-megamoe_dispatch_v2_args_t megamoe_dispatch_v2_args_default(void)
+megamoe_status_t megamoe_dispatch_v2_args_init(megamoe_dispatch_v2_args_t *p, size_t struct_size)
 {
     megamoe_dispatch_v2_args_t a;
     memset(&a, 0, sizeof a);
@@ -97,10 +99,11 @@ megamoe_dispatch_v2_args_t megamoe_dispatch_v2_args_default(void)
     a.expert_token_nums_type = 1;
     a.comm_alg = "";
     a.zero_fill = 1;
-    return a;
+    return mm_abi_init(p, struct_size, &a, sizeof a, "megamoe_dispatch_v2_args_t");
 }
 
-megamoe_combine_v2_args_t megamoe_combine_v2_args_default(void)
+/* The library's defaults of the combine args (the embedded copy of add_rms_norm's too). */
+static megamoe_combine_v2_args_t mm_v2_combine_defaults(void)
 {
     megamoe_combine_v2_args_t a;
     memset(&a, 0, sizeof a);
@@ -114,17 +117,92 @@ megamoe_combine_v2_args_t megamoe_combine_v2_args_default(void)
     a.shared_expert_num = 1;
     a.comm_alg = "";
     a.zero_fill = 1;
+    a.struct_size = sizeof a;
     return a;
 }
 
-megamoe_combine_add_rms_norm_args_t megamoe_combine_add_rms_norm_args_default(void)
+megamoe_status_t megamoe_combine_v2_args_init(megamoe_combine_v2_args_t *p, size_t struct_size)
 {
-    megamoe_combine_add_rms_norm_args_t a;
+    megamoe_combine_v2_args_t a = mm_v2_combine_defaults();
+    return mm_abi_init(p, struct_size, &a, sizeof a, "megamoe_combine_v2_args_t");
+}
+
+/* ---- add_rms_norm args: the embedded combine args grow too ------------------------------ *
+ * In the caller's layout the fields after `combine` start at offsetof(combine) plus the
+ * caller's sizeof(combine) (its struct_size; both are multiples of 8), and its own part may
+ * be shorter (older caller) or longer (newer) than the library's. */
+typedef megamoe_combine_add_rms_norm_args_t mm_arn_t;
+#define MM_ARN_OWN offsetof(mm_arn_t, residual_x)
+_Static_assert(offsetof(mm_arn_t, residual_x) ==
+                   offsetof(mm_arn_t, combine) + sizeof(megamoe_combine_v2_args_t),
+               "add_rms_norm's own fields follow the embedded combine args");
+/* bytes of the own part at ABI 2 (the minimum a caller passes) */
+#define MM_ARN_OWN_MIN (MM_ABI_END(mm_arn_t, rstd) - MM_ARN_OWN)
+
+static mm_arn_t mm_v2_arn_defaults(void)
+{
+    mm_arn_t a;
     memset(&a, 0, sizeof a);
-    a.combine = megamoe_combine_v2_args_default();
+    a.struct_size = sizeof a;
+    a.combine = mm_v2_combine_defaults();
     a.residual_x = a.gamma = a.y = a.rstd = megamoe_tensor_none();
     a.norm_eps = 1e-6;
     return a;
+}
+
+megamoe_status_t megamoe_combine_add_rms_norm_args_init(mm_arn_t *p, size_t struct_size,
+                                                        size_t combine_size)
+{
+    const char *fn = "megamoe_combine_add_rms_norm_args_init";
+    const size_t cmin = (size_t)megamoe_struct_min_size("megamoe_combine_v2_args_t");
+    if (p == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: NULL struct", fn);
+    if (combine_size < cmin || combine_size % 8 != 0 || combine_size > ((size_t)1 << 20) ||
+        struct_size < MM_ARN_OWN + combine_size - sizeof(megamoe_combine_v2_args_t) +
+                          MM_ARN_OWN_MIN ||
+        struct_size > ((size_t)1 << 20))
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "%s: struct_size %zu / combine_size %zu are not sizes of this struct: "
+                        "pass sizeof *p and sizeof p->combine", fn, struct_size, combine_size);
+    const mm_arn_t d = mm_v2_arn_defaults();
+    const size_t off = offsetof(mm_arn_t, combine) + combine_size; /* the caller's own part */
+    memset(p, 0, struct_size);
+    p->struct_size = struct_size;
+    MM_CHECK(megamoe_combine_v2_args_init(&p->combine, combine_size));
+    const size_t own = struct_size - off, lib_own = sizeof d - MM_ARN_OWN;
+    memcpy((char *)p + off, (const char *)&d + MM_ARN_OWN, own < lib_own ? own : lib_own);
+    return MEGAMOE_OK;
+}
+
+/* *dst <- the caller's args (version.h); *own_off_p: where the caller's own part starts. */
+static megamoe_status_t mm_v2_arn_in(mm_arn_t *dst, const mm_arn_t *src, size_t *own_off_p)
+{
+    const char *what = "megamoe_combine_add_rms_norm_args_t";
+    *dst = mm_v2_arn_defaults();
+    size_t size;
+    memcpy(&size, src, sizeof size);
+    if (size < MM_ARN_OWN + MM_ARN_OWN_MIN || size > ((size_t)1 << 20))
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "%s.struct_size is %zu: initialise it with "
+                        "megamoe_combine_add_rms_norm_args_default() (struct_size = sizeof)",
+                        what, size);
+    MM_CHECK(mm_abi_copy_in(&dst->combine, sizeof dst->combine, &src->combine,
+                            "megamoe_combine_v2_args_t"));
+    const size_t off = offsetof(mm_arn_t, combine) + src->combine.struct_size;
+    if (src->combine.struct_size % 8 != 0 || size < off)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "%s: struct_size %zu does not hold its combine args (struct_size %zu): "
+                        "initialise it with megamoe_combine_add_rms_norm_args_default()", what,
+                        size, src->combine.struct_size);
+    MM_CHECK(mm_abi_copy_part_in((char *)dst + MM_ARN_OWN, sizeof *dst - MM_ARN_OWN,
+                                 (const char *)src + off, size - off, MM_ARN_OWN_MIN, what));
+    *own_off_p = off;
+    return MEGAMOE_OK;
+}
+
+megamoe_status_t mm_v2_arn_copy_in(mm_arn_t *dst, const mm_arn_t *src)
+{
+    size_t off;
+    return mm_v2_arn_in(dst, src, &off);
 }
 
 int64_t megamoe_ops_struct_size(megamoe_ops_struct_t which)
@@ -185,31 +263,53 @@ void mm_v2_dispatch_out_shapes(const mm_v2_cfg_t *c, megamoe_dispatch_v2_args_t 
     a->expand_scales = mm_v2_tensor(MEGAMOE_DTYPE_FP32, 1, c->A, 0, 0);
 }
 
-megamoe_status_t megamoe_dispatch_v2_infer(megamoe_dispatch_v2_args_t *args)
+/* The library's part of a full copy back into the caller's struct (its struct_size, checked
+ * on the way in), keeping the caller's struct_size. */
+static void mm_v2_copy_back(void *caller, const void *lib, size_t lib_size)
 {
-    if (args == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "args is NULL");
+    size_t size;
+    memcpy(&size, caller, sizeof size);
+    size_t n = size < lib_size ? size : lib_size;
+    memcpy((char *)caller + sizeof size, (const char *)lib + sizeof size, n - sizeof size);
+}
+
+megamoe_status_t megamoe_dispatch_v2_infer(megamoe_dispatch_v2_args_t *caller_args)
+{
+    if (caller_args == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "args is NULL");
+    megamoe_dispatch_v2_args_t copy = megamoe_dispatch_v2_args_default(), *args = &copy;
+    MM_CHECK(mm_abi_copy_in(&copy, sizeof copy, caller_args, "megamoe_dispatch_v2_args_t"));
     mm_v2_cfg_t cfg;
     MM_CHECK(mm_v2_dispatch_config(args, &cfg));
     mm_v2_dispatch_out_shapes(&cfg, args);
+    mm_v2_copy_back(caller_args, args, sizeof *args);
     return MEGAMOE_OK;
 }
 
-megamoe_status_t megamoe_combine_v2_infer(megamoe_combine_v2_args_t *args)
+megamoe_status_t megamoe_combine_v2_infer(megamoe_combine_v2_args_t *caller_args)
 {
-    if (args == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "args is NULL");
+    if (caller_args == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "args is NULL");
+    megamoe_combine_v2_args_t copy = mm_v2_combine_defaults(), *args = &copy;
+    MM_CHECK(mm_abi_copy_in(&copy, sizeof copy, caller_args, "megamoe_combine_v2_args_t"));
     mm_v2_cfg_t cfg;
     MM_CHECK(mm_v2_combine_config(args, MM_V2_OP_COMBINE, &cfg));
     args->x = mm_v2_tensor(cfg.xtype, 2, cfg.bs, cfg.h, 0);
+    mm_v2_copy_back(caller_args, args, sizeof *args);
     return MEGAMOE_OK;
 }
 
-megamoe_status_t megamoe_combine_add_rms_norm_infer(megamoe_combine_add_rms_norm_args_t *args)
+megamoe_status_t megamoe_combine_add_rms_norm_infer(megamoe_combine_add_rms_norm_args_t *caller)
 {
-    if (args == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "args is NULL");
+    if (caller == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "args is NULL");
+    mm_arn_t copy, *args = &copy;
+    size_t off;
+    MM_CHECK(mm_v2_arn_in(&copy, caller, &off));
     mm_v2_cfg_t cfg;
     MM_CHECK(mm_v2_combine_config(&args->combine, MM_V2_OP_ADD_RMS_NORM, &cfg));
     args->combine.x = mm_v2_tensor(cfg.xtype, 3, cfg.bs, 1, cfg.h);
     args->y = mm_v2_tensor(cfg.xtype, 3, cfg.bs, 1, cfg.h);
     args->rstd = mm_v2_tensor(MEGAMOE_DTYPE_FP32, 3, cfg.bs, 1, 1);
+    mm_v2_copy_back(&caller->combine, &args->combine, sizeof args->combine);
+    size_t own = caller->struct_size - off, lib_own = sizeof copy - MM_ARN_OWN;
+    memcpy((char *)caller + off, (const char *)args + MM_ARN_OWN, own < lib_own ? own : lib_own);
     return MEGAMOE_OK;
 }

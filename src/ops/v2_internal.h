@@ -229,6 +229,10 @@ megamoe_status_t mm_v2_call_agree(mm_v2_call_t *call, int call_kind);
 /* A call of call_kind that failed before it could build its record (args NULL, a binding's
  * argument check): take part in the exchange with st so every rank returns it. */
 megamoe_status_t mm_v2_call_refuse(int call_kind, megamoe_status_t st);
+/* The library's full copy of the caller's add_rms_norm args (megamoe/version.h; the embedded
+ * combine args located by their struct_size). */
+megamoe_status_t mm_v2_arn_copy_in(megamoe_combine_add_rms_norm_args_t *dst,
+                                   const megamoe_combine_add_rms_norm_args_t *src);
 /* World maximum of record field seg[s]. */
 uint64_t mm_v2_call_segmax(const mm_v2_call_t *call, int s);
 /* Lay the segments out (sizes must be world maxima, so every PE gets the same offsets), grow

@@ -7,6 +7,7 @@
 #include "megamoe/prof.h"
 
 #include "base/clock.h"
+#include "base/abi.h"
 #include "base/env.h"
 #include "base/error.h"
 
@@ -25,7 +26,8 @@ static const mm_prof_session_t *mm_prof_of_c(const megamoe_profile_t *p)
             return mm_error(MEGAMOE_INVALID_ARGUMENT, fn ": profile is NULL");             \
     } while (0)
 
-megamoe_profile_params_t megamoe_profile_params_default(void)
+megamoe_status_t megamoe_profile_params_init(megamoe_profile_params_t *params,
+                                             size_t struct_size)
 {
     megamoe_profile_params_t p;
     memset(&p, 0, sizeof p);
@@ -33,16 +35,19 @@ megamoe_profile_params_t megamoe_profile_params_default(void)
     p.cube_workers = 1;
     p.vector_workers = 1;
     p.records_per_worker = 65536;
-    return p;
+    return mm_abi_init(params, struct_size, &p, sizeof p, "megamoe_profile_params_t");
 }
 
-megamoe_status_t megamoe_profile_create(const megamoe_profile_params_t *params,
+megamoe_status_t megamoe_profile_create(const megamoe_profile_params_t *caller_params,
                                         megamoe_profile_t **profile_p)
 {
-    if (params == NULL || profile_p == NULL)
+    if (caller_params == NULL || profile_p == NULL)
         return mm_error(MEGAMOE_INVALID_ARGUMENT,
                         "megamoe_profile_create: params and profile_p are required (start from "
                         "megamoe_profile_params_default())");
+    megamoe_profile_params_t copy = megamoe_profile_params_default(); /* version.h: extensible */
+    const megamoe_profile_params_t *params = &copy;
+    MM_CHECK(mm_abi_copy_in(&copy, sizeof copy, caller_params, "megamoe_profile_params_t"));
     int rank = params->rank;
     if (rank < 0) {
         int64_t r = 0;

@@ -11,6 +11,7 @@
 
 #include "megamoe/reference.h"
 
+#include "base/abi.h"
 #include "base/alloc.h"
 #include "base/error.h"
 
@@ -25,7 +26,8 @@ typedef struct mm_ref {
     int64_t *ids;                                   /* [n*k], validated */
 } mm_ref_t;
 
-megamoe_reference_params_t megamoe_reference_params_default(void)
+megamoe_status_t megamoe_reference_params_init(megamoe_reference_params_t *params,
+                                               size_t struct_size)
 {
     megamoe_reference_params_t p;
     memset(&p, 0, sizeof(p));
@@ -35,7 +37,7 @@ megamoe_reference_params_t megamoe_reference_params_default(void)
     p.probs_dtype = MEGAMOE_DTYPE_FP32;
     p.weight_dtype = MEGAMOE_DTYPE_FP32;
     p.grad_dtype = MEGAMOE_DTYPE_FP32;
-    return p;
+    return mm_abi_init(params, struct_size, &p, sizeof p, "megamoe_reference_params_t");
 }
 
 /* ---- validation ---------------------------------------------------------------------------- */
@@ -181,7 +183,8 @@ static megamoe_status_t mm_ref_setup(mm_ref_t *r, const megamoe_reference_shape_
                                      const void *gate_up_weight, const void *down_weight)
 {
     memset(r, 0, sizeof(*r));
-    megamoe_reference_params_t p = params ? *params : megamoe_reference_params_default();
+    megamoe_reference_params_t p = megamoe_reference_params_default();
+    if (params) MM_CHECK(mm_abi_copy_in(&p, sizeof p, params, "megamoe_reference_params_t"));
     MM_CHECK(mm_ref_check_shape(shape, &p, r));
     if (backward) MM_CHECK(mm_ref_check_ptr(grad_out, "grad_out"));
     MM_CHECK(mm_ref_check_ptr(hidden_states, "hidden_states"));

@@ -1,6 +1,7 @@
 /* Public communicator: a SHMEM team plus one reference on the runtime. */
 #include <stdlib.h>
 
+#include "base/abi.h"
 #include "base/error.h"
 #include "comm_impl.h"
 
@@ -12,10 +13,12 @@ struct megamoe_comm {
     int owns_team;
 };
 
-megamoe_comm_params_t megamoe_comm_params_default(void)
+megamoe_status_t megamoe_comm_params_init(megamoe_comm_params_t *p, size_t struct_size)
 {
-    return (megamoe_comm_params_t){.rank = -1, .world_size = -1, .endpoint = NULL,
-                                   .heap_size = 0, .timeout_sec = 0, .job_token = NULL};
+    const megamoe_comm_params_t d = {.struct_size = sizeof d, .rank = -1, .world_size = -1,
+                                     .endpoint = NULL, .heap_size = 0, .timeout_sec = 0,
+                                     .job_token = NULL};
+    return mm_abi_init(p, struct_size, &d, sizeof d, "megamoe_comm_params_t");
 }
 
 static int mm_comm_valid(const megamoe_comm_t *c) { return c && c->magic == MM_COMM_MAGIC; }
@@ -25,10 +28,17 @@ mm_shmem_team_t *mm_comm_team(const megamoe_comm_t *c)
     return mm_comm_valid(c) ? c->team : NULL;
 }
 
-megamoe_status_t megamoe_comm_create(const megamoe_comm_params_t *params, megamoe_comm_t **comm_p)
+megamoe_status_t megamoe_comm_create(const megamoe_comm_params_t *caller_params,
+                                     megamoe_comm_t **comm_p)
 {
     if (comm_p == NULL)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "megamoe_comm_create: comm_p is NULL");
+    megamoe_comm_params_t copy = megamoe_comm_params_default(); /* version.h: extensible */
+    const megamoe_comm_params_t *params = NULL;
+    if (caller_params) {
+        MM_CHECK(mm_abi_copy_in(&copy, sizeof copy, caller_params, "megamoe_comm_params_t"));
+        params = &copy;
+    }
     megamoe_comm_t *c = calloc(1, sizeof *c);
     if (c == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "megamoe_comm_create: out of memory");
     mm_shmem_params_t p = mm_shmem_params_default();

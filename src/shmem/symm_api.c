@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/abi.h"
 #include "base/backoff.h"
 #include "base/error.h"
 #include "comm_impl.h"
@@ -184,25 +185,26 @@ megamoe_status_t megamoe_symm_all_gather(megamoe_comm_t *comm, void *dest, const
     return st != MEGAMOE_OK ? st : bst;
 }
 
-megamoe_status_t megamoe_symm_state(megamoe_symm_state_t *state)
+megamoe_status_t megamoe_symm_state_sized(megamoe_symm_state_t *out, size_t out_size)
 {
-    if (state == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "megamoe_symm_state: NULL state");
+    if (out == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "megamoe_symm_state: NULL state");
+    megamoe_symm_state_t st, *state = &st;
     memset(state, 0, sizeof *state);
     state->running = mm_shmem_is_running();
     state->refcount = mm_shmem_refcount();
     if (!state->running) {
         snprintf(state->engine, sizeof state->engine, "none");
-        return MEGAMOE_OK;
+    } else {
+        mm_shmem_debug_state_t d;
+        MM_CHECK(mm_shmem_debug_state(&d));
+        state->rank = mm_shmem_my_pe();
+        state->world_size = mm_shmem_n_pes();
+        state->heap_size = d.heap_size;
+        state->bytes_used = d.bytes_used;
+        state->bytes_peak = d.bytes_peak;
+        state->live_allocations = d.live_allocations;
+        state->timeout_sec = (int)(mm_shmem_timeout_ns() / 1000000000ull);
+        mm_shmem_engine_describe(state->engine, sizeof state->engine);
     }
-    mm_shmem_debug_state_t d;
-    MM_CHECK(mm_shmem_debug_state(&d));
-    state->rank = mm_shmem_my_pe();
-    state->world_size = mm_shmem_n_pes();
-    state->heap_size = d.heap_size;
-    state->bytes_used = d.bytes_used;
-    state->bytes_peak = d.bytes_peak;
-    state->live_allocations = d.live_allocations;
-    state->timeout_sec = (int)(mm_shmem_timeout_ns() / 1000000000ull);
-    mm_shmem_engine_describe(state->engine, sizeof state->engine);
-    return MEGAMOE_OK;
+    return mm_abi_copy_out(out, out_size, state, sizeof *state, "megamoe_symm_state_t");
 }

@@ -28,7 +28,9 @@ set(declared "")
 foreach(header IN LISTS headers)
   file(STRINGS ${header} decls REGEX "^[a-z].*[ *]megamoe_[a-z0-9_]+\\(")
   foreach(decl IN LISTS decls)
-    if(NOT decl MATCHES "^typedef" AND decl MATCHES "[ *](megamoe_[a-z0-9_]+)\\(")
+    # static inline helpers (the extensible structs' *_default()) are the caller's code
+    if(NOT decl MATCHES "^typedef" AND NOT decl MATCHES "^static" AND
+       decl MATCHES "[ *](megamoe_[a-z0-9_]+)\\(")
       list(APPEND declared ${CMAKE_MATCH_1})
     endif()
   endforeach()

@@ -19,7 +19,7 @@ _shim = ctypes.CDLL(_SHIM)
 
 _vp, _i64, _int, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 
-FP32, BF16, FP16, E4M3, E5M2, INT8 = 0, 1, 2, 3, 4, 6
+FP32, BF16, FP16, E4M3, E5M2, INT8, INT32 = 0, 1, 2, 3, 4, 6, 8
 
 lib = types.SimpleNamespace()
 for name, args in {
@@ -32,6 +32,9 @@ for name, args in {
     "mm_comm_quant_int8": [_vp, _int, _i64, _vp, _vp],
     "mm_comm_dequant_int8": [_vp, _vp, _int, _i64, _vp],
     "mm_kernels_set_vector": [_int],
+    "mm_quant_rows_int8": [_int, _vp, _int, _i64, _i64, _i64, _vp, _vp, _i64, _vp],
+    "mm_qgemm_grouped": [_int, _int, _i64, _i64, _i64, _vp, _i64, _i64, _int, _vp, _int, _vp,
+                         _vp, _i64, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _int],
 }.items():
     fn = getattr(_shim, "mmt_" + name[len("mm_"):])
     fn.argtypes = args

@@ -1,5 +1,6 @@
 /* Layout helpers: every element lands where include/megamoe/layout.h says, the round trips
  * are the identity (bf16, fp16, fp32; odd sizes), and bad arguments are refused. */
+#include <math.h>
 #include <stdlib.h>
 
 #include "harness/harness.h"
@@ -65,5 +66,90 @@ MM_TEST(bad_arguments_are_refused)
     ASSERT_STATUS(megamoe_layout_gate_up_from_linear(c, a, b, MEGAMOE_DTYPE_BF16, -1, 4, 4), MEGAMOE_INVALID_ARGUMENT);
     ASSERT_OK(megamoe_layout_gate_up_from_linear(c, a, b, MEGAMOE_DTYPE_BF16, 0, 4, 4));
     ASSERT_OK(megamoe_layout_down_to_linear(NULL, NULL, MEGAMOE_DTYPE_FP32, 2, 0, 4));
+    megamoe_log_set_level(MEGAMOE_LOG_WARN);
+}
+
+/* ---- quantised weights ------------------------------------------------------------------- */
+
+MM_TEST(int4_packing_is_twos_complement_low_nibble_first)
+{
+    const int8_t v[2][5] = {{1, -1, 7, -8, 3}, {0, 5, -3, 2, -7}};
+    uint8_t p[2][3];
+    ASSERT_OK(megamoe_int4_pack(&v[0][0], 2, 5, &p[0][0]));
+    ASSERT_EQ_INT(p[0][0], 0xF1);
+    ASSERT_EQ_INT(p[0][1], 0x87);
+    ASSERT_EQ_INT(p[0][2], 0x03); /* odd column count: high nibble of the last byte is 0 */
+    ASSERT_EQ_INT(p[1][0], 0x50);
+    int8_t back[2][5];
+    ASSERT_OK(megamoe_int4_unpack(&p[0][0], 2, 5, &back[0][0]));
+    ASSERT_TRUE(memcmp(back, v, sizeof v) == 0);
+    /* the int32 carrier is the same bytes: value 8m + i in bits 4i..4i+3 (little endian) */
+    int8_t w8[8] = {1, 2, 3, 4, -1, -2, -3, -4};
+    uint32_t carrier;
+    ASSERT_OK(megamoe_int4_pack(w8, 1, 8, (uint8_t *)&carrier));
+    for (int i = 0; i < 8; i++) ASSERT_EQ_INT((int)((carrier >> (4 * i)) & 15), w8[i] & 15);
+    megamoe_log_set_level(MEGAMOE_LOG_OFF);
+    const int8_t bad[2] = {8, 0};
+    ASSERT_STATUS(megamoe_int4_pack(bad, 1, 2, &p[0][0]), MEGAMOE_INVALID_ARGUMENT);
+    ASSERT_CONTAINS(megamoe_last_error(), "outside [-8, 7]");
+    megamoe_log_set_level(MEGAMOE_LOG_WARN);
+}
+
+MM_TEST(weight_quantisation_per_channel_and_per_group)
+{
+    /* K = 10, N = 3, groups of 8 (the last one short) */
+    enum { K = 10, N = 3 };
+    float w[K * N];
+    for (int k = 0; k < K; k++)
+        for (int n = 0; n < N; n++) w[k * N + n] = (float)((k * 7 + n * 3) % 11 - 5) * 0.1f * (float)(n + 1);
+    w[4 * N + 1] = 0; /* column 2 of group 1 becomes all zero below */
+    for (int k = 8; k < K; k++) w[k * N + 2] = 0;
+    int8_t q[K * N];
+    float s[2 * N];
+    ASSERT_EQ_INT(megamoe_quant_groups(K, 0), 1);
+    ASSERT_EQ_INT(megamoe_quant_groups(K, 8), 2);
+    ASSERT_OK(megamoe_quant_weight_int8(w, MEGAMOE_DTYPE_FP32, K, N, 8, q, s));
+    for (int g = 0; g < 2; g++)
+        for (int n = 0; n < N; n++) {
+            float m = 0;
+            for (int k = 8 * g; k < K && k < 8 * g + 8; k++) m = fmaxf(m, fabsf(w[k * N + n]));
+            ASSERT_TRUE(s[g * N + n] == m / 127.0f);
+            for (int k = 8 * g; k < K && k < 8 * g + 8; k++) {
+                if (m == 0) {
+                    ASSERT_EQ_INT(q[k * N + n], 0);
+                    continue;
+                }
+                ASSERT_TRUE(q[k * N + n] >= -127 && q[k * N + n] <= 127);
+                /* the nearest integer to w / s */
+                ASSERT_TRUE(fabsf((float)q[k * N + n] - w[k * N + n] / s[g * N + n]) <= 0.5f);
+            }
+        }
+    uint8_t p[K * 2];
+    float s4[N];
+    ASSERT_OK(megamoe_quant_weight_int4(w, MEGAMOE_DTYPE_FP32, K, N, 0, p, s4));
+    int8_t v[K * N];
+    ASSERT_OK(megamoe_int4_unpack(p, K, N, v));
+    for (int n = 0; n < N; n++) {
+        float m = 0;
+        for (int k = 0; k < K; k++) m = fmaxf(m, fabsf(w[k * N + n]));
+        ASSERT_TRUE(s4[n] == m / 7.0f);
+        for (int k = 0; k < K; k++) ASSERT_TRUE(fabsf((float)v[k * N + n] - w[k * N + n] / s4[n]) <= 0.5f);
+    }
+    /* the canonical A8W4 bias makes the correction vanish */
+    float bias[N], pre[N];
+    for (int n = 0; n < N; n++) {
+        double c = 0;
+        for (int k = 0; k < K; k++) c += v[k * N + n] * (double)s4[n];
+        bias[n] = (float)(8.0 * c);
+    }
+    ASSERT_OK(megamoe_quant_w4a8_bias_pre(p, K, N, s4, 0, bias, pre));
+    for (int n = 0; n < N; n++) ASSERT_NEAR(pre[n], 0.0, 1e-6 * (fabs(bias[n]) + 1));
+    ASSERT_OK(megamoe_quant_w4a8_bias_pre(p, K, N, s4, 0, NULL, pre));
+    for (int n = 0; n < N; n++) ASSERT_NEAR(pre[n], -bias[n], 1e-6 * (fabs(bias[n]) + 1));
+    megamoe_log_set_level(MEGAMOE_LOG_OFF);
+    ASSERT_STATUS(megamoe_quant_weight_int8(w, MEGAMOE_DTYPE_FP32, K, N, 12, q, s), MEGAMOE_INVALID_ARGUMENT);
+    w[5] = NAN;
+    ASSERT_STATUS(megamoe_quant_weight_int8(w, MEGAMOE_DTYPE_FP32, K, N, 0, q, s), MEGAMOE_INVALID_ARGUMENT);
+    ASSERT_CONTAINS(megamoe_last_error(), "[1][2] is not finite");
     megamoe_log_set_level(MEGAMOE_LOG_WARN);
 }

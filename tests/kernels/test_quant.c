@@ -274,3 +274,126 @@ MM_TEST(bad_arguments)
     ASSERT_OK(mm_comm_quant_int8(NULL, MEGAMOE_DTYPE_BF16, 0, NULL, NULL));
     megamoe_log_set_level(MEGAMOE_LOG_WARN);
 }
+
+/* ---- activation rows for the quantised GEMMs (mm_quant_rows_int8) ------------------------ */
+
+MM_TEST(rows_sym127_worked_example_rounds_half_away)
+{
+    /* m = 127, s = 1: ties go away from zero (62.5 -> 63, -0.5 -> -1), never -128 */
+    const float v[8] = {127.0f, 62.5f, -62.5f, 0.5f, -0.5f, 1.5f, -127.0f, 0.25f};
+    const int8_t want[8] = {127, 63, -63, 1, -1, 2, -127, 0};
+    uint16_t xb[8];
+    for (int i = 0; i < 8; i++) xb[i] = bf(v[i]);
+    for (int vec = 0; vec < 2; vec++)
+        for (int t = 0; t < 2; t++) {
+            int8_t q[8];
+            float s = -1;
+            int prev = mm_kernels_set_vector(vec);
+            ASSERT_OK(mm_quant_rows_int8(MM_QROW_SYM127, t ? (const void *)v : (const void *)xb,
+                                         t ? MEGAMOE_DTYPE_FP32 : MEGAMOE_DTYPE_BF16, 1, 8, 8,
+                                         NULL, q, 8, &s));
+            mm_kernels_set_vector(prev);
+            ASSERT_TRUE(s == 1.0f);
+            for (int i = 0; i < 8; i++) ASSERT_EQ_INT(q[i], want[i]);
+        }
+    /* s = fl32(m / 127), not 1 / fl32(127 / m): the two rules differ here */
+    float m = 0.5f;
+    for (int i = 0; i < 100000; i++) {
+        m = megamoe_bf16_to_fp32(bf(0.5f + (float)i * 1e-4f));
+        if (m / 127.0f != 1.0f / (127.0f / m)) break;
+    }
+    uint16_t x2[2] = {bf(m), bf(-0.25f)};
+    int8_t q[2];
+    float s_sym, s_disp;
+    ASSERT_OK(mm_quant_rows_int8(MM_QROW_SYM127, x2, MEGAMOE_DTYPE_BF16, 1, 2, 2, NULL, q, 2, &s_sym));
+    ASSERT_OK(mm_quant_rows_int8(MM_QROW_DISPATCH, x2, MEGAMOE_DTYPE_BF16, 1, 2, 2, NULL, q, 2, &s_disp));
+    ASSERT_TRUE(s_sym == m / 127.0f);
+    ASSERT_TRUE(s_disp == 1.0f / (127.0f / m));
+    ASSERT_TRUE(s_sym != s_disp);
+}
+
+MM_TEST(rows_dispatch_rule_is_quant_mode_2)
+{
+    enum { R = 7, H = 77 };
+    uint16_t x[R * (H + 3)];
+    for (int i = 0; i < R * (H + 3); i++) x[i] = rand_elem(MEGAMOE_DTYPE_BF16, i % 3);
+    int8_t q[R * (H + 1)], q1[H];
+    float s[R], s1;
+    ASSERT_OK(mm_quant_rows_int8(MM_QROW_DISPATCH, x, MEGAMOE_DTYPE_BF16, R, H, H + 3, NULL, q, H + 1, s));
+    for (int r = 0; r < R; r++) {
+        ASSERT_OK(mm_quant_dynamic_token(x + r * (H + 3), MEGAMOE_DTYPE_BF16, H, NULL,
+                                         MEGAMOE_DTYPE_INT8, q1, &s1));
+        ASSERT_TRUE(memcmp(q + r * (H + 1), q1, H) == 0);
+        ASSERT_TRUE(memcmp(&s[r], &s1, 4) == 0);
+    }
+}
+
+MM_TEST(rows_sym127_special_rows_and_vector_equals_scalar)
+{
+    if (!mm_kernels_use_avx512()) MM_SKIP("no AVX-512 here: only the scalar definition runs");
+    static const int64_t Hs[] = {1, 15, 16, 17, 100, 4097};
+    float *x32 = malloc(4097 * 4), *smooth = malloc(4097 * 4);
+    uint16_t *x16 = malloc(4097 * 2);
+    int8_t *q0 = malloc(4097), *q1 = malloc(4097);
+    for (int i = 0; i < 4097; i++) smooth[i] = 0.5f + (float)(rnd() % 1000) / 500.0f;
+    int rows = 0;
+    for (int hi = 0; hi < 6; hi++)
+        for (int ti = 0; ti < 3; ti++)
+            for (int kind = 0; kind < 6; kind++)
+                for (int sm = 0; sm < 2; sm++) {
+                    const megamoe_dtype_t t = ti == 0 ? MEGAMOE_DTYPE_BF16
+                                              : ti == 1 ? MEGAMOE_DTYPE_FP16
+                                                        : MEGAMOE_DTYPE_FP32;
+                    const int64_t H = Hs[hi];
+                    for (int64_t i = 0; i < H; i++) {
+                        uint16_t e = kind == 4 ? 0 : rand_elem(MEGAMOE_DTYPE_BF16, kind == 5 ? 3 : kind);
+                        x16[i] = t == MEGAMOE_DTYPE_FP16 ? megamoe_fp32_to_fp16(megamoe_bf16_to_fp32(e)) : e;
+                        x32[i] = megamoe_bf16_to_fp32(e);
+                    }
+                    const void *x = t == MEGAMOE_DTYPE_FP32 ? (const void *)x32 : (const void *)x16;
+                    float s0, s1;
+                    mm_kernels_set_vector(0);
+                    ASSERT_OK(mm_quant_rows_int8(MM_QROW_SYM127, x, t, 1, H, H, sm ? smooth : NULL, q0, H, &s0));
+                    mm_kernels_set_vector(1);
+                    ASSERT_OK(mm_quant_rows_int8(MM_QROW_SYM127, x, t, 1, H, H, sm ? smooth : NULL, q1, H, &s1));
+                    ASSERT_TRUE(memcmp(q0, q1, (size_t)H) == 0);
+                    ASSERT_TRUE(memcmp(&s0, &s1, 4) == 0);
+                    for (int64_t i = 0; i < H; i++) ASSERT_TRUE(q0[i] >= -127);
+                    if (kind == 4) { /* all-zero row */
+                        ASSERT_TRUE(s0 == 0.0f);
+                        for (int64_t i = 0; i < H; i++) ASSERT_EQ_INT(q0[i], 0);
+                    }
+                    rows++;
+                }
+    /* NaN row: scale NaN, q = 0; Inf row: scale Inf, q = 0 */
+    for (int vec = 0; vec < 2; vec++) {
+        float xs[4] = {1.0f, NAN, -2.0f, 3.0f}, s;
+        int8_t q[4];
+        mm_kernels_set_vector(vec);
+        ASSERT_OK(mm_quant_rows_int8(MM_QROW_SYM127, xs, MEGAMOE_DTYPE_FP32, 1, 4, 4, NULL, q, 4, &s));
+        ASSERT_TRUE(s != s);
+        for (int i = 0; i < 4; i++) ASSERT_EQ_INT(q[i], 0);
+        xs[1] = INFINITY;
+        ASSERT_OK(mm_quant_rows_int8(MM_QROW_SYM127, xs, MEGAMOE_DTYPE_FP32, 1, 4, 4, NULL, q, 4, &s));
+        ASSERT_TRUE(isinf(s));
+        for (int i = 0; i < 4; i++) ASSERT_EQ_INT(q[i], 0);
+    }
+    mm_kernels_set_vector(1);
+    fprintf(stderr, "  %d sym127 rows, vector == scalar\n", rows);
+    free(x32), free(smooth), free(x16), free(q0), free(q1);
+}
+
+MM_TEST(rows_bad_arguments)
+{
+    megamoe_log_set_level(MEGAMOE_LOG_OFF);
+    float x[4] = {0}, s[1];
+    int8_t q[4];
+    ASSERT_STATUS(mm_quant_rows_int8(MM_QROW_DISPATCH, x, MEGAMOE_DTYPE_FP32, 1, 4, 4, NULL, q, 4, s),
+                  MEGAMOE_INVALID_ARGUMENT);
+    ASSERT_STATUS(mm_quant_rows_int8((mm_qrow_rule_t)5, x, MEGAMOE_DTYPE_FP32, 1, 4, 4, NULL, q, 4, s),
+                  MEGAMOE_INVALID_ARGUMENT);
+    ASSERT_STATUS(mm_quant_rows_int8(MM_QROW_SYM127, x, MEGAMOE_DTYPE_FP32, 1, 4, 3, NULL, q, 4, s),
+                  MEGAMOE_INVALID_ARGUMENT);
+    ASSERT_OK(mm_quant_rows_int8(MM_QROW_SYM127, NULL, MEGAMOE_DTYPE_FP32, 0, 4, 4, NULL, NULL, 4, NULL));
+    megamoe_log_set_level(MEGAMOE_LOG_WARN);
+}

@@ -1,0 +1,269 @@
+/* AVX-512 kernels of the quantised GEMMs (formats and the offset trick: qgemm_impl.h). Each
+ * gives the bits of its C twin in qgemm_c.c.
+ *
+ * int8 A (vpdpbusd, AVX512-VNNI): an mr x 64 tile of int32 accumulators (mr x 4 zmm), per
+ * quad 4 loads of B (64 columns x 4 k, unsigned bytes) and mr broadcasts of the row's 4 signed
+ * A bytes, mr x 4 vpdpbusd. int4 weights are unpacked in registers, one 64-byte load giving
+ * two quads (low nibbles: quad 2o, high nibbles: quad 2o+1; and / shift+and). Zen 4 issues one
+ * zmm vpdpbusd every two cycles, so every tile shape keeps the loads and the unpacking off the
+ * critical path; on Zen 5 (two per cycle) the 6 x 64 tile still needs only 10 loads per 24.
+ * The sums wrap in 32 bits, which is exact (qgemm_impl.h).
+ *
+ * bf16 A (weight-only, FMA): per k one weight vector per 16 columns, sign-extended from its
+ * byte (or nibble), converted (exact), w' = (w + offset) * scale, then mr vfmadd231ps with the
+ * row's fp32 value broadcast from the packed A. One FMA chain per element, k ascending, as
+ * fmaf in the twin. */
+#include "qgemm_impl.h"
+
+#if MM_X86
+#include <immintrin.h>
+
+#include "simd.h"
+
+#define MM_QK_INLINE static inline __attribute__((always_inline))
+
+/* Prefetch plan of one call: `per` lines on each of the first `n` quads. */
+MM_QK_INLINE void mm_qk_pf_plan(const mm_qk_ukr_args_t *p, int64_t nq, int64_t *per, int64_t *n)
+{
+    *per = 0, *n = 0;
+    if (p->npf <= 0 || nq <= 0) return;
+    int64_t q = (p->npf + nq - 1) / nq;
+    if (q > 4) q = 4;
+    *per = q;
+    *n = (p->npf + q - 1) / q;
+    if (*n > nq) *n = nq;
+}
+
+MM_QK_INLINE void mm_qk_pf(const char *pf, int64_t per)
+{
+    for (int64_t i = 0; i < per; i++) _mm_prefetch(pf + 64 * i, _MM_HINT_T0);
+}
+
+/* ---- int8 A ------------------------------------------------------------------------------ */
+
+MM_TARGET_AVX512VNNI MM_QK_INLINE void mm_qk_int(const int MR, const int INT4,
+                                                 const mm_qk_ukr_args_t *p)
+{
+    const int64_t nq = p->nq;
+    const int32_t *a = p->a;
+    const uint8_t *b = p->b;
+    int32_t *const tile = p->acc;
+    const char *pf = p->pf;
+    __m512i acc[MM_QK_MR][4];
+    if (p->cont) {
+        _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
+                acc[r][j] = _mm512_loadu_si512(tile + r * MM_QK_NR + 16 * j);
+    } else {
+        _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_si512();
+    }
+    int64_t per, npq;
+    if (!INT4) {
+        mm_qk_pf_plan(p, nq, &per, &npq);
+        for (int64_t q = 0; q < nq; q++) {
+            if (q < npq) {
+                mm_qk_pf(pf, per);
+                pf += 64 * per;
+            }
+            const __m512i b0 = _mm512_load_si512(b), b1 = _mm512_load_si512(b + 64),
+                          b2 = _mm512_load_si512(b + 128), b3 = _mm512_load_si512(b + 192);
+            _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
+            {
+                const __m512i x = _mm512_set1_epi32(a[r]);
+                acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], b0, x);
+                acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], b1, x);
+                acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], b2, x);
+                acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], b3, x);
+            }
+            a += MM_QK_MR;
+            b += 256;
+        }
+    } else {
+        const __m512i m4 = _mm512_set1_epi8(15);
+        const int64_t no = nq / 2;
+        mm_qk_pf_plan(p, no, &per, &npq);
+        for (int64_t o = 0; o < no; o++) {
+            if (o < npq) {
+                mm_qk_pf(pf, per);
+                pf += 64 * per;
+            }
+            __m512i v0 = _mm512_and_si512(_mm512_load_si512(b), m4);
+            __m512i v1 = _mm512_and_si512(_mm512_load_si512(b + 64), m4);
+            __m512i v2 = _mm512_and_si512(_mm512_load_si512(b + 128), m4);
+            __m512i v3 = _mm512_and_si512(_mm512_load_si512(b + 192), m4);
+            _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
+            {
+                const __m512i x = _mm512_set1_epi32(a[r]);
+                acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], v0, x);
+                acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], v1, x);
+                acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], v2, x);
+                acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], v3, x);
+            }
+            v0 = _mm512_and_si512(_mm512_srli_epi16(_mm512_load_si512(b), 4), m4);
+            v1 = _mm512_and_si512(_mm512_srli_epi16(_mm512_load_si512(b + 64), 4), m4);
+            v2 = _mm512_and_si512(_mm512_srli_epi16(_mm512_load_si512(b + 128), 4), m4);
+            v3 = _mm512_and_si512(_mm512_srli_epi16(_mm512_load_si512(b + 192), 4), m4);
+            _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
+            {
+                const __m512i x = _mm512_set1_epi32(a[MM_QK_MR + r]);
+                acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], v0, x);
+                acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], v1, x);
+                acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], v2, x);
+                acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], v3, x);
+            }
+            a += 2 * MM_QK_MR;
+            b += 256;
+        }
+    }
+    _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
+            _mm512_storeu_si512(tile + r * MM_QK_NR + 16 * j, acc[r][j]);
+}
+
+/* ---- bf16 A (weight-only) ---------------------------------------------------------------- */
+
+/* The 16 weights of column vector j at k kk of quad q (relative to b's first, even quad). */
+MM_TARGET_AVX512 MM_QK_INLINE __m512 mm_qk_wvec(const int INT4, const uint8_t *b, int64_t q,
+                                                int kk, int j, const float *ws, const float *wo)
+{
+    __m512i w;
+    if (!INT4) {
+        const __m512i x = _mm512_xor_si512(_mm512_load_si512(b + q * 256 + 64 * j),
+                                           _mm512_set1_epi32((int)0x80808080u));
+        w = _mm512_srai_epi32(_mm512_slli_epi32(x, 24 - 8 * kk), 24);
+    } else {
+        const __m512i x = _mm512_load_si512(b + (q / 2) * 256 + 64 * j);
+        const unsigned sh = (unsigned)(8 * kk + 4 * (int)(q & 1));
+        w = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(x, sh), _mm512_set1_epi32(15)),
+                             _mm512_set1_epi32(8));
+    }
+    __m512 f = _mm512_add_ps(_mm512_cvtepi32_ps(w), _mm512_loadu_ps(wo + 16 * j));
+    return _mm512_mul_ps(f, _mm512_loadu_ps(ws + 16 * j));
+}
+
+MM_TARGET_AVX512 MM_QK_INLINE void mm_qk_wo(const int MR, const int INT4, const mm_qk_ukr_args_t *p)
+{
+    const int64_t nq = p->nq;
+    const float *a = p->a;
+    const uint8_t *b = p->b;
+    float *const tile = p->acc;
+    const float *ws = p->ws, *wo = p->wo;
+    const char *pf = p->pf;
+    __m512 acc[MM_QK_MR][4];
+    if (p->cont) {
+        _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
+                acc[r][j] = _mm512_loadu_ps(tile + r * MM_QK_NR + 16 * j);
+    } else {
+        _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
+    }
+    int64_t per, npq;
+    mm_qk_pf_plan(p, nq, &per, &npq);
+    for (int64_t q = 0; q < nq; q++) {
+        if (q < npq) {
+            mm_qk_pf(pf, INT4 ? (per + 1) / 2 : per);
+            pf += 64 * (INT4 ? (per + 1) / 2 : per);
+        }
+        const int kmax = q == nq - 1 ? p->kv : 4;
+        for (int kk = 0; kk < kmax; kk++) {
+            const float *ak = a + (q * 4 + kk) * MM_QK_MR;
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
+            {
+                const __m512 wv = mm_qk_wvec(INT4, b, q, kk, j, ws, wo);
+                _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
+                    acc[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(ak[r]), wv, acc[r][j]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
+            _mm512_storeu_ps(tile + r * MM_QK_NR + 16 * j, acc[r][j]);
+}
+
+#define MM_QK_DEF(NAME, BODY, TARGET)                                                       \
+    TARGET __attribute__((noinline)) static void NAME##_1(const mm_qk_ukr_args_t *p) { BODY(1, p); } \
+    TARGET __attribute__((noinline)) static void NAME##_2(const mm_qk_ukr_args_t *p) { BODY(2, p); } \
+    TARGET __attribute__((noinline)) static void NAME##_3(const mm_qk_ukr_args_t *p) { BODY(3, p); } \
+    TARGET __attribute__((noinline)) static void NAME##_4(const mm_qk_ukr_args_t *p) { BODY(4, p); } \
+    TARGET __attribute__((noinline)) static void NAME##_5(const mm_qk_ukr_args_t *p) { BODY(5, p); } \
+    TARGET __attribute__((noinline)) static void NAME##_6(const mm_qk_ukr_args_t *p) { BODY(6, p); } \
+    static void NAME(int mr, const mm_qk_ukr_args_t *p)                                      \
+    {                                                                                       \
+        switch (mr) {                                                                       \
+        case 1: NAME##_1(p); break;                                                         \
+        case 2: NAME##_2(p); break;                                                         \
+        case 3: NAME##_3(p); break;                                                         \
+        case 4: NAME##_4(p); break;                                                         \
+        case 5: NAME##_5(p); break;                                                         \
+        default: NAME##_6(p); break;                                                        \
+        }                                                                                   \
+    }
+
+#define MM_QK_I8(MR, p) mm_qk_int(MR, 0, p)
+#define MM_QK_I4(MR, p) mm_qk_int(MR, 1, p)
+#define MM_QK_W8(MR, p) mm_qk_wo(MR, 0, p)
+#define MM_QK_W4(MR, p) mm_qk_wo(MR, 1, p)
+MM_QK_DEF(mm_qk_ukr_i8_avx512, MM_QK_I8, MM_TARGET_AVX512VNNI)
+MM_QK_DEF(mm_qk_ukr_i4_avx512, MM_QK_I4, MM_TARGET_AVX512VNNI)
+MM_QK_DEF(mm_qk_ukr_w8_avx512, MM_QK_W8, MM_TARGET_AVX512)
+MM_QK_DEF(mm_qk_ukr_w4_avx512, MM_QK_W4, MM_TARGET_AVX512)
+
+/* ---- flush and epilogue ------------------------------------------------------------------ */
+
+MM_TARGET_AVX512 static void mm_qk_flush_avx512(const mm_qk_epi_args_t *e)
+{
+    for (int r = 0; r < e->mr; r++) {
+        const __m512i corr = _mm512_set1_epi32(e->corr[r]);
+        for (int j = 0; 16 * j < e->nr; j++) {
+            const __mmask16 m = mm_tail_mask16(e->nr - 16 * j);
+            const int64_t o = r * MM_QK_NR + 16 * j;
+            __m512 t = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(e->i32 + o), corr));
+            if (e->ws) t = _mm512_mul_ps(t, _mm512_maskz_loadu_ps(m, e->ws + 16 * j));
+            if (!e->first) t = _mm512_add_ps(_mm512_loadu_ps(e->f32 + o), t);
+            _mm512_storeu_ps(e->f32 + o, t);
+        }
+    }
+}
+
+MM_TARGET_AVX512 static void mm_qk_epilogue_avx512(const mm_qk_epi_args_t *e)
+{
+    for (int r = 0; r < e->mr; r++) {
+        const __m512i corr = _mm512_set1_epi32(e->corr[r]);
+        const __m512 xs = _mm512_set1_ps(e->xs ? e->xs[r] : 1.0f);
+        for (int j = 0; 16 * j < e->nr; j++) {
+            const __mmask16 m = mm_tail_mask16(e->nr - 16 * j);
+            const int64_t o = r * MM_QK_NR + 16 * j, co = r * e->ldc + 16 * j;
+            __m512 s;
+            if (e->groups_mode == 0) {
+                __m512i v = _mm512_sub_epi32(_mm512_loadu_si512(e->i32 + o), corr);
+                if (e->bias_i32)
+                    v = _mm512_add_epi32(v, _mm512_maskz_loadu_epi32(m, e->bias_i32 + 16 * j));
+                if (e->c_type == MEGAMOE_DTYPE_INT32) {
+                    _mm512_mask_storeu_epi32((int32_t *)e->c + co, m, v);
+                    continue;
+                }
+                s = _mm512_cvtepi32_ps(v);
+                if (e->ws) s = _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, e->ws + 16 * j));
+            } else {
+                s = _mm512_loadu_ps(e->f32 + o);
+            }
+            if (e->bias_pre) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(m, e->bias_pre + 16 * j));
+            if (e->xs) s = _mm512_mul_ps(s, xs);
+            if (e->bias_post) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(m, e->bias_post + 16 * j));
+            if (e->c_type == MEGAMOE_DTYPE_FP32) _mm512_mask_storeu_ps((float *)e->c + co, m, s);
+            else mm_store_bf16x16((uint16_t *)e->c + co, m, s);
+        }
+    }
+}
+
+const mm_qk_kernels_t mm_qk_kernels_avx512 = {
+    .ukr_i8 = mm_qk_ukr_i8_avx512,
+    .ukr_i4 = mm_qk_ukr_i4_avx512,
+    .ukr_w8 = mm_qk_ukr_w8_avx512,
+    .ukr_w4 = mm_qk_ukr_w4_avx512,
+    .flush = mm_qk_flush_avx512,
+    .epilogue = mm_qk_epilogue_avx512,
+};
+#endif /* MM_X86 */
