@@ -8,9 +8,10 @@
 
 #include "megamoe/dtype.h"
 
-/* Per-token symmetric int8 of an fp32 row: s = max|v| / 127 (fp32), q[i] = int8_RNE(v[i] / s)
- * (saturating; NaN gives 0); an all-zero row gives s = 0 and q = 0. Returns s. With
- * max_q = 7 (int4) the same rule with 7. */
+/* Per-token symmetric int8 of an fp32 row, the npu_dynamic_quant rule: s = max|v| / 127 (fp32),
+ * q[i] = round half away from zero of v[i] / s, clamped to [-127, 127] (NaN gives 0); an
+ * all-zero row gives s = 0 and q = 0. Returns s. It is the kernels' MM_QROW_SYM127 quantiser
+ * (quant.h); qmax = 7 gives its int4 twin ([-7, 7]). */
 float mm_cx_quant_row_f32(const float *v, int64_t n, int8_t *q, float qmax);
 
 /* dst[0:n] = round(v[0:n]) to dst_type (bf16 / fp16 RNE, fp32 copy). */

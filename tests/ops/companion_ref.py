@@ -70,13 +70,14 @@ def clipped_glu(a, b, alpha, limit, bias):
 
 
 def quant_rows(v, qmax=127.0):
-    """The npu_dynamic_quant rule on float64 rows: s = max|v| / qmax, q = round-half-even."""
+    """The npu_dynamic_quant rule on fp32 rows: s = max|v| / qmax (fp32), q = v / s rounded
+    half away from zero, clamped to [-qmax, qmax]."""
     v = v.to(torch.float32)
     m = v.abs().amax(-1, keepdim=True)
     s = m / qmax
-    q = torch.where(s > 0, torch.round(v / torch.where(s > 0, s, torch.ones_like(s))),
-                    torch.zeros_like(v))
-    return q.clamp(-qmax - 1, qmax).to(torch.int8), s.squeeze(-1)
+    w = v / torch.where(s > 0, s, torch.ones_like(s))
+    q = torch.where(s > 0, torch.sign(w) * torch.floor(w.abs() + 0.5), torch.zeros_like(v))
+    return q.clamp(-qmax, qmax).to(torch.int8), s.squeeze(-1)
 
 
 def stable_order(keys, lo=None, hi=None):

@@ -402,6 +402,205 @@ def block_hyper_parallel_route_permute_unpermute_autograd(t=64, h=64, inter=32, 
     assert rel_l2(down.grad, d_down) < 0.02, f"d down {rel_l2(down.grad, d_down)}"
 
 
+# ---- W8A8 blocks ---------------------------------------------------------------------------------
+
+class QExperts:
+    """int8 experts in vLLM-Ascend's W8A8 layout: w13 [E, H, 2I] int8 with fp32 scales [E, 2I],
+    w2 [E, I, H] int8 with bf16 scales [E, H] (the output dtype); optional smoothing scales
+    folded into the weights (SmoothQuant: the activations are multiplied, the weights divided).
+    model(): float64 of the block on the dequantised weights and unquantised activations."""
+
+    def __init__(self, seed, e, h, i, smooth=False):
+        g = gen(seed)
+        self.e, self.h, self.i = e, h, i
+        w13 = torch.randn(e, h, 2 * i, generator=g) / h ** 0.5
+        w2 = torch.randn(e, i, h, generator=g) / i ** 0.5
+        self.s1 = torch.rand(e, h, generator=g) + 0.5 if smooth else None  # per expert
+        self.s2 = torch.rand(e, i, generator=g) + 0.5 if smooth else None
+        if smooth:
+            w13 = w13 / self.s1.unsqueeze(2)
+            w2 = w2 / self.s2.unsqueeze(2)
+        self.w13, self.w13_s, self.w13_deq = self._q(w13)
+        self.w2, s2, self.w2_deq = self._q(w2)
+        self.w2_s = s2.to(BF)
+        self.w2_deq = self.w2.double() * self.w2_s.double().unsqueeze(1)
+
+    @staticmethod
+    def _q(w):
+        s = w.abs().amax(1) / 127.0
+        q = torch.round(w / s.unsqueeze(1)).clamp(-127, 127).to(torch.int8)
+        return q, s, q.double() * s.double().unsqueeze(1)
+
+    def mlp(self, x, e):
+        v = x.double()
+        if self.s1 is not None:
+            v = v * self.s1[e].double()
+        hh = v @ self.w13_deq[e]
+        a, b = hh.chunk(2, -1)
+        act = a * torch.sigmoid(a) * b
+        if self.s2 is not None:
+            act = act * self.s2[e].double()
+        return act @ self.w2_deq[e]
+
+    def moe(self, x, ids, w):
+        out = torch.zeros(x.shape[0], self.h, dtype=F64)
+        for t in range(x.shape[0]):
+            for k in range(ids.shape[1]):
+                out[t] += float(w[t, k]) * self.mlp(x[t:t + 1], int(ids[t, k]))[0]
+        return out
+
+
+def _w8a8_mc2(fused, comm_alg, bs=6, h=128, inter=64, k=3, e_per=2):
+    """vLLM-Ascend v0.13 MC2 W8A8 (quant_apply_mlp's MC2 branch), A2 form (comm_alg
+    "fullmesh"): dispatch quant_mode 2 -> int32 gmm -> dequant_swiglu_quant (cumsum -> counts)
+    -> scaled gmm, or the fused npu_grouped_matmul_swiglu_quant; -> combine_v2."""
+    e = e_per * WORLD
+    ex = QExperts(71, e, h, inter)
+    g = gen(72)
+    x_all = torch.randn(bs * WORLD, h, generator=g).to(BF)
+    gate_w = torch.randn(h, e, generator=g)
+    w_all, ids_all = _route(x_all, gate_w, k)
+    sl = slice(RANK * bs, (RANK + 1) * bs)
+    x, ids, w = x_all[sl], ids_all[sl], w_all[sl]
+    lo, hi = RANK * e_per, (RANK + 1) * e_per
+    w1, w1_scale = [ex.w13[lo:hi]], [ex.w13_s[lo:hi]]
+    w2, w2_scale = [ex.w2[lo:hi]], [ex.w2_s[lo:hi]]
+    (hidden_states, pertoken_scale, assist, group_list, ep_recv_counts, tp_recv_counts,
+     _) = ops.npu_moe_distribute_dispatch_v2(
+        x=x, expert_ids=ids, group_ep=ep(), ep_world_size=WORLD, ep_rank_id=RANK,
+        moe_expert_num=e, quant_mode=2, global_bs=0, expert_token_nums_type=0,
+        comm_alg=comm_alg)
+    group_list_type = 0
+    if fused:
+        hidden_states, swiglu_out_scale, _ = ops.npu_grouped_matmul_swiglu_quant(
+            x=hidden_states, weight=w1[0], group_list=group_list, weight_scale=w1_scale[0],
+            x_scale=pertoken_scale)
+    else:
+        hidden_states = ops.npu_grouped_matmul(x=[hidden_states], weight=w1, split_item=3,
+                                               group_list_type=group_list_type, group_type=0,
+                                               group_list=group_list, output_dtype=torch.int32)[0]
+        counts = torch.cat([group_list[:1], torch.diff(group_list, dim=0)])  # cumsum -> counts
+        hidden_states, swiglu_out_scale = ops.npu_dequant_swiglu_quant(
+            x=hidden_states, weight_scale=w1_scale[0], activation_scale=pertoken_scale,
+            bias=None, quant_scale=None, quant_offset=None, group_index=counts,
+            activate_left=True, quant_mode=1)
+    hidden_states = ops.npu_grouped_matmul(x=[hidden_states], weight=w2, scale=w2_scale,
+                                           per_token_scale=[swiglu_out_scale], split_item=2,
+                                           group_list_type=group_list_type, group_type=0,
+                                           group_list=group_list,
+                                           output_dtype=w2_scale[0].dtype)[0]
+    out = ops.npu_moe_distribute_combine_v2(
+        expand_x=hidden_states, expert_ids=ids, assist_info_for_combine=assist,
+        ep_send_counts=ep_recv_counts, expert_scales=w.float(), group_ep=ep(),
+        ep_world_size=WORLD, ep_rank_id=RANK, moe_expert_num=e, comm_alg=comm_alg)
+    err = rel_l2(out, ex.moe(x, ids, w))
+    assert err < 0.03, f"rel-L2 {err:.4f} against the float64 block"
+
+
+@case
+def block_vllm_ascend_v013_mc2_w8a8_dequant_swiglu_quant():
+    _w8a8_mc2(False, "fullmesh")
+
+
+@case
+def block_vllm_ascend_v013_mc2_w8a8_fused_gmm_swiglu_quant():
+    _w8a8_mc2(True, "")
+
+
+@case
+def block_cann_recipes_deepseek_r1_mc2_w8a8_smooth(bs=5, h=128, inter=64, k=4, e_per=8):
+    """cann-recipes DeepSeek-R1 decode: grouped sigmoid gating with a correction bias and x2.5,
+    dispatch quant_mode 2 with per-expert smoothing scales (fullmesh_v2), int32 gmm,
+    dequant_swiglu_quant with the second smoothing scales and per-expert counts, the scaled
+    gmm, combine_v2 with the shared expert's output."""
+    e = e_per * WORLD
+    ex = QExperts(81, e, h, inter, smooth=True)
+    sh = Experts(82, 1, h, inter)  # the shared expert (bf16)
+    g = gen(83)
+    x_all = torch.randn(bs * WORLD, h, generator=g).to(BF)
+    gate_w = torch.randn(h, e, generator=g)
+    e_bias = torch.randn(e, generator=g) * 0.1
+    sl = slice(RANK * bs, (RANK + 1) * bs)
+    x = x_all[sl]
+    topk_weight, topk_idx, _ = ops.npu_moe_gating_top_k(
+        x.float() @ gate_w, k=k, bias=e_bias, k_group=2, group_count=4, group_select_mode=1,
+        renorm=0, norm_type=1, routed_scaling_factor=2.5, eps=1e-20)
+    lo, hi = RANK * e_per, (RANK + 1) * e_per
+    expand_x, dynamic_scale, assist, expert_tokens, ep_recv_counts, tp_recv_counts, _ = \
+        ops.npu_moe_distribute_dispatch_v2(
+            x=x, expert_ids=topk_idx, group_ep=ep(), ep_world_size=WORLD, ep_rank_id=RANK,
+            moe_expert_num=e, scales=ex.s1, quant_mode=2, expert_token_nums_type=1,
+            comm_alg="fullmesh_v2")
+    hs = ops.npu_grouped_matmul([expand_x], [ex.w13[lo:hi]], group_list=expert_tokens,
+                                split_item=3, group_type=0, group_list_type=1,
+                                output_dtype=torch.int32, tuning_config=[0])[0]
+    hs, pertoken = ops.npu_dequant_swiglu_quant(
+        hs, weight_scale=ex.w13_s[lo:hi], activation_scale=dynamic_scale,
+        quant_scale=ex.s2[lo:hi], group_index=expert_tokens, activate_left=True, quant_mode=1)
+    hs = ops.npu_grouped_matmul([hs], [ex.w2[lo:hi]], scale=[ex.w2_s[lo:hi]],
+                                per_token_scale=[pertoken], group_list=expert_tokens,
+                                split_item=3, group_type=0, group_list_type=1,
+                                output_dtype=torch.bfloat16, tuning_config=[0])[0]
+    # the shared expert (dense, bf16) on every token of this rank
+    shared = torch.nn.functional.linear(ops.npu_swiglu(
+        torch.nn.functional.linear(x, sh.w13[0])), sh.w2[0])
+    out = ops.npu_moe_distribute_combine_v2(
+        expand_x=hs, expert_ids=topk_idx, assist_info_for_combine=assist,
+        ep_send_counts=ep_recv_counts, expert_scales=topk_weight.float(), group_ep=ep(),
+        ep_world_size=WORLD, ep_rank_id=RANK, moe_expert_num=e, shared_expert_x=shared,
+        comm_alg="fullmesh_v2")
+    ref = ex.moe(x, topk_idx, topk_weight) + sh.mlp(x, 0)
+    err = rel_l2(out, ref)
+    assert err < 0.03, f"rel-L2 {err:.4f} against the float64 block"
+
+
+@case
+def block_vllm_ascend_main_alltoallv_w8a8_dynamic_quant_init_routing_v2(bs=5, h=128, inter=64,
+                                                                        k=3, e_per=2):
+    """vLLM-A All2AllV W8A8: permute, dynamic_quant, exchange rows and scales, init_routing_v2
+    of the int8 rows with their scales (local expert ids, x_dtype int8), scaled gmm, swiglu,
+    dynamic_quant, scaled gmm, unpermute, exchange back, unpermute with the weights."""
+    e = e_per * WORLD
+    ex = QExperts(91, e, h, inter)
+    g = gen(92)
+    x_all = torch.randn(bs * WORLD, h, generator=g).to(BF)
+    gate_w = torch.randn(h, e, generator=g)
+    w_all, ids_all = _route(x_all, gate_w, k)
+    sl = slice(RANK * bs, (RANK + 1) * bs)
+    hidden_states, topk_ids, topk_weights = x_all[sl], ids_all[sl], w_all[sl]
+    num_local_tokens_per_expert = torch.bincount(topk_ids.reshape(-1).long(), minlength=e)
+    permutated, reversed_local = ops.npu_moe_token_permute(tokens=hidden_states, indices=topk_ids,
+                                                          num_out_tokens=topk_ids.numel())
+    permutated, dynamic_scale = ops.npu_dynamic_quant(permutated)
+    send = num_local_tokens_per_expert.reshape(WORLD, e_per).sum(1).tolist()
+    global_input_tokens, recv = _all_to_all(permutated, send)
+    global_scales, _ = _all_to_all(dynamic_scale.reshape(-1, 1), send)
+    cnt_all = [torch.empty(e, dtype=torch.int64) for _ in range(WORLD)]
+    dist.all_gather(cnt_all, num_local_tokens_per_expert)
+    per_src = torch.stack(cnt_all)[:, RANK * e_per:(RANK + 1) * e_per]
+    local_ids = torch.repeat_interleave(torch.arange(e_per).repeat(WORLD), per_src.reshape(-1))
+    expanded_x, expanded_row_idx, expert_tokens, expanded_scale = ops.npu_moe_init_routing_v2(
+        global_input_tokens, local_ids.to(torch.int32).unsqueeze(-1),
+        scale=global_scales.reshape(-1), expert_num=e, expert_tokens_num_flag=True,
+        active_expert_range=[0, e_per], x_dtype=torch.int8)
+    lo, hi = RANK * e_per, (RANK + 1) * e_per
+    hs = ops.npu_grouped_matmul(x=[expanded_x], weight=[ex.w13[lo:hi]],
+                                scale=[ex.w13_s[lo:hi].to(BF)], per_token_scale=[expanded_scale],
+                                split_item=2, group_list_type=0, group_type=0,
+                                group_list=expert_tokens, output_dtype=BF)[0]
+    hs = ops.npu_swiglu(hs)
+    hs, swiglu_scale = ops.npu_dynamic_quant(hs)
+    hs = ops.npu_grouped_matmul(x=[hs], weight=[ex.w2[lo:hi]], scale=[ex.w2_s[lo:hi]],
+                                per_token_scale=[swiglu_scale], split_item=2, group_list_type=0,
+                                group_type=0, group_list=expert_tokens, output_dtype=BF)[0]
+    hs = ops.npu_moe_token_unpermute(hs, expanded_row_idx)
+    back, _ = _all_to_all(hs, recv)
+    out = ops.npu_moe_token_unpermute(permuted_tokens=back, sorted_indices=reversed_local,
+                                      probs=topk_weights, restore_shape=hidden_states.shape)
+    err = rel_l2(out, ex.moe(hidden_states, topk_ids, topk_weights))
+    assert err < 0.03, f"rel-L2 {err:.4f} against the float64 block"
+
+
 def main():
     out = sys.argv[1]
     names = sys.argv[2:] or list(CASES)

@@ -209,14 +209,15 @@ def test_clipped_swiglu(interleaved):
 # ---- quantisation ---------------------------------------------------------------------------------
 
 def test_dynamic_quant_rule_ties_saturation_zero_rows():
-    # row 0: max 127 -> s = 1, q = round-half-even(v): 2.5 -> 2, -3.5 -> -4, 0.5 -> 0
+    # row 0: max 127 -> s = 1, q = v rounded half away from zero: 2.5 -> 3, -3.5 -> -4,
+    # 0.5 -> 1, -0.5 -> -1 (the spec leaves ties open: the rule of megamoe's quantiser)
     x = torch.zeros(3, 8, dtype=torch.float32)
-    x[0] = torch.tensor([127.0, 2.5, -3.5, 0.5, 1.5, -127.0, 64.0, 0.0])
+    x[0] = torch.tensor([127.0, 2.5, -3.5, 0.5, 1.5, -127.0, -0.5, 0.0])
     x[1] = 0.0  # zero row: scale 0, q 0
     x[2] = torch.randn(8)
     y, s = ops.npu_dynamic_quant(x.to(BF))
     assert y.dtype == torch.int8 and s.dtype == torch.float32 and s.shape == (3,)
-    assert y[0].tolist() == [127, 2, -4, 0, 2, -127, 64, 0]
+    assert y[0].tolist() == [127, 3, -4, 1, 2, -127, -1, 0]
     assert s[0] == 1.0 and s[1] == 0 and bool((y[1] == 0).all())
     q, sr = quant_rows(x.to(BF).float())
     assert torch.equal(y, q) and torch.equal(s, sr)
@@ -585,3 +586,155 @@ def test_gmm_packed_weight_cache_follows_the_tensor():
     del w
     gc.collect()
     assert companion.packed_weight_bytes() == before  # freed with the tensor
+
+
+# ---- quantised grouped matmul (W8A8, W8A16, A8W4) and the fused gmm + swiglu + quant ---------
+
+def _qweights(e, k, n, g=None, groups=1):
+    """int8 weights [E, K, N] with per-channel (or per K-group) fp32 scales and their fp64
+    dequantisation."""
+    g = g or torch.Generator().manual_seed(5)
+    w = torch.randn(e, k, n, generator=g)
+    gs = k // groups
+    wg = w.reshape(e, groups, gs, n)
+    s = wg.abs().amax(2) / 127.0  # [E, G, N]
+    q = torch.round(wg / s.unsqueeze(2)).clamp(-127, 127).to(torch.int8).reshape(e, k, n)
+    deq = (q.double().reshape(e, groups, gs, n) * s.double().unsqueeze(2)).reshape(e, k, n)
+    return q, (s[:, 0] if groups == 1 else s), deq
+
+
+def _int64_coded(s):
+    return s.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+
+
+def test_gmm_w8a8_int32_and_dequantised_outputs():
+    e, k, n, m = 4, 96, 128, 21
+    counts = [6, 0, 9, 3]  # 18 of 21 rows
+    gl = torch.tensor(counts).cumsum(0)
+    x = torch.randint(-127, 128, (m, k), dtype=torch.int8)
+    q, s, _ = _qweights(e, k, n)
+    exact = torch.zeros(m, n, dtype=torch.int64)
+    start = 0
+    for g, c in enumerate(counts):
+        exact[start:start + c] = x[start:start + c].long() @ q[g].long()
+        start += c
+    y = ops.npu_grouped_matmul([x], [q], group_list=gl, split_item=3, group_type=0,
+                               output_dtype=torch.int32)[0]
+    assert y.dtype == torch.int32 and torch.equal(y.long(), exact)
+    b32 = torch.randint(-1000, 1000, (e, n), dtype=torch.int32)
+    yb = ops.npu_grouped_matmul([x], [q], bias=[b32], group_list=gl, split_item=3, group_type=0,
+                                output_dtype=torch.int32)[0]
+    bias_rows = torch.cat([b32[g].long().expand(c, n) for g, c in enumerate(counts)])
+    assert torch.equal(yb[:18].long(), exact[:18] + bias_rows) and bool((yb[18:] == 0).all())
+    pt = torch.rand(m) + 0.5
+    for scale, out_dtype in ((s.to(BF), BF), (s, torch.float16), (_int64_coded(s), BF),
+                             (s, torch.float32)):
+        y = ops.npu_grouped_matmul([x], [q], scale=[scale], per_token_scale=[pt], group_list=gl,
+                                   split_item=2, group_type=0, output_dtype=out_dtype)[0]
+        sd = s.to(BF).double() if scale.dtype == BF else s.double()
+        ref = torch.zeros(m, n, dtype=F64)
+        start = 0
+        for g, c in enumerate(counts):
+            ref[start:start + c] = exact[start:start + c].double() * sd[g] * \
+                pt[start:start + c, None].double()
+            start += c
+        assert y.dtype == out_dtype
+        close(y, ref, f"W8A8 {scale.dtype} -> {out_dtype}")
+    # a vLLM dynamic_eplb weight list with per-expert scales, and the [N, K] transposed view
+    wl = [q[i] for i in range(e)]
+    yl = ops.npu_grouped_matmul([x], wl, scale=[s[i] for i in range(e)], per_token_scale=[pt],
+                                group_list=gl, split_item=2, group_type=0, output_dtype=BF)[0]
+    yt = ops.npu_grouped_matmul([x], [q.transpose(1, 2).contiguous().transpose(1, 2)],
+                                scale=[s], per_token_scale=[pt], group_list=gl, split_item=2,
+                                group_type=0, output_dtype=BF)[0]
+    y0 = ops.npu_grouped_matmul([x], [q], scale=[s], per_token_scale=[pt], group_list=gl,
+                                split_item=2, group_type=0, output_dtype=BF)[0]
+    assert torch.equal(yl, y0) and torch.equal(yt, y0)
+    with pytest.raises(ValueError, match="needs scale"):
+        ops.npu_grouped_matmul([x], [q], group_list=gl, split_item=2, group_type=0,
+                               output_dtype=BF)
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+def test_gmm_w8a16_antiquant(groups):
+    e, k, n, m = 3, 96, 64, 11
+    counts = [4, 7, 0]
+    x = torch.randn(m, k).to(BF)
+    q, s, _ = _qweights(e, k, n, groups=groups)
+    off = torch.randn(s.shape)
+    y = ops.npu_grouped_matmul([x], [q], antiquant_scale=[s], antiquant_offset=[off],
+                               group_list=torch.tensor(counts), group_list_type=1, split_item=2,
+                               group_type=0)[0]
+    w = q.double().reshape(e, groups, k // groups, n)
+    s3 = s.reshape(e, groups, n).double().unsqueeze(2)
+    o3 = off.reshape(e, groups, n).double().unsqueeze(2)
+    deq = ((w + o3) * s3).reshape(e, k, n)
+    close(y, gmm(x, deq, counts), f"W8A16 groups {groups}")
+
+
+def _pack_int4(v):
+    """int4 values [.., N] -> int32 [.., N/8], element 8m + i in bits 4i..4i+3."""
+    u = (v.to(torch.int64) & 0xF).reshape(*v.shape[:-1], -1, 8)
+    w = sum(u[..., i] << (4 * i) for i in range(8))
+    return torch.where(w >= 2 ** 31, w - 2 ** 32, w).to(torch.int32)
+
+
+def test_gmm_a8w4_device_formula():
+    e, k, n, m = 2, 64, 64, 9
+    counts = [5, 4]
+    g = torch.Generator().manual_seed(9)
+    v = torch.randint(-8, 8, (e, k, n), generator=g)
+    s = torch.rand(e, n, generator=g) * 0.01
+    x = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=g)
+    pt = torch.rand(m, generator=g) + 0.5
+    bias = 8 * (v.double() * s.double().unsqueeze(1)).sum(1)  # vLLM's w_scale_bias
+    y = ops.npu_grouped_matmul([x], [_pack_int4(v)], scale=[_int64_coded(s)], bias=[bias.float()],
+                               per_token_scale=[pt], group_list=torch.tensor(counts),
+                               group_list_type=1, split_item=2, group_type=0,
+                               output_dtype=BF)[0]
+    ref = torch.zeros(m, n, dtype=F64)
+    start = 0
+    for gi, c in enumerate(counts):
+        ws = v[gi].double() * s[gi].double()
+        # the device: ((x - 8) @ (W s) + bias) * p, with the caller's bias = 8 colsum(W s)
+        ref[start:start + c] = ((x[start:start + c].double() - 8) @ ws + bias[gi]) * \
+            pt[start:start + c, None].double()
+        start += c
+    close(y, ref, "A8W4")
+
+
+@pytest.mark.parametrize("v2", [False, True])
+def test_grouped_matmul_swiglu_quant(v2):
+    e, k, n, m = 3, 64, 96, 13
+    counts = [5, 0, 6]  # 11 of 13 rows
+    q, s, deq = _qweights(e, k, n)
+    x = torch.randint(-127, 128, (m, k), dtype=torch.int8)
+    xs = torch.rand(m) + 0.5
+    cum = torch.tensor(counts).cumsum(0)
+    if v2:
+        smooth = torch.rand(e, n // 2) + 0.5
+        out, scale = ops.npu_grouped_matmul_swiglu_quant_v2(x, [q], [s], xs, cum,
+                                                            smooth_scale=smooth)
+    else:
+        smooth = None
+        out, scale, off = ops.npu_grouped_matmul_swiglu_quant(x=x, weight=q, group_list=cum,
+                                                              weight_scale=_int64_coded(s),
+                                                              x_scale=xs)
+        assert off.dim() == 0 and float(off) == 0
+    c = torch.zeros(m, n, dtype=F64)
+    start = 0
+    for g, cnt in enumerate(counts):
+        c[start:start + cnt] = (x[start:start + cnt].long() @ q[g].long()).double() * \
+            s[g].double() * xs[start:start + cnt, None].double()
+        start += cnt
+    a = swiglu(c)
+    if smooth is not None:
+        start = 0
+        for g, cnt in enumerate(counts):
+            a[start:start + cnt] *= smooth[g].double()
+            start += cnt
+    qr, sr = quant_rows(a[:11])
+    assert out.dtype == torch.int8 and out.shape == (m, n // 2) and scale.shape == (m,)
+    assert (out[:11].int() - qr.int()).abs().max() <= 1
+    assert torch.allclose(scale[:11], sr, rtol=1e-5)
+    assert bool((out[11:] == 0).all()) and bool((scale[11:] == 0).all())
