@@ -71,6 +71,35 @@ static void mm_cx_glu_row(const float *a, const float *b, int64_t n, const mm_cx
     mm_cx_glu_row_c(a, b, n, f, out);
 }
 
+/* v[i] = (v[i] * s[i]) * c (s NULL: 1; c == 1: skipped), one fp32 rounding per multiply */
+#if MM_X86
+MM_TARGET_AVX512 static void mm_cx_scale_row_avx512(float *v, const float *s, float c, int64_t n)
+{
+    const __m512 cv = _mm512_set1_ps(c);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = mm_tail_mask16(n - i);
+        __m512 x = _mm512_maskz_loadu_ps(m, v + i);
+        if (s) x = _mm512_mul_ps(x, _mm512_maskz_loadu_ps(m, s + i));
+        if (c != 1.0f) x = _mm512_mul_ps(x, cv);
+        _mm512_mask_storeu_ps(v + i, m, x);
+    }
+}
+#endif
+
+static void mm_cx_scale_row(float *v, const float *s, float c, int64_t n)
+{
+#if MM_X86
+    if (mm_kernels_use_avx512()) {
+        mm_cx_scale_row_avx512(v, s, c, n);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; i++) {
+        if (s) v[i] *= s[i];
+        if (c != 1.0f) v[i] *= c;
+    }
+}
+
 /* Split span[cut * post] (for one leading index) into a and b (half * post each). */
 static void mm_cx_split(const float *span, int64_t cut, int64_t post, int interleaved, float *a,
                         float *b)
@@ -531,10 +560,8 @@ megamoe_status_t megamoe_dequant_swiglu_quant(const megamoe_dequant_swiglu_quant
                         for (int64_t i = 0; i < H2; i++)
                             buf[i] += mm_cx_load(a.bias.data, a.bias.dtype, i);
                 }
-                if (mm_cx_present(&a.weight_scale))
-                    for (int64_t i = 0; i < H2; i++) buf[i] *= wsv[i];
-                if (act)
-                    for (int64_t i = 0; i < H2; i++) buf[i] *= act[t];
+                mm_cx_scale_row(buf, mm_cx_present(&a.weight_scale) ? wsv : NULL,
+                                act ? act[t] : 1.0f, H2);
                 float *av = ab, *bv = ab + H;
                 if (a.swiglu_mode == 1) {
                     mm_cx_split(buf, H2, 1, 1, av, bv);
@@ -545,8 +572,7 @@ megamoe_status_t megamoe_dequant_swiglu_quant(const megamoe_dequant_swiglu_quant
                 }
                 mm_cx_glu_row(av, bv, H, &f, out);
                 if (a.quant_mode == 1) {
-                    if (mm_cx_present(&a.quant_scale))
-                        for (int64_t i = 0; i < H; i++) out[i] *= qsv[i];
+                    if (mm_cx_present(&a.quant_scale)) mm_cx_scale_row(out, qsv, 1.0f, H);
                     scale[t] = mm_cx_quant_row_f32(out, H, y + t * H, 127.0f);
                 } else {
                     for (int64_t i = 0; i < H; i++) {

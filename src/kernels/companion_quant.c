@@ -50,6 +50,18 @@ void mm_cx_store_row(void *dst, megamoe_dtype_t dst_type, const float *v, int64_
     megamoe_convert(dst, dst_type, v, MEGAMOE_DTYPE_FP32, (size_t)n);
 }
 
+#if MM_X86
+/* int32 -> fp32, rounded to nearest even (the conversion of the scalar twin) */
+MM_TARGET_AVX512 static void mm_cx_i32_row_avx512(float *v, const void *src, int64_t n)
+{
+    const int32_t *x = src;
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = mm_tail_mask16(n - i);
+        _mm512_mask_storeu_ps(v + i, m, _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, x + i)));
+    }
+}
+#endif
+
 void mm_cx_load_row(float *v, const void *src, megamoe_dtype_t src_type, int64_t n)
 {
     switch (src_type) {
@@ -60,6 +72,12 @@ void mm_cx_load_row(float *v, const void *src, megamoe_dtype_t src_type, int64_t
         for (int64_t i = 0; i < n; i++) v[i] = (float)((const int8_t *)src)[i];
         break;
     default: /* int32 */
+#if MM_X86
+        if (mm_kernels_use_avx512()) {
+            mm_cx_i32_row_avx512(v, src, n);
+            break;
+        }
+#endif
         for (int64_t i = 0; i < n; i++) v[i] = (float)((const int32_t *)src)[i];
         break;
     }
