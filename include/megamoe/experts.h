@@ -3,7 +3,11 @@
  *
  * Shapes are fixed at creation: every rank of the EP communicator has T tokens
  * (local_num_tokens, a multiple of 128), hidden size H, intermediate size I, E global experts
- * (a multiple of EP; rank r owns experts r*E/EP .. (r+1)*E/EP - 1) and top-k K. Creation,
+ * (a multiple of EP; rank r owns experts r*E/EP .. (r+1)*E/EP - 1) and top-k K. A layer made
+ * with max_local_num_tokens = T_cap instead takes any count 0..T_cap per rank and call
+ * (input.num_tokens; the backward uses its forward's counts), with buffers and capacity sized
+ * from T_cap; when every rank passes T (a multiple of 128) the results are bit-identical to a
+ * fixed layer of T. Creation,
  * forward, backward, share and close are collective over the EP communicator: every rank calls
  * them in the same order. The communicator must span the whole world of ranks.
  *
@@ -61,7 +65,8 @@ typedef struct megamoe_experts_saved megamoe_experts_saved_t; /* one forward's s
 
 typedef struct megamoe_experts_params {
     size_t struct_size; /* set by megamoe_experts_params_default(): the caller's sizeof (megamoe/version.h) */
-    int64_t local_num_tokens;      /* T: tokens per rank, a positive multiple of 128 */
+    int64_t local_num_tokens;      /* T: tokens per rank, a positive multiple of 128 (0 when
+                                      max_local_num_tokens is set) */
     int64_t hidden_size;           /* H >= 1 */
     int64_t intermediate_size;     /* I >= 1 */
     int64_t num_experts;           /* E: global experts, a positive multiple of EP */
@@ -90,6 +95,12 @@ typedef struct megamoe_experts_params {
                                       default; at most 64). Per call a planner gives the
                                       hottest experts guest copies on lighter ranks (see
                                       docs/moe.md "Load balance: hot-expert replicas") */
+    int64_t max_local_num_tokens;  /* T_cap: per-call token counts (docs/moe.md "Dynamic
+                                      tokens"): each call passes 0..T_cap rows per rank in
+                                      megamoe_experts_input_t.num_tokens, any count on any rank;
+                                      buffers and capacity are sized from T_cap (any positive
+                                      integer). 0 (default): a fixed layer of local_num_tokens.
+                                      Set exactly one of the two. */
 } megamoe_experts_params_t;
 
 /* All fields zero except schedule = "O1": the caller must set the five shapes. Extensible
@@ -123,9 +134,16 @@ typedef struct megamoe_experts_input {
                                             routed by as given (no counting pass); one the ids
                                             contradict is INVALID_ARGUMENT on every rank */
     megamoe_dtype_t tokens_per_expert_dtype; /* INT32 or INT64 */
+    int64_t num_tokens;                  /* rows of this call (T_r). A fixed layer: 0 (default)
+                                            or its local_num_tokens. A layer made with
+                                            max_local_num_tokens: 0..T_cap, 0 meaning no token
+                                            on this rank (it sends nothing but still serves its
+                                            experts; the pointers may then be NULL).
+                                            hidden_states [T_r, H], topk_ids / topk_weights
+                                            [T_r, K], output [T_r, H]. */
 } megamoe_experts_input_t;
 
-/* Input descriptor with int32 ids, fp32 weights and no histogram (extensible). */
+/* Input descriptor with int32 ids, fp32 weights, no histogram and num_tokens 0 (extensible). */
 megamoe_status_t megamoe_experts_input_init(megamoe_experts_input_t *p, size_t struct_size);
 static inline megamoe_experts_input_t megamoe_experts_input_default(void)
 {
@@ -163,7 +181,7 @@ megamoe_status_t megamoe_experts_create(megamoe_comm_t *ep, const megamoe_expert
  * must be used serially (a concurrent call from another thread is INVALID_STATE). */
 megamoe_status_t megamoe_experts_share(megamoe_experts_t *const *layers, size_t count);
 
-/* Forward. output: bf16 [T, H]. saved_p != NULL: keep what the backward needs and return it
+/* Forward. output: bf16 [T_r, H] (T_r = input.num_tokens, or T). saved_p != NULL: keep what the backward needs and return it
  * (free it with megamoe_experts_saved_destroy, after or instead of the backward); NULL:
  * inference, nothing kept. Collective. */
 megamoe_status_t megamoe_experts_forward(megamoe_experts_t *experts,
@@ -171,7 +189,8 @@ megamoe_status_t megamoe_experts_forward(megamoe_experts_t *experts,
                                          const megamoe_experts_input_t *input, void *output,
                                          megamoe_experts_saved_t **saved_p);
 
-/* Backward of the forward that produced saved, for grad_output bf16 [T, H]. weights must hold
+/* Backward of the forward that produced saved, for grad_output bf16 [T_r, H] (T_r: that
+ * forward's row count; grads.hidden_states [T_r, H], grads.topk_weights [T_r, K]). weights must hold
  * the same values as in that forward. The saved state stays valid (free it afterwards).
  * Collective. */
 megamoe_status_t megamoe_experts_backward(megamoe_experts_t *experts,
@@ -222,6 +241,10 @@ typedef struct megamoe_experts_info {
     int64_t last_rows_moved;        /* rows computed by guests instead of their homes */
     int64_t last_max_rows_plain;    /* the most rows a rank would compute without replicas */
     int64_t last_max_rows;          /* ... with the plan */
+    /* per-call token counts */
+    int64_t max_local_num_tokens;   /* T_cap of a dynamic layer (then tokens == T_cap); 0 for
+                                       a fixed one */
+    int64_t last_tokens;            /* rows this rank passed in the last forward (-1: none) */
 } megamoe_experts_info_t;
 
 megamoe_status_t megamoe_experts_get_info_sized(const megamoe_experts_t *experts,

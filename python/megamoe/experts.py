@@ -42,7 +42,8 @@ class _Params(ctypes.Structure):
                 ("vector_workers", ctypes.c_int), ("dispatch_mode", ctypes.c_char_p),
                 ("initial_capacity_factor", ctypes.c_double),
                 ("capacity_growth_factor", ctypes.c_double),
-                ("replica_slots_per_rank", ctypes.c_int)]
+                ("replica_slots_per_rank", ctypes.c_int),
+                ("max_local_num_tokens", _c_int64)]
 
 
 @_lib.mirror("megamoe_experts_weights_t")
@@ -54,7 +55,8 @@ class _Weights(ctypes.Structure):
 class _Input(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("hidden_states", _vp), ("topk_ids", _vp), ("topk_ids_dtype", ctypes.c_int),
                 ("topk_weights", _vp), ("topk_weights_dtype", ctypes.c_int),
-                ("tokens_per_expert", _vp), ("tokens_per_expert_dtype", ctypes.c_int)]
+                ("tokens_per_expert", _vp), ("tokens_per_expert_dtype", ctypes.c_int),
+                ("num_tokens", _c_int64)]
 
 
 @_lib.mirror("megamoe_experts_grads_t")
@@ -79,7 +81,8 @@ class _Info(ctypes.Structure):
                 ("growth_events", ctypes.c_int), ("shmem_heap_size", ctypes.c_uint64),
                 ("replica_slots", ctypes.c_int), ("last_guests", ctypes.c_int),
                 ("last_rows_moved", _c_int64), ("last_max_rows_plain", _c_int64),
-                ("last_max_rows", _c_int64)]
+                ("last_max_rows", _c_int64), ("max_local_num_tokens", _c_int64),
+                ("last_tokens", _c_int64)]
 
 
 @_lib.mirror("megamoe_experts_replica_t")
@@ -197,6 +200,24 @@ def _resolve_capacity(expert_capacity_factor, dispatch_mode, initial_capacity_fa
     return None, factor, None, None
 
 
+def _token_counts(local_num_tokens, max_local_num_tokens):
+    """(fixed T or None, T_cap or None): exactly one of the two, a positive integer."""
+    given = [(n, v) for n, v in (("local_num_tokens", local_num_tokens),
+                                 ("max_local_num_tokens", max_local_num_tokens)) if v is not None]
+    if len(given) != 1:
+        raise ValueError("MegaMoeExperts needs exactly one of local_num_tokens (a fixed token "
+                         "count per rank, a multiple of 128) and max_local_num_tokens (T_cap: "
+                         "each call passes 0..T_cap tokens per rank); got "
+                         + (" and ".join(f"{n}={v!r}" for n, v in given) if given else "neither"))
+    name, value = given[0]
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if not ok and hasattr(value, "__index__") and not isinstance(value, bool):
+        value, ok = value.__index__(), True  # numpy / torch integers
+    if not ok or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return (value, None) if name == "local_num_tokens" else (None, value)
+
+
 class _Saved:
     """Owns one forward's saved state in the library; freed with the autograd graph."""
 
@@ -301,11 +322,12 @@ class _MegaMoeFunction(torch.autograd.Function):
                 tokens_per_expert, gate_up, down):
         out = torch.empty_like(hidden)
         tpe_int64 = tokens_per_expert is not None and tokens_per_expert.dtype == torch.int64
+        rows = hidden.shape[0]  # this call's tokens (T, or 0..T_cap for a dynamic layer)
         inp = _Input(ctypes.sizeof(_Input), _ptr(hidden), _ptr(topk_ids),
                      _INT32 if topk_ids.dtype == torch.int32 else _INT64,
                      _ptr(topk_weights),
                      _FP32 if topk_weights.dtype == torch.float32 else _BF16,
-                     _ptr(tokens_per_expert), _INT64 if tpe_int64 else _INT32)
+                     _ptr(tokens_per_expert), _INT64 if tpe_int64 else _INT32, rows)
         w = _weights_desc(layer, gate_up, down, external)
         # (Function.forward runs with grad mode off; needs_input_grad tells what autograd wants,
         # but it ignores an outer torch.no_grad(): grad_enabled is the caller's grad mode, and
@@ -326,6 +348,7 @@ class _MegaMoeFunction(torch.autograd.Function):
         ctx.layer = layer
         ctx.weights_version = w.version  # the backward uses these weights (autograd saves them)
         ctx.weights_dtype = topk_weights.dtype
+        ctx.tk_shape = tuple(topk_weights.shape)  # this call's [T_r, K]
         # the saved state travels as a saved tensor, so checkpointing can drop and recompute it
         ctx.save_for_backward(gate_up, down,
                               _saved_tensor(saved) if saved is not None else torch.empty(0))
@@ -350,7 +373,7 @@ class _MegaMoeFunction(torch.autograd.Function):
                                                        "backward is not supported)"))
         grad_out = grad_out.to(torch.bfloat16).contiguous()
         g_hidden = torch.empty_like(grad_out)
-        g_topk = torch.empty(layer._tk_shape, dtype=ctx.weights_dtype)
+        g_topk = torch.empty(ctx.tk_shape, dtype=ctx.weights_dtype)
         g_gate_up = torch.empty_like(gate_up)
         g_down = torch.empty_like(down)
         grads = _Grads(_ptr(g_hidden), _ptr(g_topk), _ptr(g_gate_up), _ptr(g_down), _BF16)
@@ -373,7 +396,10 @@ class MegaMoeExperts(torch.nn.Module):
     """Experts of an MoE layer, expert-parallel over ``ep_group`` (seed 000).
 
     Args mirror HyperParallel's ``MegaMoeExperts``: ``local_num_tokens`` (T, a multiple of
-    128), ``hidden_size`` (H), ``intermediate_size`` (I), ``num_experts`` (E, global, a
+    128: every call passes exactly T tokens per rank) or, by keyword, ``max_local_num_tokens``
+    (T_cap, any positive integer: each call passes any count 0..T_cap per rank, different on
+    every rank and call; buffers and capacity are sized from T_cap; exactly one of the two;
+    docs/moe.md "Dynamic tokens"), ``hidden_size`` (H), ``intermediate_size`` (I), ``num_experts`` (E, global, a
     multiple of ``ep_size``), ``top_k`` (K), ``expert_capacity_factor`` (the seed's fixed
     receive capacity: None = lossless align128(EP*T*K); a finite f >= 1 gives
     align128(ceil(T*K*f)) and overflow is an error), or instead HyperParallel's
@@ -396,12 +422,13 @@ class MegaMoeExperts(torch.nn.Module):
     the symmetric heap — so every value is accepted and behaves identically).
     """
 
-    def __init__(self, local_num_tokens, hidden_size, intermediate_size, num_experts, top_k,
-                 expert_capacity_factor=None, swiglu_limit=None, ep_size=1, ep_group=None,
-                 create_parameters=True, schedule="O1", workers=0, cube_workers=0,
-                 vector_workers=0, dispatch_mode=None, initial_capacity_factor=None,
-                 capacity_growth_factor=None, replica_slots_per_rank=0,
-                 replica_transport="p2p"):
+    def __init__(self, local_num_tokens=None, hidden_size=None, intermediate_size=None,
+                 num_experts=None, top_k=None, expert_capacity_factor=None, swiglu_limit=None,
+                 ep_size=1, ep_group=None, create_parameters=True, schedule="O1", workers=0,
+                 cube_workers=0, vector_workers=0, dispatch_mode=None,
+                 initial_capacity_factor=None, capacity_growth_factor=None,
+                 replica_slots_per_rank=0, replica_transport="p2p", *,
+                 max_local_num_tokens=None):
         super().__init__()
         from . import comm as _comm
         self._handle = ctypes.c_void_p(None)
@@ -413,11 +440,18 @@ class MegaMoeExperts(torch.nn.Module):
         if replica_transport not in REPLICA_TRANSPORTS:
             raise ValueError(f"replica_transport must be one of {', '.join(REPLICA_TRANSPORTS)}, "
                              f"got {replica_transport!r}")
+        missing = [n for n, v in (("hidden_size", hidden_size),
+                                  ("intermediate_size", intermediate_size),
+                                  ("num_experts", num_experts), ("top_k", top_k)) if v is None]
+        if missing:
+            raise TypeError("MegaMoeExperts() missing required argument(s): " + ", ".join(missing))
+        fixed, cap = _token_counts(local_num_tokens, max_local_num_tokens)
         mode, factor, initial, growth = _resolve_capacity(
             expert_capacity_factor, dispatch_mode, initial_capacity_factor,
             capacity_growth_factor)
         p = _lib.default(_Params)
-        p.local_num_tokens = int(local_num_tokens)
+        p.local_num_tokens = fixed or 0
+        p.max_local_num_tokens = cap or 0
         p.hidden_size = int(hidden_size)
         p.intermediate_size = int(intermediate_size)
         p.num_experts = int(num_experts)
@@ -458,7 +492,8 @@ class MegaMoeExperts(torch.nn.Module):
             self._release_comm()
             raise ValueError(f"ep_size={ep_size} but the EP group has {group_size} ranks; "
                              "MegaMoeExperts needs EP to cover the whole world")
-        self.local_num_tokens = int(local_num_tokens)
+        self.local_num_tokens = fixed  # None for a layer with per-call counts
+        self.max_local_num_tokens = cap  # T_cap of a dynamic layer, else None
         self.hidden_size = int(hidden_size)
         self.intermediate_size = int(intermediate_size)
         self.num_experts = int(num_experts)
@@ -472,7 +507,6 @@ class MegaMoeExperts(torch.nn.Module):
         self.schedule = schedule
         self.replica_slots_per_rank = int(replica_slots_per_rank)
         self.replica_transport = replica_transport  # every value: one transport on a CPU
-        self._tk_shape = (self.local_num_tokens, self.top_k)
         handle = ctypes.c_void_p(None)
         try:
             check(_L.megamoe_experts_create(self._comm.handle, ctypes.byref(p),
@@ -589,7 +623,18 @@ class MegaMoeExperts(torch.nn.Module):
         gate_up, down = self._weights(expert_weights)
         t, h, k, e = self.local_num_tokens, self.hidden_size, self.top_k, self.num_experts
         shape = hidden_states.shape
-        if shape[-1] != h or hidden_states.numel() != t * h:
+        if t is None:  # per-call counts: any number of rows (T_cap is checked collectively)
+            if hidden_states.dim() < 1 or shape[-1] != h:
+                raise ValueError(f"hidden_states has shape {tuple(shape)}; it must be [..., "
+                                 f"H={h}] (any number of rows up to max_local_num_tokens = "
+                                 f"{self.max_local_num_tokens})")
+            t = hidden_states.numel() // h
+            for name, other in (("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+                if other.dim() != 2 or other.shape[0] != t:
+                    raise ValueError(f"hidden_states has {t} rows but {name} has shape "
+                                     f"{tuple(other.shape)}; pass [{t}, K={k}] (one row per "
+                                     "token)")
+        elif shape[-1] != h or hidden_states.numel() != t * h:
             raise ValueError(f"hidden_states has shape {tuple(shape)}; it must flatten to "
                              f"[T={t}, H={h}]")
         if hidden_states.dtype != torch.bfloat16:
@@ -725,7 +770,9 @@ class MegaMoeExperts(torch.nn.Module):
         return int(_L.megamoe_experts_capacity_rows(ep, tokens, top_k, f or 0.0))
 
     def extra_repr(self):
-        return (f"T={self.local_num_tokens}, H={self.hidden_size}, I={self.intermediate_size}, "
+        tokens = (f"T={self.local_num_tokens}" if self.local_num_tokens is not None
+                  else f"max_local_num_tokens={self.max_local_num_tokens}")
+        return (f"{tokens}, H={self.hidden_size}, I={self.intermediate_size}, "
                 f"E={self.num_experts}, K={self.top_k}, ep_size={self.ep_size}, "
                 f"expert_capacity_factor={self.expert_capacity_factor}, "
                 f"dispatch_mode={self.dispatch_mode!r}, "

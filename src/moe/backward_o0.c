@@ -214,15 +214,16 @@ megamoe_status_t mm_moe_check_backward(const megamoe_experts_t *x,
     if (sv->layer_serial != x->serial)
         return mm_error(MEGAMOE_INVALID_ARGUMENT,
                         "the saved state belongs to another MegaMoeExperts layer");
-    if (dout == NULL || gr == NULL || gr->hidden_states == NULL || gr->gate_up == NULL ||
-        gr->down == NULL)
+    const int64_t T = sv->plan ? sv->plan->T : 0; /* the forward's rows (none: NULL allowed) */
+    if (gr == NULL || gr->gate_up == NULL || gr->down == NULL ||
+        (T > 0 && (dout == NULL || gr->hidden_states == NULL)))
         return mm_error(MEGAMOE_INVALID_ARGUMENT,
                         "backward needs grad_output and the grads of hidden_states, gate_up and "
                         "down");
     if (gr->weight_grad_dtype != MEGAMOE_DTYPE_BF16 && gr->weight_grad_dtype != MEGAMOE_DTYPE_FP32)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "weight_grad_dtype must be bf16 or fp32, got %s",
                         megamoe_dtype_name(gr->weight_grad_dtype));
-    return mm_moe_check_finite("grad_output", dout, MEGAMOE_DTYPE_BF16, x->cfg.T, x->cfg.H);
+    return mm_moe_check_finite("grad_output", dout, MEGAMOE_DTYPE_BF16, T, x->cfg.H);
 }
 
 megamoe_status_t mm_moe_backward_agree(megamoe_experts_t *x, mm_call_t *call,
@@ -245,8 +246,8 @@ megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, mm_call_t *call, megam
                                     const megamoe_experts_grads_t *gr)
 {
     mm_moe_group_t *g = x->group;
-    const int64_t T = x->cfg.T, H = x->cfg.H, I = x->cfg.I, K = x->cfg.K, L = x->L;
-    const size_t TK = (size_t)(T * K);
+    const int64_t H = x->cfg.H, I = x->cfg.I, K = x->cfg.K, L = x->L;
+    size_t TK = 0; /* the forward's slots on this rank (known once the saved state is checked) */
     megamoe_status_t st = local;
     if (st == MEGAMOE_OK) st = mm_moe_check_backward(x, sv, dout, gr);
     if (st == MEGAMOE_OK && !g->ready)
@@ -258,6 +259,7 @@ megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, mm_call_t *call, megam
     const mm_gemm_weight_t **wtab = NULL;
     if (st == MEGAMOE_OK) {
         const int64_t R = sv->rows, Rb = R > 0 ? R : 1, S = sv->plan->S;
+        TK = (size_t)(sv->plan->T * K);
         mm_moe_bwd_ctx_init(&b.c, x, sv, dout, gr);
         b.R = R;
         /* the group lists live in the group's scratch (zeroed, as the guest lists need) */

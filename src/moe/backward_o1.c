@@ -131,8 +131,8 @@ megamoe_status_t mm_moe_backward_o1(megamoe_experts_t *x, mm_call_t *call, megam
                                     const megamoe_experts_grads_t *gr)
 {
     mm_moe_group_t *g = x->group;
-    const int64_t T = x->cfg.T, I = x->cfg.I, K = x->cfg.K;
-    const size_t TK = (size_t)(T * K);
+    const int64_t I = x->cfg.I, K = x->cfg.K;
+    size_t TK = 0; /* the forward's slots on this rank (known once the saved state is checked) */
     uint64_t t0 = mm_now_ns();
     megamoe_status_t st = local;
     if (st == MEGAMOE_OK && !g->ready) /* no forward ran: no executor */
@@ -147,6 +147,7 @@ megamoe_status_t mm_moe_backward_o1(megamoe_experts_t *x, mm_call_t *call, megam
     memset(&b, 0, sizeof b);
     if (st == MEGAMOE_OK) {
         const int64_t Rb = sv->rows > 0 ? sv->rows : 1;
+        TK = (size_t)(sv->plan->T * K);
         mm_moe_bwd_ctx_init(&b.c, x, sv, dout, gr);
         b.pull = mm_moe_is_pull(&x->cfg);
         b.direct = !b.pull && mm_ep_dispatch_direct(g->xbuf) && !mm_ep_force_puts;

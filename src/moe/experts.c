@@ -50,7 +50,7 @@ megamoe_status_t megamoe_experts_params_init(megamoe_experts_params_t *p, size_t
 megamoe_status_t megamoe_experts_input_init(megamoe_experts_input_t *in, size_t struct_size)
 {
     megamoe_experts_input_t d;
-    memset(&d, 0, sizeof d);
+    memset(&d, 0, sizeof d); /* num_tokens 0: a fixed layer's T (the ABI scheme's zero) */
     d.topk_ids_dtype = MEGAMOE_DTYPE_INT32;
     d.topk_weights_dtype = MEGAMOE_DTYPE_FP32;
     d.tokens_per_expert_dtype = MEGAMOE_DTYPE_INT32;
@@ -118,9 +118,10 @@ size_t megamoe_experts_heap_bytes(const megamoe_experts_params_t *caller_p, int 
     const megamoe_experts_params_t *p = &params;
     if (mm_abi_copy_in(&params, sizeof params, caller_p, "megamoe_experts_params_t") != MEGAMOE_OK)
         return 0;
+    if (p->local_num_tokens != 0 && p->max_local_num_tokens != 0) return 0; /* set one */
     mm_moe_config_t c;
     memset(&c, 0, sizeof c);
-    c.T = p->local_num_tokens;
+    c.T = p->max_local_num_tokens != 0 ? p->max_local_num_tokens : p->local_num_tokens;
     c.H = p->hidden_size;
     c.I = p->intermediate_size;
     c.E = p->num_experts;
@@ -145,10 +146,23 @@ size_t megamoe_experts_heap_bytes(const megamoe_experts_params_t *caller_p, int 
 /* Local validation: the rules of seed 000 "输入与权重", each error naming its rule. */
 static megamoe_status_t mm_moe_validate(const megamoe_experts_params_t *p, int ep)
 {
-    if (p->local_num_tokens < 128 || p->local_num_tokens % 128 != 0)
+    const int64_t T = p->max_local_num_tokens != 0 ? p->max_local_num_tokens : p->local_num_tokens;
+    if (p->local_num_tokens != 0 && p->max_local_num_tokens != 0)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "local_num_tokens = %lld and max_local_num_tokens = %lld are both set; "
+                        "set exactly one: local_num_tokens for a fixed token count per rank, "
+                        "max_local_num_tokens for per-call counts up to it",
+                        (long long)p->local_num_tokens, (long long)p->max_local_num_tokens);
+    if (p->max_local_num_tokens < 0)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "max_local_num_tokens (T_cap) = %lld must be a positive integer (the "
+                        "most tokens a rank passes to one call)",
+                        (long long)p->max_local_num_tokens);
+    if (p->max_local_num_tokens == 0 && (p->local_num_tokens < 128 || p->local_num_tokens % 128 != 0))
         return mm_error(MEGAMOE_INVALID_ARGUMENT,
                         "local_num_tokens (T) = %lld must be a positive multiple of 128 (the "
-                        "static 128-row communication tiling)",
+                        "static 128-row communication tiling); for other or varying counts set "
+                        "max_local_num_tokens instead",
                         (long long)p->local_num_tokens);
     if (p->hidden_size < 1 || p->intermediate_size < 1)
         return mm_error(MEGAMOE_INVALID_ARGUMENT,
@@ -170,11 +184,10 @@ static megamoe_status_t mm_moe_validate(const megamoe_experts_params_t *p, int e
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "top_k (K) = %lld must be in [1, E = %lld]",
                         (long long)p->top_k, (long long)p->num_experts);
     /* T, K <= E and EP are each checked before their product is formed (no int64 wrap) */
-    if (p->local_num_tokens >= INT32_MAX ||
-        p->local_num_tokens * p->top_k > (INT32_MAX - 1) / ep)
+    if (T >= INT32_MAX || T * p->top_k > (INT32_MAX - 1) / ep)
         return mm_error(MEGAMOE_INVALID_ARGUMENT,
-                        "EP*T*K = %d*%lld*%lld rows must stay below 2^31", ep,
-                        (long long)p->local_num_tokens, (long long)p->top_k);
+                        "EP*T*K = %d*%lld*%lld rows must stay below 2^31", ep, (long long)T,
+                        (long long)p->top_k);
     double f = p->expert_capacity_factor;
     if (!(f == 0 || (isfinite(f) && f >= 1)))
         return mm_error(MEGAMOE_INVALID_ARGUMENT,
@@ -274,7 +287,14 @@ static megamoe_status_t mm_moe_agree_config(mm_shmem_team_t *team, const mm_moe_
         snprintf(va, sizeof va, "%g", (double)a->f);                                       \
         snprintf(vb, sizeof vb, "%g", (double)b->f);                                       \
     }
-        MM_CMP_I(T, "local_num_tokens")
+        if (!field && a->dynamic != b->dynamic) { /* fixed T on one rank, T_cap on another */
+            field = "the token count (local_num_tokens: fixed, max_local_num_tokens: per call)";
+            snprintf(va, sizeof va, "%s = %lld", a->dynamic ? "max_local_num_tokens" : "local_num_tokens",
+                     (long long)a->T);
+            snprintf(vb, sizeof vb, "%s = %lld", b->dynamic ? "max_local_num_tokens" : "local_num_tokens",
+                     (long long)b->T);
+        }
+        MM_CMP_I(T, a->dynamic ? "max_local_num_tokens" : "local_num_tokens")
         MM_CMP_I(H, "hidden_size")
         MM_CMP_I(I, "intermediate_size")
         MM_CMP_I(E, "num_experts")
@@ -353,7 +373,8 @@ megamoe_status_t megamoe_experts_create(megamoe_comm_t *comm,
     }
     mm_moe_config_t c;
     memset(&c, 0, sizeof c); /* padding too: the struct is compared bytewise across ranks */
-    c.T = p->local_num_tokens;
+    c.dynamic = p->max_local_num_tokens != 0;
+    c.T = c.dynamic ? p->max_local_num_tokens : p->local_num_tokens;
     c.H = p->hidden_size;
     c.I = p->intermediate_size;
     c.E = p->num_experts;
@@ -401,6 +422,7 @@ megamoe_status_t megamoe_experts_create(megamoe_comm_t *comm,
     x->cube = o1 ? cube : workers;
     x->vector = o1 ? vector : 0;
     x->last_recv_rows = -1;
+    x->last_tokens = -1;
     st = mm_moe_rep_layer_create(x);
     st = mm_shmem_team_agree(team, st);
     if (st != MEGAMOE_OK) {
@@ -442,8 +464,8 @@ megamoe_status_t megamoe_experts_share(megamoe_experts_t *const *layers, size_t 
                           i);
         } else if (memcmp(&x->cfg, &first->cfg, sizeof x->cfg) != 0) {
             st = mm_error(MEGAMOE_INVALID_ARGUMENT,
-                          "layer %zu has a different configuration than layer 0 (T, H, I, E, K, "
-                          "EP, expert_capacity_factor, swiglu_limit, schedule, dispatch_mode, "
+                          "layer %zu has a different configuration than layer 0 (T or "
+                          "max_local_num_tokens, H, I, E, K, EP, expert_capacity_factor, swiglu_limit, schedule, dispatch_mode, "
                           "initial_capacity_factor, capacity_growth_factor and "
                           "replica_slots_per_rank must match to share execution resources)",
                           i);
@@ -543,7 +565,8 @@ megamoe_status_t mm_moe_saved_create(const megamoe_experts_t *x, mm_ep_plan_t *p
                                      megamoe_dtype_t w_dtype, megamoe_experts_saved_t **saved_p)
 {
     const int64_t H = x->cfg.H, I = x->cfg.I, R = plan->recv_rows, Rb = R > 0 ? R : 1;
-    const size_t TK = (size_t)x->cfg.T * (size_t)x->cfg.K;
+    /* this call's slots (one placeholder when the rank passed no token) */
+    const size_t TK = plan->T > 0 ? (size_t)plan->T * (size_t)x->cfg.K : 1;
     /* the state and its guest table in one block, kept in mm_moe_saved_blocks when destroyed */
     const size_t head = mm_align_up(sizeof(megamoe_experts_saved_t), 64);
     megamoe_experts_saved_t *sv = NULL;
@@ -661,7 +684,7 @@ void mm_moe_fwd_ctx_init(mm_moe_fwd_ctx_t *c, megamoe_experts_t *x, const mm_ep_
     c->x = x;
     c->g = x->group;
     c->plan = plan;
-    c->T = x->cfg.T;
+    c->T = plan->T;
     c->H = x->cfg.H;
     c->I = x->cfg.I;
     c->K = x->cfg.K;
@@ -688,7 +711,7 @@ void mm_moe_bwd_ctx_init(mm_moe_bwd_ctx_t *c, megamoe_experts_t *x,
     c->g = x->group;
     c->sv = sv;
     c->plan = sv->plan;
-    c->T = x->cfg.T;
+    c->T = sv->plan->T;
     c->H = x->cfg.H;
     c->I = x->cfg.I;
     c->K = x->cfg.K;
@@ -847,6 +870,8 @@ megamoe_status_t megamoe_experts_get_info_sized(const megamoe_experts_t *x,
     in.group_layers = x->group->layers;
     in.closed = x->closed;
     in.last_recv_rows = x->last_recv_rows;
+    in.max_local_num_tokens = x->cfg.dynamic ? x->cfg.T : 0;
+    in.last_tokens = x->last_tokens;
     in.replica_slots = x->cfg.replicas;
     if (x->rep) {
         in.last_guests = x->rep->n_guests;

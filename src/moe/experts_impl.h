@@ -31,7 +31,7 @@ const char *mm_moe_schedule_name(mm_moe_schedule_t s);
 
 /* Everything that must be equal on every rank and between layers sharing a group. */
 typedef struct mm_moe_config {
-    int64_t T, H, I, E, K;
+    int64_t T, H, I, E, K; /* T: the fixed token count, or T_cap of a dynamic layer */
     int64_t ep;
     double factor;   /* MM_MOE_FIXED: expert_capacity_factor (0 = lossless) */
     float limit;
@@ -40,6 +40,7 @@ typedef struct mm_moe_config {
     mm_moe_mode_t mode;
     double initial, growth; /* MM_MOE_PUSH: resolved factors (else 0) */
     int32_t replicas; /* guest slots per rank (replica_slots_per_rank; 0 = off) */
+    int32_t dynamic;  /* 1: max_local_num_tokens (T = T_cap, each call passes 0..T_cap rows) */
 } mm_moe_config_t;
 
 static inline int mm_moe_is_o1(const mm_moe_config_t *c) { return c->schedule == MM_MOE_O1; }
@@ -149,6 +150,7 @@ struct megamoe_experts {
     mm_moe_group_t *group;
     mm_moe_packed_t packed;
     int64_t last_recv_rows;
+    int64_t last_tokens; /* rows of the last forward on this rank (-1: none yet) */
     struct mm_moe_rep_layer *rep; /* guest weight copies, last plan (moe_replicas.h) */
     double phase_s[MM_PH_COUNT];
     uint64_t forwards, backwards;
@@ -156,13 +158,13 @@ struct megamoe_experts {
 
 struct megamoe_experts_saved {
     uint64_t layer_serial;
-    mm_ep_plan_t *plan;
+    mm_ep_plan_t *plan; /* plan->T: the forward's token count on this rank (T_r) */
     int64_t rows;   /* rows received (R) */
     uint16_t *x;    /* [max(R,1), H]   received tokens */
     uint16_t *gu;   /* [max(R,1), 2I]  GMM1 output */
     uint16_t *a;    /* [max(R,1), I]   SwiGLU output */
-    uint16_t *y;    /* [T*K, H]        expert outputs returned to this rank, permuted order */
-    float *w;       /* [T*K]           router weights (fp32), slot order */
+    uint16_t *y;    /* [T_r*K, H]      expert outputs returned to this rank, permuted order */
+    float *w;       /* [T_r*K]         router weights (fp32), slot order */
     megamoe_dtype_t w_dtype;
     uint64_t gen;   /* the forward's number in its group (O1: launch generation; O0: fwd_gen);
                        a backward needs the same one on every rank */
@@ -216,7 +218,7 @@ typedef struct mm_moe_fwd_ctx {
     megamoe_experts_t *x;
     mm_moe_group_t *g;
     const mm_ep_plan_t *plan;
-    int64_t T, H, I, K;
+    int64_t T, H, I, K;       /* T: this call's rows on this rank (plan->T) */
     const uint16_t *hidden;   /* [T, H] */
     const uint16_t *recv;     /* [R, H] received rows (symmetric) */
     const uint16_t *ret;      /* [T*K, H] returned rows (symmetric), permuted order */
@@ -236,7 +238,7 @@ typedef struct mm_moe_bwd_ctx {
     mm_moe_group_t *g;
     const megamoe_experts_saved_t *sv;
     const mm_ep_plan_t *plan;
-    int64_t T, H, I, K;
+    int64_t T, H, I, K;    /* T: the forward's rows on this rank (plan->T) */
     const uint16_t *dout;  /* [T, H] */
     const uint16_t *recv;  /* [R, H] received dY */
     const uint16_t *ret;   /* [T*K, H] returned dX, permuted order */

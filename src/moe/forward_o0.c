@@ -123,10 +123,47 @@ static megamoe_status_t mm_fwd_phase(mm_fwd_t *f, int phase, int timer)
     return st;
 }
 
-static megamoe_status_t mm_moe_check_input(const megamoe_experts_input_t *in, const void *output)
+/* The call's row count on this rank (T_r) from the input: a fixed layer's T (num_tokens 0, the
+ * ABI scheme's zero for "not set", or T), a dynamic layer's 0..T_cap. */
+static megamoe_status_t mm_moe_call_tokens(const megamoe_experts_t *x,
+                                           const megamoe_experts_input_t *in, int64_t *tokens_p)
 {
-    if (in == NULL || in->hidden_states == NULL || in->topk_ids == NULL ||
-        in->topk_weights == NULL || output == NULL)
+    const int64_t n = in->num_tokens, T = x->cfg.T;
+    *tokens_p = T;
+    if (!x->cfg.dynamic) {
+        if (n != 0 && n != T)
+            return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                            "num_tokens = %lld but this layer has a fixed local_num_tokens (T) = "
+                            "%lld; pass T rows (num_tokens 0 or T), or create the layer with "
+                            "max_local_num_tokens for per-call counts",
+                            (long long)n, (long long)T);
+        return MEGAMOE_OK;
+    }
+    if (n < 0)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "num_tokens = %lld: the call's row count must be in 0..%lld "
+                        "(max_local_num_tokens, T_cap, of this layer)",
+                        (long long)n, (long long)T);
+    if (n > T)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "this call passes %lld tokens but max_local_num_tokens (T_cap) is %lld; "
+                        "pass at most T_cap rows per rank and call, or create the layer with a "
+                        "larger max_local_num_tokens",
+                        (long long)n, (long long)T);
+    *tokens_p = n;
+    return MEGAMOE_OK;
+}
+
+static megamoe_status_t mm_moe_check_input(const megamoe_experts_t *x,
+                                           const megamoe_experts_input_t *in, const void *output,
+                                           int64_t *tokens_p)
+{
+    if (in == NULL)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT,
+                        "forward needs hidden_states, topk_ids, topk_weights and output");
+    MM_CHECK(mm_moe_call_tokens(x, in, tokens_p));
+    if (*tokens_p > 0 && (in->hidden_states == NULL || in->topk_ids == NULL ||
+                          in->topk_weights == NULL || output == NULL))
         return mm_error(MEGAMOE_INVALID_ARGUMENT,
                         "forward needs hidden_states, topk_ids, topk_weights and output");
     if (in->topk_ids_dtype != MEGAMOE_DTYPE_INT32 && in->topk_ids_dtype != MEGAMOE_DTYPE_INT64)
@@ -146,13 +183,14 @@ megamoe_status_t mm_moe_forward_begin(megamoe_experts_t *x, mm_call_t *call,
     uint64_t t0 = mm_now_ns();
     *plan_p = NULL;
     megamoe_status_t st = local;
-    if (st == MEGAMOE_OK) st = mm_moe_check_input(in, output);
+    int64_t tokens = 0; /* this call's rows on this rank */
+    if (st == MEGAMOE_OK) st = mm_moe_check_input(x, in, output, &tokens);
     if (st == MEGAMOE_OK)
-        st = mm_moe_check_finite("hidden_states", in->hidden_states, MEGAMOE_DTYPE_BF16,
-                                 x->cfg.T, x->cfg.H);
+        st = mm_moe_check_finite("hidden_states", in->hidden_states, MEGAMOE_DTYPE_BF16, tokens,
+                                 x->cfg.H);
     if (st == MEGAMOE_OK)
         st = mm_moe_check_finite("topk_weights", in->topk_weights, in->topk_weights_dtype,
-                                 x->cfg.T, x->cfg.K);
+                                 tokens, x->cfg.K);
     if (st == MEGAMOE_OK) st = mm_moe_pack_weights(x, wts, 0);
     int check = 0;
     if (st == MEGAMOE_OK) {
@@ -175,7 +213,8 @@ megamoe_status_t mm_moe_forward_begin(megamoe_experts_t *x, mm_call_t *call,
     uint64_t t1 = mm_now_ns();
     x->phase_s[prepare_phase] += (double)(t1 - t0) * 1e-9;
     if (plan != NULL)
-        st = mm_ep_route(plan, x->team, call, st == MEGAMOE_OK ? in->topk_ids : NULL,
+        st = mm_ep_route(plan, x->team, call, st == MEGAMOE_OK ? tokens : 0,
+                         st == MEGAMOE_OK ? in->topk_ids : NULL,
                          st == MEGAMOE_OK ? in->topk_ids_dtype : MEGAMOE_DTYPE_INT32,
                          st == MEGAMOE_OK ? in->tokens_per_expert : NULL,
                          st == MEGAMOE_OK ? in->tokens_per_expert_dtype : MEGAMOE_DTYPE_INT32,
@@ -201,14 +240,14 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, mm_call_t *call, megamo
                                    megamoe_experts_saved_t **saved_p)
 {
     mm_moe_group_t *g = x->group;
-    const int64_t T = x->cfg.T, H = x->cfg.H, I = x->cfg.I, K = x->cfg.K, L = x->L;
-    const size_t TK = (size_t)(T * K);
+    const int64_t H = x->cfg.H, I = x->cfg.I, K = x->cfg.K, L = x->L;
 
     /* ---- local checks and packing, then the collective routing plan ---- */
     mm_ep_plan_t *plan = NULL;
     megamoe_status_t st =
         mm_moe_forward_begin(x, call, local, wts, in, output, MM_PH_FWD_ROUTE, &plan);
     if (st != MEGAMOE_OK) return st;
+    const size_t TK = (size_t)(plan->T * K); /* this call's slots on this rank */
     const int64_t R = plan->recv_rows, Rb = R > 0 ? R : 1; /* one placeholder row when none */
 
     /* ---- buffers: saved ones sized to the rows actually received ---- */
@@ -330,6 +369,7 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, mm_call_t *call, megamo
 
     mm_moe_rep_forward_done(x, plan, sv, 1);
     x->last_recv_rows = R;
+    x->last_tokens = plan->T;
     x->forwards++;
     g->fwd_gen++; /* every rank got here (the combine was agreed): the same number everywhere */
     if (saved_p) {

@@ -175,13 +175,13 @@ megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, mm_call_t *call, megamo
                                    megamoe_experts_saved_t **saved_p)
 {
     mm_moe_group_t *g = x->group;
-    const size_t TK = (size_t)(x->cfg.T * x->cfg.K);
 
     /* ---- local checks and packing, agreed in the collective routing plan ---- */
     mm_ep_plan_t *plan = NULL;
     megamoe_status_t st =
         mm_moe_forward_begin(x, call, local, wts, in, output, MM_PH_FWD_PREPARE, &plan);
     if (st != MEGAMOE_OK) return st;
+    const size_t TK = (size_t)(plan->T * x->cfg.K); /* this call's slots on this rank */
     const int64_t R = plan->recv_rows;
     uint64_t t0 = mm_now_ns();
     /* replicas: publish the weights of local experts with guests and tell the guests first
@@ -235,6 +235,7 @@ megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, mm_call_t *call, megamo
         return st;
     }
     x->last_recv_rows = R;
+    x->last_tokens = plan->T;
     x->forwards++;
     if (saved_p) {
         sv->gen = mm_mc_generation(g->exec);

@@ -64,7 +64,10 @@ struct mm_mc_exec {
     uint64_t *priv;      /* private lines (MM_PV_*) */
     /* the current launch (written while the workers are parked) */
     uint64_t gen, arrival_target, done_target, expert_target, work_target, wgrad_target;
-    const mm_mc_graph_t *graph;
+    const mm_mc_graph_t *graph; /* the launch's tier and direction */
+    int64_t nt;                 /* its tile slots per block */
+    int64_t tokens;             /* this rank's tokens in the call (the REDUCE tiles' end) */
+    uint64_t qlen[2];           /* tasks of each queue this launch runs (REDUCE tail cut) */
     mm_mc_launch_t launch;
     int null_mode;
     int vector_first; /* no vector workers: cube workers take the vector queue first */
@@ -331,7 +334,7 @@ static int mm_mc_ready(mm_mc_exec_t *x, const mm_mc_task_t *t, mm_mc_tile_t *tl,
     switch (t->type) {
     case MM_MC_DISPATCH:
         if (x->null_mode) {
-            *amount = t->k == 0 ? (uint64_t)p->NT : 0;
+            *amount = t->k == 0 ? (uint64_t)x->nt : 0;
             return 1;
         }
         {
@@ -339,21 +342,21 @@ static int mm_mc_ready(mm_mc_exec_t *x, const mm_mc_task_t *t, mm_mc_tile_t *tl,
             tl->j = t->j;
             tl->peer = t->peer;
             tl->e = r->slot_expert[dv];
-            mm_mc_slot_geometry(r->seg_rows[dv], t->k, p->NT, &tl->rows, amount);
+            mm_mc_slot_geometry(r->seg_rows[dv], t->k, x->nt, &tl->rows, amount);
             tl->row0 = r->seg_pos[dv] + (int64_t)t->k * MM_MC_TILE;
             tl->dst_row = r->seg_dst[dv] + (int64_t)t->k * MM_MC_TILE;
         }
         return 1;
     case MM_MC_EXPERT: {
         if (x->null_mode) {
-            *amount = t->k == 0 ? (uint64_t)p->NT : 0;
+            *amount = t->k == 0 ? (uint64_t)x->nt : 0;
             return 1;
         }
         int64_t b = (int64_t)t->j * x->ep + t->peer;
         tl->j = t->j;
         tl->peer = t->peer;
         tl->e = r->slot_expert[(int64_t)x->me * p->S + t->j];
-        mm_mc_slot_geometry(r->blk_rows[b], t->k, p->NT, &tl->rows, amount);
+        mm_mc_slot_geometry(r->blk_rows[b], t->k, x->nt, &tl->rows, amount);
         tl->row0 = r->blk_off[b] + (int64_t)t->k * MM_MC_TILE;
         tl->ret_row = r->ret_off[b] + (int64_t)t->k * MM_MC_TILE;
         if (tl->rows == 0) return 1;
@@ -575,8 +578,9 @@ static void mm_mc_execute(mm_mc_exec_t *x, mm_mc_worker_t *w, int32_t id, const 
         char text[MM_MC_TEXT];
         int64_t a = (int64_t)t->k * MM_MC_TILE, e = a + MM_MC_TILE;
         int failed_rank;
-        if (!x->null_mode && mm_mc_decide(x, text, sizeof text, &failed_rank) == MEGAMOE_OK) {
-            st = b->reduce(b->ctx, w, a, e < p->s.T ? e : p->s.T);
+        if (!x->null_mode && a < x->tokens &&
+            mm_mc_decide(x, text, sizeof text, &failed_rank) == MEGAMOE_OK) {
+            st = b->reduce(b->ctx, w, a, e < x->tokens ? e : x->tokens);
             if (w->ring) mm_mc_trace(w, stage, owner, -1, t0, mm_now_ns());
         }
         break;
@@ -613,7 +617,7 @@ static megamoe_status_t mm_mc_worker_main(void *arg, int index, int n_workers)
             const int q = order[qi];
             uint64_t *cursor = mm_mc_line(x->priv, MM_PV_CURSOR + q);
             uint64_t c = mm_mc_load(cursor);
-            if (c >= (uint64_t)g->n_queue[q]) continue;
+            if (c >= x->qlen[q]) continue;
             open = 1;
             const int32_t id = g->queue[q][c];
             const mm_mc_task_t *t = &g->tasks[id];
@@ -674,11 +678,19 @@ megamoe_status_t mm_mc_run(mm_mc_exec_t *x, const mm_mc_launch_t *l)
                         "lost or timed out) and can only be closed");
     const mm_mc_plan_t *p = x->plan;
     x->launch = *l;
-    x->graph = &p->graph[l->dir == MM_MC_BWD];
+    /* The tier: every rank picks the same one from the gathered counts (the largest block of
+     * the call), so every counter moves by the same amount everywhere; targets accumulate. */
+    const int tier = l->route ? mm_mc_plan_tier(p, l->route->max_block_rows) : 0;
+    x->graph = &p->tiers[tier][l->dir == MM_MC_BWD];
+    x->nt = p->tier_nt[tier];
+    x->tokens = l->route ? l->route->T : 0;
+    const int64_t n_reduce = x->tokens > 0 ? (x->tokens + MM_MC_TILE - 1) / MM_MC_TILE : 1;
+    x->qlen[MM_MC_CUBE] = (uint64_t)x->graph->n_queue[MM_MC_CUBE];
+    x->qlen[MM_MC_VECTOR] = (uint64_t)(x->graph->n_queue[MM_MC_VECTOR] - p->TT + n_reduce);
     x->gen++;
-    x->arrival_target = x->gen * (uint64_t)p->NT;
+    x->arrival_target += (uint64_t)x->nt;
     x->done_target = x->gen;
-    x->expert_target += (uint64_t)(x->ep * p->NT);
+    x->expert_target += (uint64_t)(x->ep * x->nt);
     x->work_target += (uint64_t)x->graph->n_counted;
     if (l->dir == MM_MC_BWD) x->wgrad_target += (uint64_t)(2 * p->wchunks);
     x->null_mode = l->local != MEGAMOE_OK || l->route == NULL;

@@ -97,14 +97,14 @@ static int mm_mc_rank_order(int ep, int me, const int *host, int *to, int *from)
     return 0;
 }
 
-static megamoe_status_t mm_mc_build(mm_mc_plan_t *p, int dir)
+static megamoe_status_t mm_mc_build(mm_mc_plan_t *p, int tier, int dir)
 {
     const int ep = p->s.ep, me = p->s.me, R = p->s.R, bwd = dir == MM_MC_BWD;
-    const int64_t L = p->L, S = p->S, NT = p->NT, tt = p->s.T / MM_MC_TILE;
+    const int64_t L = p->L, S = p->S, NT = p->tier_nt[tier], tt = p->TT;
     int64_t n_vec = S * ep * NT + 1 + tt + (bwd ? R : 0);
     int64_t n_cube = S * ep * NT + (bwd ? 2 * S * p->wchunks : 0) + R +
                      (bwd && R > 0 ? L * p->wchunks : 0);
-    mm_mc_graph_t *g = &p->graph[dir];
+    mm_mc_graph_t *g = &p->tiers[tier][dir];
     MM_CHECK(mm_mc_graph_alloc(g, n_cube, n_vec));
 
     int *to = malloc(sizeof(int) * (size_t)ep), *from = malloc(sizeof(int) * (size_t)ep);
@@ -152,10 +152,10 @@ static megamoe_status_t mm_mc_build(mm_mc_plan_t *p, int dir)
 
 megamoe_status_t mm_mc_plan_create(const mm_mc_shape_t *s, mm_mc_plan_t **plan_p)
 {
-    if (s->ep < 1 || s->ep > INT16_MAX || s->me < 0 || s->me >= s->ep || s->T < MM_MC_TILE ||
-        s->T % MM_MC_TILE != 0 || s->H < 1 || s->I < 1 || s->K < 1 || s->E < 1 ||
-        s->E % s->ep != 0 || s->cube < 0 || s->vector < 0 || s->cube + s->vector < 1 ||
-        s->R < 0 || s->R > 1024)
+    if (s->ep < 1 || s->ep > INT16_MAX || s->me < 0 || s->me >= s->ep || s->T < 1 ||
+        s->T >= INT32_MAX || s->H < 1 || s->I < 1 || s->K < 1 || s->K >= INT32_MAX / s->T ||
+        s->E < 1 || s->E % s->ep != 0 || s->cube < 0 || s->vector < 0 ||
+        s->cube + s->vector < 1 || s->R < 0 || s->R > 1024)
         return mm_error(MEGAMOE_INVALID_ARGUMENT,
                         "O1 plan: invalid shape (EP %d, rank %d, T %lld, H %lld, I %lld, E %lld, K "
                         "%lld, %d cube + %d vector workers)",
@@ -167,12 +167,21 @@ megamoe_status_t mm_mc_plan_create(const mm_mc_shape_t *s, mm_mc_plan_t **plan_p
     p->s.host = s->host; /* used by the build below only */
     p->L = s->E / s->ep;
     p->S = p->L + s->R;
-    p->NT = s->T * s->K / MM_MC_TILE;
+    p->NT = (s->T * s->K + MM_MC_TILE - 1) / MM_MC_TILE;
+    p->TT = (s->T + MM_MC_TILE - 1) / MM_MC_TILE;
     /* Enough weight-gradient chunks that every worker can take part; results do not depend
      * on the chunking (each element is one product over all the expert's rows). */
     p->wchunks = s->cube + s->vector;
-    megamoe_status_t st = mm_mc_build(p, MM_MC_FWD);
-    if (st == MEGAMOE_OK) st = mm_mc_build(p, MM_MC_BWD);
+    for (int64_t nt = 1;; nt *= 2) { /* tiers 1, 2, 4, ... and NT last */
+        p->tier_nt[p->n_tiers++] = nt < p->NT ? nt : p->NT;
+        if (nt >= p->NT) break;
+    }
+    p->graph = p->tiers[p->n_tiers - 1];
+    megamoe_status_t st = MEGAMOE_OK;
+    for (int t = 0; t < p->n_tiers && st == MEGAMOE_OK; t++) {
+        st = mm_mc_build(p, t, MM_MC_FWD);
+        if (st == MEGAMOE_OK) st = mm_mc_build(p, t, MM_MC_BWD);
+    }
     p->s.host = NULL; /* the caller's array need not outlive this call */
     if (st != MEGAMOE_OK) {
         mm_mc_plan_destroy(p);
@@ -185,9 +194,18 @@ megamoe_status_t mm_mc_plan_create(const mm_mc_shape_t *s, mm_mc_plan_t **plan_p
 void mm_mc_plan_destroy(mm_mc_plan_t *p)
 {
     if (p == NULL) return;
-    mm_mc_graph_free(&p->graph[0]);
-    mm_mc_graph_free(&p->graph[1]);
+    for (int t = 0; t < p->n_tiers; t++) {
+        mm_mc_graph_free(&p->tiers[t][0]);
+        mm_mc_graph_free(&p->tiers[t][1]);
+    }
     free(p);
+}
+
+int mm_mc_plan_tier(const mm_mc_plan_t *p, int64_t block_rows)
+{
+    int t = 0;
+    while (t + 1 < p->n_tiers && p->tier_nt[t] * MM_MC_TILE < block_rows) t++;
+    return t;
 }
 
 static megamoe_status_t mm_mc_env_count(mm_env_id_t id, int *n_p)

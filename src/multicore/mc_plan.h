@@ -1,14 +1,25 @@
 /* The O1 static plan: the MegaMoE forward and backward graphs as task tables and ordered
- * queues, built once per resource group from the fixed shapes (T, H, I, E, K, EP) and the
- * worker counts (docs/multicore.md).
+ * queues, built once per resource group from the fixed shapes (T, H, I, E, K, EP; T is T_cap
+ * for a layer with per-call token counts) and the worker counts (docs/multicore.md).
  *
  * Tiles. Rows travel and are computed in tiles of MM_MC_TILE (128) rows. A block is what one
  * source rank s sends to one local expert j of an owner: the contiguous rows of (j, s) in the
  * owner's receive buffer (docs/architecture.md "Data layout"). A block can hold up to T*K
- * rows (a token may choose an expert more than once), so every block has NT = T*K/128 tile
- * slots; which of them hold rows is runtime metadata (the routing plan of the call). Empty
- * slots cost a metadata check, and the first empty slot of a block signals on behalf of all
- * of them, so every counter moves by the same static amount in every launch.
+ * rows (a token may choose an expert more than once), so at most NT = ceil(T*K/128) tiles.
+ *
+ * Tiers. The graphs exist once per tile tier nt = 1, 2, 4, ..., NT (the last one NT): in tier
+ * nt every block has nt tile slots. A launch runs the smallest tier whose slots hold the
+ * call's largest block (mm_ep_plan_t.max_block_rows: known on every rank from the gathered
+ * counts, so every rank picks the same tier), so a call with few rows walks few empty slots
+ * whatever T_cap is, and the graphs are built once (all tiers at creation: at most twice the
+ * largest one, nothing built or allocated per call). Which slots of a block hold rows is
+ * runtime metadata (the routing plan of the call); empty slots cost a metadata check, and the
+ * first empty slot of a block signals on behalf of all of them, so every counter moves by the
+ * tier's static amount in every launch, on every rank.
+ *
+ * REDUCE tasks (the queue's tail) exist for TT = ceil(T/128) token tiles; a launch runs the
+ * first max(1, ceil(T_r/128)) of them (T_r: this rank's tokens in the call): at least one,
+ * because REDUCE is where a rank waits for every peer's DONE.
  *
  * Task types (role = the queue a task sits in):
  *   DISPATCH (vector)  tile k of this rank's rows for local expert j of destination peer:
@@ -92,17 +103,27 @@ typedef struct mm_mc_shape {
     int R;            /* guest slots per rank (hot-expert replicas; 0 = none) */
 } mm_mc_shape_t;
 
+#define MM_MC_MAX_TIERS 40 /* tiers 1, 2, 4, ...: NT < 2^31 needs at most 33 */
+
 typedef struct mm_mc_plan {
     mm_mc_shape_t s;
     int64_t L;       /* local experts */
     int64_t S;       /* slots: L + R */
-    int64_t NT;      /* tile slots per block: T*K / 128 */
+    int64_t NT;      /* tile slots per block of the largest tier: ceil(T*K / 128) */
+    int64_t TT;      /* REDUCE tasks of every graph: ceil(T / 128) */
     int64_t wchunks; /* weight-gradient chunks per expert and product */
-    mm_mc_graph_t graph[2];
+    int n_tiers;
+    int64_t tier_nt[MM_MC_MAX_TIERS];        /* tile slots per block: 1, 2, 4, ..., NT */
+    mm_mc_graph_t tiers[MM_MC_MAX_TIERS][2]; /* [tier][MM_MC_FWD / MM_MC_BWD] */
+    mm_mc_graph_t *graph; /* the largest tier's pair (tiers[n_tiers - 1]) */
 } mm_mc_plan_t;
 
 megamoe_status_t mm_mc_plan_create(const mm_mc_shape_t *shape, mm_mc_plan_t **plan_p);
 void mm_mc_plan_destroy(mm_mc_plan_t *plan);
+
+/* The tier of a call whose largest block holds block_rows rows: the smallest nt with
+ * nt * 128 >= block_rows (at least tier 0); the last tier for anything larger. */
+int mm_mc_plan_tier(const mm_mc_plan_t *plan, int64_t block_rows);
 
 /* Worker counts of a rank. Explicit cube/vector (> 0, from the API) win, then
  * MEGAMOE_CUBE_WORKERS / MEGAMOE_VECTOR_WORKERS, else `total` workers (the rank's cores)

@@ -39,7 +39,7 @@ megamoe_status_t mm_ep_plan_create(const mm_ep_shape_t *s, mm_ep_plan_t **plan_p
     const size_t sizes[] = {
         sizeof(mm_ep_plan_t),
         ep * e * sizeof(int32_t),        /* counts */
-        e * sizeof(int32_t),             /* hist */
+        (e + 1) * sizeof(int32_t),       /* hist, then T_r (the exchange's payload) */
         (e + 1) * sizeof(int64_t),       /* src_off */
         tk * sizeof(int32_t),            /* perm_slot */
         tk * sizeof(int32_t),            /* slot_pos */
@@ -56,6 +56,7 @@ megamoe_status_t mm_ep_plan_create(const mm_ep_shape_t *s, mm_ep_plan_t **plan_p
         slots * ep * sizeof(int64_t),    /* bcount */
         ep * (e + 1) * sizeof(int64_t),  /* src_prefix */
         s->host_of != NULL ? ep * sizeof(int32_t) : 0, /* host_of */
+        ep * sizeof(int64_t),            /* tokens_of */
     };
     enum { NPARTS = sizeof sizes / sizeof sizes[0] };
     size_t total = 0;
@@ -71,6 +72,7 @@ megamoe_status_t mm_ep_plan_create(const mm_ep_shape_t *s, mm_ep_plan_t **plan_p
     p->ep = s->ep;
     p->me = s->me;
     p->T = s->tokens;
+    p->T_cap = s->tokens;
     p->K = s->top_k;
     p->E = s->experts;
     p->L = s->experts / s->ep;
@@ -97,6 +99,7 @@ megamoe_status_t mm_ep_plan_create(const mm_ep_shape_t *s, mm_ep_plan_t **plan_p
     p->bcount = part[16];
     p->src_prefix = part[17];
     p->host_of = part[18];
+    p->tokens_of = part[19];
     if (p->host_of != NULL) memcpy(p->host_of, s->host_of, ep * sizeof *p->host_of);
     if (p->R > 0) {
         megamoe_status_t st = mm_ep_replica_plan_create(p->ep, p->E, p->R, &p->rep);
@@ -317,7 +320,11 @@ static void mm_ep_offsets(mm_ep_plan_t *p)
                 if (p->seg_rows[dv] > 0) p->seg_order[p->n_seg++] = dv;
             }
     }
-    /* Whole team: the largest receive count. */
+    /* Whole team: the largest block (what the O1 executor sizes its tiles by) */
+    p->max_block_rows = 0;
+    for (size_t i = 0; i < (size_t)ep * (size_t)S * (size_t)ep; i++)
+        if (B[i] > p->max_block_rows) p->max_block_rows = B[i];
+    /* ... and the largest receive count. */
     p->max_recv = -1;
     p->max_recv_rank = 0;
     for (int d = 0; d < ep; d++) {
@@ -332,12 +339,19 @@ static void mm_ep_offsets(mm_ep_plan_t *p)
 }
 
 megamoe_status_t mm_ep_route(mm_ep_plan_t *p, mm_shmem_team_t *team, mm_call_t *call,
-                             const void *ids, megamoe_dtype_t ids_dtype, const void *tpe,
-                             megamoe_dtype_t tpe_dtype, int check, megamoe_status_t local_status)
+                             int64_t tokens, const void *ids, megamoe_dtype_t ids_dtype,
+                             const void *tpe, megamoe_dtype_t tpe_dtype, int check,
+                             megamoe_status_t local_status)
 {
     int32_t *hist = p->hist;
     megamoe_status_t st = local_status;
-    if (st == MEGAMOE_OK && ids == NULL)
+    p->T = 0; /* until the count is known to fit the plan's arrays */
+    if (st == MEGAMOE_OK && (tokens < 0 || tokens > p->T_cap))
+        st = mm_error(MEGAMOE_INVALID_ARGUMENT,
+                      "this call routes %lld tokens but the routing plan holds 0..%lld",
+                      (long long)tokens, (long long)p->T_cap);
+    if (st == MEGAMOE_OK) p->T = tokens;
+    if (st == MEGAMOE_OK && ids == NULL && tokens > 0)
         st = mm_error(MEGAMOE_INVALID_ARGUMENT, "topk_ids is NULL");
     if (st == MEGAMOE_OK && tpe != NULL && !check) {
         /* the router's exact histogram spares the counting pass (seed 000): the permutation
@@ -350,12 +364,19 @@ megamoe_status_t mm_ep_route(mm_ep_plan_t *p, mm_shmem_team_t *team, mm_call_t *
         if (st == MEGAMOE_OK && tpe != NULL) st = mm_ep_check_hist(p, hist, tpe, tpe_dtype);
         if (st == MEGAMOE_OK) st = mm_ep_permute(p, ids, ids_dtype, 0);
     }
-    /* One exchange: the call's descriptor and every rank's status with the counts, so calls
-     * made out of order and a failure of any rank stop every rank before data moves. */
+    /* One exchange: the call's descriptor and every rank's status with the counts and the
+     * call's token count, so calls made out of order and a failure of any rank stop every
+     * rank before data moves, and every rank learns every peer's T_r. */
     const size_t cb = (size_t)p->E * sizeof *hist;
-    MM_CHECK(mm_call_exchange(call, team, st, hist, cb));
-    for (int s = 0; s < p->ep; s++)
-        memcpy(p->counts + (size_t)s * (size_t)p->E, mm_call_payload(call, s), cb);
+    hist[p->E] = (int32_t)p->T;
+    MM_CHECK(mm_call_exchange(call, team, st, hist, cb + sizeof *hist));
+    p->max_tokens = 0;
+    for (int s = 0; s < p->ep; s++) {
+        const int32_t *rec = mm_call_payload(call, s);
+        memcpy(p->counts + (size_t)s * (size_t)p->E, rec, cb);
+        p->tokens_of[s] = rec[p->E];
+        if (p->tokens_of[s] > p->max_tokens) p->max_tokens = p->tokens_of[s];
+    }
 
     if (p->rep != NULL) {
         /* identical input on every rank, so the same plan everywhere */
@@ -365,7 +386,7 @@ megamoe_status_t mm_ep_route(mm_ep_plan_t *p, mm_shmem_team_t *team, mm_call_t *
     }
     mm_ep_offsets(p);
     if (p->max_recv > p->capacity) {
-        int64_t tk = p->T * p->K;
+        int64_t tk = p->T_cap * p->K; /* what the capacity was sized from */
         double need = (double)p->max_recv / (double)tk;
         if (p->capacity_factor > 0)
             return mm_error(MEGAMOE_CAPACITY_OVERFLOW,

@@ -23,6 +23,12 @@
  * slot order, so every (destination slot, source) pair is still one contiguous range on both
  * sides. With R = 0, S = L and every slot is its home expert (the layout above).
  *
+ * Per-call token counts: a plan is sized for T_cap tokens per rank (shape.tokens) and each call
+ * routes T_r <= T_cap rows on this rank (any count, 0 included, different on every rank). T_r
+ * travels with the counts in the one exchange (tokens_of[s] on every rank), so every rank also
+ * knows every peer's count and the largest block of the call (max_block_rows: what the O1
+ * executor sizes its tiles by) without another round trip.
+ *
  * Building a plan is collective over the team: each rank counts its slots per expert, the
  * counts are all-gathered (counts[s][e] on every rank), every rank runs the replica planner on
  * them (R > 0) and derives the same offsets. Capacity: every destination's received rows
@@ -45,7 +51,7 @@
 typedef struct mm_ep_shape {
     int ep;             /* ranks in the team */
     int me;             /* this rank's index in the team */
-    int64_t tokens;     /* T */
+    int64_t tokens;     /* T_cap: the most tokens per rank a call may route (sizes the plan) */
     int64_t top_k;      /* K */
     int64_t experts;    /* E (global), divisible by ep */
     int64_t capacity;   /* receive rows per rank (the symmetric receive buffer) */
@@ -57,11 +63,16 @@ typedef struct mm_ep_shape {
 
 typedef struct mm_ep_plan {
     int ep, me;
-    int64_t T, K, E, L, capacity;
+    int64_t T;      /* this call's tokens on this rank (T_r, set by mm_ep_route) */
+    int64_t T_cap;  /* shape.tokens: what the arrays are sized for */
+    int64_t K, E, L, capacity;
     double capacity_factor;
 
     int32_t *counts; /* [ep * E]: rows from source s to global expert e (counts[s*E + e]) */
-    int32_t *hist;   /* [E]: this rank's own counts before the exchange */
+    int32_t *hist;   /* [E + 1]: this rank's own counts before the exchange, then T_r */
+    int64_t *tokens_of; /* [ep]: every rank's T_r in this call */
+    int64_t max_tokens; /* the largest T_r of the call */
+    int64_t max_block_rows; /* the largest block (slot, source) of the call, any rank */
 
     /* source side */
     int64_t *src_off;   /* [E + 1] */
@@ -102,8 +113,9 @@ typedef struct mm_ep_plan {
 megamoe_status_t mm_ep_plan_create(const mm_ep_shape_t *shape, mm_ep_plan_t **plan_p);
 void mm_ep_plan_destroy(mm_ep_plan_t *plan);
 
-/* Collective over team (ep members, this rank = plan->me): build the plan for topk_ids
- * [T, K] (INT32 or INT64 global ids). tokens_per_expert ([E], INT32 or INT64, may be NULL)
+/* Collective over team (ep members, this rank = plan->me): build the plan for this call's
+ * tokens rows (0 <= tokens <= shape.tokens; larger is INVALID_ARGUMENT) of topk_ids
+ * [tokens, K] (INT32 or INT64 global ids). tokens_per_expert ([E], INT32 or INT64, may be NULL)
  * is the caller's exact local histogram. Without it the ids are counted first (one pass), then
  * permuted (a second); with it the histogram is exchanged as given and the permutation is the
  * only pass over the ids, which also proves the histogram right: entries outside [0, T*K], a
@@ -115,7 +127,7 @@ void mm_ep_plan_destroy(mm_ep_plan_t *plan);
  * (call_order.h): calls made out of order are CALL_MISMATCH on every rank before anything
  * else. */
 megamoe_status_t mm_ep_route(mm_ep_plan_t *plan, mm_shmem_team_t *team, mm_call_t *call,
-                             const void *topk_ids, megamoe_dtype_t ids_dtype,
+                             int64_t tokens, const void *topk_ids, megamoe_dtype_t ids_dtype,
                              const void *tokens_per_expert,
                              megamoe_dtype_t tpe_dtype, int check, megamoe_status_t local_status);
 

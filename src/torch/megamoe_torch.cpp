@@ -402,7 +402,10 @@ int64_t experts_forward(int64_t handle, const Tensor &hidden_states, const Tenso
 {
     megamoe_experts_info_t info;
     megamoe_experts_t *layer = layer_of(handle, &info);
-    const int64_t th = info.tokens * info.hidden, tk = info.tokens * info.top_k;
+    // the call's rows: the layer's T, or (max_local_num_tokens) what hidden_states holds
+    const bool dynamic = info.max_local_num_tokens > 0;
+    const int64_t rows = dynamic ? hidden_states.numel() / info.hidden : info.tokens;
+    const int64_t th = rows * info.hidden, tk = rows * info.top_k;
     require(hidden_states, "hidden_states", {at::kBFloat16}, th);
     require(topk_ids, "topk_ids", {at::kInt, at::kLong}, tk);
     require(topk_weights, "topk_weights", {at::kFloat, at::kBFloat16}, tk);
@@ -413,6 +416,7 @@ int64_t experts_forward(int64_t handle, const Tensor &hidden_states, const Tenso
     in.topk_ids_dtype = code_of(topk_ids);
     in.topk_weights = topk_weights.data_ptr();
     in.topk_weights_dtype = code_of(topk_weights);
+    if (dynamic) in.num_tokens = rows;
     if (tokens_per_expert.has_value() && tokens_per_expert->defined()) {
         require(*tokens_per_expert, "tokens_per_expert", {at::kInt, at::kLong}, info.num_experts);
         in.tokens_per_expert = tokens_per_expert->data_ptr();
@@ -434,7 +438,10 @@ void experts_backward(int64_t handle, int64_t saved, const Tensor &gate_up, cons
     megamoe_experts_info_t info;
     megamoe_experts_t *layer = layer_of(handle, &info);
     TORCH_CHECK_VALUE(saved != 0, "megamoe experts backward: no saved state (forward with save)");
-    const int64_t th = info.tokens * info.hidden;
+    // the forward's rows: the layer's T, or (max_local_num_tokens) what grad_output holds
+    const int64_t rows =
+        info.max_local_num_tokens > 0 ? grad_output.numel() / info.hidden : info.tokens;
+    const int64_t th = rows * info.hidden;
     const int64_t wu = info.local_experts * info.hidden * 2 * info.intermediate;
     const int64_t wd = info.local_experts * info.intermediate * info.hidden;
     require(grad_output, "grad_output", {at::kBFloat16}, th);
@@ -447,7 +454,7 @@ void experts_backward(int64_t handle, int64_t saved, const Tensor &gate_up, cons
                                      code_of(grad_gate_up)};
     if (grad_topk_weights.has_value() && grad_topk_weights->defined()) {
         require(*grad_topk_weights, "grad_topk_weights", {at::kFloat, at::kBFloat16},
-                info.tokens * info.top_k);
+                rows * info.top_k);
         grads.topk_weights = grad_topk_weights->data_ptr();
     }
     auto *state = reinterpret_cast<megamoe_experts_saved_t *>(static_cast<intptr_t>(saved));

@@ -55,6 +55,49 @@ MM_TEST(task_counts_and_queue_contents)
     mm_mc_plan_destroy(p);
 }
 
+/* Per-call token counts: the graphs exist per tile tier 1, 2, 4, ..., NT (T_cap need not be
+ * a multiple of 128); a call runs the smallest tier that holds its largest block; every tier
+ * has the same task kinds, with nt tile slots per block and TT = ceil(T_cap/128) REDUCE tasks. */
+MM_TEST(tile_tiers_for_per_call_counts)
+{
+    mm_mc_plan_t *p = mm_plan(2, 0, 1000, 4, 3, 1, 1); /* T_cap 1000, K 3: NT = 24 */
+    ASSERT_TRUE(p != NULL);
+    ASSERT_EQ_INT(p->NT, 24);
+    ASSERT_EQ_INT(p->TT, 8);
+    ASSERT_EQ_INT(p->n_tiers, 6);
+    const int64_t want[6] = {1, 2, 4, 8, 16, 24};
+    for (int t = 0; t < 6; t++) ASSERT_EQ_INT(p->tier_nt[t], want[t]);
+    ASSERT_TRUE(p->graph == p->tiers[5]);
+    ASSERT_EQ_INT(mm_mc_plan_tier(p, 0), 0);
+    ASSERT_EQ_INT(mm_mc_plan_tier(p, 1), 0);
+    ASSERT_EQ_INT(mm_mc_plan_tier(p, 128), 0);
+    ASSERT_EQ_INT(mm_mc_plan_tier(p, 129), 1);
+    ASSERT_EQ_INT(mm_mc_plan_tier(p, 257), 2);
+    ASSERT_EQ_INT(mm_mc_plan_tier(p, 2048), 4);
+    ASSERT_EQ_INT(mm_mc_plan_tier(p, 2049), 5);
+    ASSERT_EQ_INT(mm_mc_plan_tier(p, 3000), 5);
+    ASSERT_EQ_INT(mm_mc_plan_tier(p, 1 << 30), 5);
+    for (int t = 0; t < p->n_tiers; t++)
+        for (int dir = 0; dir < 2; dir++) {
+            const mm_mc_graph_t *g = &p->tiers[t][dir];
+            const int64_t nt = p->tier_nt[t];
+            /* S = 2 slots x EP 2 blocks x nt dispatch tiles, DONE, 8 REDUCE */
+            ASSERT_EQ_INT(g->n_queue[MM_MC_VECTOR], 2 * 2 * nt + 1 + 8);
+            ASSERT_EQ_INT(g->n_queue[MM_MC_CUBE], 2 * 2 * nt + (dir ? 2 * 2 * p->wchunks : 0));
+            ASSERT_EQ_INT(g->n_counted, g->n_tasks - 1 - 8);
+            const mm_mc_task_t *last = &g->tasks[g->queue[MM_MC_VECTOR][g->n_queue[MM_MC_VECTOR] - 1]];
+            ASSERT_EQ_INT(last->type, MM_MC_REDUCE);
+            ASSERT_EQ_INT(last->k, 7);
+        }
+    mm_mc_plan_destroy(p);
+    p = mm_plan(2, 1, 1, 2, 1, 1, 0); /* the smallest: one token */
+    ASSERT_TRUE(p != NULL);
+    ASSERT_EQ_INT(p->NT, 1);
+    ASSERT_EQ_INT(p->n_tiers, 1);
+    ASSERT_EQ_INT(p->TT, 1);
+    mm_mc_plan_destroy(p);
+}
+
 /* Reference design §3: rank r sends for j, for k, for i: destination (r + i) mod EP. So at any
  * queue position the ranks' destinations form a permutation, and local expert 0 goes first. */
 MM_TEST(ratr_order_is_a_rotated_latin_square)
@@ -164,9 +207,12 @@ MM_TEST(worker_roles)
     ASSERT_STATUS(mm_mc_workers(2, 0, 0, 0, &c, &v), MEGAMOE_INVALID_ARGUMENT);
     unsetenv("MEGAMOE_CUBE_WORKERS");
     unsetenv("MEGAMOE_VECTOR_WORKERS");
-    mm_mc_shape_t bad = {2, 0, 100, 64, 32, 4, 2, 1, 0, NULL, 0};
+    mm_mc_shape_t bad = {2, 0, 0, 64, 32, 4, 2, 1, 0, NULL, 0};
     mm_mc_plan_t *p = NULL;
-    ASSERT_STATUS(mm_mc_plan_create(&bad, &p), MEGAMOE_INVALID_ARGUMENT); /* T % 128 */
+    ASSERT_STATUS(mm_mc_plan_create(&bad, &p), MEGAMOE_INVALID_ARGUMENT); /* T = 0 */
+    bad.T = 128;
+    bad.E = 3; /* not a multiple of EP */
+    ASSERT_STATUS(mm_mc_plan_create(&bad, &p), MEGAMOE_INVALID_ARGUMENT);
     ASSERT_TRUE(mm_mc_heap_bytes(2, 4, 0) % 4096 == 0);
     ASSERT_TRUE(mm_mc_heap_bytes(2, 4, 0) >= (size_t)(4 * 2 + 2) * 64 + 2 * 2 * MM_MC_SLOT_BYTES);
     /* guest slots: their arrival lines, ready lines and every rank's partial lines */
