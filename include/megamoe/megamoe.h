@@ -30,6 +30,7 @@
 #include "megamoe/ops.h"
 #include "megamoe/companion.h"
 #include "megamoe/experts.h"
+#include "megamoe/serve.h"
 #include "megamoe/prof.h"
 #include "megamoe/reference.h"
 
