@@ -8,6 +8,9 @@ import ctypes
 import torch
 
 from . import _lib
+from ._library import concrete as _concrete
+from ._library import faking as _faking
+from ._library import stand_in as _stand_in
 from .errors import check
 
 _L = _lib.lib
@@ -138,16 +141,20 @@ def threads():
 
 
 class Call:
-    """Describes torch tensors for one C call and keeps them alive until it returns."""
+    """Describes torch tensors for one C call and keeps them alive until it returns. Inside a
+    fake kernel (``_library.faking()``: FakeTensor / meta inputs) descriptors point at zeroed
+    stand-ins of the right size (the C ``*_infer`` functions may read them) and ``run`` calls
+    nothing: the body then only describes its outputs' shapes and dtypes."""
 
     def __init__(self, op):
         self.op = op
         self.keep = []
+        self.fake = _faking()
 
     def cpu(self, t, name):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{self.op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.device.type != "cpu":
+        if t.device.type != "cpu" and not self.fake:
             raise ValueError(f"{self.op}: {name} must be a CPU tensor (got device {t.device})")
         return t
 
@@ -160,18 +167,30 @@ class Call:
         t = self.cpu(t, name)
         if t.dim() > 4:
             raise ValueError(f"{self.op}: {name} has {t.dim()} dims; at most 4 are supported")
-        if contiguous:
-            t = t.contiguous()
-        self.keep.append(t)
-        d.data = t.data_ptr() if t.numel() else ctypes.addressof(_EMPTY)
+        if self.fake:
+            shape = [_concrete(n) for n in t.shape]
+            numel = 1
+            for n in shape:
+                numel *= n
+            buf = _stand_in(numel * t.element_size())
+            self.keep.append(buf)
+            d.data = ctypes.addressof(buf)
+        else:
+            if contiguous:
+                t = t.contiguous()
+            self.keep.append(t)
+            shape = t.shape
+            d.data = t.data_ptr() if t.numel() else ctypes.addressof(_EMPTY)
         d.dtype = FROM_TORCH.get(t.dtype, 99) if code is None else code
-        d.ndim = t.dim()
-        for i, s in enumerate(t.shape):
-            d.shape[i] = s
+        d.ndim = len(shape)
+        for i, n in enumerate(shape):
+            d.shape[i] = n
         return d
 
     def out(self, t, name):
         return self.desc(t, name)
 
     def run(self, fn, *args):
+        if self.fake:
+            return
         check(fn(*[ctypes.byref(a) if isinstance(a, ctypes.Structure) else a for a in args]))

@@ -9,8 +9,9 @@ group list's total are zero, tie rounding, int64-coded scales, ...): docs/ops.md
 operators". Every operator is local (no communication) and uses ``torch.get_num_threads()``
 threads, like torch's own operators.
 
-Each operator is a plain function listed in ``OPERATORS`` (name -> function): the one place the
-torch.library registration (``torch.ops.megamoe.*``) reads.
+Every operator is ``torch.ops.megamoe.<name>`` too (megamoe/_library.py: torch_npu's schema,
+a fake kernel for FakeTensor / meta tensors and torch.compile, autograd where torch_npu has it);
+``OPERATORS`` maps each name to its Python entry point (what megamoe.ops exports).
 """
 import ctypes
 import os
@@ -19,19 +20,51 @@ import weakref
 import torch
 
 from . import _companion_c as _c
+from . import _dtypes
+from ._library import FAKE_BY_BODY, HAS_AUTOGRAD, dynamic_size, faking
+from ._library import megamoe as _megamoe
 from .errors import check
 
 __all__ = ["npu_grouped_matmul", "npu_swiglu", "npu_clipped_swiglu", "npu_dynamic_quant",
            "npu_dequant_swiglu_quant", "npu_grouped_matmul_swiglu_quant",
            "npu_grouped_matmul_swiglu_quant_v2"]
 
-OPERATORS = {}
+OPERATORS = {}  # name -> the Python entry point megamoe.ops exports
 
 
-def _operator(fn):
-    """Register a companion operator (the torch.library registration point)."""
-    OPERATORS[fn.__name__] = fn
-    return fn
+def _register(schema, normalize=None, fake=FAKE_BY_BODY):
+    """Define torch.ops.megamoe.<name> with torch_npu's schema and the decorated body (a local
+    operator: no side effects). The body is its own fake kernel unless ``fake`` is given:
+    under ``faking()`` _companion_c.Call calls nothing and the body skips its data reads."""
+    def wrap(body):
+        op = _megamoe.define(schema, fake=fake, collective=False, normalize=normalize)(body)
+        OPERATORS[op.name] = op
+        return op
+    return wrap
+
+
+def _tensor_list(v):
+    """A Tensor[] argument: one tensor is a one-element list (torch_npu takes lists)."""
+    if v is None:
+        return None
+    if isinstance(v, torch.Tensor):
+        return [v]
+    return list(v)
+
+
+def _dtype_arg(op, name, v):
+    """A dtype argument as a torch dtype: torch_npu's integer codes (what the schemas' ``int?``
+    carry, megamoe/_dtypes.py) or a torch dtype; None stays None. A code megamoe has no type
+    for is refused naming the argument."""
+    if v is None or isinstance(v, torch.dtype):
+        return v
+    code = _dtypes.from_npu_code(v)
+    if code == _dtypes.INVALID:
+        raise ValueError(f"{op}: {name}={v!r} is not a dtype code megamoe knows")
+    return _dtypes.torch_dtype(code)
+
+
+_DTYPE = _dtypes.npu_code
 
 
 def _check_none(op, **kwargs):
@@ -168,6 +201,9 @@ def _gmm_call(op, x, weight, *, weight_list=None, bias=None, scale=None, per_tok
               antiquant_scale=None, antiquant_offset=None, group_list=None, group_list_type=0,
               y_dtype, int4=False):
     """One megamoe_grouped_matmul: x [M, K] by weight [E, K, N] (or the weight_list tensors)."""
+    if faking():  # a fake kernel: the output's shape and dtype only
+        last = (weight_list[0] if weight_list is not None else weight).shape[-1]
+        return x.new_empty((x.shape[0], last * (8 if int4 else 1)), dtype=y_dtype)
     call = _c.Call(op)
     a = _c.default("grouped_matmul")
     a.x = call.desc(x, "x")
@@ -213,9 +249,10 @@ def _gmm_call(op, x, weight, *, weight_list=None, bias=None, scale=None, per_tok
 
 def _out_dtype(op, x, scale, output_dtype):
     if output_dtype is not None:
-        if not isinstance(output_dtype, torch.dtype):
-            raise TypeError(f"{op}: output_dtype must be a torch.dtype, got {output_dtype!r}")
-        return output_dtype
+        if not isinstance(output_dtype, (torch.dtype, int)) or isinstance(output_dtype, bool):
+            raise TypeError(f"{op}: output_dtype must be a torch.dtype (or torch_npu's integer "
+                            f"code), got {output_dtype!r}")
+        return _dtype_arg(op, "output_dtype", output_dtype)
     if x.dtype in _c.FLOATS:
         return x.dtype
     if scale is None:
@@ -223,7 +260,32 @@ def _out_dtype(op, x, scale, output_dtype):
     return torch.bfloat16 if scale.dtype == torch.bfloat16 else torch.float16
 
 
-@_operator
+_GMM = ("npu_grouped_matmul(Tensor[] x, Tensor[] weight, *, Tensor[]? bias=None, "
+        "Tensor[]? scale=None, Tensor[]? offset=None, Tensor[]? antiquant_scale=None, "
+        "Tensor[]? antiquant_offset=None, Tensor[]? per_token_scale=None, "
+        "Tensor? group_list=None, Tensor[]? activation_input=None, "
+        "Tensor[]? activation_quant_scale=None, Tensor[]? activation_quant_offset=None, "
+        "int? split_item=0, int? group_type=None, int? group_list_type=0, int? act_type=0, "
+        "int[]? tuning_config=None, int? output_dtype=None, int? x_dtype=None, "
+        "int? weight_dtype=None, int? scale_dtype=None, int? per_token_scale_dtype=None) "
+        "-> Tensor[]")
+
+
+def _group_list_arg(v):
+    """group_list: a tensor, or torch_npu's .List overload (cumulative ints) as an int64 tensor."""
+    if isinstance(v, (list, tuple)):
+        return torch.tensor([int(n) for n in v], dtype=torch.int64)
+    return v
+
+
+_GMM_NORMALIZE = dict({n: _tensor_list for n in (
+    "x", "weight", "bias", "scale", "offset", "antiquant_scale", "antiquant_offset",
+    "per_token_scale", "activation_input", "activation_quant_scale", "activation_quant_offset")},
+    group_list=_group_list_arg, output_dtype=_DTYPE, x_dtype=_DTYPE, weight_dtype=_DTYPE,
+    scale_dtype=_DTYPE, per_token_scale_dtype=_DTYPE)
+
+
+@_register(_GMM, normalize=_GMM_NORMALIZE)
 def npu_grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiquant_scale=None,
                        antiquant_offset=None, per_token_scale=None, group_list=None,
                        activation_input=None, activation_quant_scale=None,
@@ -238,10 +300,14 @@ def npu_grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiqua
                 activation_quant_offset=activation_quant_offset)
     for name, v in (("x_dtype", x_dtype), ("weight_dtype", weight_dtype),
                     ("scale_dtype", scale_dtype), ("per_token_scale_dtype", per_token_scale_dtype)):
+        v = _dtype_arg(op, name, v)
         if v is not None and v not in (torch.int8, torch.bfloat16, torch.float16, torch.float32,
                                        torch.int32, torch.int64):
             raise ValueError(f"{op}: {name}={v!r}: the fp8/fp4/MX storage types are Ascend 950 "
                              "only; megamoe runs int8, int4 (packed int32) and float operands")
+    split_item = 0 if split_item is None else split_item
+    group_list_type = 0 if group_list_type is None else group_list_type
+    act_type = 0 if act_type is None else act_type
     if act_type not in _ACT:
         raise ValueError(f"{op}: act_type {act_type}; use 0 (none), 1 relu, 2 gelu-tanh, 4 fast-gelu "
                          "or 5 silu")
@@ -256,10 +322,7 @@ def npu_grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiqua
                          "along M) are supported (group_type 2 has no MoE caller)")
     concat = split_item in (2, 3)
     int4 = ws[0].dtype == torch.int32
-    if isinstance(group_list, (list, tuple)):  # the .List overload: cumulative ints
-        group_list = torch.tensor(list(group_list), dtype=torch.int64)
-        if group_list_type != 0:
-            raise ValueError(f"{op}: a List[int] group_list is cumulative (group_list_type 0)")
+    group_list = _group_list_arg(group_list)  # the .List overload: cumulative ints
     outs = []
 
     def finish(y, ptoken):
@@ -299,7 +362,8 @@ def npu_grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiqua
                                  per_token_scale=per_token_scale, group_list=counts,
                                  split_item=2, group_type=0, group_list_type=1,
                                  act_type=act_type, output_dtype=output_dtype)[0]
-        return [res] if concat else list(torch.split(res, counts.tolist()))
+        return [res] if concat else list(torch.split(res, [xi.reshape(-1, xi.shape[-1]).shape[0]
+                                                           for xi in xs]))
     x0 = xs[0]
     if x0.dim() != 2:
         raise ValueError(f"{op}: with group_type 0, x must be one [M, K] tensor")
@@ -326,6 +390,8 @@ def npu_grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiqua
         return [y]
     if group_list is None:
         return [y]
+    if faking():  # each group's rows are data: sizes only the group list decides
+        return [y.new_empty((dynamic_size(max=y.shape[0]), y.shape[1])) for _ in range(groups)]
     counts = _group_counts(op, group_list, group_list_type, groups, x0.shape[0])
     parts = list(torch.split(y[:int(counts.sum())], counts.tolist()))
     return parts
@@ -355,29 +421,10 @@ def _halved(x, dim):
 def _swiglu_fwd(x, dim):
     call = _c.Call("npu_swiglu")
     a = _swiglu_args(call, x, dim, False, False, 1.0, 0.0, 0.0, -1)
-    y = torch.empty(_halved(x, dim), dtype=x.dtype)
+    y = x.new_empty(_halved(x, dim))
     a.y = call.out(y, "output")
     call.run(_c.lib.megamoe_swiglu, a)
     return y
-
-
-class _SwigluFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim):
-        ctx.dim = dim
-        ctx.save_for_backward(x)
-        return _swiglu_fwd(x, dim)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        call = _c.Call("npu_swiglu_backward")
-        a = _swiglu_args(call, x, ctx.dim, False, False, 1.0, 0.0, 0.0, -1)
-        dy = call.desc(grad.to(x.dtype), "grad_output")
-        dx = torch.empty_like(x, memory_format=torch.contiguous_format)
-        d = call.out(dx, "grad_input")
-        call.run(_c.lib.megamoe_swiglu_backward, a, dy, d)
-        return dx, None
 
 
 def _check_float(op, name, t):
@@ -398,34 +445,95 @@ def _as4d(x, dim):
     return x.reshape(pre, x.shape[d], -1), 1
 
 
-@_operator
-def npu_swiglu(input, dim=-1):
-    """torch_npu.npu_swiglu: silu(first half) * second half along dim, with autograd."""
+def _check_halves(op, x, dim):
+    if x.shape[dim] % 2:
+        raise ValueError(f"{op}: size {x.shape[dim]} of dim {dim} is odd")
+
+
+@_megamoe.define("npu_swiglu(Tensor input, int dim=-1) -> Tensor", fake=FAKE_BY_BODY)
+def _swiglu_op(input, dim=-1):
+    """The forward kernel: silu(first half) * second half along dim."""
     _check_float("npu_swiglu", "input", input)
-    if input.shape[dim] % 2:
-        raise ValueError(f"npu_swiglu: size {input.shape[dim]} of dim {dim} is odd")
+    _check_halves("npu_swiglu", input, dim)
     x3, d3 = _as4d(input, dim)
-    y = _SwigluFunction.apply(x3, d3)
-    return y.reshape(_halved(input, dim))
+    return _swiglu_fwd(x3, d3).reshape(_halved(input, dim))
 
 
-@_operator
+@_megamoe.define("npu_swiglu_backward(Tensor grad_output, Tensor input, int dim=-1) -> Tensor",
+                 fake=FAKE_BY_BODY)
+def _swiglu_backward_op(grad_output, input, dim=-1):
+    """d input of npu_swiglu (torch_npu's npu_swiglu_backward): input's shape and dtype."""
+    op = "npu_swiglu_backward"
+    _check_float(op, "input", input)
+    _check_halves(op, input, dim)
+    x3, d3 = _as4d(input, dim)
+    call = _c.Call(op)
+    a = _swiglu_args(call, x3, d3, False, False, 1.0, 0.0, 0.0, -1)
+    dy = call.desc(grad_output.to(input.dtype).reshape(_halved(x3, d3)), "grad_output")
+    dx = x3.new_empty(x3.shape)
+    d = call.out(dx, "grad_input")
+    call.run(_c.lib.megamoe_swiglu_backward, a, dy, d)
+    return dx.reshape(input.shape)
+
+
+def _swiglu_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+    ctx.dim = inputs[1] if len(inputs) > 1 else -1
+
+
+def _swiglu_grad(ctx, grad):
+    (x,) = ctx.saved_tensors
+    return torch.ops.megamoe.npu_swiglu_backward(grad, x, ctx.dim), None
+
+
+class _SwigluFunction(torch.autograd.Function):
+    """torch < 2.4: npu_swiglu's autograd (from 2.4 the operator itself is differentiable)."""
+
+    @staticmethod
+    def forward(ctx, x, dim):
+        ctx.dim = dim
+        ctx.save_for_backward(x)
+        return _swiglu_op(x, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _swiglu_grad(ctx, grad)
+
+
+_SWIGLU_AUTOGRAD = _megamoe.register_autograd("npu_swiglu", _swiglu_grad,
+                                              setup_context=_swiglu_setup)
+
+
+def npu_swiglu(input, dim=-1):
+    """torch_npu.npu_swiglu: silu(first half) * second half along dim, differentiable
+    (torch.ops.megamoe.npu_swiglu; its gradient is npu_swiglu_backward)."""
+    if not _SWIGLU_AUTOGRAD and isinstance(input, torch.Tensor) and input.requires_grad \
+            and torch.is_grad_enabled():
+        return _SwigluFunction.apply(input, dim)
+    return _swiglu_op(input, dim)
+
+
+OPERATORS["npu_swiglu"] = npu_swiglu
+npu_swiglu.operator = _swiglu_op  # the torch.ops entry (autograd wrapper above)
+
+
+@_register("npu_clipped_swiglu(Tensor x, *, Tensor? group_index=None, int dim=-1, "
+           "float alpha=1.702, float limit=7.0, float bias=1.0, bool interleaved=True) -> Tensor")
 def npu_clipped_swiglu(x, *, group_index=None, dim=-1, alpha=1.702, limit=7.0, bias=1.0,
                        interleaved=True):
     """torch_npu.npu_clipped_swiglu (gpt-oss SwiGLU): rows past sum(group_index) are zero."""
     op = "npu_clipped_swiglu"
     _check_float(op, "x", x)
-    if x.shape[dim] % 2:
-        raise ValueError(f"{op}: size {x.shape[dim]} of dim {dim} is odd")
+    _check_halves(op, x, dim)
     x3, d3 = _as4d(x, dim)
     valid = -1
-    if group_index is not None:
+    if group_index is not None and not faking():
         valid = int(group_index.to(torch.int64).sum())
         if valid < 0:
             raise ValueError(f"{op}: group_index sums to {valid}")
     call = _c.Call(op)
     a = _swiglu_args(call, x3, d3, interleaved, True, alpha, limit, bias, valid)
-    y = torch.empty(_halved(x3, d3), dtype=x.dtype)
+    y = x3.new_empty(_halved(x3, d3))
     a.y = call.out(y, "y")
     call.run(_c.lib.megamoe_swiglu, a)
     return y.reshape(_halved(x, dim))
@@ -436,7 +544,9 @@ def npu_clipped_swiglu(x, *, group_index=None, dim=-1, alpha=1.702, limit=7.0, b
 _QUINT4X2 = getattr(torch, "quint4x2", None)
 
 
-@_operator
+@_register("npu_dynamic_quant(Tensor x, *, Tensor? smooth_scales=None, Tensor? group_index=None, "
+           "ScalarType? dst_type=None, str quant_mode=\"pertoken\", float dst_type_max=0.0) "
+           "-> (Tensor, Tensor)")
 def npu_dynamic_quant(x, *, smooth_scales=None, group_index=None, dst_type=None,
                       quant_mode="pertoken", dst_type_max=0.0):
     """torch_npu.npu_dynamic_quant: per-token symmetric int8 (or int4) -> (y, scale)."""
@@ -447,6 +557,8 @@ def npu_dynamic_quant(x, *, smooth_scales=None, group_index=None, dst_type=None,
                          "other modes are Ascend 950 storage formats)")
     if dst_type_max not in (0, 0.0):
         raise ValueError(f"{op}: dst_type_max applies to the Ascend 950 fp8/hif8 outputs only")
+    if isinstance(dst_type, int) and not isinstance(dst_type, bool):
+        dst_type = _dtype_arg(op, "dst_type", dst_type)
     int4 = dst_type is not None and dst_type == _QUINT4X2
     if dst_type not in (None, torch.int8) and not int4:
         raise ValueError(f"{op}: dst_type {dst_type!r}; use torch.int8 or torch.quint4x2")
@@ -461,10 +573,10 @@ def npu_dynamic_quant(x, *, smooth_scales=None, group_index=None, dst_type=None,
     if int4:
         if h % 8:
             raise ValueError(f"{op}: int4 output needs the last dim divisible by 8, got {h}")
-        y = torch.empty((*x.shape[:-1], h // 8), dtype=torch.int32)
+        y = x.new_empty((*x.shape[:-1], h // 8), dtype=torch.int32)
     else:
-        y = torch.empty(x.shape, dtype=torch.int8)
-    scale = torch.empty(x.shape[:-1], dtype=torch.float32)
+        y = x.new_empty(x.shape, dtype=torch.int8)
+    scale = x.new_empty(x.shape[:-1], dtype=torch.float32)
     a.y = call.out(y.reshape(x2.shape[0], -1), "y")
     a.scale = call.out(scale.reshape(-1), "scale")
     a.threads = _c.threads()
@@ -502,8 +614,8 @@ def _dsq(op, x, *, weight_scale, activation_scale, bias, quant_scale, quant_offs
     a.swiglu_mode = swiglu_mode
     a.clamp_limit, a.glu_alpha, a.glu_bias = float(clamp_limit), float(glu_alpha), float(glu_bias)
     h = x.shape[-1] // 2
-    y = torch.empty((x2.shape[0], h), dtype=torch.int8)
-    scale = torch.empty(x2.shape[0], dtype=torch.float32)
+    y = x2.new_empty((x2.shape[0], h), dtype=torch.int8)
+    scale = x2.new_empty(x2.shape[0], dtype=torch.float32)
     a.y = call.out(y, "y")
     a.scale = call.out(scale, "scale")
     a.threads = _c.threads()
@@ -511,7 +623,22 @@ def _dsq(op, x, *, weight_scale, activation_scale, bias, quant_scale, quant_offs
     return y.reshape(*lead, h), scale.reshape(lead)
 
 
-@_operator
+def _quant_mode_arg(v):
+    return {"static": 0, "dynamic": 1}.get(v, v) if isinstance(v, str) else v
+
+
+def _round_mode_arg(v):
+    return 0 if v == "rint" else v  # torch_npu's int code 0 = rint
+
+
+@_register("npu_dequant_swiglu_quant(Tensor x, *, Tensor? weight_scale=None, "
+           "Tensor? activation_scale=None, Tensor? bias=None, Tensor? quant_scale=None, "
+           "Tensor? quant_offset=None, Tensor? group_index=None, bool activate_left=False, "
+           "int quant_mode=0, int? dst_type=None, int? round_mode=None, int? activate_dim=None, "
+           "int swiglu_mode=0, float clamp_limit=7.0, float glu_alpha=1.702, "
+           "float glu_bias=1.0) -> (Tensor, Tensor)",
+           normalize={"quant_mode": _quant_mode_arg, "dst_type": _DTYPE,
+                      "round_mode": _round_mode_arg})
 def npu_dequant_swiglu_quant(x, *, weight_scale=None, activation_scale=None, bias=None,
                              quant_scale=None, quant_offset=None, group_index=None,
                              activate_left=False, quant_mode=0, dst_type=None, round_mode=None,
@@ -522,9 +649,9 @@ def npu_dequant_swiglu_quant(x, *, weight_scale=None, activation_scale=None, bia
     if dst_type not in (None, torch.int8, 1):
         raise ValueError(f"{op}: dst_type {dst_type!r}; megamoe writes int8 (the other types are "
                          "Ascend 950 only)")
-    if round_mode not in (None, "rint"):
-        raise ValueError(f"{op}: round_mode {round_mode!r}; int8 output rounds to nearest even "
-                         "('rint')")
+    if round_mode not in (None, 0, "rint"):
+        raise ValueError(f"{op}: round_mode {round_mode!r}; megamoe's int8 output rounds half "
+                         "away from zero, what torch_npu calls 0 / 'rint' here (docs/ops.md)")
     if activate_dim not in (None, -1) and (not isinstance(x, torch.Tensor)
                                            or activate_dim != x.dim() - 1):
         raise ValueError(f"{op}: activate_dim {activate_dim}: only the last dim is supported")
@@ -553,10 +680,13 @@ def _gmm_swiglu_quant(op, x, weight, group_list, group_list_type, weight_scale, 
         qs = smooth_scale
         if qs.dim() == 1:  # [E]: one factor per group
             qs = qs.reshape(-1, 1).expand(-1, y.shape[1] // 2).contiguous()
-        gi = _group_counts(op, group_list, group_list_type, groups, x.shape[0])
+        gi = group_list.new_empty(groups, dtype=torch.int64) if faking() else \
+            _group_counts(op, group_list, group_list_type, groups, x.shape[0])
     out, scale = _dsq(op, y, weight_scale=None, activation_scale=None, bias=None, quant_scale=qs,
                       quant_offset=None, group_index=gi, group_index_type=1, activate_left=True,
                       quant_mode=1, swiglu_mode=0, clamp_limit=7.0, glu_alpha=1.702, glu_bias=1.0)
+    if faking():
+        return out, scale
     total = int(_group_counts(op, group_list, group_list_type, groups, x.shape[0]).sum())
     if gi is None and total < x.shape[0]:
         out[total:] = 0
@@ -564,7 +694,9 @@ def _gmm_swiglu_quant(op, x, weight, group_list, group_list_type, weight_scale, 
     return out, scale
 
 
-@_operator
+@_register("npu_grouped_matmul_swiglu_quant(Tensor x, Tensor weight, Tensor group_list, "
+           "Tensor weight_scale, Tensor x_scale, *, Tensor? bias=None, Tensor? offset=None) "
+           "-> (Tensor, Tensor, Tensor)")
 def npu_grouped_matmul_swiglu_quant(x, weight, group_list, weight_scale, x_scale, *, bias=None,
                                     offset=None):
     """torch_npu.npu_grouped_matmul_swiglu_quant (cumulative group_list) ->
@@ -574,10 +706,20 @@ def npu_grouped_matmul_swiglu_quant(x, weight, group_list, weight_scale, x_scale
     int4 = weight.dtype == torch.int32
     out, scale = _gmm_swiglu_quant(op, x, weight, group_list, 0, weight_scale, x_scale, bias,
                                    None, int4)
-    return out, scale, torch.zeros((), dtype=torch.float32)
+    return out, scale, x.new_zeros((), dtype=torch.float32)
 
 
-@_operator
+@_register("npu_grouped_matmul_swiglu_quant_v2(Tensor x, Tensor[] weight, Tensor[] weight_scale, "
+           "Tensor x_scale, Tensor group_list, *, Tensor? smooth_scale=None, "
+           "Tensor[]? weight_assist_matrix=None, Tensor? bias=None, int? dequant_mode=0, "
+           "int? dequant_dtype=0, int? quant_mode=0, int? quant_dtype=1, "
+           "int? group_list_type=0, int[]? tuning_config=None, int? x_dtype=None, "
+           "int? weight_dtype=None, int? weight_scale_dtype=None, int? x_scale_dtype=None) "
+           "-> (Tensor, Tensor)",
+           normalize={"weight": _tensor_list, "weight_scale": _tensor_list,
+                      "weight_assist_matrix": _tensor_list, "x_dtype": _DTYPE,
+                      "weight_dtype": _DTYPE, "weight_scale_dtype": _DTYPE,
+                      "x_scale_dtype": _DTYPE})
 def npu_grouped_matmul_swiglu_quant_v2(x, weight, weight_scale, x_scale, group_list, *,
                                        smooth_scale=None, weight_assist_matrix=None, bias=None,
                                        dequant_mode=0, dequant_dtype=0, quant_mode=0,
@@ -587,12 +729,17 @@ def npu_grouped_matmul_swiglu_quant_v2(x, weight, weight_scale, x_scale, group_l
     """torch_npu.npu_grouped_matmul_swiglu_quant_v2 (one-element weight / weight_scale lists)
     -> (out int8 [M, N/2], out_scale fp32 [M])."""
     op = "npu_grouped_matmul_swiglu_quant_v2"
+    dequant_mode = 0 if dequant_mode is None else dequant_mode
+    quant_mode = 0 if quant_mode is None else quant_mode
+    quant_dtype = 1 if quant_dtype is None else quant_dtype
+    group_list_type = 0 if group_list_type is None else group_list_type
     if dequant_mode not in (0, 1) or quant_mode != 0 or quant_dtype not in (0, 1):
         raise ValueError(f"{op}: dequant_mode {dequant_mode}, quant_mode {quant_mode}, quant_dtype "
                          f"{quant_dtype}: megamoe runs the int8 forms (dequant_mode 0/1, "
                          "quant_mode 0, int8 output); the MX / fp8 modes are Ascend 950 only")
     for name, v in (("x_dtype", x_dtype), ("weight_dtype", weight_dtype),
                     ("weight_scale_dtype", weight_scale_dtype), ("x_scale_dtype", x_scale_dtype)):
+        v = _dtype_arg(op, name, v)
         if v is not None and v not in (torch.int8, torch.int32, torch.float32, torch.bfloat16,
                                        torch.int64):
             raise ValueError(f"{op}: {name}={v!r} is an Ascend 950 storage type")

@@ -5,7 +5,10 @@ signatures, re-exported by :mod:`megamoe.ops`. Rules: docs/ops.md "Companion ope
 import torch
 
 from . import _companion_c as _c
-from .companion import OPERATORS, _operator
+from . import _dtypes
+from ._library import FAKE_BY_BODY, faking
+from ._library import megamoe as _megamoe
+from .companion import _DTYPE, OPERATORS, _register
 
 __all__ = ["npu_moe_init_routing_v2", "npu_moe_finalize_routing", "npu_moe_token_permute",
            "npu_moe_token_unpermute", "npu_moe_gating_top_k", "npu_moe_update_expert"]
@@ -15,13 +18,18 @@ _OPERATORS = OPERATORS  # one registry for every companion operator
 
 # ---- npu_moe_init_routing_v2 -------------------------------------------------------------------
 
-def _alloc(desc):
+def _alloc(desc, like):
     shape = tuple(desc.shape[i] for i in range(desc.ndim))
     dtype = {v: k for k, v in _c.FROM_TORCH.items()}[desc.dtype]
-    return torch.empty(shape, dtype=dtype)
+    return like.new_empty(shape, dtype=dtype)
 
 
-@_operator
+@_register("npu_moe_init_routing_v2(Tensor x, Tensor expert_idx, *, Tensor? scale=None, "
+           "Tensor? offset=None, int active_num=-1, int expert_capacity=-1, int expert_num=-1, "
+           "int drop_pad_mode=0, int expert_tokens_num_type=0, bool expert_tokens_num_flag=False, "
+           "int quant_mode=-1, int[2] active_expert_range=[], int row_idx_type=0, "
+           "int? x_dtype=None) -> (Tensor, Tensor, Tensor, Tensor)",
+           normalize={"x_dtype": _DTYPE})
 def npu_moe_init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_num=-1,
                             expert_capacity=-1, expert_num=-1, drop_pad_mode=0,
                             expert_tokens_num_type=0, expert_tokens_num_flag=False,
@@ -29,6 +37,11 @@ def npu_moe_init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_nu
                             x_dtype=None):
     """-> (expanded_x, expanded_row_idx, expert_tokens, expanded_scale); docs/ops.md."""
     op = "npu_moe_init_routing_v2"
+    if x_dtype is not None and not isinstance(x_dtype, torch.dtype):
+        code = _dtypes.from_npu_code(x_dtype)
+        x_dtype = None if code == _dtypes.INVALID else _dtypes.torch_dtype(code)
+        if x_dtype is None:
+            raise ValueError(f"{op}: x_dtype is not a dtype code megamoe knows")
     if x_dtype is not None and isinstance(x, torch.Tensor) and x_dtype != x.dtype:
         raise ValueError(f"{op}: x_dtype {x_dtype} does not match x ({x.dtype}); the MX / fp8 "
                          "input types are Ascend 950 only")
@@ -52,8 +65,8 @@ def npu_moe_init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_nu
     a.threads = _c.threads()
     from .errors import check
     check(_c.lib.megamoe_init_routing_infer(a))
-    outs = [_alloc(a.expanded_x), _alloc(a.expanded_row_idx), _alloc(a.expert_tokens),
-            _alloc(a.expanded_scale)]
+    outs = [_alloc(a.expanded_x, x), _alloc(a.expanded_row_idx, x), _alloc(a.expert_tokens, x),
+            _alloc(a.expanded_scale, x)]
     for name, t in zip(("expanded_x", "expanded_row_idx", "expert_tokens", "expanded_scale"), outs):
         setattr(a, name, call.out(t, name))
     call.run(_c.lib.megamoe_init_routing, a)
@@ -62,20 +75,14 @@ def npu_moe_init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_nu
 
 # ---- npu_moe_finalize_routing -------------------------------------------------------------------
 
-@_operator
-def npu_moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales,
-                             expanded_src_to_dst_row, export_for_source_row=None, drop_pad_mode=0,
-                             k=1, **alias):
-    """out[n] = skip1 + skip2 + sum_k scales[n, k] * (rows[idx(n, k)] + bias[expert(n, k)]).
-    ``expert_for_source_row=`` (the docs' spelling) is accepted for export_for_source_row."""
+@_megamoe.define("npu_moe_finalize_routing(Tensor expanded_permuted_rows, Tensor? skip1, "
+                 "Tensor? skip2, Tensor? bias, Tensor? scales, Tensor expanded_src_to_dst_row, "
+                 "Tensor? export_for_source_row=None, int? drop_pad_mode=0, int k=1) -> Tensor",
+                 fake=FAKE_BY_BODY)
+def _finalize_routing_op(expanded_permuted_rows, skip1, skip2, bias, scales,
+                         expanded_src_to_dst_row, export_for_source_row=None, drop_pad_mode=0,
+                         k=1):
     op = "npu_moe_finalize_routing"
-    if alias:
-        unknown = set(alias) - {"expert_for_source_row"}
-        if unknown:
-            raise TypeError(f"{op}() got an unexpected keyword argument {sorted(unknown)[0]!r}")
-        if export_for_source_row is not None:
-            raise TypeError(f"{op}: pass export_for_source_row or expert_for_source_row, not both")
-        export_for_source_row = alias["expert_for_source_row"]
     rows = expanded_permuted_rows
     if not isinstance(rows, torch.Tensor):
         raise TypeError(f"{op}: expanded_permuted_rows must be a torch.Tensor")
@@ -93,18 +100,48 @@ def npu_moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales,
     a.expanded_src_to_dst_row = call.desc(expanded_src_to_dst_row, "expanded_src_to_dst_row")
     a.expert_for_source_row = call.desc(export_for_source_row, "export_for_source_row")
     a.drop_pad_mode, a.k = int(drop_pad_mode if drop_pad_mode is not None else 0), int(k)
-    out = torch.empty((n, rows.shape[-1]), dtype=rows.dtype)
+    out = rows.new_empty((n, rows.shape[-1]))
     a.out = call.out(out, "out")
     a.threads = _c.threads()
     call.run(_c.lib.megamoe_finalize_routing, a)
     return out
 
 
+def npu_moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales,
+                             expanded_src_to_dst_row, export_for_source_row=None, drop_pad_mode=0,
+                             k=1, **alias):
+    """out[n] = skip1 + skip2 + sum_k scales[n, k] * (rows[idx(n, k)] + bias[expert(n, k)])
+    (torch.ops.megamoe.npu_moe_finalize_routing). ``expert_for_source_row=`` (the docs'
+    spelling) is accepted for export_for_source_row."""
+    op = "npu_moe_finalize_routing"
+    if alias:
+        unknown = set(alias) - {"expert_for_source_row"}
+        if unknown:
+            raise TypeError(f"{op}() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+        if export_for_source_row is not None:
+            raise TypeError(f"{op}: pass export_for_source_row or expert_for_source_row, not both")
+        export_for_source_row = alias["expert_for_source_row"]
+    return _finalize_routing_op(expanded_permuted_rows, skip1, skip2, bias, scales,
+                                expanded_src_to_dst_row, export_for_source_row,
+                                drop_pad_mode, k)
+
+
+OPERATORS["npu_moe_finalize_routing"] = npu_moe_finalize_routing
+npu_moe_finalize_routing.operator = _finalize_routing_op
+
+
 # ---- npu_moe_token_permute / unpermute ------------------------------------------------------------
 
-def _unpermute(rows, index, probs, t_rows, width, dtype):
+def _width(t):
+    w = 1
+    for d in t.shape[1:]:
+        w *= d
+    return w
+
+
+def _unpermute(rows, index, probs, t_rows, width, like):
     call = _c.Call("npu_moe_token_unpermute")
-    out = torch.empty((t_rows, width), dtype=dtype)
+    out = like.new_empty((t_rows, width))
     r = call.desc(rows.reshape(rows.shape[0], -1) if rows.dim() != 2 else rows, "permuted_tokens")
     i = call.desc(index.reshape(-1), "sorted_indices")
     p = call.desc(probs, "probs")
@@ -113,42 +150,11 @@ def _unpermute(rows, index, probs, t_rows, width, dtype):
     return out
 
 
-class _PermuteFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, tokens, indices, num_out_tokens):
-        call = _c.Call("npu_moe_token_permute")
-        nk = indices.numel()
-        r = num_out_tokens if num_out_tokens > 0 else num_out_tokens + nk
-        r = min(r, nk) if num_out_tokens > 0 else max(r, 0)
-        permuted = torch.empty((r, *tokens.shape[1:]), dtype=tokens.dtype)
-        sorted_indices = torch.empty(nk, dtype=torch.int32)
-        t = call.desc(tokens.reshape(tokens.shape[0], -1), "tokens")
-        i = call.desc(indices, "indices")
-        p = call.out(permuted.reshape(r, -1), "permuted_tokens")
-        s = call.out(sorted_indices, "sorted_indices")
-        call.run(_c.lib.megamoe_token_permute, t, i, num_out_tokens, p, s, _c.threads())
-        ctx.save_for_backward(sorted_indices)
-        ctx.shape = tokens.shape
-        ctx.mark_non_differentiable(sorted_indices)
-        return permuted, sorted_indices
-
-    @staticmethod
-    def backward(ctx, grad, _grad_indices):
-        (sorted_indices,) = ctx.saved_tensors
-        shape = ctx.shape
-        width = 1
-        for d in shape[1:]:
-            width *= d
-        # d tokens[t] = sum_k d permuted[sorted_indices[t*K + k]]; dropped pairs give 0
-        g = _unpermute(grad.reshape(grad.shape[0], width).contiguous(), sorted_indices, None,
-                       shape[0], width, grad.dtype)
-        return g.reshape(shape), None, None
-
-
-@_operator
-def npu_moe_token_permute(tokens, indices, num_out_tokens=None, padded_mode=False):
+@_megamoe.define("npu_moe_token_permute(Tensor tokens, Tensor indices, int? num_out_tokens=None, "
+                 "bool padded_mode=False) -> (Tensor, Tensor)", fake=FAKE_BY_BODY)
+def _token_permute_op(tokens, indices, num_out_tokens=None, padded_mode=False):
     """-> (permuted_tokens, sorted_indices int32 [T*K]): rows sorted (stably) by expert id;
-    sorted_indices[i] = the destination row of flat pair i. Differentiable in tokens."""
+    sorted_indices[i] = the destination row of flat pair i."""
     op = "npu_moe_token_permute"
     if padded_mode:
         raise ValueError(f"{op}: padded_mode=True is not supported (torch_npu: 'not supported yet')")
@@ -159,46 +165,80 @@ def npu_moe_token_permute(tokens, indices, num_out_tokens=None, padded_mode=Fals
     if indices.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{op}: indices must be int32 or int64, got {indices.dtype}")
     n = int(num_out_tokens or 0)
-    return _PermuteFunction.apply(tokens, indices, n)
+    nk = indices.numel()
+    r = n if n > 0 else n + nk
+    r = min(r, nk) if n > 0 else max(r, 0)
+    call = _c.Call(op)
+    permuted = tokens.new_empty((r, *tokens.shape[1:]))
+    sorted_indices = tokens.new_empty(nk, dtype=torch.int32)
+    t = call.desc(tokens.reshape(tokens.shape[0], -1), "tokens")
+    i = call.desc(indices, "indices")
+    p = call.out(permuted.reshape(r, -1), "permuted_tokens")
+    o = call.out(sorted_indices, "sorted_indices")
+    call.run(_c.lib.megamoe_token_permute, t, i, n, p, o, _c.threads())
+    return permuted, sorted_indices
 
 
-class _UnpermuteFunction(torch.autograd.Function):
+@_megamoe.define("moe_token_permute_backward(Tensor grad_permuted_tokens, Tensor sorted_indices, "
+                 "int num_tokens) -> Tensor", fake=FAKE_BY_BODY)
+def _token_permute_backward_op(grad_permuted_tokens, sorted_indices, num_tokens):
+    """d tokens of npu_moe_token_permute: d tokens[t] = sum_k d permuted[sorted_indices[t*K + k]]
+    (pairs dropped by num_out_tokens give 0)."""
+    g = grad_permuted_tokens
+    out = _unpermute(g.reshape(g.shape[0], _width(g)), sorted_indices, None, num_tokens, _width(g), g)
+    return out.reshape((num_tokens, *g.shape[1:]))
+
+
+def _permute_setup(ctx, inputs, output):
+    ctx.save_for_backward(output[1])
+    ctx.num_tokens = inputs[0].shape[0]
+
+
+def _permute_grad(ctx, grad, _grad_indices):
+    (sorted_indices,) = ctx.saved_tensors
+    g = torch.ops.megamoe.moe_token_permute_backward(grad.contiguous(), sorted_indices,
+                                                     ctx.num_tokens)
+    return g, None, None, None
+
+
+class _PermuteFunction(torch.autograd.Function):
+    """torch < 2.4: npu_moe_token_permute's autograd (the operator's own from 2.4)."""
+
     @staticmethod
-    def forward(ctx, permuted, sorted_indices, probs, t_rows):
-        width = permuted[0].numel() if permuted.shape[0] else 0
-        if permuted.dim() > 1:
-            width = 1
-            for s in permuted.shape[1:]:
-                width *= s
-        out = _unpermute(permuted.reshape(permuted.shape[0], -1), sorted_indices, probs, t_rows,
-                         width, permuted.dtype)
-        ctx.save_for_backward(permuted, sorted_indices, probs)
-        ctx.has_probs = probs is not None
-        ctx.pshape = permuted.shape
-        return out.reshape((t_rows, *permuted.shape[1:]))
+    def forward(ctx, tokens, indices, num_out_tokens, padded_mode):
+        permuted, sorted_indices = _token_permute_op(tokens, indices, num_out_tokens, padded_mode)
+        _permute_setup(ctx, (tokens,), (permuted, sorted_indices))
+        ctx.mark_non_differentiable(sorted_indices)
+        return permuted, sorted_indices
 
     @staticmethod
-    def backward(ctx, grad):
-        permuted, sorted_indices, probs = ctx.saved_tensors
-        call = _c.Call("npu_moe_token_unpermute_backward")
-        rows = permuted.reshape(permuted.shape[0], -1)
-        d_rows = torch.empty(rows.shape, dtype=permuted.dtype)
-        d_probs = torch.empty_like(probs) if ctx.has_probs and ctx.needs_input_grad[2] else None
-        args = [call.desc(rows, "permuted_tokens"), call.desc(sorted_indices.reshape(-1), "index"),
-                call.desc(probs, "probs"),
-                call.desc(grad.reshape(grad.shape[0], -1).to(permuted.dtype), "grad_output"),
-                call.out(d_rows, "d_permuted"),
-                call.out(d_probs, "d_probs") if d_probs is not None else _c.Tensor()]
-        call.run(_c.lib.megamoe_token_unpermute_backward, *args, _c.threads())
-        return d_rows.reshape(ctx.pshape), None, d_probs, None
+    def backward(ctx, grad, grad_indices):
+        return _permute_grad(ctx, grad, grad_indices)
 
 
-@_operator
-def npu_moe_token_unpermute(permuted_tokens, sorted_indices, probs=None, padded_mode=False,
-                            restore_shape=None):
-    """out[t] = sum_k probs[t, k] * permuted_tokens[sorted_indices[t*K + k]] (K = 1 without
-    probs), fp32 accumulation, permuted_tokens' dtype. Duplicate indices work (plain gather);
-    indices past the rows contribute zero. Differentiable in permuted_tokens and probs."""
+_PERMUTE_AUTOGRAD = _megamoe.register_autograd("npu_moe_token_permute", _permute_grad,
+                                               setup_context=_permute_setup)
+
+
+def _wants_grad(*ts):
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in ts)
+
+
+def npu_moe_token_permute(tokens, indices, num_out_tokens=None, padded_mode=False):
+    """-> (permuted_tokens, sorted_indices int32 [T*K]): rows sorted (stably) by expert id;
+    sorted_indices[i] = the destination row of flat pair i. Differentiable in tokens
+    (torch.ops.megamoe.npu_moe_token_permute)."""
+    if not _PERMUTE_AUTOGRAD and _wants_grad(tokens):
+        return _PermuteFunction.apply(tokens, indices, num_out_tokens, padded_mode)
+    return _token_permute_op(tokens, indices, num_out_tokens, padded_mode)
+
+
+@_megamoe.define("npu_moe_token_unpermute(Tensor permuted_tokens, Tensor sorted_indices, "
+                 "Tensor? probs=None, bool padded_mode=False, int[]? restore_shape=None) "
+                 "-> Tensor", fake=FAKE_BY_BODY)
+def _token_unpermute_op(permuted_tokens, sorted_indices, probs=None, padded_mode=False,
+                        restore_shape=None):
     op = "npu_moe_token_unpermute"
     if padded_mode:
         raise ValueError(f"{op}: padded_mode=True is not supported (torch_npu: 'not supported yet')")
@@ -211,12 +251,84 @@ def npu_moe_token_unpermute(permuted_tokens, sorted_indices, probs=None, padded_
         t_rows = probs.shape[0]
     else:
         t_rows = nk
-    return _UnpermuteFunction.apply(permuted_tokens, sorted_indices, probs, t_rows)
+    p = permuted_tokens
+    out = _unpermute(p.reshape(p.shape[0], -1), sorted_indices, probs, t_rows, _width(p), p)
+    return out.reshape((t_rows, *p.shape[1:]))
+
+
+@_megamoe.define("moe_token_unpermute_backward(Tensor permuted_tokens, Tensor sorted_indices, "
+                 "Tensor? probs, Tensor grad_output) -> (Tensor, Tensor)", fake=FAKE_BY_BODY)
+def _token_unpermute_backward_op(permuted_tokens, sorted_indices, probs, grad_output):
+    """(d permuted_tokens, d probs) of npu_moe_token_unpermute (d probs is empty without
+    probs)."""
+    call = _c.Call("npu_moe_token_unpermute_backward")
+    rows = permuted_tokens.reshape(permuted_tokens.shape[0], -1)
+    d_rows = rows.new_empty(rows.shape)
+    d_probs = probs.new_empty(probs.shape) if probs is not None else rows.new_empty(0)
+    args = [call.desc(rows, "permuted_tokens"), call.desc(sorted_indices.reshape(-1), "index"),
+            call.desc(probs, "probs"),
+            call.desc(grad_output.reshape(grad_output.shape[0], -1).to(permuted_tokens.dtype),
+                      "grad_output"),
+            call.out(d_rows, "d_permuted"),
+            call.out(d_probs, "d_probs") if probs is not None else _c.Tensor()]
+    call.run(_c.lib.megamoe_token_unpermute_backward, *args, _c.threads())
+    return d_rows.reshape(permuted_tokens.shape), d_probs
+
+
+def _unpermute_setup(ctx, inputs, output):
+    permuted, sorted_indices = inputs[0], inputs[1]
+    probs = inputs[2] if len(inputs) > 2 else None
+    ctx.save_for_backward(permuted, sorted_indices, probs)
+
+
+def _unpermute_grad(ctx, grad):
+    permuted, sorted_indices, probs = ctx.saved_tensors
+    d_rows, d_probs = torch.ops.megamoe.moe_token_unpermute_backward(
+        permuted, sorted_indices, probs, grad.contiguous())
+    return d_rows, None, (d_probs if probs is not None else None), None, None
+
+
+class _UnpermuteFunction(torch.autograd.Function):
+    """torch < 2.4: npu_moe_token_unpermute's autograd (the operator's own from 2.4)."""
+
+    @staticmethod
+    def forward(ctx, permuted, sorted_indices, probs, padded_mode, restore_shape):
+        _unpermute_setup(ctx, (permuted, sorted_indices, probs), None)
+        return _token_unpermute_op(permuted, sorted_indices, probs, padded_mode, restore_shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _unpermute_grad(ctx, grad)
+
+
+_UNPERMUTE_AUTOGRAD = _megamoe.register_autograd("npu_moe_token_unpermute", _unpermute_grad,
+                                                 setup_context=_unpermute_setup)
+
+
+def npu_moe_token_unpermute(permuted_tokens, sorted_indices, probs=None, padded_mode=False,
+                            restore_shape=None):
+    """out[t] = sum_k probs[t, k] * permuted_tokens[sorted_indices[t*K + k]] (K = 1 without
+    probs), fp32 accumulation, permuted_tokens' dtype. Duplicate indices work (plain gather);
+    indices past the rows contribute zero. Differentiable in permuted_tokens and probs
+    (torch.ops.megamoe.npu_moe_token_unpermute)."""
+    if not _UNPERMUTE_AUTOGRAD and _wants_grad(permuted_tokens, probs):
+        return _UnpermuteFunction.apply(permuted_tokens, sorted_indices, probs, padded_mode,
+                                        restore_shape)
+    return _token_unpermute_op(permuted_tokens, sorted_indices, probs, padded_mode, restore_shape)
+
+
+for _f, _o in ((npu_moe_token_permute, _token_permute_op),
+               (npu_moe_token_unpermute, _token_unpermute_op)):
+    OPERATORS[_o.name] = _f
+    _f.operator = _o
 
 
 # ---- npu_moe_gating_top_k ------------------------------------------------------------------------
 
-@_operator
+@_register("npu_moe_gating_top_k(Tensor x, int k, *, Tensor? bias=None, Tensor? input_ids=None, "
+           "Tensor? tid2eid=None, int k_group=1, int group_count=1, int group_select_mode=0, "
+           "int renorm=0, int norm_type=0, bool out_flag=False, "
+           "float routed_scaling_factor=1.0, float eps=1e-20) -> (Tensor, Tensor, Tensor)")
 def npu_moe_gating_top_k(x, k, *, bias=None, input_ids=None, tid2eid=None, k_group=1,
                          group_count=1, group_select_mode=0, renorm=0, norm_type=0,
                          out_flag=False, routed_scaling_factor=1.0, eps=1e-20):
@@ -236,13 +348,13 @@ def npu_moe_gating_top_k(x, k, *, bias=None, input_ids=None, tid2eid=None, k_gro
     a.k, a.k_group, a.group_count = int(k), int(k_group), int(group_count)
     a.group_select_mode, a.renorm, a.norm_type = int(group_select_mode), int(renorm), int(norm_type)
     a.routed_scaling_factor, a.eps = float(routed_scaling_factor), float(eps)
-    y = torch.empty((n, int(k)), dtype=x.dtype)
-    idx = torch.empty((n, int(k)), dtype=torch.int32)
-    norm = torch.empty((n, e), dtype=torch.float32)
+    y = x.new_empty((n, int(k)))
+    idx = x.new_empty((n, int(k)), dtype=torch.int32)
+    norm = x.new_empty((n, e), dtype=torch.float32)
     a.y, a.expert_idx, a.norm_out = call.out(y, "y"), call.out(idx, "expert_idx"), call.out(norm, "norm_out")
     a.threads = _c.threads()
     call.run(_c.lib.megamoe_gating_top_k, a)
-    if input_ids is not None:  # hash routing: the table picks the experts
+    if input_ids is not None and not faking():  # hash routing: the table picks the experts
         table = tid2eid.to(torch.int64)
         ids = table[input_ids.reshape(-1).to(torch.int64)][:, :int(k)]
         if ids.shape != (n, int(k)) or bool(((ids < 0) | (ids >= e)).any()):
@@ -257,7 +369,9 @@ def npu_moe_gating_top_k(x, k, *, bias=None, input_ids=None, tid2eid=None, k_gro
 
 # ---- npu_moe_update_expert -------------------------------------------------------------------------
 
-@_operator
+@_register("npu_moe_update_expert(Tensor expert_ids, Tensor eplb_table, *, "
+           "Tensor? expert_scales=None, Tensor? pruning_threshold=None, Tensor? active_mask=None, "
+           "int local_rank_id=-1, int world_size=-1, int balance_mode=0) -> (Tensor, Tensor)")
 def npu_moe_update_expert(expert_ids, eplb_table, *, expert_scales=None, pruning_threshold=None,
                           active_mask=None, local_rank_id=-1, world_size=-1, balance_mode=0):
     """EPLB: logical expert ids -> physical replicas (-> (balanced_expert_ids, balanced_mask)).
@@ -271,6 +385,8 @@ def npu_moe_update_expert(expert_ids, eplb_table, *, expert_scales=None, pruning
     if eplb_table.dim() != 2:
         raise ValueError(f"{op}: eplb_table must be [log_E, F]")
     bs, k = expert_ids.shape
+    if faking():
+        return expert_ids.new_empty((bs, k)), expert_ids.new_empty((bs, k), dtype=torch.bool)
     table = eplb_table.to(torch.int64)
     ids = expert_ids.to(torch.int64)
     if bool(((ids < 0) | (ids >= table.shape[0])).any()):
