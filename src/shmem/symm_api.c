@@ -103,9 +103,13 @@ megamoe_status_t megamoe_symm_signal_i32(megamoe_comm_t *comm, int32_t *sig, int
         else __atomic_store_n(remote, value, __ATOMIC_RELEASE);
         return MEGAMOE_OK;
     }
-    if (op == MEGAMOE_SYMM_SIGNAL_SET) return mm_shmem_put(sig, &value, sizeof value, wpe);
-    /* another host: a 64-bit atomic add on the aligned word, the int32's half shifted in */
     uint64_t *word = (uint64_t *)((uintptr_t)sig & ~(uintptr_t)7);
+    /* another host. SET: the int32 as a put that carries a signal (add 0 on its aligned word):
+     * a plain put may wait in the engine's coalescing buffer until the next signal or quiet
+     * (shmem/engine_ucx_am.c), a signal leaves at once, after every earlier put to pe */
+    if (op == MEGAMOE_SYMM_SIGNAL_SET)
+        return mm_shmem_put_signal(sig, &value, sizeof value, word, 0, MM_SHMEM_SIGNAL_ADD, wpe);
+    /* ADD: a 64-bit atomic add on the aligned word, the int32's half shifted in */
     int upper = (uintptr_t)sig % 8 != 0; /* little endian: the high half */
     uint64_t v = (uint64_t)(int64_t)value;
     return mm_shmem_signal_op(word, upper ? v << 32 : v, MM_SHMEM_SIGNAL_ADD, wpe);

@@ -53,7 +53,9 @@ def main():
     for p in range(W):  # the signal from p arrived: so did p's data
         shmem.wait_signal(b[16 * p:16 * p + 1], 1, comparison="ge")
         assert bool((a[p] == float(p + 1)).all()), (p, a[p])
-    # get from the next rank; set-signals; every comparison
+    # get from the next rank (after a barrier: its put into its own slot may come after its
+    # signal to this rank); set-signals; every comparison
+    shmem.barrier()
     nxt = (R + 1) % W
     got = torch.empty(64, dtype=torch.bfloat16)
     shmem.get(got, a[nxt], nxt)
