@@ -8,9 +8,12 @@
  *  - push, pull, a bounded capacity and replicas on the same calls, bit for bit;
  *  - outstanding forwards (backwards in reverse order) and two shared layers with different
  *    counts; inference forwards;
- *  - the errors: T_r > T_cap on one rank, a missing or wrong num_tokens, T_cap differing between
- *    ranks, fixed T on one rank and T_cap on another, both or neither count set, each the same
- *    error on every rank before any data moves, the layer usable afterwards. */
+ *  - EP subgroups (halves of the world, EP 1 included) with their own counts;
+ *  - the errors: T_r > T_cap on one rank, a negative or wrong num_tokens, T_cap differing
+ *    between ranks, fixed T on one rank and T_cap on another, both or neither count set, each
+ *    the same error on every rank before any data moves, the layer usable afterwards.
+ * Across simulated hosts (test_experts_dyn_hosts) rows, weights and partials travel through
+ * one-sided puts and gets. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -414,4 +417,54 @@ MM_TEST(count_settings_checked_and_agreed_at_creation)
     ASSERT_EQ_INT(info.capacity, megamoe_experts_capacity_rows(mm_test_world(), 300, K_, 0));
     ASSERT_OK(megamoe_experts_close(x));
     megamoe_experts_destroy(x);
+}
+
+/* EP subgroups: the world split in two (even and odd ranks: EP 4 gives two groups of 2, each
+ * spanning both hosts of test_experts_dyn_hosts; EP 2 two ranks on their own, EP = 1), each
+ * running its own dynamic layer with its own problem and counts at the same time, against
+ * the reference of its group. */
+MM_TEST(ep_subgroups_with_their_own_counts)
+{
+    const int world = mm_test_world(), me = mm_test_rank();
+    const int half = world / 2, color = me % 2, gme = me / 2;
+    megamoe_comm_t *group = NULL;
+    ASSERT_OK(megamoe_comm_split(mm_test_comm(), color, gme, &group));
+    ASSERT_EQ_INT(megamoe_comm_size(group), half);
+    mm_moe_problem_t P;
+    ASSERT_EQ_INT(mm_moe_problem_create(&P, half, TCAP, H_, I_, E_, K_, MM_ROUTE_SKEW, 21 + color),
+                  0);
+    for (int s = 0; s < 2; s++) {
+        megamoe_experts_params_t p = mm_dyn_params(s ? "O1" : "O0", TCAP);
+        megamoe_experts_t *x = NULL;
+        ASSERT_OK(megamoe_experts_create(group, &p, &x));
+        mm_run_t r;
+        ASSERT_EQ_INT(mm_run_alloc(&r, &P), 0);
+        for (int c = 0; c < 3; c++) {
+            int64_t n[64];
+            mm_counts(c + 3 * color, half, n); /* the groups' counts differ */
+            megamoe_experts_weights_t w = mm_local_weights(&P, gme, 1);
+            mm_input_buf_t ib;
+            ASSERT_EQ_INT(mm_input_make(&P, gme, NULL, &ib), 0);
+            ib.in.num_tokens = n[gme];
+            megamoe_experts_saved_t *sv = NULL;
+            ASSERT_OK(megamoe_experts_forward(x, &w, &ib.in, r.out, &sv));
+            megamoe_experts_grads_t g = {r.gh, r.gp, r.g1, r.g2, MEGAMOE_DTYPE_BF16};
+            ASSERT_OK(megamoe_experts_backward(x, sv, &w, P.grad_out + (size_t)(gme * TCAP * H_),
+                                               &g));
+            megamoe_experts_saved_destroy(sv);
+            mm_input_free(&ib);
+            mm_ref_result_t ref;
+            ASSERT_EQ_INT(mm_ref_compute_rows(&P, n, &ref), 0);
+            char what[96];
+            snprintf(what, sizeof what, "group %d (EP %d) %s call %d (%lld tokens)", color, half,
+                     p.schedule, c, (long long)n[gme]);
+            ASSERT_TRUE(mm_compare_rows(what, &P, gme, n, &r, &ref));
+            mm_ref_free(&ref);
+        }
+        mm_run_free(&r);
+        ASSERT_OK(megamoe_experts_close(x));
+        megamoe_experts_destroy(x);
+    }
+    mm_moe_problem_free(&P);
+    ASSERT_OK(megamoe_comm_destroy(group));
 }
