@@ -194,7 +194,7 @@ static void mm_dyn_calls(mm_route_pattern_t route, int n_calls, int first_call)
 /* Calls c of mm_counts: 0 and 2 edge counts, 1 and 4 random (4: rank 0 empty), 3 every rank
  * empty, 8 every rank full. The reference (fp64, every rank's tokens) dominates the cost and
  * grows with EP, so EP 4 (and the sanitizer runs of it) takes fewer calls. */
-MM_TEST(per_call_counts_balanced) { mm_dyn_calls(MM_ROUTE_BALANCED, mm_test_world() > 2 ? 6 : 10, 0); }
+MM_TEST(per_call_counts_balanced) { mm_dyn_calls(MM_ROUTE_BALANCED, mm_test_world() > 2 ? 4 : 10, 0); }
 MM_TEST(per_call_counts_skewed) { mm_dyn_calls(MM_ROUTE_SKEW, mm_test_world() > 2 ? 3 : 5, 0); }
 MM_TEST(per_call_counts_single_destination)
 {
