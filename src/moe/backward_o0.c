@@ -356,13 +356,14 @@ megamoe_status_t mm_moe_backward_o0(megamoe_experts_t *x, mm_call_t *call, megam
     mm_ep_done(g->xbuf, MM_EP_COMBINE);
     if (st == MEGAMOE_OK) st = mm_ep_wait(g->xbuf, MM_EP_COMBINE);
     if (st != MEGAMOE_OK) goto broken;
+    if (later == MEGAMOE_OK) later = mm_ep_failure(g->xbuf); /* a transfer: every rank fails */
     st = mm_shmem_team_agree(x->team, later);
     x->phase_s[MM_PH_BWD_COMBINE] += (double)(mm_now_ns() - tw) * 1e-9;
     if (st != MEGAMOE_OK) goto fail;
 
     /* ---- replicas: every guest finished its partial before its combine signals ---- */
-    if (sv->plan->R > 0) {
-        st = mm_bwd_phase(&b, BW_WSUM, MM_PH_BWD_GMM_DW1);
+    if (sv->plan->R > 0) { /* its gets may fail: agreed, so every rank returns it */
+        st = mm_shmem_team_agree(x->team, mm_bwd_phase(&b, BW_WSUM, MM_PH_BWD_GMM_DW1));
         if (st != MEGAMOE_OK) goto fail;
     }
 

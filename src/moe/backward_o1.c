@@ -50,8 +50,8 @@ static megamoe_status_t mm_o1_bwd_dispatch(void *ctx, mm_mc_worker_t *w, const m
         mm_rows_scale(base + i * H, d, b->c.sv->w[slot], (size_t)H);
         if (b->gw) b->gw[slot] = mm_rows_dot(d, b->c.sv->y + pos * H, (size_t)H);
     }
-    if (!b->direct && !b->pull)
-        mm_shmem_put(sym, stage, (size_t)t->rows * xb->row_bytes, xb->pes[t->peer]);
+    if (!b->direct && !b->pull) /* a failure fails the launch on every rank (DONE status) */
+        return mm_shmem_put(sym, stage, (size_t)t->rows * xb->row_bytes, xb->pes[t->peer]);
     return MEGAMOE_OK;
 }
 
@@ -63,8 +63,8 @@ static megamoe_status_t mm_o1_bwd_expert(void *ctx, mm_mc_worker_t *w, const mm_
     mm_o1_scratch_t s = mm_moe_o1_scratch(&x->cfg, w);
     uint64_t t0 = w->ring ? mm_now_ns() : 0;
     if (b->pull) /* the tile's dY rows, kept for dW2 (which waits for every tile of j) */
-        mm_ep_pull_rows(b->c.g->xbuf, b->c.plan, (uint16_t *)b->c.recv + r0 * H, (size_t)H * 2,
-                        r0, r0 + n);
+        MM_CHECK(mm_ep_pull_rows(b->c.g->xbuf, b->c.plan, (uint16_t *)b->c.recv + r0 * H,
+                                 (size_t)H * 2, r0, r0 + n));
     /* dA[n, I] = dY · down[j]ᵀ (the tile's dA lives only in the worker's scratch) */
     MM_CHECK(mm_moe_o1_tile_gemm(MM_GEMM_NT, mm_moe_slot_w2t(x, b->c.guest, t->j), n, H, I,
                                  b->c.recv + r0 * H, s.a));
@@ -76,7 +76,7 @@ static megamoe_status_t mm_o1_bwd_expert(void *ctx, mm_mc_worker_t *w, const mm_
     void *dst = mm_moe_o1_ret_dst(b->c.g, t->peer, t->ret_row, s.rows);
     MM_CHECK(mm_moe_o1_tile_gemm(MM_GEMM_NT, mm_moe_slot_w1t(x, b->c.guest, t->j), n, 2 * I, H,
                                  dgu, dst));
-    mm_moe_o1_ret_put(b->c.g, t->peer, t->ret_row, dst, s.rows, n);
+    MM_CHECK(mm_moe_o1_ret_put(b->c.g, t->peer, t->ret_row, dst, s.rows, n));
     mm_moe_o1_stamp(w, MM_MC_ST_GMM_DX, e, t->peer, &t0);
     return MEGAMOE_OK;
 }

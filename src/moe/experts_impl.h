@@ -288,8 +288,8 @@ mm_o1_scratch_t mm_moe_o1_scratch(const mm_moe_config_t *cfg, const mm_mc_worker
 /* Where a product writes rows [row, row + n) of source src's return buffer: the peer's
  * mapping when reachable, else tile; then mm_moe_o1_ret_put() sends the tile if needed. */
 void *mm_moe_o1_ret_dst(const mm_moe_group_t *g, int src, int64_t row, uint16_t *tile);
-void mm_moe_o1_ret_put(const mm_moe_group_t *g, int src, int64_t row, const void *dst,
-                       const uint16_t *tile, int64_t n);
+megamoe_status_t mm_moe_o1_ret_put(const mm_moe_group_t *g, int src, int64_t row,
+                                   const void *dst, const uint16_t *tile, int64_t n);
 /* One tile's product through a packed weight: dense A [M, K] -> bf16 C [M, N]. */
 megamoe_status_t mm_moe_o1_tile_gemm(mm_gemm_form_t form, const mm_gemm_weight_t *weight,
                                      int64_t M, int64_t K, int64_t N, const uint16_t *A, void *C);

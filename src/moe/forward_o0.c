@@ -358,6 +358,7 @@ megamoe_status_t mm_moe_forward_o0(megamoe_experts_t *x, mm_call_t *call, megamo
         goto fail;
     }
     st = mm_ep_wait(g->xbuf, MM_EP_COMBINE);
+    if (later == MEGAMOE_OK) later = mm_ep_failure(g->xbuf); /* a transfer: every rank fails */
     if (st != MEGAMOE_OK) g->broken = 1;
     else st = mm_shmem_team_agree(x->team, later);
     x->phase_s[MM_PH_FWD_COMBINE] += (double)(mm_now_ns() - tw) * 1e-9;

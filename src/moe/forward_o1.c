@@ -68,9 +68,9 @@ static megamoe_status_t mm_o1_fwd_dispatch(void *ctx, mm_mc_worker_t *w, const m
     if (mm_moe_is_pull(&f->c.x->cfg))
         mm_ep_stage_rows(f->c.g->xbuf, f->c.plan, f->c.hidden, (size_t)f->c.H * 2, 1, t->row0,
                          t->row0 + t->rows);
-    else
-        mm_ep_dispatch_rows(f->c.g->xbuf, f->c.plan, f->c.hidden, (size_t)f->c.H * 2, 1,
-                            t->row0, t->row0 + t->rows);
+    else /* a failed put fails the launch on every rank (the executor's DONE status) */
+        return mm_ep_dispatch_rows(f->c.g->xbuf, f->c.plan, f->c.hidden, (size_t)f->c.H * 2, 1,
+                                   t->row0, t->row0 + t->rows);
     return MEGAMOE_OK;
 }
 
@@ -84,12 +84,12 @@ void *mm_moe_o1_ret_dst(const mm_moe_group_t *g, int src, int64_t row, uint16_t 
     return d ? d : tile;
 }
 
-void mm_moe_o1_ret_put(const mm_moe_group_t *g, int src, int64_t row, const void *dst,
-                       const uint16_t *tile, int64_t n)
+megamoe_status_t mm_moe_o1_ret_put(const mm_moe_group_t *g, int src, int64_t row,
+                                   const void *dst, const uint16_t *tile, int64_t n)
 {
-    if (dst != tile) return;
-    mm_shmem_put((char *)g->xbuf->ret + (size_t)row * g->xbuf->row_bytes, tile,
-                 (size_t)n * g->xbuf->row_bytes, g->xbuf->pes[src]);
+    if (dst != tile) return MEGAMOE_OK;
+    return mm_shmem_put((char *)g->xbuf->ret + (size_t)row * g->xbuf->row_bytes, tile,
+                        (size_t)n * g->xbuf->row_bytes, g->xbuf->pes[src]);
 }
 
 megamoe_status_t mm_moe_o1_tile_gemm(mm_gemm_form_t form, const mm_gemm_weight_t *weight,
@@ -128,7 +128,7 @@ static megamoe_status_t mm_o1_fwd_expert(void *ctx, mm_mc_worker_t *w, const mm_
     const uint16_t *xin;
     if (mm_moe_is_pull(&f->c.x->cfg)) { /* fetch the tile: into the saved rows or a tile */
         uint16_t *dst = f->c.xsave ? f->c.xsave + r0 * H : s.x;
-        mm_ep_pull_rows(f->c.g->xbuf, f->c.plan, dst, (size_t)H * 2, r0, r0 + n);
+        MM_CHECK(mm_ep_pull_rows(f->c.g->xbuf, f->c.plan, dst, (size_t)H * 2, r0, r0 + n));
         xin = dst;
     } else {
         xin = f->c.recv + r0 * H;
@@ -148,7 +148,7 @@ static megamoe_status_t mm_o1_fwd_expert(void *ctx, mm_mc_worker_t *w, const mm_
     void *dst = mm_moe_o1_ret_dst(f->c.g, t->peer, t->ret_row, s.rows);
     MM_CHECK(mm_moe_o1_tile_gemm(MM_GEMM_NN, mm_moe_slot_w2(f->c.x, f->c.guest, t->j), n, I, H, a,
                                  dst));
-    mm_moe_o1_ret_put(f->c.g, t->peer, t->ret_row, dst, s.rows, n);
+    MM_CHECK(mm_moe_o1_ret_put(f->c.g, t->peer, t->ret_row, dst, s.rows, n));
     mm_moe_o1_stamp(w, MM_MC_ST_GMM2, e, t->peer, &t0);
     return MEGAMOE_OK;
 }
@@ -186,7 +186,7 @@ megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, mm_call_t *call, megamo
     uint64_t t0 = mm_now_ns();
     /* replicas: publish the weights of local experts with guests and tell the guests first
      * (their FETCH waits for it; a local failure below does not skip it) */
-    mm_moe_rep_publish(x, wts, plan, g->exec);
+    megamoe_status_t published = mm_moe_rep_publish(x, wts, plan, g->exec);
 
     /* ---- buffers (saved ones sized to the rows actually received) ---- */
     mm_o1_fwd_t f;
@@ -206,6 +206,7 @@ megamoe_status_t mm_moe_forward_o1(megamoe_experts_t *x, mm_call_t *call, megamo
         st = megamoe_convert((float *)f.c.w, MEGAMOE_DTYPE_FP32, in->topk_weights,
                              in->topk_weights_dtype, TK);
     if (x->rep) f.c.guest = x->rep->cur;
+    if (st == MEGAMOE_OK) st = published; /* a failed ready signal fails the launch */
     x->phase_s[MM_PH_FWD_PREPARE] += (double)(mm_now_ns() - t0) * 1e-9;
 
     /* ---- the launch (a local failure above: this rank only signals, all ranks fail) ---- */

@@ -95,8 +95,9 @@ void mm_moe_rep_shape(const megamoe_experts_t *x, mm_ep_shape_t *shape);
 
 /* Forward, after the routing plan: publish the weights of local experts that have guests
  * (copy if the pointers or version changed); with exec (O1) also SET each guest's ready line
- * to the next launch generation. Local, cannot fail. */
-void mm_moe_rep_publish(megamoe_experts_t *x, const megamoe_experts_weights_t *w,
+ * to the next launch generation (every line, also after a failed one, whose status is
+ * returned: its peer is marked lost, so the guest's wait fails too). */
+megamoe_status_t mm_moe_rep_publish(megamoe_experts_t *x, const megamoe_experts_weights_t *w,
                         const mm_ep_plan_t *plan, mm_mc_exec_t *exec);
 /* Forward: make guest slot g's weights for global expert e ready in x->rep->cur[g] (fetch
  * from the home unless the cached copy is current; pack for the forward). Thread-safe for

@@ -185,11 +185,12 @@ void mm_moe_rep_shape(const megamoe_experts_t *x, mm_ep_shape_t *shape)
 
 /* ---- forward ---------------------------------------------------------------------------------- */
 
-void mm_moe_rep_publish(megamoe_experts_t *x, const megamoe_experts_weights_t *w,
-                        const mm_ep_plan_t *plan, mm_mc_exec_t *exec)
+megamoe_status_t mm_moe_rep_publish(megamoe_experts_t *x, const megamoe_experts_weights_t *w,
+                                    const mm_ep_plan_t *plan, mm_mc_exec_t *exec)
 {
     mm_moe_rep_group_t *r = x->group->rep;
-    if (r == NULL || plan->rep == NULL) return;
+    if (r == NULL || plan->rep == NULL) return MEGAMOE_OK;
+    megamoe_status_t st = MEGAMOE_OK;
     const int nslots = x->ep * r->R;
     const int64_t H = r->H, I = r->I;
     const size_t b1 = (size_t)(H * 2 * I) * 2, b2 = (size_t)(I * H) * 2;
@@ -215,21 +216,26 @@ void mm_moe_rep_publish(megamoe_experts_t *x, const megamoe_experts_weights_t *w
         }
         if (exec == NULL) continue; /* O0: the dispatch exchange orders the copy */
         for (int q = 0; q < nslots; q++)
-            if (plan->rep->slot_expert[q] == e)
-                mm_shmem_signal_op(mm_mc_ready_line(exec, q % r->R), mm_mc_generation(exec) + 1,
-                                   MM_SHMEM_SIGNAL_SET, x->group->xbuf->pes[q / r->R]);
+            if (plan->rep->slot_expert[q] == e) {
+                megamoe_status_t s = mm_shmem_signal_op(
+                    mm_mc_ready_line(exec, q % r->R), mm_mc_generation(exec) + 1,
+                    MM_SHMEM_SIGNAL_SET, x->group->xbuf->pes[q / r->R]);
+                if (st == MEGAMOE_OK) st = s;
+            }
     }
+    return st;
 }
 
 /* Read n bytes at offset off of home pe's publication slot j: direct loads when the peer heap
  * is mapped here, a one-sided get otherwise. */
-static void mm_rep_read_pub(const mm_moe_rep_group_t *r, int pe, int64_t j, size_t off, void *dst,
-                            size_t n)
+static megamoe_status_t mm_rep_read_pub(const mm_moe_rep_group_t *r, int pe, int64_t j,
+                                        size_t off, void *dst, size_t n)
 {
     const char *sym = r->pub + (size_t)j * r->pub_stride + off;
     const char *mapped = mm_ep_force_puts ? NULL : mm_shmem_ptr(sym, pe);
     if (mapped) memcpy(dst, mapped, n);
-    else mm_shmem_get(dst, sym, n, pe);
+    else return mm_shmem_get(dst, sym, n, pe);
+    return MEGAMOE_OK;
 }
 
 megamoe_status_t mm_moe_rep_fetch(megamoe_experts_t *x, int g, int64_t e)
@@ -243,7 +249,7 @@ megamoe_status_t mm_moe_rep_fetch(megamoe_experts_t *x, int g, int64_t e)
         const char *sym = r->pub + (size_t)j * r->pub_stride;
         const uint64_t *mapped = mm_ep_force_puts ? NULL : mm_shmem_ptr(sym, pe);
         if (mapped) seq = __atomic_load_n(mapped, __ATOMIC_ACQUIRE);
-        else mm_shmem_get(&seq, sym, sizeof seq, pe);
+        else MM_CHECK(mm_shmem_get(&seq, sym, sizeof seq, pe));
     }
     mm_moe_guest_w_t *gw = lr->cache[g];
     if (gw == NULL || gw->expert != e || gw->seq != seq || gw->nn1 == NULL || gw->nn2 == NULL) {
@@ -254,9 +260,9 @@ megamoe_status_t mm_moe_rep_fetch(megamoe_experts_t *x, int g, int64_t e)
             lr->cache[g] = gw = fresh;
         }
         const size_t b1 = (size_t)(H * 2 * I) * 2, b2 = (size_t)(I * H) * 2;
-        gw->expert = -1; /* invalid until packed */
-        mm_rep_read_pub(r, pe, j, MM_REP_HEADER, gw->w1, b1);
-        mm_rep_read_pub(r, pe, j, MM_REP_HEADER + b1, gw->w2, b2);
+        gw->expert = -1; /* invalid until packed (a failed read leaves it so) */
+        MM_CHECK(mm_rep_read_pub(r, pe, j, MM_REP_HEADER, gw->w1, b1));
+        MM_CHECK(mm_rep_read_pub(r, pe, j, MM_REP_HEADER + b1, gw->w2, b2));
         if (gw->nn1 == NULL)
             MM_CHECK(mm_gemm_weight_create(NULL, MM_GEMM_NN, H, 2 * I, gw->w1, 2 * I, seq, &gw->nn1));
         else
@@ -435,8 +441,10 @@ void mm_moe_rep_wgrad_args(const mm_moe_bwd_ctx_t *c, const uint16_t *dgu, int64
     }
 }
 
-/* acc[0..n) += the same floats of guest slot q's partial (rank q / R) at float offset off. */
-static void mm_rep_add_partial(const megamoe_experts_t *x, float *acc, int q, size_t off, size_t n)
+/* acc[0..n) += the same floats of guest slot q's partial (rank q / R) at float offset off. A
+ * failed get adds nothing from its piece (never an uninitialised buffer) and is returned. */
+static megamoe_status_t mm_rep_add_partial(const megamoe_experts_t *x, float *acc, int q,
+                                           size_t off, size_t n)
 {
     const mm_moe_rep_group_t *r = x->group->rep;
     const float *sym = r->part + (size_t)(q % r->R) * r->part_stride + off;
@@ -444,14 +452,15 @@ static void mm_rep_add_partial(const megamoe_experts_t *x, float *acc, int q, si
     const float *mapped = mm_ep_force_puts ? NULL : mm_shmem_ptr(sym, pe);
     if (mapped) {
         for (size_t i = 0; i < n; i++) acc[i] += mapped[i];
-        return;
+        return MEGAMOE_OK;
     }
     float buf[4096]; /* not mapped here: one-sided gets in pieces */
     for (size_t a = 0; a < n; a += 4096) {
         size_t k = n - a < 4096 ? n - a : 4096;
-        mm_shmem_get(buf, sym + a, k * sizeof(float), pe);
+        MM_CHECK(mm_shmem_get(buf, sym + a, k * sizeof(float), pe));
         for (size_t i = 0; i < k; i++) acc[a + i] += buf[i];
     }
+    return MEGAMOE_OK;
 }
 
 megamoe_status_t mm_moe_rep_wsum(const mm_moe_bwd_ctx_t *c, int64_t j, int64_t chunk,
@@ -472,7 +481,7 @@ megamoe_status_t mm_moe_rep_wsum(const mm_moe_bwd_ctx_t *c, int64_t j, int64_t c
                                : (char *)c->dw2 + (size_t)(j * I * H) * es;
         float *acc = c->wg_type == MEGAMOE_DTYPE_FP32 ? (float *)(void *)out + off
                                                       : c->hpart[j] + base + off;
-        for (int i = 0; i < n; i++) mm_rep_add_partial(x, acc, guests[i], base + off, cnt);
+        for (int i = 0; i < n; i++) MM_CHECK(mm_rep_add_partial(x, acc, guests[i], base + off, cnt));
         if (c->wg_type != MEGAMOE_DTYPE_FP32)
             MM_CHECK(megamoe_convert(out + off * es, c->wg_type, acc, MEGAMOE_DTYPE_FP32, cnt));
     }

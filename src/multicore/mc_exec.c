@@ -463,12 +463,30 @@ static void mm_mc_describe_wait(mm_mc_exec_t *x, const mm_mc_task_t *t, char *bu
 
 /* ---- running a task -------------------------------------------------------------------------- */
 
+/* A failed transfer fails this rank's launch (every rank learns it from the DONE status). */
+static void mm_mc_rma_check(mm_mc_exec_t *x, megamoe_status_t st)
+{
+    if (st != MEGAMOE_OK) mm_mc_local_fail(x, st, megamoe_last_error());
+}
+
+/* A signal to a peer: after a failure (the launch fails) the peer still needs it to reach its
+ * DONE decision, so one more try (a failed one was not applied), else the peer is declared
+ * lost rather than left waiting for the timeout. */
+static void mm_mc_remote_signal(mm_mc_exec_t *x, uint64_t *sig, uint64_t value, int op, int peer)
+{
+    megamoe_status_t st = mm_shmem_signal_op(sig, value, op, x->pes[peer]);
+    if (st == MEGAMOE_OK) return;
+    mm_mc_rma_check(x, st);
+    if (mm_shmem_signal_op(sig, value, op, x->pes[peer]) != MEGAMOE_OK)
+        mm_shmem_declare_lost(x->pes[peer], "an O1 signal to it failed twice");
+}
+
 static void mm_mc_signal(mm_mc_exec_t *x, mm_mc_worker_t *w, uint64_t *sig, uint64_t amount,
                          int peer, int stage, int64_t owner)
 {
     uint64_t t0 = w->ring ? mm_now_ns() : 0;
     if (peer < 0) __atomic_fetch_add(sig, amount, __ATOMIC_RELEASE);
-    else mm_shmem_signal_op(sig, amount, MM_SHMEM_SIGNAL_ADD, x->pes[peer]);
+    else mm_mc_remote_signal(x, sig, amount, MM_SHMEM_SIGNAL_ADD, peer);
     if (w->ring)
         mm_prof_push(w->ring, MM_PROF_SIGNAL, (uint8_t)stage, w->task, (int32_t)owner, peer,
                      w->invocation, t0, mm_now_ns());
@@ -492,7 +510,9 @@ static void mm_mc_publish(mm_mc_exec_t *x, mm_mc_worker_t *w)
         int d = (x->me + i) % x->ep;
         void *remote = mm_shmem_ptr(mine, x->pes[d]);
         if (remote) memcpy(remote, &s, sizeof s);
-        else mm_shmem_put(mine, &s, sizeof s, x->pes[d]);
+        else if (mm_shmem_put(mine, &s, sizeof s, x->pes[d]) != MEGAMOE_OK &&
+                 mm_shmem_put(mine, &s, sizeof s, x->pes[d]) != MEGAMOE_OK) /* as a signal */
+            mm_shmem_declare_lost(x->pes[d], "an O1 status put to it failed twice");
         /* the slot is visible before the count (same thread, release) */
         mm_mc_signal(x, w, mm_mc_line(x->done, x->me), 1, d, stage, -1);
     }
@@ -551,7 +571,7 @@ static void mm_mc_execute(mm_mc_exec_t *x, mm_mc_worker_t *w, int32_t id, const 
         for (int i = 0; i < x->ep; i++) {
             int d = (x->me + i) % x->ep;
             if (d == x->me) __atomic_store_n(line, x->gen, __ATOMIC_RELEASE);
-            else mm_shmem_signal_op(line, x->gen, MM_SHMEM_SIGNAL_SET, x->pes[d]);
+            else mm_mc_remote_signal(x, line, x->gen, MM_SHMEM_SIGNAL_SET, d);
         }
         if (w->ring)
             mm_prof_push(w->ring, MM_PROF_SIGNAL, (uint8_t)stage, w->task, (int32_t)owner, -1,

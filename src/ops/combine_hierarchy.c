@@ -76,10 +76,24 @@ static megamoe_status_t mm_v2h_send_weights(mm_v2_combine_t *c, const uint8_t *p
     for (int64_t l = 0; l < g->eW; l += gs) {
         int pe = mm_v2c_pe(c, l);
         if (l == g->erank) memcpy(to, buf, wb);
-        else mm_shmem_put_signal(to, buf, wb, mm_v2_sig(&c->call, MM_V2C_SIG, 2 * c->n + c->call.me),
-                                 c->call.gen, MM_SHMEM_SIGNAL_SET, mm_v2_wpe(&c->call, pe));
+        else /* a failed transfer marks its peer lost (shmem.h): every rank's wait fails */
+            MM_CHECK(mm_shmem_put_signal(to, buf, wb,
+                                         mm_v2_sig(&c->call, MM_V2C_SIG, 2 * c->n + c->call.me),
+                                         mm_v2_sigval(&c->call, MEGAMOE_OK), MM_SHMEM_SIGNAL_SET,
+                                         mm_v2_wpe(&c->call, pe)));
     }
     return MEGAMOE_OK;
+}
+
+void mm_v2c_hier_poison(const mm_v2_combine_t *c, megamoe_status_t st)
+{
+    const mm_v2_cfg_t *g = &c->c;
+    int64_t gs = mm_v2h_gs(c), leader = g->erank / gs * gs;
+    for (int64_t l = 0; l < g->eW; l += gs) /* weights at every other leader */
+        if (l != g->erank)
+            mm_v2_poison_line(&c->call, MM_V2C_SIG, 2 * c->n + c->call.me, mm_v2c_pe(c, l), st);
+    if (leader != g->erank) /* rows at its leader */
+        mm_v2_poison_line(&c->call, MM_V2C_SIG, c->n + c->call.me, mm_v2c_pe(c, leader), st);
 }
 
 static megamoe_status_t mm_v2h_send_rows(mm_v2_combine_t *c)
@@ -99,12 +113,13 @@ static megamoe_status_t mm_v2h_send_rows(mm_v2_combine_t *c)
         memcpy(tmp + stamp_off, &gen, 8);
         uint8_t *to = mm_v2c_slot(c, MM_V2C_HSLOTS, (int64_t)((size_t)s * per_src) + slot);
         if (leader == g->erank) memcpy(to, tmp, c->cstride);
-        else mm_shmem_put(to, tmp, c->cstride, mm_v2_wpe(&c->call, pe));
+        else MM_CHECK(mm_shmem_put(to, tmp, c->cstride, mm_v2_wpe(&c->call, pe)));
     }
     if (leader != g->erank) {
-        mm_shmem_fence();
-        mm_shmem_signal_op(mm_v2_sig(&c->call, MM_V2C_SIG, c->n + c->call.me), gen,
-                           MM_SHMEM_SIGNAL_SET, mm_v2_wpe(&c->call, pe));
+        MM_CHECK(mm_shmem_fence());
+        MM_CHECK(mm_shmem_signal_op(mm_v2_sig(&c->call, MM_V2C_SIG, c->n + c->call.me),
+                                    mm_v2_sigval(&c->call, MEGAMOE_OK), MM_SHMEM_SIGNAL_SET,
+                                    mm_v2_wpe(&c->call, pe)));
     }
     return MEGAMOE_OK;
 }
@@ -160,15 +175,16 @@ static megamoe_status_t mm_v2h_leader(mm_v2_combine_t *c)
             memcpy((uint8_t *)acc + ps - 8, &gen, 8);
             uint8_t *to = mm_v2_seg(&c->call, MM_V2C_PARTIAL) + (size_t)(grp * g->max_bs + t) * ps;
             if (s == g->erank) memcpy(to, acc, ps);
-            else mm_shmem_put(to, acc, ps, mm_v2_wpe(&c->call, pe));
+            else st = mm_shmem_put(to, acc, ps, mm_v2_wpe(&c->call, pe));
         }
     }
     if (st != MEGAMOE_OK) return st;
-    mm_shmem_fence();
+    MM_CHECK(mm_shmem_fence());
     for (int64_t s = 0; s < g->eW; s++)
         if (s != g->erank)
-            mm_shmem_signal_op(mm_v2_sig(&c->call, MM_V2C_SIG, c->call.me), gen,
-                               MM_SHMEM_SIGNAL_SET, mm_v2_wpe(&c->call, mm_v2c_pe(c, s)));
+            MM_CHECK(mm_shmem_signal_op(mm_v2_sig(&c->call, MM_V2C_SIG, c->call.me),
+                                        mm_v2_sigval(&c->call, MEGAMOE_OK), MM_SHMEM_SIGNAL_SET,
+                                        mm_v2_wpe(&c->call, mm_v2c_pe(c, s))));
     return MEGAMOE_OK;
 }
 

@@ -263,13 +263,15 @@ static megamoe_status_t mm_v2c_tp(mm_v2_combine_t *c)
     int peer = mm_v2_tp_peer_pe(&c->call, g->tp_rank);
     uint8_t *buf = mm_v2_seg(&c->call, MM_V2C_TPDATA);
     const uint8_t *ex = c->a->expand_x.data;
+    /* a failed transfer marks its peer lost (shmem.h): every rank's wait fails with it */
     if (c->n_peer > 0)
-        mm_shmem_put(buf + 64, ex + (size_t)c->n_own * xrow, (size_t)c->n_peer * xrow,
-                     mm_v2_wpe(&c->call, peer));
+        MM_CHECK(mm_shmem_put(buf + 64, ex + (size_t)c->n_own * xrow, (size_t)c->n_peer * xrow,
+                              mm_v2_wpe(&c->call, peer)));
     int64_t head = c->n_peer;
     uint64_t *sig = mm_v2_sig(&c->call, MM_V2C_SIG, 3 * c->n);
-    mm_shmem_put_signal(buf, &head, 8, sig, c->call.gen, MM_SHMEM_SIGNAL_SET,
-                        mm_v2_wpe(&c->call, peer));
+    MM_CHECK(mm_shmem_put_signal(buf, &head, 8, sig, mm_v2_sigval(&c->call, MEGAMOE_OK),
+                                 MM_SHMEM_SIGNAL_SET,
+                                 mm_v2_wpe(&c->call, peer)));
     MM_CHECK(mm_v2_wait(&c->call, sig, "the TP peer's partial rows", peer, NULL));
     int64_t got;
     memcpy(&got, buf, 8);
@@ -285,6 +287,22 @@ static megamoe_status_t mm_v2c_tp(mm_v2_combine_t *c)
 }
 
 /* ---- fullmesh: rows back to their sources ---------------------------------------------- */
+
+/* A failure after the agreement: every signal line this rank owns is set with the error (as
+ * dispatch's mm_v2d_poison), after everything sent before is complete. */
+static void mm_v2c_poison(const mm_v2_combine_t *c, megamoe_status_t st)
+{
+    const mm_v2_cfg_t *g = &c->c;
+    (void)mm_shmem_quiet();
+    if (g->erank >= 0) {
+        for (int64_t s = 0; s < g->eW; s++) /* rows (fullmesh), partials (hierarchy leader) */
+            if (s != g->erank) mm_v2_poison_line(&c->call, MM_V2C_SIG, c->call.me, mm_v2c_pe(c, s), st);
+        if (g->alg == MM_V2_ALG_HIERARCHY) mm_v2c_hier_poison(c, st);
+    }
+    if (g->tp == 2)
+        mm_v2_poison_line(&c->call, MM_V2C_SIG, 3 * c->n, mm_v2_tp_peer_pe(&c->call, g->tp_rank), st);
+    (void)mm_shmem_quiet();
+}
 
 static megamoe_status_t mm_v2c_send(mm_v2_combine_t *c)
 {
@@ -316,15 +334,16 @@ static megamoe_status_t mm_v2c_send(mm_v2_combine_t *c)
             mm_v2_copy(direct, p, c->pay, stream);
             memcpy(direct + stamp_off, &gen, 8);
         } else {
-            mm_shmem_put(to, p, c->pay, mm_v2_wpe(&c->call, pe));
-            mm_shmem_put(to + stamp_off, &gen, 8, mm_v2_wpe(&c->call, pe));
+            MM_CHECK(mm_shmem_put(to, p, c->pay, mm_v2_wpe(&c->call, pe)));
+            MM_CHECK(mm_shmem_put(to + stamp_off, &gen, 8, mm_v2_wpe(&c->call, pe)));
         }
     }
-    mm_shmem_fence();
+    MM_CHECK(mm_shmem_fence());
     for (int64_t s = 0; s < g->eW; s++)
         if (s != g->erank)
-            mm_shmem_signal_op(mm_v2_sig(&c->call, MM_V2C_SIG, c->call.me), gen,
-                               MM_SHMEM_SIGNAL_SET, mm_v2_wpe(&c->call, mm_v2c_pe(c, s)));
+            MM_CHECK(mm_shmem_signal_op(mm_v2_sig(&c->call, MM_V2C_SIG, c->call.me),
+                                        mm_v2_sigval(&c->call, MEGAMOE_OK), MM_SHMEM_SIGNAL_SET,
+                                        mm_v2_wpe(&c->call, mm_v2c_pe(c, s))));
     return MEGAMOE_OK;
 }
 
@@ -470,6 +489,7 @@ static megamoe_status_t mm_v2c_run(mm_v2_combine_t *c, mm_v2_op_t op)
             if (st == MEGAMOE_OK) st = mm_v2c_reduce(c, processed);
         }
     }
+    if (st != MEGAMOE_OK) mm_v2c_poison(c, st);
     if (st == MEGAMOE_OK) {
         if (a->zero_fill) mm_v2c_zero_unprocessed(c, processed);
         if (a->performance_info.data)

@@ -56,5 +56,8 @@ void mm_v2c_emit(const mm_v2_combine_t *c, int64_t t, float *acc, float *scratch
 /* Hierarchy. */
 uint64_t mm_v2c_hier_seg(const mm_v2_combine_t *c, int seg);
 megamoe_status_t mm_v2c_hier_run(mm_v2_combine_t *c, const uint8_t *processed);
+/* The hierarchy's own signal lines (weights at the leaders, rows at its leader) set with
+ * error st (mm_v2_sigval); a leader's partial lines are the fullmesh ones. */
+void mm_v2c_hier_poison(const mm_v2_combine_t *c, megamoe_status_t st);
 
 #endif /* MM_OPS_COMBINE_V2_H */

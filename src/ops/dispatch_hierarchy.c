@@ -72,8 +72,9 @@ void mm_v2d_hier_units(mm_v2_dispatch_t *d, int32_t *units_to_pe)
     }
 }
 
-/* Hop 2: write a unit's rows into the destinations' receive regions (source s). */
-static void mm_v2h_forward(mm_v2_dispatch_t *d, int64_t s, const uint8_t *unit)
+/* Hop 2: write a unit's rows into the destinations' receive regions (source s). A failed
+ * transfer marks its peer lost (shmem.h): every rank's wait fails with it. */
+static megamoe_status_t mm_v2h_forward(mm_v2_dispatch_t *d, int64_t s, const uint8_t *unit)
 {
     mm_v2h_head_t head;
     memcpy(&head, unit + d->meta_off, sizeof head);
@@ -88,23 +89,40 @@ static void mm_v2h_forward(mm_v2_dispatch_t *d, int64_t s, const uint8_t *unit)
             memcpy(to, unit, d->meta_off);
             memcpy(to + d->meta_off, &meta, sizeof meta);
         } else {
-            mm_shmem_put(to, unit, d->meta_off, mm_v2_wpe(&d->call, pe));
-            mm_shmem_put(to + d->meta_off, &meta, sizeof meta, mm_v2_wpe(&d->call, pe));
+            MM_CHECK(mm_shmem_put(to, unit, d->meta_off, mm_v2_wpe(&d->call, pe)));
+            MM_CHECK(mm_shmem_put(to + d->meta_off, &meta, sizeof meta, mm_v2_wpe(&d->call, pe)));
         }
     }
+    return MEGAMOE_OK;
 }
 
 /* Data signals for source s to every destination of this leader's group but s itself. */
-static void mm_v2h_signal_group(mm_v2_dispatch_t *d, int64_t s)
+static megamoe_status_t mm_v2h_signal_group(mm_v2_dispatch_t *d, int64_t s)
 {
     const mm_v2_cfg_t *c = &d->c;
     int64_t gs = mm_v2h_gs(d), g0 = c->erank / gs * gs;
     int line = d->n + mm_v2d_pe(d, s);
-    mm_shmem_fence();
+    MM_CHECK(mm_shmem_fence());
     for (int64_t dst = g0; dst < g0 + gs && dst < c->eW; dst++)
         if (dst != s)
-            mm_shmem_signal_op(mm_v2_sig(&d->call, MM_V2D_SIG, line), d->call.gen,
-                               MM_SHMEM_SIGNAL_SET, mm_v2_wpe(&d->call, mm_v2d_pe(d, dst)));
+            MM_CHECK(mm_shmem_signal_op(mm_v2_sig(&d->call, MM_V2D_SIG, line),
+                                        mm_v2_sigval(&d->call, MEGAMOE_OK),
+                                        MM_SHMEM_SIGNAL_SET,
+                                        mm_v2_wpe(&d->call, mm_v2d_pe(d, dst))));
+    return MEGAMOE_OK;
+}
+
+void mm_v2d_hier_poison(const mm_v2_dispatch_t *d, megamoe_status_t st)
+{
+    const mm_v2_cfg_t *c = &d->c;
+    int64_t gs = mm_v2h_gs(d), me = c->erank, g0 = me / gs * gs;
+    for (int64_t l = 0; l < c->eW; l += gs) /* hop 1 at every other leader */
+        if (l != me) mm_v2_poison_line(&d->call, MM_V2D_SIG, 2 * d->n + d->call.me, mm_v2d_pe(d, l), st);
+    if (me != g0) return;
+    for (int64_t s = 0; s < c->eW; s++) /* a leader: hop 2 of every source, at its group */
+        for (int64_t dst = g0; dst < g0 + gs && dst < c->eW; dst++)
+            if (dst != s && dst != me)
+                mm_v2_poison_line(&d->call, MM_V2D_SIG, d->n + mm_v2d_pe(d, s), mm_v2d_pe(d, dst), st);
 }
 
 megamoe_status_t mm_v2d_hier_send(mm_v2_dispatch_t *d)
@@ -142,24 +160,28 @@ megamoe_status_t mm_v2d_hier_send(mm_v2_dispatch_t *d)
                 memcpy(unit + d->meta_off, &head, sizeof head);
                 memcpy(unit + d->meta_off + sizeof head, tg + u, (size_t)nt * sizeof(mm_v2h_target_t));
                 if (g * gs == me) {
-                    mm_v2h_forward(d, me, unit);
+                    MM_CHECK(mm_v2h_forward(d, me, unit));
                     continue;
                 }
                 uint8_t *to = mm_v2_seg(&d->call, MM_V2D_STAGE) + (size_t)(region[g] + next[g]++) * hs;
-                mm_shmem_put(to, unit, d->meta_off + sizeof head + (size_t)nt * sizeof(mm_v2h_target_t),
-                             mm_v2_wpe(&d->call, mm_v2d_pe(d, g * gs)));
+                MM_CHECK(mm_shmem_put(to, unit, d->meta_off + sizeof head +
+                                                    (size_t)nt * sizeof(mm_v2h_target_t),
+                                      mm_v2_wpe(&d->call, mm_v2d_pe(d, g * gs))));
             }
         }
     }
-    mm_shmem_fence();
+    MM_CHECK(mm_shmem_fence());
     int hop1 = 2 * d->n + d->call.me;
     for (int64_t g = 0; g < ng; g++)
         if (g * gs != me)
-            mm_shmem_signal_op(mm_v2_sig(&d->call, MM_V2D_SIG, hop1), d->call.gen,
-                               MM_SHMEM_SIGNAL_SET, mm_v2_wpe(&d->call, mm_v2d_pe(d, g * gs)));
+            MM_CHECK(mm_shmem_signal_op(mm_v2_sig(&d->call, MM_V2D_SIG, hop1),
+                                        mm_v2_sigval(&d->call, MEGAMOE_OK),
+                                        MM_SHMEM_SIGNAL_SET,
+                                        mm_v2_wpe(&d->call, mm_v2d_pe(d, g * gs))));
     megamoe_status_t st = MEGAMOE_OK;
     if (me % gs == 0) {
-        mm_v2h_signal_group(d, me); /* this leader's own rows are all in place */
+        /* this leader's own rows are all in place */
+        MM_CHECK(mm_v2h_signal_group(d, me));
         /* hop 2 for every other source of the EP group */
         for (int64_t s = 0; s < c->eW && st == MEGAMOE_OK; s++) {
             if (s == me) continue;
@@ -169,9 +191,9 @@ megamoe_status_t mm_v2d_hier_send(mm_v2_dispatch_t *d)
             if (st != MEGAMOE_OK) break;
             int64_t first = 0, count = mm_v2_rec_counts(&d->call, pe)[d->n + d->call.me];
             for (int p = 0; p < pe; p++) first += mm_v2_rec_counts(&d->call, p)[d->n + d->call.me];
-            for (int64_t i = 0; i < count; i++)
-                mm_v2h_forward(d, s, mm_v2_seg(&d->call, MM_V2D_STAGE) + (size_t)(first + i) * hs);
-            mm_v2h_signal_group(d, s);
+            for (int64_t i = 0; i < count && st == MEGAMOE_OK; i++)
+                st = mm_v2h_forward(d, s, mm_v2_seg(&d->call, MM_V2D_STAGE) + (size_t)(first + i) * hs);
+            if (st == MEGAMOE_OK) st = mm_v2h_signal_group(d, s);
         }
     }
     return st;

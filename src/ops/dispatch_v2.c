@@ -224,18 +224,19 @@ static megamoe_status_t mm_v2d_send_counts(mm_v2_dispatch_t *d)
     int32_t *box = (int32_t *)mm_v2_seg(&d->call, MM_V2D_MAILBOX) + (size_t)me * d->Lmax;
     for (int64_t dst = 0; dst < c->eW; dst++) {
         if (dst == c->erank) continue;
-        mm_shmem_put_signal(box, d->cnt + dst * d->Lmax,
-                            (size_t)mm_v2_local_experts(c, dst) * 4, mm_v2d_sig(d, me),
-                            d->call.gen, MM_SHMEM_SIGNAL_SET,
-                                mm_v2_wpe(&d->call, mm_v2d_pe(d, dst)));
+        /* a failed transfer marks its peer lost (shmem.h): every rank's wait fails with it */
+        MM_CHECK(mm_shmem_put_signal(box, d->cnt + dst * d->Lmax,
+                                     (size_t)mm_v2_local_experts(c, dst) * 4, mm_v2d_sig(d, me),
+                                     mm_v2_sigval(&d->call, MEGAMOE_OK), MM_SHMEM_SIGNAL_SET,
+                                     mm_v2_wpe(&d->call, mm_v2d_pe(d, dst))));
     }
     return MEGAMOE_OK;
 }
 
 /* Write one unit (payload, head, targets) into dst's receive region. */
-static void mm_v2d_put_unit(const mm_v2_dispatch_t *d, int pe, int64_t slot,
-                            const uint8_t *payload, const mm_v2_unit_head_t *head,
-                            const mm_v2_unit_target_t *tg)
+static megamoe_status_t mm_v2d_put_unit(const mm_v2_dispatch_t *d, int pe, int64_t slot,
+                                        const uint8_t *payload, const mm_v2_unit_head_t *head,
+                                        const mm_v2_unit_target_t *tg)
 {
     uint8_t *to = mm_v2_seg(&d->call, MM_V2D_RECV) + (size_t)slot * d->ustride;
     size_t n = d->c.quant ? d->meta_off : d->c.row_bytes;
@@ -247,10 +248,11 @@ static void mm_v2d_put_unit(const mm_v2_dispatch_t *d, int pe, int64_t slot,
         memcpy(direct + d->meta_off, head, sizeof *head);
         memcpy(direct + d->meta_off + sizeof *head, tg, tb);
     } else {
-        mm_shmem_put(to, payload, n, mm_v2_wpe(&d->call, pe));
-        mm_shmem_put(to + d->meta_off, head, sizeof *head, mm_v2_wpe(&d->call, pe));
-        mm_shmem_put(to + d->meta_off + sizeof *head, tg, tb, mm_v2_wpe(&d->call, pe));
+        MM_CHECK(mm_shmem_put(to, payload, n, mm_v2_wpe(&d->call, pe)));
+        MM_CHECK(mm_shmem_put(to + d->meta_off, head, sizeof *head, mm_v2_wpe(&d->call, pe)));
+        MM_CHECK(mm_shmem_put(to + d->meta_off + sizeof *head, tg, tb, mm_v2_wpe(&d->call, pe)));
     }
+    return MEGAMOE_OK;
 }
 
 static megamoe_status_t mm_v2d_send_rows(mm_v2_dispatch_t *d, const mm_v2d_out_t *o, uint8_t *rec)
@@ -298,15 +300,15 @@ static megamoe_status_t mm_v2d_send_rows(mm_v2_dispatch_t *d, const mm_v2d_out_t
                 payload = rec;
             }
             mm_v2_unit_head_t head = {(int32_t)t, n, 0, 0};
-            mm_v2d_put_unit(d, pes[dst], next[dst]++, payload, &head, tg);
+            MM_CHECK(mm_v2d_put_unit(d, pes[dst], next[dst]++, payload, &head, tg));
         }
     }
-    mm_shmem_fence();
+    MM_CHECK(mm_shmem_fence());
     int me = d->call.me;
     for (int64_t dst = 0; dst < c->eW; dst++)
         if (dst != c->erank)
-            mm_shmem_signal_op(mm_v2d_sig(d, d->n + me), d->call.gen, MM_SHMEM_SIGNAL_SET,
-                               mm_v2_wpe(&d->call, pes[dst]));
+            MM_CHECK(mm_shmem_signal_op(mm_v2d_sig(d, d->n + me), mm_v2_sigval(&d->call, MEGAMOE_OK),
+                                        MM_SHMEM_SIGNAL_SET, mm_v2_wpe(&d->call, pes[dst])));
     return MEGAMOE_OK;
 }
 
@@ -401,14 +403,16 @@ static megamoe_status_t mm_v2d_collect(mm_v2_dispatch_t *d, const mm_v2d_out_t *
         for (int64_t s = 0; s < eW; s++) {
             if (done[s]) continue;
             int pe = mm_v2d_pe(d, s);
-            if (mm_shmem_signal_fetch(mm_v2d_sig(d, d->n + pe)) < d->call.gen) continue;
+            uint64_t v = mm_shmem_signal_fetch(mm_v2d_sig(d, d->n + pe));
+            if (v < mm_v2_sigval(&d->call, MEGAMOE_OK)) continue;
+            if ((st = mm_v2_sig_status(&d->call, v, "dispatch data", pe)) != MEGAMOE_OK) break;
             d->perf_us[mm_v2_phys(c, s)] += (int64_t)((mm_now_ns() - t0) / 1000);
             mm_v2d_copy_source(d, o, s, blk);
             done[s] = 1;
             pending--;
             progressed = 1;
         }
-        if (!progressed) {
+        if (!progressed && st == MEGAMOE_OK) {
             for (int64_t s = 0; s < eW; s++)
                 if (!done[s]) {
                     int pe = mm_v2d_pe(d, s);
@@ -418,6 +422,28 @@ static megamoe_status_t mm_v2d_collect(mm_v2_dispatch_t *d, const mm_v2d_out_t *
         }
     }
     return st;
+}
+
+/* A failure after the agreement (a transfer, a wait): every signal line this rank owns is set
+ * with the error, so no peer reads rows that never came or waits for the timeout (each fails
+ * with the same status; mm_v2_sigval). The lines are this rank's alone: a later call's value
+ * cannot be overwritten. Everything sent before is complete first. */
+static void mm_v2d_poison(const mm_v2_dispatch_t *d, megamoe_status_t st)
+{
+    const mm_v2_cfg_t *c = &d->c;
+    (void)mm_shmem_quiet();
+    if (c->erank >= 0) {
+        for (int64_t dst = 0; dst < c->eW; dst++) {
+            if (dst == c->erank) continue;
+            mm_v2_poison_line(&d->call, MM_V2D_SIG, d->call.me, mm_v2d_pe(d, dst), st); /* counts */
+            if (c->alg != MM_V2_ALG_HIERARCHY) /* data */
+                mm_v2_poison_line(&d->call, MM_V2D_SIG, d->n + d->call.me, mm_v2d_pe(d, dst), st);
+        }
+        if (c->alg == MM_V2_ALG_HIERARCHY) mm_v2d_hier_poison(d, st);
+    }
+    if (c->tp == 2)
+        mm_v2_poison_line(&d->call, MM_V2D_SIG, 3 * d->n, mm_v2_tp_peer_pe(&d->call, c->tp_rank), st);
+    (void)mm_shmem_quiet();
 }
 
 /* ---- TP (tp_world_size 2): own rows first, then the peer's rows (spec §3.5) ------------- */
@@ -431,17 +457,18 @@ static megamoe_status_t mm_v2d_tp(mm_v2_dispatch_t *d, const mm_v2d_out_t *o, in
     uint8_t *tpd = mm_v2_seg(&d->call, MM_V2D_TPDATA);
     int32_t *meta = (int32_t *)mm_v2_seg(&d->call, MM_V2D_TPMETA);
     for (int64_t i = 0; i < d->n_own; i++) {
-        mm_shmem_put(tpd + (size_t)i * d->stride, o->xo + (size_t)i * c->row_bytes, c->row_bytes,
-                     mm_v2_wpe(&d->call, peer));
+        MM_CHECK(mm_shmem_put(tpd + (size_t)i * d->stride, o->xo + (size_t)i * c->row_bytes,
+                              c->row_bytes, mm_v2_wpe(&d->call, peer)));
         if (o->so)
-            mm_shmem_put(tpd + (size_t)i * d->stride + d->scale_off,
-                         o->so + (size_t)i * c->scale_bytes, c->scale_bytes,
-                             mm_v2_wpe(&d->call, peer));
+            MM_CHECK(mm_shmem_put(tpd + (size_t)i * d->stride + d->scale_off,
+                                  o->so + (size_t)i * c->scale_bytes, c->scale_bytes,
+                                  mm_v2_wpe(&d->call, peer)));
     }
     int32_t head = (int32_t)d->n_own;
-    mm_shmem_put(meta, &head, 4, mm_v2_wpe(&d->call, peer));
-    mm_shmem_put_signal(meta + 16, a->ep_recv_counts.data, (size_t)c->W * 4, sig, d->call.gen,
-                        MM_SHMEM_SIGNAL_SET, mm_v2_wpe(&d->call, peer));
+    MM_CHECK(mm_shmem_put(meta, &head, 4, mm_v2_wpe(&d->call, peer)));
+    MM_CHECK(mm_shmem_put_signal(meta + 16, a->ep_recv_counts.data, (size_t)c->W * 4, sig,
+                                 mm_v2_sigval(&d->call, MEGAMOE_OK), MM_SHMEM_SIGNAL_SET,
+                                 mm_v2_wpe(&d->call, peer)));
     MM_CHECK(mm_v2_wait(&d->call, sig, "the TP peer's rows", peer, NULL));
     int64_t n_peer = meta[0];
     if (d->n_own + n_peer > a->expand_x.shape[0])
@@ -640,6 +667,7 @@ megamoe_status_t megamoe_dispatch_v2(const megamoe_dispatch_v2_args_t *caller_ar
     }
     if (st == MEGAMOE_OK && c->tp == 2) st = mm_v2d_tp(&d, &o, &n_peer);
     if (st == MEGAMOE_OK) mm_v2d_finish(&d, n_peer);
+    else mm_v2d_poison(&d, st);
     mm_v2d_free(&d);
     return st;
 }

@@ -81,5 +81,8 @@ int64_t mm_v2d_scale_row(const mm_v2_dispatch_t *d, int64_t k_slot, int64_t t);
 void mm_v2d_hier_units(mm_v2_dispatch_t *d, int32_t *units_to_pe);
 uint64_t mm_v2d_hier_stride(const mm_v2_dispatch_t *d);
 megamoe_status_t mm_v2d_hier_send(mm_v2_dispatch_t *d);
+/* The hierarchy's own signal lines (hop 1 at the leaders; a leader's hop-2 lines at its group)
+ * set with error st (mm_v2_sigval). */
+void mm_v2d_hier_poison(const mm_v2_dispatch_t *d, megamoe_status_t st);
 
 #endif /* MM_OPS_DISPATCH_V2_H */

@@ -84,29 +84,42 @@ megamoe_status_t mm_ep_xbuf_destroy(mm_ep_xbuf_t *x)
     return st;
 }
 
-/* Copy n rows to rows [dst_row, dst_row + n) of symmetric buffer sym on PE pe. */
-static inline void mm_ep_put_rows(void *sym, int64_t dst_row, const void *src, size_t ld,
-                                  int64_t n, size_t row_bytes, int pe)
+/* Keep the first failure of the call for mm_ep_wait (any thread); returns st. */
+static megamoe_status_t mm_ep_fail(const mm_ep_xbuf_t *x, megamoe_status_t st)
 {
-    if (n <= 0) return;
+    if (st != MEGAMOE_OK) {
+        int none = 0;
+        __atomic_compare_exchange_n((int *)&x->failed, &none, (int)st, 0, __ATOMIC_RELAXED,
+                                    __ATOMIC_RELAXED);
+    }
+    return st;
+}
+
+/* Copy n rows to rows [dst_row, dst_row + n) of symmetric buffer sym on PE pe. */
+static inline megamoe_status_t mm_ep_put_rows(void *sym, int64_t dst_row, const void *src,
+                                              size_t ld, int64_t n, size_t row_bytes, int pe)
+{
+    if (n <= 0) return MEGAMOE_OK;
     char *dst_local = (char *)sym + (size_t)dst_row * row_bytes;
     char *direct = mm_ep_direct(dst_local, pe);
     if (ld == row_bytes) {
         if (direct) memcpy(direct, src, (size_t)n * row_bytes);
-        else mm_shmem_put(dst_local, src, (size_t)n * row_bytes, pe);
-        return;
+        else return mm_shmem_put(dst_local, src, (size_t)n * row_bytes, pe);
+        return MEGAMOE_OK;
     }
     for (int64_t i = 0; i < n; i++) {
         const char *s = (const char *)src + (size_t)i * ld;
         if (direct) memcpy(direct + (size_t)i * row_bytes, s, row_bytes);
-        else mm_shmem_put(dst_local + (size_t)i * row_bytes, s, row_bytes, pe);
+        else MM_CHECK(mm_shmem_put(dst_local + (size_t)i * row_bytes, s, row_bytes, pe));
     }
+    return MEGAMOE_OK;
 }
 
-void mm_ep_dispatch_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, const void *src,
-                         size_t ld, int gather, int64_t p0, int64_t p1)
+megamoe_status_t mm_ep_dispatch_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p,
+                                     const void *src, size_t ld, int gather, int64_t p0,
+                                     int64_t p1)
 {
-    if (p0 >= p1) return;
+    if (p0 >= p1) return MEGAMOE_OK;
     const size_t rb = x->row_bytes;
     /* segments: this rank's contiguous rows for one destination slot, in permuted order */
     int32_t k = mm_ep_seg_of_pos(p, p0);
@@ -122,8 +135,9 @@ void mm_ep_dispatch_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, const voi
         int pe = x->pes[q / p->S];
         int64_t row = p->seg_dst[q] + (pos - s0);
         if (!gather) {
-            mm_ep_put_rows(x->recv, row, (const char *)src + (size_t)pos * ld, ld, end - pos, rb,
-                           pe);
+            MM_CHECK(mm_ep_fail(x, mm_ep_put_rows(x->recv, row,
+                                                  (const char *)src + (size_t)pos * ld, ld,
+                                                  end - pos, rb, pe)));
         } else {
             char *dst_local = (char *)x->recv + (size_t)row * rb;
             char *direct = mm_ep_direct(dst_local, pe);
@@ -131,12 +145,13 @@ void mm_ep_dispatch_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, const voi
                 const char *sr = (const char *)src + (size_t)(p->perm_slot[r] / p->K) * ld;
                 size_t off = (size_t)(r - pos) * rb;
                 if (direct) memcpy(direct + off, sr, rb);
-                else mm_shmem_put(dst_local + off, sr, rb, pe);
+                else MM_CHECK(mm_ep_fail(x, mm_shmem_put(dst_local + off, sr, rb, pe)));
             }
         }
         pos = end;
         k++;
     }
+    return MEGAMOE_OK;
 }
 
 int mm_ep_dispatch_direct(const mm_ep_xbuf_t *x)
@@ -153,8 +168,8 @@ void *mm_ep_dispatch_dst(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, int64_t p
     return mm_shmem_ptr((char *)x->recv + (size_t)row * x->row_bytes, x->pes[dest]);
 }
 
-void mm_ep_combine_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, const void *rows,
-                        size_t ld, int64_t r0, int64_t r1)
+megamoe_status_t mm_ep_combine_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p,
+                                    const void *rows, size_t ld, int64_t r0, int64_t r1)
 {
     const int ep = p->ep;
     const int64_t nblk = p->S * ep;
@@ -164,9 +179,11 @@ void mm_ep_combine_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, const void
         if (bo >= r1) break;
         int64_t s0 = r0 > bo ? r0 : bo, s1 = r1 < bo + bn ? r1 : bo + bn;
         int src = (int)(b % ep);
-        mm_ep_put_rows(x->ret, p->ret_off[b] + (s0 - bo), (const char *)rows + (size_t)s0 * ld,
-                       ld, s1 - s0, x->row_bytes, x->pes[src]);
+        MM_CHECK(mm_ep_fail(x, mm_ep_put_rows(x->ret, p->ret_off[b] + (s0 - bo),
+                                              (const char *)rows + (size_t)s0 * ld, ld, s1 - s0,
+                                              x->row_bytes, x->pes[src])));
     }
+    return MEGAMOE_OK;
 }
 
 void mm_ep_stage_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, const void *src,
@@ -179,8 +196,8 @@ void mm_ep_stage_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, const void *
     }
 }
 
-void mm_ep_pull_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, void *dst, size_t ld,
-                     int64_t r0, int64_t r1)
+megamoe_status_t mm_ep_pull_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, void *dst,
+                                 size_t ld, int64_t r0, int64_t r1)
 {
     const int ep = p->ep;
     const size_t rb = x->row_bytes;
@@ -196,27 +213,44 @@ void mm_ep_pull_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, void *dst, si
         const char *mapped = mm_ep_direct((void *)sym, pe);
         char *out = (char *)dst + (size_t)(s0 - r0) * ld;
         const size_t n = (size_t)(s1 - s0);
+        megamoe_status_t st = MEGAMOE_OK;
         if (ld == rb) {
             if (mapped) memcpy(out, mapped, n * rb);
-            else mm_shmem_get(out, sym, n * rb, pe);
+            else st = mm_shmem_get(out, sym, n * rb, pe);
         } else {
-            for (size_t i = 0; i < n; i++) {
+            for (size_t i = 0; i < n && st == MEGAMOE_OK; i++) {
                 if (mapped) memcpy(out + i * ld, mapped + i * rb, rb);
-                else mm_shmem_get(out + i * ld, sym + i * rb, rb, pe);
+                else st = mm_shmem_get(out + i * ld, sym + i * rb, rb, pe);
             }
         }
+        if (st != MEGAMOE_OK) { /* no row of the range is left unwritten */
+            for (int64_t r = r0; r < r1; r++) memset((char *)dst + (size_t)(r - r0) * ld, 0, rb);
+            return mm_ep_fail(x, st);
+        }
     }
+    return MEGAMOE_OK;
 }
 
 void mm_ep_done(mm_ep_xbuf_t *x, int dir)
 {
     /* Puts issued through the runtime complete before the signals; direct stores are ordered
      * by the release semantics of the signal update. */
-    mm_shmem_quiet();
+    mm_ep_fail(x, mm_shmem_quiet());
     for (int i = 0; i < x->ep; i++) {
         int d = (x->me + i) % x->ep; /* rotated start: ranks do not all hit rank 0 first */
-        mm_shmem_signal_op(mm_ep_sig(x, dir, x->me), 1, MM_SHMEM_SIGNAL_ADD, x->pes[d]);
+        uint64_t *sig = mm_ep_sig(x, dir, x->me);
+        /* the peer needs the signal whatever failed: one more try (a failed one was not
+         * applied), else it is declared lost rather than left waiting for the timeout */
+        if (mm_ep_fail(x, mm_shmem_signal_op(sig, 1, MM_SHMEM_SIGNAL_ADD, x->pes[d])) !=
+                MEGAMOE_OK &&
+            mm_shmem_signal_op(sig, 1, MM_SHMEM_SIGNAL_ADD, x->pes[d]) != MEGAMOE_OK)
+            mm_shmem_declare_lost(x->pes[d], "an exchange signal to it failed twice");
     }
+}
+
+megamoe_status_t mm_ep_failure(mm_ep_xbuf_t *x)
+{
+    return (megamoe_status_t)__atomic_exchange_n(&x->failed, 0, __ATOMIC_ACQ_REL);
 }
 
 megamoe_status_t mm_ep_wait(mm_ep_xbuf_t *x, int dir)

@@ -45,6 +45,8 @@ typedef struct mm_ep_xbuf {
     void *ret;          /* symmetric [ret_rows][row_bytes] */
     uint64_t *sig;      /* symmetric: 2*ep signal lines (direction, source) */
     uint64_t gen[2];    /* exchanges begun per direction */
+    int failed;         /* first failed transfer (megamoe_status_t) of this call's exchanges,
+                           set atomically by any writer; taken by mm_ep_failure */
 } mm_ep_xbuf_t;
 
 /* Tests: when set, rows always travel through mm_shmem_put / mm_shmem_get (the path for
@@ -63,14 +65,27 @@ megamoe_status_t mm_ep_xbuf_create(mm_shmem_team_t *team, int64_t capacity, int6
 /* Collective over the world (symmetric free). NULL is a no-op. Returns the first failure. */
 megamoe_status_t mm_ep_xbuf_destroy(mm_ep_xbuf_t *xbuf);
 
-static inline void mm_ep_begin(mm_ep_xbuf_t *x, int dir) { x->gen[dir]++; }
+/* Begin an exchange; a call's first (dispatch) forgets an earlier call's failure. */
+static inline void mm_ep_begin(mm_ep_xbuf_t *x, int dir)
+{
+    x->gen[dir]++;
+    if (dir == MM_EP_DISPATCH) __atomic_store_n(&x->failed, 0, __ATOMIC_RELAXED);
+}
+
+/* Transfers: a failure is returned and also kept in the xbuf (mm_ep_failure), so a caller
+ * whose threads move rows learns it after them. A broken connection marks its peer lost
+ * (shmem.h: every rank's waits fail); after a transient one the peer stays, so the caller must
+ * carry the failure to every rank itself (the O0 layer: in its final agreement; O1: the
+ * executor's DONE status). Rows a failed get should have filled are zeroed, never left
+ * uninitialised. */
 
 /* Put this rank's permuted rows [p0, p1) into their destinations. gather != 0: row p is token
  * row src + (perm_slot[p] / K) * ld (the token's hidden state, sent once per choice);
  * gather == 0: row p is src + p * ld (rows already in permuted order). Thread-safe for
  * disjoint ranges. */
-void mm_ep_dispatch_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *plan, const void *src,
-                         size_t ld, int gather, int64_t p0, int64_t p1);
+megamoe_status_t mm_ep_dispatch_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *plan,
+                                     const void *src, size_t ld, int gather, int64_t p0,
+                                     int64_t p1);
 /* 1 when every peer's receive buffer is load/store reachable from this rank (same host), so
  * a producer can write dispatch rows in place with mm_ep_dispatch_dst() instead of staging
  * them and calling mm_ep_dispatch_rows(). */
@@ -82,8 +97,8 @@ void *mm_ep_dispatch_dst(const mm_ep_xbuf_t *x, const mm_ep_plan_t *plan, int64_
 
 /* Put received-order rows [r0, r1) of rows (ld bytes apart, row r = result of receive row r)
  * back into their sources' return buffers. Thread-safe for disjoint ranges. */
-void mm_ep_combine_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *plan, const void *rows,
-                        size_t ld, int64_t r0, int64_t r1);
+megamoe_status_t mm_ep_combine_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *plan,
+                                    const void *rows, size_t ld, int64_t r0, int64_t r1);
 
 /* Pull dispatch (the owner fetches, nothing is pushed into it): the receive buffer is then
  * this rank's symmetric staging buffer of T*K rows in its own permuted order (create the xbuf
@@ -102,14 +117,18 @@ static inline void *mm_ep_stage_dst(const mm_ep_xbuf_t *x, int64_t p)
  * order) from their sources' staging buffers into dst (ordinary memory; row r0 at dst, rows
  * ld bytes apart): a direct load from a mapped peer, else mm_shmem_get. Call after
  * mm_ep_wait(MM_EP_DISPATCH), or once the rows' source signalled them. Thread-safe. */
-void mm_ep_pull_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *plan, void *dst, size_t ld,
-                     int64_t r0, int64_t r1);
+megamoe_status_t mm_ep_pull_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *plan, void *dst,
+                                 size_t ld, int64_t r0, int64_t r1);
 
 /* All rows of the current exchange of direction dir are written (by every writer thread of
- * this rank): signal every peer. */
+ * this rank): signal every peer (also after a failure: the peers must not wait for nothing;
+ * a failed quiet or signal is kept for mm_ep_wait). */
 void mm_ep_done(mm_ep_xbuf_t *x, int dir);
 /* Wait until every source signalled the current exchange of direction dir. TIMEOUT or
  * PEER_LOST (from the SHMEM wait) when a peer never does. */
 megamoe_status_t mm_ep_wait(mm_ep_xbuf_t *x, int dir);
+/* This rank's first failed transfer since the call's first mm_ep_begin (OK when none; taken:
+ * the next call starts clean). Logged where it happened. */
+megamoe_status_t mm_ep_failure(mm_ep_xbuf_t *x);
 
 #endif /* MM_OPS_EP_EXCHANGE_H */

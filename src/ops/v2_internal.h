@@ -231,9 +231,26 @@ static inline uint64_t *mm_v2_sig(const mm_v2_call_t *call, int s, int i)
 {
     return (uint64_t *)(mm_v2_seg(call, s) + (size_t)i * 64);
 }
-/* Wait for a signal to reach this call's generation; adds the wait to *waited_us when given. */
+/* Signal words carry (generation << 8) | the sender's error (-status; 0 = OK). A rank whose
+ * call fails after the agreement (a transfer that failed, a peer that timed out) still sets
+ * every line it owns, with its error (mm_v2d_poison / mm_v2c_poison), so each peer waiting on
+ * it fails at once with the same status instead of reading rows that never came or waiting for
+ * the timeout; the next call's generation is larger whatever the low byte holds. */
+static inline uint64_t mm_v2_sigval(const mm_v2_call_t *call, megamoe_status_t st)
+{
+    return (call->gen << 8) | (uint64_t)(st < 0 ? -(int)st & 0xff : 0);
+}
+/* The status a signal word of this call carries (OK, or its sender's error, logged naming the
+ * sender); the word must have reached the call's generation. */
+megamoe_status_t mm_v2_sig_status(const mm_v2_call_t *call, uint64_t value, const char *what,
+                                  int peer);
+/* Wait for a signal to reach this call's generation; its sender's error when it carries one;
+ * adds the wait to *waited_us when given. */
 megamoe_status_t mm_v2_wait(const mm_v2_call_t *call, uint64_t *sig, const char *what,
                             int peer, int64_t *waited_us);
+/* SET line `line` of signal segment s on scope member pe to this call's value with status st
+ * (the failure path); a line that cannot be set even on a second try declares pe lost. */
+void mm_v2_poison_line(const mm_v2_call_t *call, int s, int line, int pe, megamoe_status_t st);
 /* Fill the attribute fields of a record from a configuration. */
 void mm_v2_record_attrs(const mm_v2_cfg_t *cfg, mm_v2_record_t *rec);
 

@@ -221,16 +221,39 @@ megamoe_status_t mm_v2_call_layout(mm_v2_call_t *call, int nseg, const uint64_t 
     return MEGAMOE_OK;
 }
 
+megamoe_status_t mm_v2_sig_status(const mm_v2_call_t *call, uint64_t value, const char *what,
+                                  int peer)
+{
+    int code = (int)(value & 0xff);
+    if (code == 0 || (value >> 8) != call->gen) return MEGAMOE_OK;
+    megamoe_status_t st = (megamoe_status_t)-code;
+    return mm_error(st, "%s: world rank %d failed this call (%s) and sent nothing more; every "
+                    "rank of the call returns it", what, mm_v2_wpe(call, peer),
+                    megamoe_status_name(st));
+}
+
 megamoe_status_t mm_v2_wait(const mm_v2_call_t *call, uint64_t *sig, const char *what, int peer,
                             int64_t *waited_us)
 {
-    uint64_t t0 = waited_us ? mm_now_ns() : 0;
-    megamoe_status_t st = mm_shmem_signal_wait_until(sig, MM_SHMEM_CMP_GE, call->gen, NULL);
+    uint64_t t0 = waited_us ? mm_now_ns() : 0, value = 0;
+    megamoe_status_t st =
+        mm_shmem_signal_wait_until(sig, MM_SHMEM_CMP_GE, mm_v2_sigval(call, MEGAMOE_OK), &value);
     if (st != MEGAMOE_OK)
         return mm_error(st, "waiting for %s from world rank %d: %s", what,
                         mm_v2_wpe(call, peer), megamoe_last_error());
     if (waited_us) *waited_us += (int64_t)((mm_now_ns() - t0) / 1000);
-    return MEGAMOE_OK;
+    return mm_v2_sig_status(call, value, what, peer);
+}
+
+void mm_v2_poison_line(const mm_v2_call_t *call, int s, int line, int pe, megamoe_status_t st)
+{
+    uint64_t *sig = mm_v2_sig(call, s, line);
+    for (int i = 0; i < 2; i++)
+        if (mm_shmem_signal_op(sig, mm_v2_sigval(call, st), MM_SHMEM_SIGNAL_SET,
+                               mm_v2_wpe(call, pe)) == MEGAMOE_OK)
+            return;
+    /* the peer would wait for the timeout: a broken connection, every rank learns it */
+    mm_shmem_declare_lost(mm_v2_wpe(call, pe), "a call's failure could not be signalled to it");
 }
 
 int mm_v2_ep_pe(const mm_v2_call_t *call, int64_t ep_rank)

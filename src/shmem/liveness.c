@@ -96,6 +96,12 @@ static void mm_mark_lost(int pe, const char *why, int publish)
 
 void mm_shmem_mark_lost(int pe, const char *why) { mm_mark_lost(pe, why, 1); }
 
+void mm_shmem_declare_lost(int pe, const char *why)
+{
+    if (mm_shmem_running_now() && pe >= 0 && pe < mm_shmem_g.n_pes && pe != mm_shmem_g.my_pe)
+        mm_mark_lost(pe, why, 1);
+}
+
 /* 1 when peer pe's process is known to be running (pidfd not readable, or /proc says so). */
 static int mm_peer_running(int pe)
 {

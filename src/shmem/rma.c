@@ -10,10 +10,62 @@
  * after the puts they cover, quiet waits for remote completion. A peer reachable neither way
  * is an error (INVALID_STATE), never a silently dropped operation.
  */
+#include <stdatomic.h>
 #include <string.h>
 
 #include "base/arch.h"
 #include "shmem_internal.h"
+
+/* ---- test seam: one injected failure (shmem.h, mm_shmem_test_fail_rma) ---- */
+static atomic_uint mm_rma_fail_ops;  /* MM_SHMEM_RMA_* bits armed; 0 = off (the fast path) */
+static atomic_long mm_rma_fail_skip; /* matching calls that still succeed */
+static atomic_ulong mm_rma_counts[5];
+static atomic_int mm_rma_fired;
+static atomic_int mm_rma_fail_lose; /* 1: as a broken connection; 0: transient (peer stays) */
+
+void mm_shmem_test_fail_rma(unsigned ops, long skip, int lose_peer)
+{
+    atomic_store(&mm_rma_fail_lose, lose_peer);
+    if (ops != 0) { /* disarming keeps what the last arming saw */
+        for (int i = 0; i < 5; i++) atomic_store(&mm_rma_counts[i], 0);
+        atomic_store(&mm_rma_fired, 0);
+    }
+    atomic_store(&mm_rma_fail_skip, skip);
+    atomic_store(&mm_rma_fail_ops, ops);
+}
+
+int mm_shmem_test_rma_fired(void) { return atomic_load(&mm_rma_fired); }
+
+unsigned long mm_shmem_test_rma_count(unsigned op)
+{
+    unsigned long n = 0;
+    for (int i = 0; i < 5; i++)
+        if (op & (1u << i)) n += atomic_load(&mm_rma_counts[i]);
+    return n;
+}
+
+/* What the engine does when an operation fails: a broken connection marks the peer lost
+ * (every PE learns it) and returns PEER_LOST (engine_ucx.c: mm_ucx_status); a transient
+ * failure (a staging ring that stays full, no memory for a request) returns an error and the
+ * peer stays, so the caller must tell its peers itself. */
+static megamoe_status_t mm_rma_seam(unsigned op, int pe, const char *what)
+{
+    unsigned armed = atomic_load_explicit(&mm_rma_fail_ops, memory_order_relaxed);
+    if (MM_LIKELY(armed == 0)) return MEGAMOE_OK;
+    for (int i = 0; i < 5; i++)
+        if (op == (1u << i)) atomic_fetch_add_explicit(&mm_rma_counts[i], 1, memory_order_relaxed);
+    if (!(armed & op) || atomic_fetch_sub(&mm_rma_fail_skip, 1) > 0) return MEGAMOE_OK;
+    if (!atomic_compare_exchange_strong(&mm_rma_fail_ops, &armed, 0)) return MEGAMOE_OK;
+    atomic_store(&mm_rma_fired, 1);
+    mm_shmem_global_t *g = &mm_shmem_g;
+    if (pe < 0 || pe >= g->n_pes) pe = (g->my_pe + 1) % g->n_pes; /* fence/quiet: some peer */
+    if (!atomic_load(&mm_rma_fail_lose))
+        return mm_error(MEGAMOE_IO, "%s to rank %d failed (transient; injected by the test "
+                        "seam, mm_shmem_test_fail_rma)", what, pe);
+    mm_shmem_mark_lost(pe, "its inter-host connection failed (injected by the test seam)");
+    return mm_error(MEGAMOE_PEER_LOST, "%s to rank %d failed: injected by the test seam "
+                    "(mm_shmem_test_fail_rma)", what, pe);
+}
 
 /* Remote address of [sym, sym + n) on pe; NULL (with the error recorded, *bad_p set) when
  * invalid, or when the peer is not mapped (then *off_p is set for the engine). */
@@ -54,6 +106,7 @@ megamoe_status_t mm_shmem_put(void *dest, const void *src, size_t nbytes, int pe
 {
     uint64_t off;
     int bad;
+    MM_CHECK(mm_rma_seam(MM_SHMEM_RMA_PUT, pe, "mm_shmem_put"));
     char *d = mm_shmem_xlate(dest, nbytes, pe, "mm_shmem_put", &off, &bad);
     if (d) {
         mm_shmem_copy(d, src, nbytes);
@@ -68,6 +121,7 @@ megamoe_status_t mm_shmem_get(void *dest, const void *src, size_t nbytes, int pe
 {
     uint64_t off;
     int bad;
+    MM_CHECK(mm_rma_seam(MM_SHMEM_RMA_GET, pe, "mm_shmem_get"));
     const char *s = mm_shmem_xlate(src, nbytes, pe, "mm_shmem_get", &off, &bad);
     if (s) {
         mm_shmem_copy(dest, s, nbytes);
@@ -94,6 +148,7 @@ megamoe_status_t mm_shmem_signal_op(uint64_t *sig, uint64_t value, int sig_op, i
     if (((uintptr_t)sig & 7) != 0)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_signal_op: signal %p is not 8-byte "
                         "aligned", (void *)sig);
+    MM_CHECK(mm_rma_seam(MM_SHMEM_RMA_SIGNAL, pe, "mm_shmem_signal_op"));
     uint64_t *r = (uint64_t *)mm_shmem_xlate(sig, sizeof *sig, pe, "mm_shmem_signal_op", &off, &bad);
     if (r) {
         mm_shmem_signal_at(r, value, sig_op);
@@ -123,6 +178,7 @@ uint64_t mm_shmem_signal_fetch(const uint64_t *sig)
 
 megamoe_status_t mm_shmem_fence(void)
 {
+    MM_CHECK(mm_rma_seam(MM_SHMEM_RMA_FENCE, -1, "mm_shmem_fence"));
     mm_store_fence();
     mm_thread_fence(__ATOMIC_RELEASE);
     mm_shmem_global_t *g = &mm_shmem_g;
@@ -132,6 +188,7 @@ megamoe_status_t mm_shmem_fence(void)
 
 megamoe_status_t mm_shmem_quiet(void)
 {
+    MM_CHECK(mm_rma_seam(MM_SHMEM_RMA_QUIET, -1, "mm_shmem_quiet"));
     mm_store_fence();
     mm_thread_fence(__ATOMIC_SEQ_CST);
     mm_shmem_global_t *g = &mm_shmem_g;

@@ -150,6 +150,29 @@ void mm_shmem_copy_streaming(void *dst, const void *src, size_t n);
 megamoe_status_t mm_shmem_fence(void);
 megamoe_status_t mm_shmem_quiet(void);
 
+/* A control signal that cannot be delivered to pe even on a second try: declare pe lost (as a
+ * broken connection; every PE learns it and its waits fail with PEER_LOST) rather than leave
+ * it waiting for the timeout. why names the cause. */
+void mm_shmem_declare_lost(int pe, const char *why);
+/* Test seam: after `skip` more calls of the kinds in `ops` (MM_SHMEM_RMA_* bits) the next one
+ * fails once as an engine failure does: lose_peer 1, a broken connection (the target peer,
+ * for fence/quiet the next PE, is marked lost, which every PE learns; PEER_LOST); 0, a
+ * transient failure (IO; the peer stays, only the caller knows). ops 0 disarms (the counters
+ * and the fired flag stay). Arming resets
+ * the counters of the calls made while armed (per kind): a run armed with skip LONG_MAX counts
+ * a data path's calls, so a test can aim at its middle. */
+enum {
+    MM_SHMEM_RMA_PUT = 1,
+    MM_SHMEM_RMA_GET = 2,
+    MM_SHMEM_RMA_SIGNAL = 4,
+    MM_SHMEM_RMA_FENCE = 8,
+    MM_SHMEM_RMA_QUIET = 16
+};
+void mm_shmem_test_fail_rma(unsigned ops, long skip, int lose_peer);
+unsigned long mm_shmem_test_rma_count(unsigned ops);
+/* 1 once the armed failure happened (since the last arming). */
+int mm_shmem_test_rma_fired(void);
+
 /* ---- additions: generic waits, zeroed allocation, liveness, introspection ---- */
 
 /* The same wait as mm_shmem_signal_wait_until on ANY local 64-bit word (e.g. an executor's

@@ -234,4 +234,10 @@ megamoe_status_t mm_shmem_signal_wait_until(uint64_t *sig, int cmp, uint64_t val
 
 void mm_shmem_copy_streaming(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
 megamoe_status_t mm_shmem_fence(void) { return MEGAMOE_OK; }
+
+void mm_shmem_declare_lost(int pe, const char *why)
+{
+    (void)pe, (void)why;
+    mm_fake_unreachable("mm_shmem_declare_lost");
+}
 megamoe_status_t mm_shmem_quiet(void) { return MEGAMOE_OK; }
