@@ -599,7 +599,7 @@ static int mm_bd_main(int argc, char **argv)
     if (!mm_bench_flag(argc, argv, "--no-gloo")) {
         if (mm_bd_script(script, sizeof script) == 0) {
             char *a3[32];
-            char *rest3[] = {"-n", "2", "--timeout", "1800", "--", "/usr/bin/python3", script,
+            char *rest3[] = {"-n", "2", "--timeout", "1800", "--", (char *)mm_bench_python(), script,
                              "--bs", (char *)bs_list, "--quant", (char *)quants, "--out", res, NULL};
             memcpy(a3, launch, (size_t)nl * sizeof(char *));
             memcpy(a3 + nl, rest3, sizeof rest3);

@@ -59,7 +59,7 @@ static int mm_run_torch(const mm_moe_job_opts_t *o, int threads, const char *scr
     snprintf(a[8], 32, "%d", o->warmup);
     snprintf(a[9], 32, "%d", threads);
     snprintf(a[10], 32, "%d", o->hosts > 0 ? o->hosts : 1);
-    char *tail[] = {"--timeout", "1800", "--", "/usr/bin/python3", (char *)script, "--tokens",
+    char *tail[] = {"--timeout", "1800", "--", (char *)mm_bench_python(), (char *)script, "--tokens",
                     a[1], "--hidden", a[2], "--intermediate", a[3], "--experts", a[4], "--top-k",
                     a[5], "--seed", a[6], "--iters", a[7], "--warmup", a[8], "--threads", a[9],
                     "--out", outp, NULL};

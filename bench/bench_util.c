@@ -7,7 +7,20 @@
 #include "megamoe/megamoe.h"
 
 #include "base/clock.h"
+#include "base/env.h"
 #include "bench_util.h"
+
+#ifndef MEGAMOE_DEFAULT_PYTHON
+#define MEGAMOE_DEFAULT_PYTHON "/usr/bin/python3"
+#endif
+
+const char *mm_bench_python(void)
+{
+    const char *py = "";
+    if (mm_env_string(MM_ENV_PYTHON, &py) != MEGAMOE_OK || py == NULL || *py == '\0')
+        py = MEGAMOE_DEFAULT_PYTHON;
+    return py;
+}
 
 #define MM_BENCH_MAX_ROWS 4096
 #define MM_BENCH_MAX_FIELDS 32

@@ -41,6 +41,9 @@ const char *mm_bench_self_exe(void);
  * the source tree (<repo>/bench/<name>, from <repo>/build/<preset>/bin/megamoe), else
  * ./bench/<name>. Returns 0 with the path in out, -1 when none is readable. */
 int mm_bench_script(const char *name, char *out, size_t len);
+/* The Python interpreter for the benchmarks' Python parts: $MEGAMOE_PYTHON, else the build's
+ * choice (CMake MEGAMOE_PYTHON, default /usr/bin/python3). */
+const char *mm_bench_python(void);
 
 /* Option parsing helpers: "--name value" lookups in argv; return the default when absent. */
 const char *mm_bench_opt(int argc, char **argv, const char *name, const char *def);

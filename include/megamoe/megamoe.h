@@ -26,6 +26,7 @@
 #include "megamoe/layout.h"
 #include "megamoe/ops.h"
 #include "megamoe/experts.h"
+#include "megamoe/serve.h"
 #include "megamoe/prof.h"
 #include "megamoe/reference.h"
 

@@ -46,6 +46,11 @@ static const mm_abi_struct_t mm_abi_structs[] = {
     MM_FROZEN(megamoe_profile_record_t),
     MM_FROZEN(megamoe_trace_summary_options_t),
     MM_FROZEN(megamoe_trace_svg_options_t),
+    /* serve.h */
+    MM_EXTENSIBLE(megamoe_symm_buffer_params_t, topk_weights_type),
+    MM_EXTENSIBLE(megamoe_symm_buffer_info_t, id), /* filled: caller's size with the call */
+    MM_FROZEN(megamoe_tensor_list_t),
+    MM_EXTENSIBLE(megamoe_mega_moe_args_t, weights_version),
     /* reference.h */
     MM_FROZEN(megamoe_reference_shape_t),
     MM_EXTENSIBLE(megamoe_reference_params_t, bf16_intermediates),

@@ -49,7 +49,8 @@
     XX(SHARE, "share_execution_resources")                                                 \
     XX(DISPATCH_V2, "dispatch_v2")                                                         \
     XX(COMBINE_V2, "combine_v2")                                                           \
-    XX(COMBINE_ADD_RMS_NORM, "combine_add_rms_norm")
+    XX(COMBINE_ADD_RMS_NORM, "combine_add_rms_norm")                                       \
+    XX(MEGA_MOE, "mega_moe")
 
 typedef enum mm_call_kind {
     MM_CALL_NONE = 0,

@@ -865,8 +865,9 @@ static void mm_ucx_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
  * costs (about 2x the GB per CPU-second, docs/shmem.md "Choosing the engine"). */
 static megamoe_status_t mm_ucx_config(ucp_config_t *cfg, const char *net_device)
 {
-    const char *tls = "", *devs = "", *tx = "", *rx = "", *maxpoll = "";
+    const char *tls = "", *devs = "", *tx = "", *rx = "", *maxpoll = "", *proto = "";
     MM_CHECK(mm_env_string(MM_ENV_UCX_TLS, &tls));
+    MM_CHECK(mm_env_string(MM_ENV_UCX_PROTO_ENABLE, &proto));
     MM_CHECK(mm_env_string(MM_ENV_UCX_NET_DEVICES, &devs));
     MM_CHECK(mm_env_string(MM_ENV_UCX_TCP_TX_SEG_SIZE, &tx));
     MM_CHECK(mm_env_string(MM_ENV_UCX_TCP_RX_SEG_SIZE, &rx));
@@ -876,19 +877,31 @@ static megamoe_status_t mm_ucx_config(ucp_config_t *cfg, const char *net_device)
     if (*devs == '\0' && net_device && *net_device &&
         ucp_config_modify(cfg, "NET_DEVICES", net_device) != UCS_OK)
         return mm_error(MEGAMOE_INTERNAL, "UCX refused the network device %s", net_device);
-    /* UCX hands these to each transport's configuration under the transport's own field name
-     * ("TX_SEG_SIZE", not "TCP_TX_SEG_SIZE"); only TCP has them. On TCP a put is an active
-     * message, sent in TX_SEG_SIZE fragments. */
-    if (*tx == '\0') ucp_config_modify(cfg, "TX_SEG_SIZE", "64k");
-    if (*rx == '\0') ucp_config_modify(cfg, "RX_SEG_SIZE", "256k");
+    /* UCX 1.13 hands these to each transport's configuration under the transport's own field
+     * name ("TX_SEG_SIZE"), newer UCX (1.18 checked; 1.15 assumed) under the prefixed name
+     * ("TCP_TX_SEG_SIZE"); the other spelling is reported as an invalid configuration. Only TCP
+     * has them. On TCP a put is an active message, sent in TX_SEG_SIZE fragments. */
+    unsigned major = 0, minor = 0, release = 0;
+    ucp_get_version(&major, &minor, &release);
+    const char *pre = major > 1 || minor >= 15 ? "TCP_" : "";
+    char key[32];
+    snprintf(key, sizeof key, "%sTX_SEG_SIZE", pre);
+    if (*tx == '\0') ucp_config_modify(cfg, key, "64k");
+    snprintf(key, sizeof key, "%sRX_SEG_SIZE", pre);
+    if (*rx == '\0') ucp_config_modify(cfg, key, "256k");
     /* One socket event per epoll_wait: UCX 1.13's TCP progress takes up to MAX_POLL (16)
      * events at once, and when the first (a peer's connection reset) fails the UCP endpoint,
      * the endpoint's other connections close while their events are still in the batch: the
      * next one hits an assertion (tcp_iface.c, "conn_state != CLOSED") and aborts the process.
      * A survivor of a killed host died that way in 1 of ~12 fault runs under load. Each event
      * is then handled before the next wait; progress loops call again for the rest. */
-    if (*maxpoll == '\0') ucp_config_modify(cfg, "MAX_POLL", "1");
+    snprintf(key, sizeof key, "%sMAX_POLL", pre);
+    if (*maxpoll == '\0') ucp_config_modify(cfg, key, "1");
     ucp_config_modify(cfg, "MEMTYPE_CACHE", "n"); /* absent in some versions: best effort */
+    /* UCX's protocol selection v2 (the default from 1.16) has no software-emulated fetching
+     * atomics over TCP ("cannot find remote protocol for ... amo_fetch"), which the engine's
+     * signals need; the v1 protocols have them. A user's UCX_PROTO_ENABLE wins. */
+    if (*proto == '\0') ucp_config_modify(cfg, "PROTO_ENABLE", "n");
     return MEGAMOE_OK;
 }
 

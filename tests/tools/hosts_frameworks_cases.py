@@ -5,6 +5,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -25,7 +26,7 @@ def _torch():
     return subprocess.run([PY, "-c", "import torch"], capture_output=True).returncode == 0
 
 
-needs_torch = pytest.mark.skipif(not _torch(), reason="/usr/bin/python3 has no torch (make deps)")
+needs_torch = pytest.mark.skipif(not _torch(), reason=f"{sys.executable} has no torch (make deps)")
 
 
 def _allreduce_lines(out):

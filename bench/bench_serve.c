@@ -1,0 +1,294 @@
+/* bench serve: the serving MegaMoE (`mega_moe`) against the unfused path a CPU user would write
+ * today (DispatchV2 -> per-expert torch matmuls + SwiGLU -> CombineV2), in the same job on the
+ * same weights, tokens and routing (bench/serve_bench.py on every rank), for decode (1, 8, 32,
+ * 128 tokens per rank) and prefill (2048, 4096) on a DeepSeek-like shape sized to this machine
+ * (H 4096, I 1024, E 64, K 8: 0.8 GB of bf16 expert weights per rank, far beyond the last-level
+ * cache) and on the seed shape (H 512, I 128, E 4, K 2), for bf16, w8a8 and w4a8, optionally
+ * on simulated hosts (--hosts 2, root).
+ *
+ * Each row carries its physical floor: the expert weight bytes the call touches on the slowest
+ * rank at the per-core read bandwidth measured with as many concurrently streaming cores as
+ * the job uses (ranks x threads, at most the cores), plus that rank's dispatch/combine bytes
+ * at the per-core copy bandwidth measured the same way; `over_floor` = ms / floor_ms; prefill
+ * rows carry `pct_peak`, the job's flops (6HI per received row) over the probed BF16 peak of
+ * the cores used. `ms` is the median over iterations of the slowest rank's time per call
+ * (iterations interleaved between the two implementations). Targets: docs/serve.md. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/cpu.h"
+#include "kernels/peak.h"
+
+#include "bench_util.h"
+
+typedef struct {
+    const char *name;
+    int64_t H, I, E, K;
+} mm_serve_shape_t;
+
+static const mm_serve_shape_t mm_serve_shapes[] = {
+    {"deepseek", 4096, 1024, 64, 8},
+    {"seed", 512, 128, 4, 2},
+    {"small", 256, 128, 8, 4}, /* --small: a quick check that the bench works */
+};
+
+/* ---- bandwidth probes: every thread streams its own buffer at the same time ------------------ */
+
+typedef struct {
+    size_t bytes;
+    int copy;
+    pthread_barrier_t *bar;
+    double seconds;
+    uint64_t sink;
+} mm_bw_job_t;
+
+static void *mm_bw_thread(void *arg)
+{
+    mm_bw_job_t *j = arg;
+    const size_t n = j->bytes / sizeof(uint64_t);
+    uint64_t *a = malloc(j->bytes), *b = j->copy ? malloc(j->bytes) : NULL;
+    if (a == NULL || (j->copy && b == NULL)) {
+        free(a);
+        free(b);
+        pthread_barrier_wait(j->bar);
+        pthread_barrier_wait(j->bar);
+        j->seconds = -1;
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) a[i] = i * 0x9e3779b97f4a7c15ull;
+    if (b) memset(b, 1, j->bytes);
+    double best = 1e30;
+    for (int rep = 0; rep < 4; rep++) {
+        pthread_barrier_wait(j->bar);
+        uint64_t t0 = mm_now_ns();
+        if (j->copy) {
+            memcpy(b, a, j->bytes);
+        } else {
+            uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+            for (size_t i = 0; i + 4 <= n; i += 4) {
+                s0 += a[i];
+                s1 ^= a[i + 1];
+                s2 += a[i + 2];
+                s3 ^= a[i + 3];
+            }
+            j->sink += s0 + s1 + s2 + s3;
+        }
+        double s = (double)(mm_now_ns() - t0) * 1e-9;
+        if (rep > 0 && s < best) best = s; /* the first pass faults pages in */
+        pthread_barrier_wait(j->bar);
+    }
+    j->seconds = best;
+    free(a);
+    free(b);
+    return NULL;
+}
+
+/* Per-core GB/s with `threads` streaming at once (read: bytes read; copy: bytes copied). */
+static double mm_bw_probe(int threads, int copy)
+{
+    pthread_t tid[256];
+    mm_bw_job_t jobs[256];
+    pthread_barrier_t bar;
+    if (threads > 256) threads = 256;
+    pthread_barrier_init(&bar, NULL, (unsigned)threads);
+    for (int t = 0; t < threads; t++) {
+        jobs[t] = (mm_bw_job_t){.bytes = (size_t)256 << 20, .copy = copy, .bar = &bar};
+        pthread_create(&tid[t], NULL, mm_bw_thread, &jobs[t]);
+    }
+    double worst = 0;
+    for (int t = 0; t < threads; t++) {
+        pthread_join(tid[t], NULL);
+        if (jobs[t].seconds < 0) worst = -1;
+        else if (worst >= 0 && jobs[t].seconds > worst) worst = jobs[t].seconds;
+    }
+    pthread_barrier_destroy(&bar);
+    return worst > 0 ? (double)((size_t)256 << 20) / worst * 1e-9 : 0.0;
+}
+
+/* ---- one job ------------------------------------------------------------------------------ */
+
+static int mm_serve_job(const mm_serve_shape_t *sh, const char *tokens, const char *quant,
+                        const char *impl, int ranks, int hosts, int threads, int iters, int warmup,
+                        double read_gbs, double copy_gbs, double peak, const char *script)
+{
+    char dir[] = "/tmp/megamoe-serve-XXXXXX";
+    if (mkdtemp(dir) == NULL) return -1;
+    char outp[256], a[16][64];
+    snprintf(outp, sizeof outp, "%s/rows.jsonl", dir);
+    snprintf(a[0], 64, "%d", ranks);
+    snprintf(a[1], 64, "%s:%lld:%lld:%lld:%lld", sh->name, (long long)sh->H, (long long)sh->I,
+             (long long)sh->E, (long long)sh->K);
+    snprintf(a[2], 64, "%d", iters);
+    snprintf(a[3], 64, "%d", warmup);
+    snprintf(a[4], 64, "%.4f", read_gbs);
+    snprintf(a[5], 64, "%.4f", copy_gbs);
+    snprintf(a[6], 64, "%.4f", peak);
+    snprintf(a[7], 64, "%d", threads);
+    snprintf(a[8], 64, "%d", hosts);
+    /* the heap: the largest call's receive rows (tokens x ranks x min(K, L)) plus room */
+    long long max_tok = 0;
+    for (const char *p = tokens; *p;) {
+        long long t = atoll(p);
+        if (t > max_tok) max_tok = t;
+        const char *c = strchr(p, ',');
+        if (!c) break;
+        p = c + 1;
+    }
+    long long L = sh->E / ranks, mk = sh->K < L ? sh->K : L;
+    long long row = ((sh->H * 2 + 63) / 64) * 64;
+    long long heap = (max_tok * ranks * mk * row) + (256ll << 20);
+    heap = (heap + (64ll << 20) - 1) / (64ll << 20) * (64ll << 20);
+    char heap_s[32];
+    snprintf(heap_s, sizeof heap_s, "%lld", heap);
+    const char *self = mm_bench_self_exe();
+    char *argv[64] = {(char *)self, "launch", "-n", a[0]};
+    int k = 4;
+    if (hosts > 1) {
+        argv[k++] = "--hosts";
+        argv[k++] = a[8];
+    }
+    char *tail[] = {"--timeout", "3600", "--", "/usr/bin/python3", (char *)script, "--shape", a[1],
+                    "--tokens", (char *)tokens, "--quant", (char *)quant, "--impl", (char *)impl,
+                    "--iters", a[2], "--warmup", a[3], "--read-gbs", a[4], "--copy-gbs", a[5],
+                    "--peak-gflops", a[6], "--threads", a[7], "--hosts", a[8], "--out", outp, NULL};
+    memcpy(argv + k, tail, sizeof tail);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("HYPER_PARALLEL_SHMEM_HEAP_SIZE", heap_s, 0);
+        setenv("MEGAMOE_THREADS", a[7], 0);
+        setenv("OMP_NUM_THREADS", a[7], 1);
+        setenv("MEGAMOE_LOG_LEVEL", "warn", 0);
+        int devnull = open("/dev/null", O_WRONLY);
+        if (devnull >= 0) dup2(devnull, 1); /* the ranks' JSON lines: the file is the record */
+        execv(self, argv);
+        _exit(127);
+    }
+    int status = 0, rc = -1;
+    if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+        FILE *f = fopen(outp, "r");
+        char line[2048];
+        while (f && fgets(line, sizeof line, f)) {
+            /* flat JSON objects of strings and numbers: copied field by field into a row */
+            mm_bench_row();
+            char *p = line;
+            while ((p = strchr(p, '"')) != NULL) {
+                char key[64], sval[128];
+                char *e = strchr(p + 1, '"');
+                if (!e || (size_t)(e - p - 1) >= sizeof key) break;
+                memcpy(key, p + 1, (size_t)(e - p - 1));
+                key[e - p - 1] = '\0';
+                p = e + 1;
+                while (*p == ':' || *p == ' ') p++;
+                if (*p == '"') {
+                    char *q = strchr(p + 1, '"');
+                    if (!q) break;
+                    size_t n = (size_t)(q - p - 1) < sizeof sval - 1 ? (size_t)(q - p - 1) : sizeof sval - 1;
+                    memcpy(sval, p + 1, n);
+                    sval[n] = '\0';
+                    mm_bench_str(key, sval);
+                    p = q + 1;
+                } else if (!strncmp(p, "null", 4)) {
+                    p += 4;
+                } else {
+                    char *end;
+                    double v = strtod(p, &end);
+                    if (end == p) break;
+                    int integral = 1;
+                    for (char *c = p; c < end; c++) integral &= (*c >= '0' && *c <= '9') || *c == '-';
+                    if (integral) mm_bench_int(key, (long long)v);
+                    else mm_bench_num(key, v);
+                    p = end;
+                }
+            }
+            rc = 0;
+        }
+        if (f) fclose(f);
+    }
+    unlink(outp);
+    rmdir(dir);
+    return rc;
+}
+
+static int mm_bench_serve_main(int argc, char **argv)
+{
+    if (mm_bench_flag(argc, argv, "--help")) {
+        fprintf(stderr,
+                "megamoe bench serve [--shapes deepseek,seed] [--tokens 1,8,32,128,2048,4096]\n"
+                "    [--quant bf16,w8a8,w4a8] [--impl mega_moe,unfused] [--ranks 2] [--hosts 1]\n"
+                "    [--threads T] [--iters 5] [--warmup 1] [--small]\n"
+                "  the serving MegaMoE against the unfused path, rows with floor_ms, over_floor,\n"
+                "  pct_peak (prefill); --small: a tiny shape, decode sizes (checks the bench works)\n");
+        return 0;
+    }
+    const int small = mm_bench_flag(argc, argv, "--small");
+    const char *shapes = mm_bench_opt(argc, argv, "--shapes", small ? "small" : "deepseek,seed");
+    const char *tokens = mm_bench_opt(argc, argv, "--tokens", small ? "1,8,32" : "1,8,32,128,2048,4096");
+    const char *quant = mm_bench_opt(argc, argv, "--quant", "bf16,w8a8,w4a8");
+    const char *impl = mm_bench_opt(argc, argv, "--impl", "mega_moe,unfused");
+    const int ranks = atoi(mm_bench_opt(argc, argv, "--ranks", "2"));
+    const int hosts = atoi(mm_bench_opt(argc, argv, "--hosts", "1"));
+    const int iters = atoi(mm_bench_opt(argc, argv, "--iters", small ? "3" : "5"));
+    const int warmup = atoi(mm_bench_opt(argc, argv, "--warmup", "1"));
+    int cores = mm_cpu_count();
+    int threads = atoi(mm_bench_opt(argc, argv, "--threads", "0"));
+    if (threads <= 0) threads = cores / ranks > 0 ? cores / ranks : 1;
+    char script[4096];
+    if (mm_bench_script("serve_bench.py", script, sizeof script) != 0) {
+        fprintf(stderr, "megamoe bench serve: bench/serve_bench.py not found (run from the "
+                        "repository or an installed prefix)\n");
+        return 2;
+    }
+    /* probes: as many streaming cores as the job uses (ranks x threads, at most the cores) */
+    int streams = ranks * threads < cores ? ranks * threads : cores;
+    if (hosts > 1) streams = (ranks / hosts) * threads < cores ? (ranks / hosts) * threads : cores;
+    if (streams < 1) streams = 1;
+    mm_bench_progress(0, 1, "probing read and copy bandwidth, BF16 peak");
+    const double read_gbs = mm_bw_probe(streams, 0), copy_gbs = mm_bw_probe(streams, 1);
+    mm_peak_t peak;
+    double peak_gflops = mm_kernels_peak_probe(0.2, &peak) == 0 ? peak.gflops : 0.0;
+    fprintf(stderr, "bench serve: %d streaming cores: read %.2f GB/s per core, copy %.2f GB/s per "
+            "core; BF16 peak %.1f GFLOP/s per core (%s)\n", streams, read_gbs, copy_gbs,
+            peak_gflops, peak.unit);
+    mm_bench_begin("serve");
+    int rc = 0, step = 0;
+    const int n_shapes = (int)(sizeof mm_serve_shapes / sizeof mm_serve_shapes[0]);
+    int total = 0;
+    for (int s = 0; s < n_shapes; s++) total += strstr(shapes, mm_serve_shapes[s].name) != NULL;
+    for (int s = 0; s < n_shapes; s++) {
+        const mm_serve_shape_t *sh = &mm_serve_shapes[s];
+        if (!strstr(shapes, sh->name)) continue;
+        char label[160];
+        snprintf(label, sizeof label, "serve %s (H %lld, I %lld, E %lld, K %lld), %d ranks, %d "
+                 "host%s", sh->name, (long long)sh->H, (long long)sh->I, (long long)sh->E,
+                 (long long)sh->K, ranks, hosts, hosts > 1 ? "s" : "");
+        mm_bench_progress(++step, total, label);
+        if (mm_serve_job(sh, tokens, quant, impl, ranks, hosts, threads, iters, warmup, read_gbs,
+                         copy_gbs, peak_gflops, script) != 0) {
+            fprintf(stderr, "megamoe bench serve: the job failed for %s\n", label);
+            rc = 1;
+        }
+    }
+    mm_bench_row();
+    mm_bench_str("impl", "probe");
+    mm_bench_int("streaming_cores", streams);
+    mm_bench_num("read_gbs_per_core", read_gbs);
+    mm_bench_num("copy_gbs_per_core", copy_gbs);
+    mm_bench_num("bf16_peak_gflops_per_core", peak_gflops);
+    mm_bench_str("peak_unit", peak.unit ? peak.unit : "none");
+    mm_bench_end();
+    return rc;
+}
+
+const mm_bench_def_t mm_bench_serve_def = {
+    "serve", "mega_moe vs the unfused path: decode and prefill, bf16/w8a8/w4a8, with floors",
+    mm_bench_serve_main};

@@ -1,0 +1,215 @@
+"""One rank of `megamoe bench serve` (bench/bench_serve.c starts the ranks with `megamoe launch`).
+
+For every (shape, quantisation, tokens per rank) it times the fused `mega_moe` call and the
+unfused path a CPU user would write today — megamoe's DispatchV2 -> per-expert torch matmuls and
+SwiGLU -> CombineV2 — on the same weights, tokens and routing, interleaved iteration by
+iteration. Per row: the median over iterations of the slowest rank's time, the physical floor
+(the expert weight bytes the call touches on the slowest rank at the measured per-core read
+bandwidth, plus its dispatch/combine bytes at the measured copy bandwidth) and, for prefill,
+the share of the job's BF16 peak. Rank 0 writes the rows as JSON lines to --out.
+
+Shapes: name:H:I:E:K. Quantisations: bf16 (A16W16), w8a8 (int8 per-channel weights, per-token
+int8 activations), w4a8 (int4 per-channel weights packed two per int8 with the canonical bias).
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+import megamoe.comm as mcomm  # noqa: E402
+import megamoe.ops as ops  # noqa: E402
+from megamoe import serve_reference as R  # noqa: E402
+
+
+def parse():
+    p = argparse.ArgumentParser()
+    p.add_argument("--shape", required=True)           # name:H:I:E:K
+    p.add_argument("--tokens", default="1,8,32,128")
+    p.add_argument("--quant", default="bf16,w8a8,w4a8")
+    p.add_argument("--impl", default="mega_moe,unfused")
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--read-gbs", type=float, default=0.0)   # per core, all cores streaming
+    p.add_argument("--copy-gbs", type=float, default=0.0)   # per core, bytes copied per second
+    p.add_argument("--peak-gflops", type=float, default=0.0)  # BF16 peak per core
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--hosts", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--check", type=int, default=1)
+    p.add_argument("--out", required=True)
+    return p.parse_args()
+
+
+def expert_weights(H, I, e, seed, quant):
+    """Expert e's weights in the operator's layouts (deterministic per expert)."""
+    g = torch.Generator().manual_seed(seed * 100003 + e)
+    f1 = torch.randn(H, 2 * I, generator=g) / math.sqrt(H)
+    f2 = torch.randn(I, H, generator=g) / math.sqrt(I)
+    if quant == "bf16":
+        return {"l1": f1.to(torch.bfloat16), "l2": f2.to(torch.bfloat16)}
+    out = {}
+    for k, f in (("1", f1), ("2", f2)):
+        if quant == "w8a8":
+            sig = f.abs().amax(0) / 127
+            out["l" + k] = torch.round(f / sig).clamp(-127, 127).to(torch.int8)
+        else:
+            sig = f.abs().amax(0) / 7
+            v = torch.round(f / sig).clamp(-8, 7)
+            out["l" + k] = R.pack_int4(v.numpy(), "int8")
+            out["b" + k] = (8 * (v.double() * sig.double()).sum(0)).float()
+            out["v" + k] = v.to(torch.int8)
+        out["sf" + k] = sig.float()
+    return out
+
+
+def weight_bytes(H, I, quant):
+    if quant == "bf16":
+        return 6 * H * I
+    scales = 4 * (2 * I + H)
+    if quant == "w8a8":
+        return 3 * H * I + scales
+    return 3 * H * I // 2 + 2 * scales  # packed int4 + scales + biases
+
+
+class Unfused:
+    """DispatchV2 -> per-expert torch matmuls + SwiGLU -> CombineV2 (what a CPU user writes)."""
+
+    def __init__(self, W, rank, E, I, experts, quant):
+        self.W, self.rank, self.E, self.I, self.quant = W, rank, E, I, quant
+        self.group = mcomm.group_name(None)
+        self.experts = experts
+
+    def w(self, j, k):
+        ex = self.experts[j]
+        if self.quant == "bf16":
+            return ex["l" + k]
+        # dequantise per call (a CPU user has no int8 / int4 grouped GEMM in torch)
+        v = ex["l" + k] if self.quant == "w8a8" else ex["v" + k]
+        return (v.to(torch.bfloat16) * ex["sf" + k].to(torch.bfloat16))
+
+    def __call__(self, x, ids, wts):
+        q = 2 if self.quant != "bf16" else 0
+        outs = ops.npu_moe_distribute_dispatch_v2(x, ids, self.group, self.W, self.rank, self.E,
+                                                  quant_mode=q, expert_token_nums_type=1)
+        expand_x, scales, assist, counts, ep_recv = outs[0], outs[1], outs[2], outs[3], outs[4]
+        rows = int(counts.sum())
+        y = torch.empty(expand_x.shape[0], x.shape[1], dtype=torch.bfloat16)
+        off = 0
+        I = self.I
+        for j in range(counts.shape[0]):
+            c = int(counts[j])
+            if c == 0:
+                continue
+            xs = expand_x[off:off + c]
+            if q:
+                xs = (xs.to(torch.float32) * scales[off:off + c, None]).to(torch.bfloat16)
+            h = xs @ self.w(j, "1")
+            a = torch.nn.functional.silu(h[:, :I]) * h[:, I:]
+            y[off:off + c] = a @ self.w(j, "2")
+            off += c
+        assert off == rows
+        return ops.npu_moe_distribute_combine_v2(y, ids, assist, ep_recv, wts, self.group, self.W,
+                                                 self.rank, self.E)
+
+
+def main():
+    a = parse()
+    torch.set_num_threads(max(1, a.threads))
+    dist.init_process_group("gloo")
+    rank, W = dist.get_rank(), dist.get_world_size()
+    world = mcomm.world()
+    name, H, I, E, K = a.shape.split(":")
+    H, I, E, K = int(H), int(I), int(E), int(K)
+    L = E // W
+    tokens = [int(t) for t in a.tokens.split(",")]
+    impls = a.impl.split(",")
+    nmax = max(tokens)
+    buf = ops.get_symm_buffer_for_mega_moe(None, E, nmax, K, H, 2 * I)
+    rows_out = []
+    for quant in a.quant.split(","):
+        experts = [expert_weights(H, I, rank * L + j, a.seed, quant) for j in range(L)]
+        kw = {}
+        if quant != "bf16":
+            buf.dispatch_quant_mode, buf.dispatch_quant_out_dtype = 2, torch.int8
+            kw = {"l1_weights_sf": [torch.stack([e["sf1"] for e in experts])],
+                  "l2_weights_sf": [torch.stack([e["sf2"] for e in experts])]}
+            if quant == "w4a8":
+                kw.update(l1_bias=[e["b1"] for e in experts], l2_bias=[e["b2"] for e in experts],
+                          weight1_type=285, weight2_type=285)
+        else:
+            buf.dispatch_quant_mode, buf.dispatch_quant_out_dtype = 0, None
+        w1 = [e["l1"] for e in experts]
+        w2 = [e["l2"] for e in experts]
+        unfused = Unfused(W, rank, E, I, experts, quant)
+        for n in tokens:
+            g = torch.Generator().manual_seed(a.seed * 7 + rank * 1000 + n)
+            x = (torch.randn(n, H, generator=g)).to(torch.bfloat16)
+            ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(n)]).int()
+            wts = torch.softmax(torch.randn(n, K, generator=g), -1)
+            runs = {"mega_moe": lambda: ops.mega_moe(x, ids, wts, w1, w2, buf, **kw)[0],
+                    "unfused": lambda: unfused(x, ids, wts)}
+            times = {i: [] for i in impls}
+            outs = {}
+            for it in range(a.warmup + a.iters):
+                for impl in impls:  # interleaved, iteration by iteration
+                    world.barrier()
+                    t0 = time.perf_counter()
+                    outs[impl] = runs[impl]()
+                    dt = time.perf_counter() - t0
+                    if it >= a.warmup:
+                        times[impl].append(dt)
+            _, etn = ops.mega_moe(x, ids, wts, w1, w2, buf, **kw)
+            touched = int((etn > 0).sum()) * weight_bytes(H, I, quant)
+            recv = int(etn.sum())
+            row = 2 * H if quant == "bf16" else H + 4
+            # dispatch: sent n*K rows + received recv rows; combine: recv results written,
+            # n*K rows read back
+            copy = (n * K + recv) * row + (recv + n * K) * 2 * H
+            floor_s = (touched / (a.read_gbs * 1e9) if a.read_gbs else 0.0) + \
+                      (copy / (a.copy_gbs * 1e9) if a.copy_gbs else 0.0)
+            flops = recv * 6 * H * I
+            gathered = [None] * W
+            dist.all_gather_object(gathered, {"times": times, "floor": floor_s, "flops": flops})
+            diff = None
+            if a.check and "unfused" in outs and "mega_moe" in outs and n:
+                ref, got = outs["unfused"].float(), outs["mega_moe"].float()
+                diff = float((got - ref).norm() / max(ref.norm(), 1e-30))
+            diffs = [None] * W
+            dist.all_gather_object(diffs, diff)
+            if rank == 0:
+                floor_ms = 1e3 * max(gr["floor"] for gr in gathered)
+                job_flops = sum(gr["flops"] for gr in gathered)
+                for impl in impls:
+                    per_iter = [max(gr["times"][impl][i] for gr in gathered)
+                                for i in range(a.iters)]
+                    ms = 1e3 * statistics.median(per_iter)
+                    r = {"impl": impl, "quant": quant, "shape": name, "tokens": n,
+                         "hosts": a.hosts, "ranks": W, "H": H, "I": I, "E": E, "K": K,
+                         "ms": round(ms, 4), "floor_ms": round(floor_ms, 4),
+                         "over_floor": round(ms / floor_ms, 3) if floor_ms > 0 else None}
+                    if n >= 1024 and a.peak_gflops:
+                        r["pct_peak"] = round(100 * job_flops / (ms * 1e-3) /
+                                              (a.peak_gflops * 1e9 * W * a.threads), 2)
+                    if impl == "mega_moe" and any(d is not None for d in diffs):
+                        r["vs_unfused_rel_l2"] = round(max(d for d in diffs if d is not None), 5)
+                    rows_out.append(r)
+                    print(json.dumps(r), flush=True)
+    buf.destroy()
+    if rank == 0:
+        with open(a.out, "w") as f:
+            for r in rows_out:
+                f.write(json.dumps(r) + "\n")
+    mcomm.shutdown()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

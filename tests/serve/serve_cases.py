@@ -1,0 +1,193 @@
+"""The mega_moe cases run by serve_worker.py (one launch per world size runs them all).
+
+CASES: numerics against the fp32 reference (megamoe.serve_reference): every scene, activation,
+clamp, parameter, layout, scale container, int4 carrier, token mask, zero-token rank, rank
+mask, shared experts, combine quantisation, EP subgroups, a buffer serving layers of different
+quantisation. RULES: every error rule of spec §8, raised on every rank before data moves, with a
+valid call afterwards.
+"""
+H, I, E = 96, 48, 8   # H not a multiple of 64: the MX scales' padded block pair is exercised
+
+_BASE = dict(wtype="bf16", act={"kind": "swiglu"}, clamp=None, n=(9, 13, 5, 11), active=None,
+             shared=None, layout="list", ids="int32", w="fp32", sf="fp32", carrier="int32",
+             combine_q=0, nmax=24, max_recv=0, dup=False, group="world", rank_mask=(), K=3,
+             params_style="dict", worlds=(2, 4), a4w4=False, canonical_bias=False)
+
+
+def case(name, **kw):
+    c = dict(_BASE)
+    c.update(kw)
+    c["name"] = name
+    return c
+
+
+CASES = [
+    # scenes
+    case("bf16"),
+    case("int8", wtype="int8"),
+    case("int8_scales_int64", wtype="int8", sf="int64"),
+    case("int4_int32", wtype="int4"),
+    case("int4_int8_carrier", wtype="int4", carrier="int8", sf="int64"),
+    case("int4_canonical_bias", wtype="int4", canonical_bias=True),
+    case("mx_fp8_e4m3", wtype="fp8_e4m3fn"),
+    case("mx_fp8_e5m2", wtype="fp8_e5m2"),
+    case("mx_a8w4", wtype="fp4_e2m1"),
+    case("mx_a4w4", wtype="fp4_e2m1", a4w4=True),
+    # activations, clamp, parameters (and the older keyword spellings)
+    case("swiglu_clamp", clamp=0.05),
+    case("swiglustep", act={"kind": "swiglustep"}, clamp=0.02),
+    case("swigluoai", act={"kind": "swigluoai"}),
+    case("swigluoai_params_clamp", act={"kind": "swigluoai", "alpha": 1.2, "beta": 0.5},
+         clamp=0.1),
+    case("situglu", act={"kind": "situglu"}),
+    case("situglu_params", act={"kind": "situglu", "beta": 0.7, "linear_beta": 0.3}),
+    case("situglu_linear_beta_none", act={"kind": "situglu", "beta": 2.0, "linear_beta": None}),
+    case("situ_alias_keywords", act={"kind": "situglu", "beta": 0.7, "linear_beta": 0.3},
+         params_style="keywords"),
+    case("swiglu_gpt_oss_alias", act={"kind": "swigluoai", "alpha": 1.5, "beta": 1.0},
+         params_style="alias"),
+    case("int8_swigluoai_clamp", wtype="int8", act={"kind": "swigluoai"}, clamp=0.1),
+    case("mx_situglu", wtype="fp8_e4m3fn", act={"kind": "situglu", "linear_beta": 0.5}),
+    # token counts, masks, layouts, input dtypes
+    case("zero_token_ranks", n=(0, 7, 0, 4)),
+    case("all_zero_tokens", n=(0, 0, 0, 0)),
+    case("one_token", n=(1, 1, 1, 1)),
+    case("full_bound", n=(24, 24, 24, 24)),
+    case("active_prefix", active="prefix"),
+    case("active_random_bool", active="random_bool"),
+    case("active_none_active", active="none"),
+    case("int8_active_random", wtype="int8", active="random"),
+    case("stacked_weights", layout="stacked"),
+    case("int8_stacked", wtype="int8", layout="stacked"),
+    case("mx_stacked", wtype="fp4_e2m1", layout="stacked"),
+    case("int64_ids_bf16_weights", ids="int64", w="bf16"),
+    case("repeated_ids", dup=True),
+    case("negative_weights", w="signed"),
+    case("no_token_bound", nmax=0, max_recv=24 * 4 * 3),
+    case("inactive_ids_out_of_range", active="random", bad_inactive_ids=True),
+    # shared experts (own tokens, weight 1), in their own scene
+    case("shared_bf16", shared=dict(count=2, wtype="bf16")),
+    case("shared_int8_routed_bf16", shared=dict(count=1, wtype="int8")),
+    case("shared_bf16_routed_int8", wtype="int8", shared=dict(count=2, wtype="bf16")),
+    case("shared_mx_with_mask", wtype="fp8_e4m3fn", active="random",
+         shared=dict(count=1, wtype="fp8_e4m3fn")),
+    case("shared_stacked_zero_tokens", n=(0, 5, 3, 0), shared=dict(count=2, wtype="int4",
+                                                                   layout="stacked")),
+    # combine on MX fp8 (950), the rank mask, EP subgroups
+    case("combine_mx_e4m3", combine_q=4),
+    case("combine_mx_e5m2", wtype="int8", combine_q=3),
+    case("rank_mask", rank_mask=(1,), worlds=(4,)),
+    case("rank_mask_two", rank_mask=(0, 3), n=(4, 9, 6, 2), worlds=(4,)),
+    case("rank_mask_2", rank_mask=(1,), worlds=(2,)),
+    case("ep_subgroups", group="sub", worlds=(4,)),
+    case("ep_subgroups_int8", group="sub", wtype="int8", worlds=(4,)),
+]
+
+# ---- validation rules -----------------------------------------------------------------------
+# mutate: how the offending ranks (on) change a valid bf16 call; err: the exception class name
+# on the offending rank (the others get InvalidArgumentError, a ValueError); key: in every
+# rank's message. "create": the rule is about get_symm_buffer_for_mega_moe.
+
+RULES = [
+    dict(name="activation_unknown", mutate={"activation": "gelu"}, err="ValueError", key="activation"),
+    dict(name="activation_param_not_allowed", mutate={"activation_params": {"alpha": 1.0}},
+         err="ValueError", key="alpha"),
+    dict(name="activation_param_unknown", mutate={"activation": "situglu",
+                                                   "activation_params": {"gamma": 1.0}},
+         err="ValueError", key="gamma"),
+    dict(name="clamp_negative", mutate={"activation_clamp": -1.0}, err="ValueError", key="activation_clamp"),
+    dict(name="clamp_nan", mutate={"activation_clamp": float("nan")}, err="ValueError", key="activation_clamp"),
+    dict(name="situglu_beta_zero", mutate={"activation": "situglu", "activation_params": {"beta": 0.0}},
+         err="ValueError", key="beta"),
+    dict(name="situglu_linear_beta_negative", mutate={"activation": "situglu",
+                                                       "activation_params": {"linear_beta": -1.0}},
+         err="ValueError", key="linear_beta"),
+    dict(name="swigluoai_alpha_inf", mutate={"activation": "swigluoai",
+                                              "activation_params": {"alpha": float("inf")}},
+         err="ValueError", key="alpha"),
+    dict(name="activation_params_not_dict", mutate={"activation_params": [1.0]}, err="TypeError",
+         key="activation_params"),
+    dict(name="quant_out_dtype_bad_type", buffer_attr={"dispatch_quant_out_dtype": "int8"},
+         err="TypeError", key="dispatch_quant_out_dtype"),
+    dict(name="quant_out_dtype_bad_value", buffer_attr={"dispatch_quant_out_dtype": 12345},
+         err="ValueError", key="dispatch_quant_out_dtype"),
+    dict(name="quant_mode_unsupported", buffer_attr={"dispatch_quant_mode": 3}, err="ValueError",
+         key="dispatch_quant_mode"),
+    dict(name="quant_mode_not_matching_weights", buffer_attr={"dispatch_quant_mode": 2},
+         err="ValueError", key="dispatch_quant_mode"),
+    dict(name="pass_through_not_implemented", buffer_attr={"dispatch_quant_out_dtype": 24},
+         err="ValueError", key="pass-through"),
+    dict(name="x_not_tensor", mutate={"x": "x"}, err="TypeError", key="x"),
+    dict(name="x_not_2d", mutate={"x": "3d"}, err="ValueError", key="x is"),
+    dict(name="x_float32", mutate={"x": "float32"}, err="ValueError", key="bf16"),
+    dict(name="x_wrong_hidden", mutate={"x": "hidden"}, err="ValueError", key="hidden"),
+    dict(name="x_too_many_tokens", mutate={"x": "too_many"}, err="ValueError",
+         key="num_max_tokens_per_rank"),
+    dict(name="topk_ids_wrong_shape", mutate={"topk_ids": "shape"}, err="ValueError", key="topk_ids"),
+    dict(name="topk_ids_wrong_k", mutate={"topk_ids": "k"}, err="ValueError", key="num_topk"),
+    dict(name="topk_ids_float", mutate={"topk_ids": "float"}, err="ValueError", key="topk_ids"),
+    dict(name="topk_weights_int", mutate={"topk_weights": "int"}, err="ValueError", key="topk_weights"),
+    dict(name="topk_weights_wrong_shape", mutate={"topk_weights": "shape"}, err="ValueError",
+         key="topk_weights"),
+    dict(name="expert_id_out_of_range", mutate={"topk_ids": "range"}, err="ValueError",
+         key="outside [0, num_experts"),
+    dict(name="expert_id_negative", mutate={"topk_ids": "negative"}, err="ValueError", key="outside"),
+    dict(name="weights_wrong_count", mutate={"l1_weights": "drop"}, err="ValueError", key="experts"),
+    dict(name="weights_dtype_differs", mutate={"l2_weights": "fp32"}, err="ValueError", key="dtype"),
+    dict(name="weights_wrong_shape", mutate={"l2_weights": "shape"}, err="ValueError",
+         key="l2_weights"),
+    dict(name="weights_odd_2i", mutate={"l1_weights": "odd"}, err="ValueError", key="even"),
+    dict(name="weights_not_list", mutate={"l1_weights": "int"}, err="TypeError", key="l1_weights"),
+    dict(name="weight_types_differ", mutate={"weight1_type": 258, "weight2_type": 285},
+         err="ValueError", key="weight2_type"),
+    dict(name="weight_type_unknown", mutate={"weight1_type": 4242}, err="ValueError",
+         key="weight1_type"),
+    dict(name="scales_with_bf16", mutate={"l1_weights_sf": "fp32", "l2_weights_sf": "fp32"},
+         err="ValueError", key="must be absent"),
+    dict(name="scales_missing_int8", scene="int8", mutate={"l1_weights_sf": None},
+         err="ValueError", key="required"),
+    dict(name="scales_wrong_count", scene="int8", mutate={"l1_weights_sf": "count"},
+         err="ValueError", key="l1_weights_sf"),
+    dict(name="scales_wrong_dtype", scene="int8", mutate={"l2_weights_sf": "int32"},
+         err="ValueError", key="l2_weights_sf"),
+    dict(name="bias_with_int8", scene="int8", mutate={"l1_bias": "fp32", "l2_bias": "fp32"},
+         err="ValueError", key="A8W4-INT"),
+    dict(name="bias_missing_int4", scene="int4", mutate={"l2_bias": None}, err="ValueError",
+         key="required"),
+    dict(name="bias_wrong_shape", scene="int4", mutate={"l1_bias": "shape"}, err="ValueError",
+         key="l1_bias"),
+    dict(name="shared_bias", mutate={"shared": True, "shared_l1_bias": "fp32"}, err="ValueError",
+         key="shared_l1_bias"),
+    dict(name="mask_wrong_shape", mutate={"x_active_mask": "shape"}, err="ValueError",
+         key="x_active_mask"),
+    dict(name="mask_float", mutate={"x_active_mask": "float"}, err="ValueError", key="x_active_mask"),
+    dict(name="scales_outside_pass_through", mutate={"scales": True}, err="ValueError", key="scales"),
+    dict(name="max_recv_exceeded", small_buffer=True, on="all", err="ValueError",
+         key="receive capacity"),
+    dict(name="settings_differ_activation", mutate={"activation": "swiglustep"}, err="ValueError",
+         key="differs between ranks", on_peer=True),
+    dict(name="settings_differ_clamp", mutate={"activation_clamp": 0.5}, err="ValueError",
+         key="differs between ranks", on_peer=True),
+    dict(name="call_order_mismatch", call_order=True, err="CallMismatchError", key="mega_moe"),
+    # get_symm_buffer_for_mega_moe
+    dict(name="create_experts_not_multiple", create={"num_experts": 7}, on="all", err="ValueError",
+         key="num_experts"),
+    dict(name="create_negative_tokens", create={"num_max_tokens_per_rank": -1}, err="ValueError",
+         key="num_max_tokens_per_rank"),
+    dict(name="create_no_bound", create={"num_max_tokens_per_rank": 0}, on="all", err="ValueError",
+         key="max_recv_token_num"),
+    dict(name="create_args_differ", create={"hidden": H + 32}, err="ValueError",
+         key="differs between", on_peer=True),
+    dict(name="create_comm_alg", create={"comm_alg": "hierarchy"}, on="all", err="ValueError",
+         key="comm_alg"),
+    dict(name="create_combine_quant_mode", create={"combine_quant_mode": 2}, on="all",
+         err="ValueError", key="combine_quant_mode"),
+    dict(name="create_quant_out_type", create={"dispatch_quant_out_dtype": 1.5}, err="TypeError",
+         key="dispatch_quant_out_dtype"),
+    dict(name="create_quant_mode_out_mismatch", create={"dispatch_quant_mode": 2,
+                                                        "dispatch_quant_out_dtype": 24},
+         on="all", err="ValueError", key="dispatch_quant"),
+    dict(name="destroyed_buffer", destroyed=True, on="all", err="ValueError", key="destroyed"),
+]
+for _r in RULES:
+    _r.setdefault("on", 1)
