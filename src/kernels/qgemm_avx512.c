@@ -22,34 +22,56 @@
 
 #define MM_QK_INLINE static inline __attribute__((always_inline))
 
-/* Prefetch plan of one call: `per` lines on each of the first `n` quads. */
-MM_QK_INLINE void mm_qk_pf_plan(const mm_qk_ukr_args_t *p, int64_t nq, int64_t *per, int64_t *n)
+/* Prefetch the call's npf lines, `per` (<= 4) per step while any are left: no division in
+ * the kernel's prologue (a decode call on one 64-column panel is a few thousand cycles). */
+MM_QK_INLINE void mm_qk_pf(const char **pf, int64_t *left, const int per, int l2)
 {
-    *per = 0, *n = 0;
-    if (p->npf <= 0 || nq <= 0) return;
-    int64_t q = (p->npf + nq - 1) / nq;
-    if (q > 4) q = 4;
-    *per = q;
-    *n = (p->npf + q - 1) / q;
-    if (*n > nq) *n = nq;
-}
-
-MM_QK_INLINE void mm_qk_pf(const char *pf, int64_t per)
-{
-    for (int64_t i = 0; i < per; i++) _mm_prefetch(pf + 64 * i, _MM_HINT_T0);
+    if (*left <= 0) return;
+    for (int i = 0; i < per; i++) {
+        if (l2) _mm_prefetch(*pf + 64 * i, _MM_HINT_T1);
+        else _mm_prefetch(*pf + 64 * i, _MM_HINT_T0);
+    }
+    *pf += 64 * per;
+    *left -= per;
 }
 
 /* ---- int8 A ------------------------------------------------------------------------------ */
 
+/* vpdpbusd acc, u8, s8. Inline assembly: gcc 12 compiles the intrinsic in these loops with a
+ * register copy of the accumulator around most of them (it does not tie the destructive
+ * destination), and the M = 1 int4 loop spent a third of its time in those copies. */
+MM_TARGET_AVX512VNNI MM_QK_INLINE __m512i mm_dpbusd(__m512i acc, __m512i u8, __m512i s8)
+{
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "v"(s8));
+    return acc;
+}
+
+/* acc[r][j] += b_j . a_r for r < MR (b0..b3 the 4 column vectors of one quad, a the quad's
+ * A dwords of the micro-panel). */
+#define MM_QK_DOTS(ACC, A_, B0, B1, B2, B3)                                                 \
+    _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)                                   \
+    {                                                                                       \
+        const __m512i x_ = _mm512_set1_epi32((A_)[r]);                                      \
+        ACC[r][0] = mm_dpbusd(ACC[r][0], B0, x_);                                           \
+        ACC[r][1] = mm_dpbusd(ACC[r][1], B1, x_);                                           \
+        ACC[r][2] = mm_dpbusd(ACC[r][2], B2, x_);                                           \
+        ACC[r][3] = mm_dpbusd(ACC[r][3], B3, x_);                                           \
+    }
+
+/* int4 with MR <= 3: the high nibbles go to a second accumulator set, added at the end, so
+ * the two dot products of an octet do not form one dependency chain (integer sums: the order
+ * changes no bit). The same alternation of quads for int8 slowed M = 1 streaming from memory
+ * (22.6 against 27 GB/s of weights at 1408 x 4096), so int8 keeps one set. */
 MM_TARGET_AVX512VNNI MM_QK_INLINE void mm_qk_int(const int MR, const int INT4,
                                                  const mm_qk_ukr_args_t *p)
 {
+    const int SPLIT = MR <= 3 && INT4;
     const int64_t nq = p->nq;
     const int32_t *a = p->a;
     const uint8_t *b = p->b;
     int32_t *const tile = p->acc;
     const char *pf = p->pf;
-    __m512i acc[MM_QK_MR][4];
+    __m512i acc[MM_QK_MR][4], acc2[3][4];
     if (p->cont) {
         _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
             _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
@@ -58,64 +80,47 @@ MM_TARGET_AVX512VNNI MM_QK_INLINE void mm_qk_int(const int MR, const int INT4,
         _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
             _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_si512();
     }
-    int64_t per, npq;
+    if (SPLIT)
+        _Pragma("GCC unroll 3") for (int r = 0; r < MR && r < 3; r++)
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc2[r][j] = _mm512_setzero_si512();
+    int64_t left = p->npf;
+    const int l2 = p->pf_l2;
     if (!INT4) {
-        mm_qk_pf_plan(p, nq, &per, &npq);
         for (int64_t q = 0; q < nq; q++) {
-            if (q < npq) {
-                mm_qk_pf(pf, per);
-                pf += 64 * per;
-            }
+            mm_qk_pf(&pf, &left, 4, l2);
             const __m512i b0 = _mm512_load_si512(b), b1 = _mm512_load_si512(b + 64),
                           b2 = _mm512_load_si512(b + 128), b3 = _mm512_load_si512(b + 192);
-            _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
-            {
-                const __m512i x = _mm512_set1_epi32(a[r]);
-                acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], b0, x);
-                acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], b1, x);
-                acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], b2, x);
-                acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], b3, x);
-            }
+            MM_QK_DOTS(acc, a, b0, b1, b2, b3)
             a += MM_QK_MR;
             b += 256;
         }
     } else {
         const __m512i m4 = _mm512_set1_epi8(15);
         const int64_t no = nq / 2;
-        mm_qk_pf_plan(p, no, &per, &npq);
         for (int64_t o = 0; o < no; o++) {
-            if (o < npq) {
-                mm_qk_pf(pf, per);
-                pf += 64 * per;
-            }
-            __m512i v0 = _mm512_and_si512(_mm512_load_si512(b), m4);
-            __m512i v1 = _mm512_and_si512(_mm512_load_si512(b + 64), m4);
-            __m512i v2 = _mm512_and_si512(_mm512_load_si512(b + 128), m4);
-            __m512i v3 = _mm512_and_si512(_mm512_load_si512(b + 192), m4);
-            _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
-            {
-                const __m512i x = _mm512_set1_epi32(a[r]);
-                acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], v0, x);
-                acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], v1, x);
-                acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], v2, x);
-                acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], v3, x);
-            }
-            v0 = _mm512_and_si512(_mm512_srli_epi16(_mm512_load_si512(b), 4), m4);
-            v1 = _mm512_and_si512(_mm512_srli_epi16(_mm512_load_si512(b + 64), 4), m4);
-            v2 = _mm512_and_si512(_mm512_srli_epi16(_mm512_load_si512(b + 128), 4), m4);
-            v3 = _mm512_and_si512(_mm512_srli_epi16(_mm512_load_si512(b + 192), 4), m4);
-            _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
-            {
-                const __m512i x = _mm512_set1_epi32(a[MM_QK_MR + r]);
-                acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], v0, x);
-                acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], v1, x);
-                acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], v2, x);
-                acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], v3, x);
+            mm_qk_pf(&pf, &left, 4, l2);
+            const __m512i x0 = _mm512_load_si512(b), x1 = _mm512_load_si512(b + 64),
+                          x2 = _mm512_load_si512(b + 128), x3 = _mm512_load_si512(b + 192);
+            const __m512i v0 = _mm512_and_si512(x0, m4), v1 = _mm512_and_si512(x1, m4);
+            const __m512i v2 = _mm512_and_si512(x2, m4), v3 = _mm512_and_si512(x3, m4);
+            MM_QK_DOTS(acc, a, v0, v1, v2, v3)
+            const __m512i h0 = _mm512_and_si512(_mm512_srli_epi16(x0, 4), m4);
+            const __m512i h1 = _mm512_and_si512(_mm512_srli_epi16(x1, 4), m4);
+            const __m512i h2 = _mm512_and_si512(_mm512_srli_epi16(x2, 4), m4);
+            const __m512i h3 = _mm512_and_si512(_mm512_srli_epi16(x3, 4), m4);
+            if (SPLIT) {
+                MM_QK_DOTS(acc2, a + MM_QK_MR, h0, h1, h2, h3)
+            } else {
+                MM_QK_DOTS(acc, a + MM_QK_MR, h0, h1, h2, h3)
             }
             a += 2 * MM_QK_MR;
             b += 256;
         }
     }
+    if (SPLIT)
+        _Pragma("GCC unroll 3") for (int r = 0; r < MR && r < 3; r++)
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
+                acc[r][j] = _mm512_add_epi32(acc[r][j], acc2[r][j]);
     _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
         _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
             _mm512_storeu_si512(tile + r * MM_QK_NR + 16 * j, acc[r][j]);
@@ -159,13 +164,10 @@ MM_TARGET_AVX512 MM_QK_INLINE void mm_qk_wo(const int MR, const int INT4, const 
         _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
             _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
     }
-    int64_t per, npq;
-    mm_qk_pf_plan(p, nq, &per, &npq);
+    int64_t left = p->npf;
+    const int l2 = p->pf_l2;
     for (int64_t q = 0; q < nq; q++) {
-        if (q < npq) {
-            mm_qk_pf(pf, INT4 ? (per + 1) / 2 : per);
-            pf += 64 * (INT4 ? (per + 1) / 2 : per);
-        }
+        mm_qk_pf(&pf, &left, INT4 ? 2 : 4, l2);
         const int kmax = q == nq - 1 ? p->kv : 4;
         for (int kk = 0; kk < kmax; kk++) {
             const float *ak = a + (q * 4 + kk) * MM_QK_MR;
@@ -258,6 +260,18 @@ MM_TARGET_AVX512 static void mm_qk_epilogue_avx512(const mm_qk_epi_args_t *e)
     }
 }
 
+/* Sum of n signed bytes: sign-extended to 32 bits 16 at a time (AVX-512F/BW only, so the
+ * bf16-A kernel table can share it on CPUs without VNNI). */
+MM_TARGET_AVX512 static int32_t mm_qk_rowsum_avx512(const int8_t *x, int64_t n)
+{
+    __m512i s = _mm512_setzero_si512();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = mm_tail_mask16(n - i);
+        s = _mm512_add_epi32(s, _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, x + i)));
+    }
+    return _mm512_reduce_add_epi32(s);
+}
+
 const mm_qk_kernels_t mm_qk_kernels_avx512 = {
     .ukr_i8 = mm_qk_ukr_i8_avx512,
     .ukr_i4 = mm_qk_ukr_i4_avx512,
@@ -265,5 +279,6 @@ const mm_qk_kernels_t mm_qk_kernels_avx512 = {
     .ukr_w4 = mm_qk_ukr_w4_avx512,
     .flush = mm_qk_flush_avx512,
     .epilogue = mm_qk_epilogue_avx512,
+    .rowsum = mm_qk_rowsum_avx512,
 };
 #endif /* MM_X86 */

@@ -119,6 +119,13 @@ static void mm_qk_epilogue_c(const mm_qk_epi_args_t *e)
         }
 }
 
+static int32_t mm_qk_rowsum_c(const int8_t *x, int64_t n)
+{
+    uint32_t s = 0;
+    for (int64_t i = 0; i < n; i++) s += (uint32_t)(int32_t)x[i];
+    return mm_u2i(s);
+}
+
 const mm_qk_kernels_t mm_qk_kernels_c = {
     .ukr_i8 = mm_qk_ukr_i8_c,
     .ukr_i4 = mm_qk_ukr_i4_c,
@@ -126,6 +133,7 @@ const mm_qk_kernels_t mm_qk_kernels_c = {
     .ukr_w4 = mm_qk_ukr_w4_c,
     .flush = mm_qk_flush_c,
     .epilogue = mm_qk_epilogue_c,
+    .rowsum = mm_qk_rowsum_c,
 };
 
 /* ---- packing ----------------------------------------------------------------------------- */
@@ -141,25 +149,44 @@ static inline int mm_src_value(const mm_qweight_src_t *s, int64_t k, int64_t n)
     return v >= 8 ? v - 16 : v;
 }
 
+/* Values of source row k (of the logical [K, N]), columns [n0, n0 + 64), zero past K and N. */
+static void mm_src_row(const mm_qweight_src_t *s, int64_t k, int64_t n0, int8_t v[MM_QK_NR])
+{
+    memset(v, 0, MM_QK_NR);
+    if (k >= s->K) return;
+    const int64_t cols = s->N - n0 < MM_QK_NR ? s->N - n0 : MM_QK_NR;
+    const uint8_t *d = s->data;
+    if (s->layout == MM_QW_KN && s->type == MM_QW_INT8) {
+        memcpy(v, d + k * s->ld + n0, (size_t)cols);
+    } else if (s->layout == MM_QW_KN) { /* n0 is even: byte n0/2 + c/2 */
+        const uint8_t *row = d + k * s->ld + n0 / 2;
+        for (int64_t c = 0; c < cols; c++) {
+            int x = (c & 1) ? row[c / 2] >> 4 : row[c / 2] & 15;
+            v[c] = (int8_t)(x >= 8 ? x - 16 : x);
+        }
+    } else {
+        for (int64_t c = 0; c < cols; c++) v[c] = (int8_t)mm_src_value(s, k, n0 + c);
+    }
+}
+
 void mm_qk_pack_panel_c(const mm_qweight_t *w, const mm_qweight_src_t *src, int64_t p, uint8_t *dst)
 {
     const int64_t n0 = p * MM_QK_NR;
+    int8_t v[8][MM_QK_NR];
     if (w->type == MM_QW_INT8) {
-        for (int64_t q = 0; q < w->kq; q++)
+        for (int64_t q = 0; q < w->kq; q++) {
+            for (int j = 0; j < 4; j++) mm_src_row(src, 4 * q + j, n0, v[j]);
+            uint8_t *o = dst + q * 256;
             for (int c = 0; c < MM_QK_NR; c++)
-                for (int j = 0; j < 4; j++) {
-                    int64_t k = 4 * q + j, n = n0 + c;
-                    int v = k < w->K && n < w->N ? mm_src_value(src, k, n) : 0;
-                    dst[q * 256 + c * 4 + j] = (uint8_t)(v + 128);
-                }
+                for (int j = 0; j < 4; j++) o[c * 4 + j] = (uint8_t)(v[j][c] + 128);
+        }
         return;
     }
-    for (int64_t o = 0; o < w->kq / 2; o++)
+    for (int64_t oc = 0; oc < w->kq / 2; oc++) {
+        for (int j = 0; j < 8; j++) mm_src_row(src, 8 * oc + j, n0, v[j]);
+        uint8_t *o = dst + oc * 256;
         for (int c = 0; c < MM_QK_NR; c++)
-            for (int j = 0; j < 4; j++) {
-                int64_t klo = 8 * o + j, khi = 8 * o + 4 + j, n = n0 + c;
-                int lo = klo < w->K && n < w->N ? mm_src_value(src, klo, n) : 0;
-                int hi = khi < w->K && n < w->N ? mm_src_value(src, khi, n) : 0;
-                dst[o * 256 + c * 4 + j] = (uint8_t)((lo + 8) | ((hi + 8) << 4));
-            }
+            for (int j = 0; j < 4; j++)
+                o[c * 4 + j] = (uint8_t)((v[j][c] + 8) | ((v[4 + j][c] + 8) << 4));
+    }
 }

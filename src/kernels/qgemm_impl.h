@@ -63,8 +63,9 @@ typedef struct mm_qk_ukr_args {
     int cont;          /* start from acc (else from 0) */
     const float *ws;   /* bf16 A: the group's 64 scales (never NULL: ones when absent) */
     const float *wo;   /* bf16 A: the group's 64 offsets (never NULL: zeros when absent) */
-    const char *pf;    /* prefetch npf 64-byte lines from pf, spread over the call (hint T0) */
+    const char *pf;    /* prefetch npf 64-byte lines from pf, spread over the call */
     int64_t npf;
+    int pf_l2;         /* ... into L2 (hint T1) instead of L1 (T0) */
 } mm_qk_ukr_args_t;
 
 /* Per-tile epilogue and group flush (int8 A with G > 1). */
@@ -95,6 +96,7 @@ typedef struct mm_qk_kernels {
     void (*ukr_w4)(int mr, const mm_qk_ukr_args_t *a);   /* bf16 A x int4 W */
     void (*flush)(const mm_qk_epi_args_t *e);
     void (*epilogue)(const mm_qk_epi_args_t *e);
+    int32_t (*rowsum)(const int8_t *x, int64_t n); /* sum of n int8 (wraps in 32 bits) */
 } mm_qk_kernels_t;
 
 extern const mm_qk_kernels_t mm_qk_kernels_c;

@@ -659,3 +659,43 @@ MM_TEST(avx512_kernels_equal_their_c_twins)
            mm_qgemm_impl_name(MEGAMOE_DTYPE_BF16));
     if (!vnni) MM_SKIP("no AVX512-VNNI here: the int8 kernels were not compared (bf16 ones were)");
 }
+
+/* Weight-only products take bf16, fp16 or fp32 activations, widened exactly: the same values
+ * in any of the three give the same bits (values on a 1/64 grid, exact in all three). */
+MM_TEST(weight_only_fp16_and_fp32_activations_match_bf16)
+{
+    for (int t = 0; t < 2; t++) {
+        qcase_t c = base_case((mm_qw_type_t)t, 130, 70);
+        c.a_bf16 = 1;
+        c.xs = 0;
+        c.wo = 1;
+        c.gs = 16;
+        c.rows[0] = 9;
+        qdata_t d;
+        ASSERT_OK(qdata_make(&d, &c));
+        const int64_t lda = c.K + 5, n = d.arows * lda;
+        float *x32 = malloc((size_t)n * sizeof(float));
+        uint16_t *x16 = malloc((size_t)n * sizeof(uint16_t));
+        for (int64_t i = 0; i < n; i++) {
+            const float v = (float)((int)(rnd() % 257) - 128) / 64.0f;
+            ((uint16_t *)d.A)[i] = megamoe_fp32_to_bf16(v);
+            x32[i] = v;
+            x16[i] = megamoe_fp32_to_fp16(v);
+        }
+        void *C[3];
+        const megamoe_dtype_t at[3] = {MEGAMOE_DTYPE_BF16, MEGAMOE_DTYPE_FP32, MEGAMOE_DTYPE_FP16};
+        for (int k = 0; k < 3; k++) {
+            C[k] = calloc(1, csize(&d));
+            mm_qgemm_args_t a;
+            qargs(&d, &a, C[k]);
+            a.a_type = at[k];
+            a.A = k == 0 ? d.A : k == 1 ? (const void *)x32 : (const void *)x16;
+            ASSERT_OK(mm_qgemm(&a));
+        }
+        ASSERT_EQ_INT(first_diff(&d, C[0], C[1]), -1);
+        ASSERT_EQ_INT(first_diff(&d, C[0], C[2]), -1);
+        for (int k = 0; k < 3; k++) free(C[k]);
+        free(x32), free(x16);
+        qdata_free(&d);
+    }
+}
