@@ -224,12 +224,15 @@ static void reference(const qdata_t *d, void *C)
                 } else {
                     const uint16_t *x = (const uint16_t *)d->A + i * lda;
                     s = 0.0f;
-                    for (int64_t k = 0; k < K; k++) {
-                        const int64_t kg = k / gs;
-                        float w = (float)v[k * N];
-                        w = (w + (c->wo ? d->wo[(g * d->G + kg) * lds + n] : 0.0f)) *
-                            (c->ws ? d->ws[(g * d->G + kg) * lds + n] : 1.0f);
-                        s = fmaf(megamoe_bf16_to_fp32(x[k]), w, s);
+                    for (int64_t kg = 0; kg < d->G; kg++) {
+                        float p = 0.0f;
+                        for (int64_t k = kg * gs; k < K && k < (kg + 1) * gs; k++) {
+                            float w = (float)v[k * N];
+                            if (c->wo) w = w + d->wo[(g * d->G + kg) * lds + n];
+                            p = fmaf(megamoe_bf16_to_fp32(x[k]), w, p);
+                        }
+                        if (c->ws) p = p * d->ws[(g * d->G + kg) * lds + n];
+                        s = kg == 0 ? p : s + p;
                     }
                 }
                 if (c->bias_pre) s = s + d->bpre[g * N + n];
