@@ -80,9 +80,10 @@ MM_TARGET_AVX512VNNI MM_QK_INLINE void mm_qk_int(const int MR, const int INT4,
         _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
             _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_si512();
     }
-    if (SPLIT)
-        _Pragma("GCC unroll 3") for (int r = 0; r < MR && r < 3; r++)
-            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc2[r][j] = _mm512_setzero_si512();
+    if (SPLIT) {
+        for (int r = 0; r < MR && r < 3; r++)
+            for (int j = 0; j < 4; j++) acc2[r][j] = _mm512_setzero_si512();
+    }
     int64_t left = p->npf;
     const int l2 = p->pf_l2;
     if (!INT4) {
@@ -117,10 +118,10 @@ MM_TARGET_AVX512VNNI MM_QK_INLINE void mm_qk_int(const int MR, const int INT4,
             b += 256;
         }
     }
-    if (SPLIT)
-        _Pragma("GCC unroll 3") for (int r = 0; r < MR && r < 3; r++)
-            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
-                acc[r][j] = _mm512_add_epi32(acc[r][j], acc2[r][j]);
+    if (SPLIT) {
+        for (int r = 0; r < MR && r < 3; r++)
+            for (int j = 0; j < 4; j++) acc[r][j] = _mm512_add_epi32(acc[r][j], acc2[r][j]);
+    }
     _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
         _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
             _mm512_storeu_si512(tile + r * MM_QK_NR + 16 * j, acc[r][j]);
