@@ -21,6 +21,7 @@
 
 #include "bench_mem.h"
 #include "bench_util.h"
+#include "bench_wire.h"
 #include "moe_job.h"
 
 typedef struct {
@@ -128,6 +129,7 @@ static void mm_bench_dims(const mm_moe_job_opts_t *o)
 typedef struct mm_target_row {
     char label[96];
     double ratio, target;
+    int over_floor; /* wire targets: 1 = over the wire floor, 0 = over one host, 2 = O1 / O0 */
 } mm_target_row_t;
 
 /* Replica setting of a variant name ("O1" -> 0, "O1+r2" -> 2, "O1+prof" -> 0). */
@@ -264,6 +266,15 @@ static int mm_bench_layer_main(int argc, char **argv)
     int n_rep_targets = 0;
     const int n_host_runs = o.hosts > 1 ? 2 : 1; /* across hosts: also the single-host job */
     double single[MM_JOB_MAX_VARIANTS];
+    /* across hosts: the engine's own put rate and round trip, for the wire floor (issue 31) */
+    mm_bench_wire_engine_t eng;
+    memset(&eng, 0, sizeof eng);
+    mm_target_row_t wire_targets[64];
+    int n_wire_targets = 0;
+    if (o.hosts > 1) {
+        mm_bench_progress(step, total, "the engine's own put and round trip (bench shmem)");
+        mm_bench_wire_engine_measure(o.hosts, &eng);
+    }
     for (int sp = 0; sp < n_shapes * n_points; sp++) { /* (shape, token count) pairs */
         const mm_layer_shape_t *sh = &mm_layer_shapes[sp / n_points];
         const int64_t T = n_tokens ? tokens[sp % n_points] : sh->T;
@@ -375,6 +386,32 @@ static int mm_bench_layer_main(int argc, char **argv)
                                 }
                             if (hr == 1 && v < MM_JOB_MAX_VARIANTS && single[v] > 0) {
                                 mm_bench_num("over_single_host", t / single[v]);
+                                /* what crossed hosts per step (the busiest rank) and the wire
+                                 * floor: those bytes at the engine's put rate plus two engine
+                                 * round trips per dispatch and per combine (forward and
+                                 * backward: 4 exchanges) */
+                                mm_bench_wire_t w = {0, 0, 0};
+                                for (int r = 0; r < jo.ranks; r++) {
+                                    const mm_moe_job_variant_t *rv = &res[r].variant[v];
+                                    if (rv->wire_bytes > w.bytes) w.bytes = rv->wire_bytes;
+                                    if (rv->wire_msgs > w.messages) w.messages = rv->wire_msgs;
+                                    if (rv->wire_rtts > w.round_trips) w.round_trips = rv->wire_rtts;
+                                }
+                                const double extra_ms = (t - single[v]) * 1e3;
+                                mm_bench_wire_fields(&eng, &w, 8, extra_ms > 0 ? extra_ms : 0);
+                                const double floor = mm_bench_wire_floor_ms(&eng, w.bytes, 8);
+                                if (n_wire_targets < 64 && strstr(res[0].variant[v].name, "prof") == NULL) {
+                                    mm_target_row_t *tr = &wire_targets[n_wire_targets++];
+                                    const int large = !strcmp(sh->name, "large");
+                                    snprintf(tr->label, sizeof tr->label, "%s %s %s, %d worker%s/rank",
+                                             sh->name, routes[ri], res[0].variant[v].name, res[0].workers,
+                                             res[0].workers == 1 ? "" : "s");
+                                    /* large: extra time over the wire floor; seed: over one host */
+                                    tr->ratio = large ? (extra_ms > 0 ? extra_ms : 0) / floor : t / single[v];
+                                    tr->target = res[0].workers != 1 || jo.route != MM_ROUTE_BALANCED ? 0
+                                                 : large ? 1.3 : !strcmp(sh->name, "seed") ? 2.0 : 0;
+                                    tr->over_floor = large;
+                                }
                                 if (n_host_targets < 64) {
                                     mm_target_row_t *tr = &host_targets[n_host_targets++];
                                     snprintf(tr->label, sizeof tr->label, "%s %s %s, %d worker%s/rank",
@@ -388,6 +425,14 @@ static int mm_bench_layer_main(int argc, char **argv)
                             if (v == v1 && v0 >= 0) {
                                 double ratio = mm_job_time(res, jo.ranks, v0, 0) / t;
                                 mm_bench_num("o1_over_o0_speed", ratio);
+                                if (hr == 1 && n_wire_targets < 64) { /* issue 31: O1 never slower */
+                                    mm_target_row_t *tr = &wire_targets[n_wire_targets++];
+                                    snprintf(tr->label, sizeof tr->label, "%s %s O1 time / O0 time, %d worker%s/rank",
+                                             sh->name, routes[ri], res[0].workers, res[0].workers == 1 ? "" : "s");
+                                    tr->ratio = 1.0 / ratio;
+                                    tr->target = res[0].workers == 1 && !strcmp(sh->name, "large") ? 1.0 : 0;
+                                    tr->over_floor = 2;
+                                }
                                 /* bit-identical outputs give identical sums on every rank */
                                 int same = 1;
                                 for (int r = 0; r < jo.ranks; r++)
@@ -510,6 +555,18 @@ static int mm_bench_layer_main(int argc, char **argv)
                         t->target, t->ratio >= t->target ? "met" : "NOT met");
             else
                 fprintf(stderr, "  %-40s %5.2fx\n", t->label, t->ratio);
+        }
+    }
+    if (n_wire_targets) {
+        fprintf(stderr, "\nacross hosts at the wire's speed (issue 31; engine's own put %.2f GB/s at 1 "
+                "MiB, round trip %.1f us): large shape: extra time over one host / wire floor <= "
+                "1.3; seed shape: over one host <= 2.0; 1 worker, balanced:\n", eng.put_gbps,
+                eng.signal_rtt_us);
+        for (int i = 0; i < n_wire_targets; i++) {
+            const mm_target_row_t *t = &wire_targets[i];
+            fprintf(stderr, "  %-46s %5.2fx %s%s\n", t->label, t->ratio,
+                    t->over_floor == 1 ? "of the wire floor" : t->over_floor == 2 ? "" : "of one host",
+                    t->target > 0 ? (t->ratio <= t->target ? "  met" : "  NOT met") : "");
         }
     }
     if (n_host_targets) {

@@ -23,7 +23,7 @@ const char *mm_bench_python(void)
 }
 
 #define MM_BENCH_MAX_ROWS 4096
-#define MM_BENCH_MAX_FIELDS 32
+#define MM_BENCH_MAX_FIELDS 48
 
 typedef struct mm_bench_field {
     char key[32];

@@ -499,6 +499,9 @@ int mm_moe_job_write(const char *path, const mm_moe_job_result_t *r)
         fprintf(f, "variant %s %.9g %.9g %.9g %.17g %.9g\n", r->variant[i].name,
                 r->variant[i].iter_median_s, r->variant[i].fwd_median_s,
                 r->variant[i].bwd_median_s, r->variant[i].checksum, r->variant[i].cpu_median_s);
+    for (int i = 0; i < r->n_variants; i++)
+        fprintf(f, "wire %s %.9g %.9g %.9g\n", r->variant[i].name, r->variant[i].wire_bytes,
+                r->variant[i].wire_msgs, r->variant[i].wire_rtts);
     for (int i = 0; i < r->n_wait; i++)
         fprintf(f, "wait %s %.9g\n", r->wait_name[i], r->wait_share[i]);
     fprintf(f, "trace %llu %llu\n", (unsigned long long)r->trace_records,
@@ -572,6 +575,13 @@ int mm_moe_job_read(const char *path, mm_moe_job_result_t *r)
             v->fwd_median_s = y;
             v->bwd_median_s = z;
             v->checksum = u;
+        } else if (sscanf(line, "wire %15s %lg %lg %lg", name, &x, &y, &z) == 4) {
+            for (int i = 0; i < r->n_variants; i++)
+                if (strcmp(r->variant[i].name, name) == 0) {
+                    r->variant[i].wire_bytes = x;
+                    r->variant[i].wire_msgs = y;
+                    r->variant[i].wire_rtts = z;
+                }
         } else if (sscanf(line, "wait %15s %lg", name, &x) == 2 && r->n_wait < MM_JOB_MAX_WAIT) {
             snprintf(r->wait_name[r->n_wait], sizeof r->wait_name[0], "%.15s", name);
             r->wait_share[r->n_wait++] = x;

@@ -68,6 +68,9 @@ typedef struct mm_moe_job_variant {
     double iter_median_s, fwd_median_s, bwd_median_s;
     double cpu_median_s; /* process CPU time per iteration (all threads): robust to preemption */
     double checksum; /* sum of the first output: equal bits give equal sums */
+    /* per timed iteration, traffic through the inter-host engine (bench_wire.h): data bytes
+     * put, messages, blocking round trips */
+    double wire_bytes, wire_msgs, wire_rtts;
 } mm_moe_job_variant_t;
 
 typedef struct mm_moe_job_result {

@@ -43,6 +43,8 @@
            "Ranks per group for the 'hierarchy' dispatch algorithm (0 = all ranks of the host).") \
     MM_ENV(SHMEM_INTRA_HOST, "MEGAMOE_SHMEM_INTRA_HOST", ENUM, "shm", 0, 0, "shm|engine", \
            "How ranks on one host reach each other: shm (mapped heaps) or engine (every peer through the inter-host engine, as if on other hosts; for tests and measurements). One rank asking for engine is enough.") \
+    MM_ENV(SHMEM_ENGINE_PROTOCOL, "MEGAMOE_SHMEM_ENGINE_PROTOCOL", ENUM, "am", 0, 0, "am|rma", \
+           "How the inter-host engine carries puts and signals (the same on every rank): am (default) sends each put, signal or put-with-signal as one UCP active message that the target applies in issue order, so a signal rides with its data; rma uses UCP puts and atomics, each signal after data waiting for a flush of the puts before it (for networks where UCP puts are RDMA writes that need no progress at the target).") \
     MM_ENV(UCX_TLS, "UCX_TLS", STRING, "", 0, 0, "", \
            "UCX's own transport list, used by the inter-host engine as given; unset: megamoe excludes UCX's shared-memory transports (same-host peers are mapped directly).") \
     MM_ENV(UCX_NET_DEVICES, "UCX_NET_DEVICES", STRING, "", 0, 0, "", \
