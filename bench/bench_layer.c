@@ -19,6 +19,7 @@
 
 #include "megamoe/megamoe.h"
 
+#include "bench_layer_dyn.h"
 #include "bench_mem.h"
 #include "bench_util.h"
 #include "bench_wire.h"
@@ -157,6 +158,8 @@ static int mm_bench_layer_main(int argc, char **argv)
     char workers_list[64] = "1,2", routing_list[96] = "balanced,zero,skew,single";
     char tokens_list[160] = ""; /* empty: each shape's own T */
     char gemm_list[64] = "";    /* empty: MEGAMOE_GEMM as set (or auto), not touched */
+    char *dists[16];            /* --tokens-dist (repeatable): per-call token counts */
+    int n_dists = 0, iters_given = 0, sched_given = 0;
     for (int i = 1; i + 1 < argc; i++) /* a job's rank: every option is the job's own */
         if (!strcmp(argv[i], "--job-dir")) job_dir = argv[i + 1];
     for (int i = 1; i < argc; i++) {
@@ -165,6 +168,7 @@ static int mm_bench_layer_main(int argc, char **argv)
                    "       [--workers 1,2] [--routing balanced,zero,skew,single] [--torch yes|no]\n"
                    "       [--iters N] [--warmup N] [--profile-variant yes|no] [--hosts H]\n"
                    "       [--ranks N] [--tokens T1,T2,...] [--gemm amx,onednn]\n"
+                   "       [--tokens-dist D [--tokens-dist D2 ...]]\n"
                    "MegaMoE forward+backward on 2 ranks, same data: each listed schedule in one\n"
                    "job per (shape, workers, routing) with interleaved iterations, the O1/O0\n"
                    "speed ratio, each O1 worker's wait share (from the trace), the profiling\n"
@@ -180,7 +184,13 @@ static int mm_bench_layer_main(int argc, char **argv)
                    "same job (variant \"O1+r2\"); rows carry \"replicas\", the plan (guests, rows\n"
                    "moved, slowest rank's rows before/after), \"replicas_over_off\" (time against\n"
                    "the same schedule without replicas, same job) and \"over_balanced\" (time\n"
-                   "against the variant's balanced-routing row of the run).\n");
+                   "against the variant's balanced-routing row of the run).\n"
+                   "--tokens-dist D (repeatable; N, uniform:A-B or list:a,b,...): per-call token\n"
+                   "counts instead (docs/moe.md \"Dynamic tokens\"): a max_local_num_tokens layer\n"
+                   "(T_cap = the largest count) beside a fixed layer of the mean count rounded to\n"
+                   "128, same job; rows carry tokens_dist, fwd_ms, floor_ms (memcpy of the busiest\n"
+                   "rank's rows + 2 signal round trips), work_floor_ms and the time per token of\n"
+                   "both (schedule O1 and 20 iterations unless given).\n");
             return 0;
         }
         if (!strcmp(argv[i], "--job-dir") && i + 1 < argc) job_dir = argv[++i];
@@ -194,7 +204,11 @@ static int mm_bench_layer_main(int argc, char **argv)
             snprintf(tokens_list, sizeof tokens_list, "%s", argv[++i]);
         else if (!job_dir && !strcmp(argv[i], "--gemm") && i + 1 < argc)
             snprintf(gemm_list, sizeof gemm_list, "%s", argv[++i]);
+        else if (!job_dir && !strcmp(argv[i], "--tokens-dist") && i + 1 < argc && n_dists < 16)
+            dists[n_dists++] = argv[++i];
         else {
+            iters_given |= !strcmp(argv[i], "--iters");
+            sched_given |= !strcmp(argv[i], "--schedule");
             int rc = mm_moe_job_parse_arg(&o, argc, argv, &i);
             if (rc <= 0) {
                 if (rc == 0) fprintf(stderr, "megamoe bench layer: unknown option '%s'\n", argv[i]);
@@ -204,7 +218,9 @@ static int mm_bench_layer_main(int argc, char **argv)
     }
     if (job_dir) { /* one rank of the megamoe side */
         mm_moe_job_result_t r;
-        int rc = strchr(o.schedule, ',') ? mm_moe_job_compare_rank(&o, &r) : mm_moe_job_rank(&o, &r);
+        int rc = o.tokens_dist[0]          ? mm_moe_job_dyn_rank(&o, &r)
+                 : strchr(o.schedule, ',') ? mm_moe_job_compare_rank(&o, &r)
+                                           : mm_moe_job_rank(&o, &r);
         char path[512];
         snprintf(path, sizeof path, "%s/rank%d.txt", job_dir, r.rank);
         if (mm_moe_job_write(path, &r) != 0) return 1;
@@ -213,6 +229,26 @@ static int mm_bench_layer_main(int argc, char **argv)
     char *workers[8], *routes[8], sched_copy[16];
     int n_workers = mm_split_list(workers_list, workers, 8);
     int n_routes = mm_split_list(routing_list, routes, 8);
+    if (n_dists > 0) { /* per-call token counts: their own jobs and rows (bench_layer_dyn.c) */
+        for (int i = 0; i < n_routes; i++)
+            if (mm_route_parse(routes[i]) < 0) {
+                fprintf(stderr, "megamoe bench layer: unknown routing '%s'\n", routes[i]);
+                return 2;
+            }
+        if (!iters_given) o.iters = 20;
+        if (!sched_given) snprintf(o.schedule, sizeof o.schedule, "O1");
+        mm_dyn_shape_t dshapes[8];
+        const int n_sh = (int)(sizeof mm_layer_shapes / sizeof mm_layer_shapes[0]);
+        for (int s = 0; s < n_sh && s < 8; s++) {
+            dshapes[s].name = mm_layer_shapes[s].name;
+            dshapes[s].H = mm_layer_shapes[s].H;
+            dshapes[s].I = mm_layer_shapes[s].I;
+            dshapes[s].E = mm_layer_shapes[s].E;
+            dshapes[s].K = mm_layer_shapes[s].K;
+        }
+        return mm_bench_layer_dyn(&o, dshapes, n_sh < 8 ? n_sh : 8, shapes, dists, n_dists,
+                                  workers, n_workers, routes, n_routes);
+    }
     /* the GEMM backends to run: the listed MEGAMOE_GEMM words, or the one already set */
     const char *env_gemm = getenv("MEGAMOE_GEMM");
     char env_gemm_copy[32], *gemms[4];

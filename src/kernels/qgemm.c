@@ -175,9 +175,6 @@ void mm_qgemm_args_init(mm_qgemm_args_t *a)
     a->n1 = MM_QGEMM_END;
 }
 
-static const float mm_qk_ones[MM_QK_NR] = {
-    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
 static const float mm_qk_zeros[MM_QK_NR];
 
 static megamoe_status_t mm_qgemm_check(const mm_qgemm_args_t *a, int64_t *R_p)
@@ -376,21 +373,17 @@ static void mm_qk_block(const mm_qk_run_t *u, int64_t rb0, int64_t rows, void *a
                     k.kv = (!u->i8 && s1 == u->kq_loop) ? u->kv_last : 4;
                     k.b = mm_qw_quad(w, p, s0);
                     k.a = (const char *)apanels + t * apanel_elems * 4 + (size_t)s0 * MM_QK_MR * es;
-                    k.acc = u->i8 ? (void *)(ti + t * MM_QK_MR * MM_QK_NR)
-                                  : (void *)(tf + t * MM_QK_MR * MM_QK_NR);
-                    k.cont = u->i8 ? s0 > g * u->gq : s0 > 0;
-                    k.ws = mm_qk_ones;
+                    /* the tile's sums of this K group: int32, or fp32 (bf16 A) */
+                    k.acc = ti + t * MM_QK_MR * MM_QK_NR;
+                    k.cont = s0 > g * u->gq;
                     k.wo = mm_qk_zeros;
-                    float ws_pad[MM_QK_NR], wo_pad[MM_QK_NR];
-                    if (!u->i8) {
-                        const int64_t so = (w->groups > 1 ? g * e->ld_scale : 0) + nc;
-                        if (e->w_scale) k.ws = e->w_scale + so;
-                        if (e->w_offset) k.wo = e->w_offset + so;
+                    k.no_offset = e->w_offset == NULL;
+                    float wo_pad[MM_QK_NR];
+                    if (!u->i8 && e->w_offset) {
+                        k.wo = e->w_offset + (w->groups > 1 ? g * e->ld_scale : 0) + nc;
                         if (nr < MM_QK_NR) { /* the kernel reads 64: pad past the last column */
-                            memcpy(ws_pad, k.ws, (size_t)nr * sizeof(float));
                             memcpy(wo_pad, k.wo, (size_t)nr * sizeof(float));
-                            for (int64_t c = nr; c < MM_QK_NR; c++) ws_pad[c] = 1.0f, wo_pad[c] = 0.0f;
-                            k.ws = ws_pad;
+                            for (int64_t c = nr; c < MM_QK_NR; c++) wo_pad[c] = 0.0f;
                             k.wo = wo_pad;
                         }
                     }
@@ -414,15 +407,16 @@ static void mm_qk_block(const mm_qk_run_t *u, int64_t rb0, int64_t rows, void *a
                         if (n > 0) k.pf = at, k.npf = n;
                     }
                     ukr(trows[t], &k);
-                    if (u->i8 && w->groups > 1 && (s1 == gend || s1 == u->kq_loop)) {
+                    if (w->groups > 1 && (s1 == gend || s1 == u->kq_loop)) {
                         mm_qk_epi_args_t f;
                         memset(&f, 0, sizeof f);
                         f.mr = trows[t];
                         f.nr = nr;
+                        f.fp_acc = !u->i8;
                         f.i32 = ti + t * MM_QK_MR * MM_QK_NR;
                         f.f32 = tf + t * MM_QK_MR * MM_QK_NR;
-                        int32_t cg[MM_QK_MR];
-                        for (int r = 0; r < trows[t]; r++)
+                        int32_t cg[MM_QK_MR] = {0};
+                        for (int r = 0; u->i8 && r < trows[t]; r++)
                             cg[r] = corr[((size_t)t * MM_QK_MR + r) * w->groups + g];
                         f.corr = cg;
                         f.ws = e->w_scale ? e->w_scale + g * e->ld_scale + nc : NULL;
@@ -440,7 +434,8 @@ static void mm_qk_block(const mm_qk_run_t *u, int64_t rb0, int64_t rows, void *a
             f.nr = nr;
             f.i32 = ti + t * MM_QK_MR * MM_QK_NR;
             f.f32 = tf + t * MM_QK_MR * MM_QK_NR;
-            f.groups_mode = !u->i8 || w->groups > 1;
+            f.fp_acc = !u->i8;
+            f.groups_mode = w->groups > 1;
             int32_t cg[MM_QK_MR];
             float xs[MM_QK_MR];
             for (int r = 0; r < trows[t]; r++) {

@@ -10,9 +10,9 @@
  * The sums wrap in 32 bits, which is exact (qgemm_impl.h).
  *
  * bf16 A (weight-only, FMA): per k one weight vector per 16 columns, sign-extended from its
- * byte (or nibble), converted (exact), w' = (w + offset) * scale, then mr vfmadd231ps with the
- * row's fp32 value broadcast from the packed A. One FMA chain per element, k ascending, as
- * fmaf in the twin. */
+ * byte (or nibble), converted (exact), w' = w + offset (when given), then mr vfmadd231ps with
+ * the row's fp32 value broadcast from the packed A. One FMA chain per element and K group, k
+ * ascending, as fmaf in the twin; the group scale multiplies the sum afterwards (epilogue). */
 #include "qgemm_impl.h"
 
 #if MM_X86
@@ -80,9 +80,10 @@ MM_TARGET_AVX512VNNI MM_QK_INLINE void mm_qk_int(const int MR, const int INT4,
         _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
             _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_si512();
     }
-    if (SPLIT)
-        _Pragma("GCC unroll 3") for (int r = 0; r < MR && r < 3; r++)
-            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc2[r][j] = _mm512_setzero_si512();
+    if (SPLIT) {
+        for (int r = 0; r < MR && r < 3; r++)
+            for (int j = 0; j < 4; j++) acc2[r][j] = _mm512_setzero_si512();
+    }
     int64_t left = p->npf;
     const int l2 = p->pf_l2;
     if (!INT4) {
@@ -117,10 +118,10 @@ MM_TARGET_AVX512VNNI MM_QK_INLINE void mm_qk_int(const int MR, const int INT4,
             b += 256;
         }
     }
-    if (SPLIT)
-        _Pragma("GCC unroll 3") for (int r = 0; r < MR && r < 3; r++)
-            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
-                acc[r][j] = _mm512_add_epi32(acc[r][j], acc2[r][j]);
+    if (SPLIT) {
+        for (int r = 0; r < MR && r < 3; r++)
+            for (int j = 0; j < 4; j++) acc[r][j] = _mm512_add_epi32(acc[r][j], acc2[r][j]);
+    }
     _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
         _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
             _mm512_storeu_si512(tile + r * MM_QK_NR + 16 * j, acc[r][j]);
@@ -130,7 +131,7 @@ MM_TARGET_AVX512VNNI MM_QK_INLINE void mm_qk_int(const int MR, const int INT4,
 
 /* The 16 weights of column vector j at k kk of quad q (relative to b's first, even quad). */
 MM_TARGET_AVX512 MM_QK_INLINE __m512 mm_qk_wvec(const int INT4, const uint8_t *b, int64_t q,
-                                                int kk, int j, const float *ws, const float *wo)
+                                                int kk, int j, int off, const float *wo)
 {
     __m512i w;
     if (!INT4) {
@@ -143,8 +144,8 @@ MM_TARGET_AVX512 MM_QK_INLINE __m512 mm_qk_wvec(const int INT4, const uint8_t *b
         w = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(x, sh), _mm512_set1_epi32(15)),
                              _mm512_set1_epi32(8));
     }
-    __m512 f = _mm512_add_ps(_mm512_cvtepi32_ps(w), _mm512_loadu_ps(wo + 16 * j));
-    return _mm512_mul_ps(f, _mm512_loadu_ps(ws + 16 * j));
+    const __m512 f = _mm512_cvtepi32_ps(w);
+    return off ? _mm512_add_ps(f, _mm512_loadu_ps(wo + 16 * j)) : f;
 }
 
 MM_TARGET_AVX512 MM_QK_INLINE void mm_qk_wo(const int MR, const int INT4, const mm_qk_ukr_args_t *p)
@@ -153,7 +154,7 @@ MM_TARGET_AVX512 MM_QK_INLINE void mm_qk_wo(const int MR, const int INT4, const 
     const float *a = p->a;
     const uint8_t *b = p->b;
     float *const tile = p->acc;
-    const float *ws = p->ws, *wo = p->wo;
+    const float *wo = p->wo;
     const char *pf = p->pf;
     __m512 acc[MM_QK_MR][4];
     if (p->cont) {
@@ -166,14 +167,50 @@ MM_TARGET_AVX512 MM_QK_INLINE void mm_qk_wo(const int MR, const int INT4, const 
     }
     int64_t left = p->npf;
     const int l2 = p->pf_l2;
-    for (int64_t q = 0; q < nq; q++) {
+    const int off = !p->no_offset;
+    /* Whole quads: per column vector one load of its 4 k (int4: of 8), then the 4 weight
+     * vectors extracted in registers, dequantised and fed to the rows' FMAs. Per element the
+     * FMA chain still runs k ascending (the column vectors are independent elements). */
+    const int64_t nfull = p->kv == 4 ? nq : nq - 1;
+    int64_t q = 0;
+    for (; q < nfull; q++) {
         mm_qk_pf(&pf, &left, INT4 ? 2 : 4, l2);
+        const float *aq = a + q * 4 * MM_QK_MR;
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
+        {
+            __m512i x;
+            if (!INT4) {
+                x = _mm512_xor_si512(_mm512_load_si512(b + q * 256 + 64 * j),
+                                     _mm512_set1_epi32((int)0x80808080u));
+            } else {
+                x = _mm512_load_si512(b + (q / 2) * 256 + 64 * j);
+                if (q & 1) x = _mm512_srli_epi32(x, 4);
+            }
+            const __m512 oj = off ? _mm512_loadu_ps(wo + 16 * j) : _mm512_setzero_ps();
+            _Pragma("GCC unroll 4") for (int kk = 0; kk < 4; kk++)
+            {
+                __m512i w;
+                if (!INT4)
+                    w = kk == 3 ? _mm512_srai_epi32(x, 24)
+                                : _mm512_srai_epi32(_mm512_slli_epi32(x, 24 - 8 * kk), 24);
+                else
+                    w = _mm512_sub_epi32(_mm512_and_si512(kk ? _mm512_srli_epi32(x, 8 * kk) : x,
+                                                          _mm512_set1_epi32(15)),
+                                         _mm512_set1_epi32(8));
+                __m512 f = _mm512_cvtepi32_ps(w);
+                if (off) f = _mm512_add_ps(f, oj);
+                _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
+                    acc[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(aq[kk * MM_QK_MR + r]), f, acc[r][j]);
+            }
+        }
+    }
+    for (; q < nq; q++) { /* the last, partial quad of K */
         const int kmax = q == nq - 1 ? p->kv : 4;
         for (int kk = 0; kk < kmax; kk++) {
             const float *ak = a + (q * 4 + kk) * MM_QK_MR;
             _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
             {
-                const __m512 wv = mm_qk_wvec(INT4, b, q, kk, j, ws, wo);
+                const __m512 wv = mm_qk_wvec(INT4, b, q, kk, j, off, wo);
                 _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
                     acc[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(ak[r]), wv, acc[r][j]);
             }
@@ -221,7 +258,8 @@ MM_TARGET_AVX512 static void mm_qk_flush_avx512(const mm_qk_epi_args_t *e)
         for (int j = 0; 16 * j < e->nr; j++) {
             const __mmask16 m = mm_tail_mask16(e->nr - 16 * j);
             const int64_t o = r * MM_QK_NR + 16 * j;
-            __m512 t = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(e->i32 + o), corr));
+            __m512 t = e->fp_acc ? _mm512_loadu_ps((const float *)(e->i32 + o))
+                                 : _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(e->i32 + o), corr));
             if (e->ws) t = _mm512_mul_ps(t, _mm512_maskz_loadu_ps(m, e->ws + 16 * j));
             if (!e->first) t = _mm512_add_ps(_mm512_loadu_ps(e->f32 + o), t);
             _mm512_storeu_ps(e->f32 + o, t);
@@ -238,7 +276,10 @@ MM_TARGET_AVX512 static void mm_qk_epilogue_avx512(const mm_qk_epi_args_t *e)
             const __mmask16 m = mm_tail_mask16(e->nr - 16 * j);
             const int64_t o = r * MM_QK_NR + 16 * j, co = r * e->ldc + 16 * j;
             __m512 s;
-            if (e->groups_mode == 0) {
+            if (e->groups_mode == 0 && e->fp_acc) {
+                s = _mm512_loadu_ps((const float *)(e->i32 + o));
+                if (e->ws) s = _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, e->ws + 16 * j));
+            } else if (e->groups_mode == 0) {
                 __m512i v = _mm512_sub_epi32(_mm512_loadu_si512(e->i32 + o), corr);
                 if (e->bias_i32)
                     v = _mm512_add_epi32(v, _mm512_maskz_loadu_epi32(m, e->bias_i32 + 16 * j));

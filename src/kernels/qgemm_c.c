@@ -69,8 +69,8 @@ static void mm_qk_ukr_wo_c(int mr, const mm_qk_ukr_args_t *p, int int4)
                 /* b is at the call's first quad, which is even for int4 (segments start at
                  * chunk or group boundaries, both multiples of 8 k) */
                 int u = int4 ? mm_u_i4(p->b, q, c, j) : mm_u_i8(p->b, q, c, j);
-                float w = (float)(u - (int4 ? 8 : 128));
-                float wd = (w + p->wo[c]) * p->ws[c];
+                float wd = (float)(u - (int4 ? 8 : 128));
+                if (!p->no_offset) wd = wd + p->wo[c];
                 for (int r = 0; r < mr; r++)
                     t[r][c] = fmaf(a[(q * 4 + j) * MM_QK_MR + r], wd, t[r][c]);
             }
@@ -86,8 +86,13 @@ static void mm_qk_flush_c(const mm_qk_epi_args_t *e)
 {
     for (int r = 0; r < e->mr; r++)
         for (int64_t c = 0; c < e->nr; c++) {
-            uint32_t v = (uint32_t)e->i32[r * MM_QK_NR + c] - (uint32_t)e->corr[r];
-            float t = (float)mm_u2i(v);
+            float t;
+            if (e->fp_acc) {
+                memcpy(&t, &e->i32[r * MM_QK_NR + c], sizeof t);
+            } else {
+                uint32_t v = (uint32_t)e->i32[r * MM_QK_NR + c] - (uint32_t)e->corr[r];
+                t = (float)mm_u2i(v);
+            }
             if (e->ws) t = t * e->ws[c];
             float *o = &e->f32[r * MM_QK_NR + c];
             *o = e->first ? t : *o + t;
@@ -99,7 +104,10 @@ static void mm_qk_epilogue_c(const mm_qk_epi_args_t *e)
     for (int r = 0; r < e->mr; r++)
         for (int64_t c = 0; c < e->nr; c++) {
             float s;
-            if (e->groups_mode == 0) {
+            if (e->groups_mode == 0 && e->fp_acc) {
+                memcpy(&s, &e->i32[r * MM_QK_NR + c], sizeof s);
+                if (e->ws) s = s * e->ws[c];
+            } else if (e->groups_mode == 0) {
                 uint32_t v = (uint32_t)e->i32[r * MM_QK_NR + c] - (uint32_t)e->corr[r];
                 if (e->bias_i32) v += (uint32_t)e->bias_i32[c];
                 if (e->c_type == MEGAMOE_DTYPE_INT32) {
