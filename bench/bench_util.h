@@ -20,6 +20,9 @@ void mm_bench_str(const char *key, const char *value);
 void mm_bench_int(const char *key, long long value);
 void mm_bench_num(const char *key, double value);
 void mm_bench_bool(const char *key, int value);
+/* A top-level member of the JSON object besides "rows" (e.g. "probes"): key and its JSON text,
+ * copied; printed in the order given. At most 8 per report. */
+void mm_bench_top(const char *key, const char *json);
 /* Print the JSON object (stdout) and the table (stderr). */
 void mm_bench_end(void);
 

@@ -43,6 +43,8 @@
            "Ranks per group for the 'hierarchy' dispatch algorithm (0 = all ranks of the host).") \
     MM_ENV(SHMEM_INTRA_HOST, "MEGAMOE_SHMEM_INTRA_HOST", ENUM, "shm", 0, 0, "shm|engine", \
            "How ranks on one host reach each other: shm (mapped heaps) or engine (every peer through the inter-host engine, as if on other hosts; for tests and measurements). One rank asking for engine is enough.") \
+    MM_ENV(SHMEM_ENGINE_PROTOCOL, "MEGAMOE_SHMEM_ENGINE_PROTOCOL", ENUM, "am", 0, 0, "am|rma", \
+           "How the inter-host engine carries puts and signals (the same on every rank): am (default) sends each put, signal or put-with-signal as one UCP active message that the target applies in issue order, so a signal rides with its data; rma uses UCP puts and atomics, each signal after data waiting for a flush of the puts before it (for networks where UCP puts are RDMA writes that need no progress at the target).") \
     MM_ENV(UCX_TLS, "UCX_TLS", STRING, "", 0, 0, "", \
            "UCX's own transport list, used by the inter-host engine as given; unset: megamoe excludes UCX's shared-memory transports (same-host peers are mapped directly).") \
     MM_ENV(UCX_NET_DEVICES, "UCX_NET_DEVICES", STRING, "", 0, 0, "", \
@@ -78,5 +80,9 @@
     MM_ENV(PYTHON, "MEGAMOE_PYTHON", STRING, "", 0, 0, "", \
            "The Python interpreter the CLI starts for its Python parts (bench layer/dispatch torch baselines, bench report); unset: the one chosen at build time (CMake MEGAMOE_PYTHON, default /usr/bin/python3, Debian's with python3-torch).") \
     MM_ENV(SERVE_WEIGHT_CACHE, "MEGAMOE_SERVE_WEIGHT_CACHE", SIZE, "0", 0, 1099511627776LL, "", \
-           "mega_moe: bytes of packed expert-weight copies kept between calls (process-wide, least recently used dropped first); 0 = no bound (docs/serve.md).")
+           "mega_moe: bytes of packed expert-weight copies kept between calls (process-wide, least recently used dropped first); 0 = no bound (docs/serve.md).") \
+    MM_ENV(SERVE_SCHEDULE, "MEGAMOE_SERVE_SCHEDULE", ENUM, "auto", 0, 0, "auto|o1|host", \
+           "mega_moe: auto runs a call on the O1 executor's inference plan when it can (a token bound, no rank masked, not an MX scene), else host-scheduled phases; o1 / host force one (o1 falls back where it cannot run); every rank the same (docs/serve.md).") \
+    MM_ENV(GMM_PACK, "MEGAMOE_GMM_PACK", ENUM, "on", 0, 0, "on|off", \
+           "megamoe.ops.npu_grouped_matmul (and the companion operators on it): keep a packed copy of each weight tensor for later calls, re-packed when the tensor changes and freed with it (on); off: use the weights as they are on every call (no extra memory, slower).")
 /* clang-format on */
