@@ -37,14 +37,17 @@ static inline void mm_store_fence(void)
 #endif
 }
 
-/* A thread fence of the given __ATOMIC_* order. ThreadSanitizer does not model fences; an
- * atomic read-modify-write on a dummy word gives it the same ordering (the word is per file,
- * so under TSan such fences pair only within one file, as the RMA layer's do). */
-#if defined(__SANITIZE_THREAD__)
+/* A thread fence of the given __ATOMIC_* order: the same fence in every build. ThreadSanitizer
+ * does not model fences, so its builds also annotate one (release and/or acquire on a per-file
+ * word: under TSan such fences pair only within one file, as the RMA layer's do). */
+#include "base/tsan.h"
 static unsigned long mm_arch_fence_word __attribute__((unused));
-#define mm_thread_fence(order) ((void)__atomic_fetch_add(&mm_arch_fence_word, 0, (order)))
-#else
-#define mm_thread_fence(order) __atomic_thread_fence(order)
-#endif
+#define mm_thread_fence(order)                                                                    \
+    do {                                                                                          \
+        __atomic_thread_fence(order);                                                             \
+        if ((order) != __ATOMIC_ACQUIRE && (order) != __ATOMIC_CONSUME)                           \
+            MM_TSAN_RELEASE(&mm_arch_fence_word);                                                 \
+        if ((order) != __ATOMIC_RELEASE) MM_TSAN_ACQUIRE(&mm_arch_fence_word);                    \
+    } while (0)
 
 #endif /* MM_BASE_ARCH_H */
