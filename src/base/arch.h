@@ -38,16 +38,45 @@ static inline void mm_store_fence(void)
 }
 
 /* A thread fence of the given __ATOMIC_* order: the same fence in every build. ThreadSanitizer
- * does not model fences, so its builds also annotate one (release and/or acquire on a per-file
- * word: under TSan such fences pair only within one file, as the RMA layer's do). */
+ * does not model fences (GCC says so with -Wtsan, silenced here: the fence is still emitted), so
+ * its builds also annotate one (release and/or acquire on a per-file word: under TSan such
+ * fences pair only within one file, as the RMA layer's do). */
 #include "base/tsan.h"
 static unsigned long mm_arch_fence_word __attribute__((unused));
-#define mm_thread_fence(order)                                                                    \
-    do {                                                                                          \
-        __atomic_thread_fence(order);                                                             \
-        if ((order) != __ATOMIC_ACQUIRE && (order) != __ATOMIC_CONSUME)                           \
-            MM_TSAN_RELEASE(&mm_arch_fence_word);                                                 \
-        if ((order) != __ATOMIC_RELEASE) MM_TSAN_ACQUIRE(&mm_arch_fence_word);                    \
-    } while (0)
+#if defined(MM_TSAN) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wtsan"
+#define MM_ARCH_FENCE_POP 1
+#endif
+static inline void mm_thread_fence(int order)
+{
+    switch (order) {
+    case __ATOMIC_RELAXED:
+        break;
+    case __ATOMIC_CONSUME:
+    case __ATOMIC_ACQUIRE:
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        MM_TSAN_ACQUIRE(&mm_arch_fence_word);
+        break;
+    case __ATOMIC_RELEASE:
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+        MM_TSAN_RELEASE(&mm_arch_fence_word);
+        break;
+    case __ATOMIC_ACQ_REL:
+        __atomic_thread_fence(__ATOMIC_ACQ_REL);
+        MM_TSAN_RELEASE(&mm_arch_fence_word);
+        MM_TSAN_ACQUIRE(&mm_arch_fence_word);
+        break;
+    default:
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        MM_TSAN_RELEASE(&mm_arch_fence_word);
+        MM_TSAN_ACQUIRE(&mm_arch_fence_word);
+        break;
+    }
+}
+#ifdef MM_ARCH_FENCE_POP
+#pragma GCC diagnostic pop
+#undef MM_ARCH_FENCE_POP
+#endif
 
 #endif /* MM_BASE_ARCH_H */
