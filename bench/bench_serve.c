@@ -1,5 +1,6 @@
 /* bench serve: the serving MegaMoE (`mega_moe`) against the unfused path a CPU user would write
- * today (DispatchV2 -> per-expert torch matmuls + SwiGLU -> CombineV2), in the same job on the
+ * today (DispatchV2 -> per-expert torch matmuls + SwiGLU -> CombineV2; `unfused_gmm`: the same
+ * through the companion npu_grouped_matmul operators), in the same job on the
  * same weights, tokens and routing (bench/serve_bench.py on every rank), for decode (1, 8, 32,
  * 128 tokens per rank) and prefill (2048, 4096) on a DeepSeek-like shape sized to this machine
  * (H 4096, I 1024, E 64, K 8: 0.8 GB of bf16 expert weights per rank, far beyond the last-level
@@ -261,7 +262,8 @@ static int mm_bench_serve_main(int argc, char **argv)
     if (mm_bench_flag(argc, argv, "--help")) {
         fprintf(stderr,
                 "megamoe bench serve [--shapes deepseek,seed] [--tokens 1,8,32,128,2048,4096]\n"
-                "    [--quant bf16,w8a8,w4a8] [--impl mega_moe,unfused] [--ranks 2] [--hosts 1]\n"
+                "    [--quant bf16,w8a8,w4a8] [--impl mega_moe,unfused,unfused_gmm] [--ranks 2]\n"
+                "    [--hosts 1]\n"
                 "    [--threads T] [--iters 5] [--warmup 1] [--small]\n"
                 "  the serving MegaMoE against the unfused path, rows with floor_ms, over_floor,\n"
                 "  pct_peak (prefill); --small: a tiny shape, decode sizes (checks the bench works)\n");
@@ -271,7 +273,7 @@ static int mm_bench_serve_main(int argc, char **argv)
     const char *shapes = mm_bench_opt(argc, argv, "--shapes", small ? "small" : "deepseek,seed");
     const char *tokens = mm_bench_opt(argc, argv, "--tokens", small ? "1,8,32" : "1,8,32,128,2048,4096");
     const char *quant = mm_bench_opt(argc, argv, "--quant", "bf16,w8a8,w4a8");
-    const char *impl = mm_bench_opt(argc, argv, "--impl", "mega_moe,unfused");
+    const char *impl = mm_bench_opt(argc, argv, "--impl", "mega_moe,unfused,unfused_gmm");
     const int ranks = atoi(mm_bench_opt(argc, argv, "--ranks", "2"));
     const int hosts = atoi(mm_bench_opt(argc, argv, "--hosts", "1"));
     const int iters = atoi(mm_bench_opt(argc, argv, "--iters", small ? "3" : "5"));
