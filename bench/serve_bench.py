@@ -170,6 +170,22 @@ class UnfusedGmm:
                                                  self.W, self.rank, self.E)
 
 
+def add_speedups(rows):
+    """The issue's ratios on the fused rows, from the same job: `speedup_vs_bf16` (ms of the
+    bf16 call / ms of this quantisation's, same shape and tokens) and `speedup_vs_<impl>` (ms of
+    that unfused path of the same quantisation / ms of the fused call)."""
+    ms = {(r["impl"], r["quant"], r["shape"], r["tokens"]): r["ms"] for r in rows}
+    for r in rows:
+        if r["impl"] != "mega_moe" or not r["ms"]:
+            continue
+        key = (r["shape"], r["tokens"])
+        if r["quant"] != "bf16" and ("mega_moe", "bf16") + key in ms:
+            r["speedup_vs_bf16"] = round(ms[("mega_moe", "bf16") + key] / r["ms"], 3)
+        for other in ("unfused", "unfused_gmm"):
+            if (other, r["quant"]) + key in ms:
+                r["speedup_vs_" + other] = round(ms[(other, r["quant"]) + key] / r["ms"], 3)
+
+
 def main():
     a = parse()
     torch.set_num_threads(max(1, a.threads))
@@ -209,15 +225,18 @@ def main():
                     "unfused": lambda: unfused(x, ids, wts),
                     "unfused_gmm": lambda: gmm(x, ids, wts)}
             times = {i: [] for i in impls}
+            cpus = {i: [] for i in impls}
             outs = {}
             for it in range(a.warmup + a.iters):
                 for impl in impls:  # interleaved, iteration by iteration
                     world.barrier()
+                    c0 = time.process_time()
                     t0 = time.perf_counter()
                     outs[impl] = runs[impl]()
                     dt = time.perf_counter() - t0
                     if it >= a.warmup:
                         times[impl].append(dt)
+                        cpus[impl].append(time.process_time() - c0)
             _, etn = ops.mega_moe(x, ids, wts, w1, w2, buf, **kw)
             touched = int((etn > 0).sum()) * weight_bytes(H, I, quant)
             recv = int(etn.sum())
@@ -236,8 +255,8 @@ def main():
                       (copy / (a.copy_gbs * 1e9) if a.copy_gbs else 0.0)
             flops = recv * 6 * H * I
             gathered = [None] * W
-            dist.all_gather_object(gathered, {"times": times, "floor": floor_s, "flops": flops,
-                                              "wire_bytes": wire_bytes})
+            dist.all_gather_object(gathered, {"times": times, "cpus": cpus, "floor": floor_s,
+                                              "flops": flops, "wire_bytes": wire_bytes})
             diff = {}
             if a.check and "mega_moe" in outs and n:
                 for other in ("unfused", "unfused_gmm"):
@@ -253,10 +272,15 @@ def main():
                     per_iter = [max(gr["times"][impl][i] for gr in gathered)
                                 for i in range(a.iters)]
                     ms = 1e3 * statistics.median(per_iter)
+                    # CPU time of the process per call (every thread; waits that spin count):
+                    # a figure that a loaded machine disturbs less than ms
+                    cpu = 1e3 * statistics.median([max(gr["cpus"][impl][i] for gr in gathered)
+                                                   for i in range(a.iters)])
                     r = {"impl": impl, "quant": quant, "shape": name, "tokens": n,
                          "hosts": a.hosts, "ranks": W, "H": H, "I": I, "E": E, "K": K,
                          "ms": round(ms, 4), "floor_ms": round(floor_ms, 4),
-                         "over_floor": round(ms / floor_ms, 3) if floor_ms > 0 else None}
+                         "over_floor": round(ms / floor_ms, 3) if floor_ms > 0 else None,
+                         "cpu_ms": round(cpu, 4)}
                     if a.hosts > 1:
                         r["bytes_to_other_hosts"] = max(gr["wire_bytes"] for gr in gathered)
                     if n >= 1024 and a.peak_gflops:
@@ -271,6 +295,7 @@ def main():
                     print(json.dumps(r), flush=True)
     buf.destroy()
     if rank == 0:
+        add_speedups(rows_out)
         with open(a.out, "w") as f:
             for r in rows_out:
                 f.write(json.dumps(r) + "\n")
