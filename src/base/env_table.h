@@ -81,6 +81,8 @@
            "The Python interpreter the CLI starts for its Python parts (bench layer/dispatch torch baselines, bench report); unset: the one chosen at build time (CMake MEGAMOE_PYTHON, default /usr/bin/python3, Debian's with python3-torch).") \
     MM_ENV(SERVE_WEIGHT_CACHE, "MEGAMOE_SERVE_WEIGHT_CACHE", SIZE, "0", 0, 1099511627776LL, "", \
            "mega_moe: bytes of packed expert-weight copies kept between calls (process-wide, least recently used dropped first); 0 = no bound (docs/serve.md).") \
+    MM_ENV(SERVE_SCHEDULE, "MEGAMOE_SERVE_SCHEDULE", ENUM, "auto", 0, 0, "auto|o1|host", \
+           "mega_moe: auto runs a call on the O1 executor's inference plan when it can (a token bound, no rank masked, not an MX scene), else host-scheduled phases; o1 / host force one (o1 falls back where it cannot run); every rank the same (docs/serve.md).") \
     MM_ENV(GMM_PACK, "MEGAMOE_GMM_PACK", ENUM, "on", 0, 0, "on|off", \
            "megamoe.ops.npu_grouped_matmul (and the companion operators on it): keep a packed copy of each weight tensor for later calls, re-packed when the tensor changes and freed with it (on); off: use the weights as they are on every call (no extra memory, slower).")
 /* clang-format on */
