@@ -21,6 +21,9 @@ def test_bench_serve_small(megamoe_bin):
         for key in ("shape", "hosts", "ms", "floor_ms", "over_floor"):
             assert key in x, x
         assert x["ms"] > 0 and x["floor_ms"] > 0 and x["hosts"] == 1
+        assert x["cpu_ms"] > 0, x
         if x["impl"] == "mega_moe":
+            for other in ("unfused", "unfused_gmm") + (("bf16",) if x["quant"] != "bf16" else ()):
+                assert x["speedup_vs_" + other] > 0, x
             for other in ("unfused", "unfused_gmm"):
                 assert x["vs_" + other + "_rel_l2"] < (0.01 if x["quant"] == "bf16" else 0.04), x
