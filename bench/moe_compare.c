@@ -77,7 +77,9 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
     const int n_plain = n_layers;
     for (int i = 0; o->training_step && i < n_plain && n_layers < MM_JOB_MAX_VARIANTS - 1; i++) {
         prm[n_layers] = prm[i]; /* the same schedule as a training step, in a layer of its own */
-        snprintf(names[n_layers], sizeof names[0], "%.10s+step", names[i]);
+        char base[sizeof names[0]]; /* a copy: GCC cannot tell names[i] from names[n_layers] */
+        memcpy(base, names[i], sizeof base);
+        snprintf(names[n_layers], sizeof names[0], "%.10s+step", base);
         heap += megamoe_experts_heap_bytes(&prm[i], o->ranks);
         n_layers++;
     }
