@@ -79,6 +79,8 @@
            "Python binding: the Torch adapter's C++ CPU kernels for torch.ops.megamoe when one is built for the running torch and links its libtorch (auto; a warning when one is there but unusable), always (on: ImportError without it) or never (off: the Python bodies only).") \
     MM_ENV(PYTHON, "MEGAMOE_PYTHON", STRING, "", 0, 0, "", \
            "The Python interpreter the CLI starts for its Python parts (bench layer/dispatch torch baselines, bench report); unset: the one chosen at build time (CMake MEGAMOE_PYTHON, default /usr/bin/python3, Debian's with python3-torch).") \
+    MM_ENV(USE_LIBUV, "USE_LIBUV", STRING, "", 0, 0, "", \
+           "torch's own: 0 = TCPStores without libuv; python3 -m megamoe.torchrun sets it to 0 on a torch built without libuv (Debian 13's 2.6) and makes its rendezvous stores follow it (docs/torch.md).") \
     MM_ENV(SERVE_WEIGHT_CACHE, "MEGAMOE_SERVE_WEIGHT_CACHE", SIZE, "0", 0, 1099511627776LL, "", \
            "mega_moe: bytes of packed expert-weight copies kept between calls (process-wide, least recently used dropped first); 0 = no bound (docs/serve.md).") \
     MM_ENV(SERVE_SCHEDULE, "MEGAMOE_SERVE_SCHEDULE", ENUM, "auto", 0, 0, "auto|o1|host", \

@@ -65,5 +65,6 @@ def test_every_variable_read_is_in_the_table(megamoe_bin):
                     for m in re.finditer(pattern, f.read()):
                         read.update(g for g in m.groups() if g)
     assert read, "no variable found: the patterns are stale"
-    missing = sorted(read - listed)
+    # PYTHONPATH is only extended for the children megamoe.torchrun starts, never a setting
+    missing = sorted(read - listed - {"PYTHONPATH"})
     assert not missing, f"read but not in src/base/env_table.h (docs/env.md): {missing}"
