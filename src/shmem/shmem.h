@@ -253,4 +253,18 @@ void mm_shmem_engine_describe(char *buf, size_t len);
 /* 1 while world PE pe is believed alive. */
 int mm_shmem_pe_alive(int pe);
 
+/* ---- surviving a lost rank (survive.h; docs/shmem.md "Surviving a lost rank") ---- */
+
+/* Acknowledge every loss known here: waits until the survivors agreed on who is gone (fast when
+ * nothing is pending), then waits stop failing for those ranks and teams that hold one are
+ * broken. OK: this rank serves on; PEER_LOST: it stopped (declared lost, or on the smaller
+ * side of a partition); TIMEOUT: no agreement within the timeout. Every team collective calls
+ * it first, so the callers of the upper layers rarely need to. */
+megamoe_status_t mm_shmem_recover(void);
+/* 1 when world PE pe is in the agreed (acknowledged) lost set. */
+int mm_shmem_pe_lost(int pe);
+/* A lost (agreed) member of team, -1 when none; a team with one is broken: its collectives
+ * fail with PEER_LOST, its frees are local, it can only be destroyed. */
+int mm_shmem_team_lost_member(const mm_shmem_team_t *team);
+
 #endif /* MM_SHMEM_SHMEM_H */
