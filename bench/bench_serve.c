@@ -219,15 +219,24 @@ static int mm_serve_job(const mm_serve_shape_t *sh, const char *tokens, const ch
     return rc;
 }
 
+int mm_bench_serve_loop(int argc, char **argv); /* bench_serve_loop.c */
+
 static int mm_bench_serve_main(int argc, char **argv)
 {
+    if (mm_bench_opt(argc, argv, "--loop", NULL) && !mm_bench_flag(argc, argv, "--help"))
+        return mm_bench_serve_loop(argc, argv);
     if (mm_bench_flag(argc, argv, "--help")) {
         fprintf(stderr,
                 "megamoe bench serve [--shapes deepseek,seed] [--tokens 1,8,32,128,2048,4096]\n"
                 "    [--quant bf16,w8a8,w4a8] [--impl mega_moe,unfused] [--ranks 2] [--hosts 1]\n"
                 "    [--threads T] [--iters 5] [--warmup 1] [--small]\n"
                 "  the serving MegaMoE against the unfused path, rows with floor_ms, over_floor,\n"
-                "  pct_peak (prefill); --small: a tiny shape, decode sizes (checks the bench works)\n");
+                "  pct_peak (prefill); --small: a tiny shape, decode sizes (checks the bench works)\n"
+                "megamoe launch -n N [--fault kill-rank:R@S] --timeout T -- megamoe bench serve\n"
+                "    --loop SECONDS [--shape tiny|small|H:I:E:K] [--tokens 8] [--out FILE]\n"
+                "  one rank of a serving loop through lost ranks (bench/bench_serve_loop.c): a\n"
+                "  JSON row per surviving rank (calls_before, failed_calls, recover_ms,\n"
+                "  calls_after, wrong_outputs; docs/reliability.md)\n");
         return 0;
     }
     const int small = mm_bench_flag(argc, argv, "--small");

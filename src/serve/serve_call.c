@@ -219,7 +219,7 @@ static megamoe_status_t mm_sv_wait(megamoe_symm_buffer_t *b, const mm_sv_plan_t 
         megamoe_status_t st = mm_shmem_signal_wait_until(mm_sv_line(b, dir, s), MM_SHMEM_CMP_GE,
                                                          gen << 1, &v);
         if (st != MEGAMOE_OK) {
-            b->broken = 1;
+            b->broken = st != MEGAMOE_PEER_LOST; /* a loss: the survivors go on */
             return st;
         }
         if ((v & 1) && *failed < 0) *failed = s;
@@ -487,16 +487,17 @@ static megamoe_status_t mm_sv_reduce(megamoe_symm_buffer_t *b, const mm_sv_call_
 /* ---- the call -------------------------------------------------------------------------- */
 
 /* Before this rank's rows take new data: every participant of its last call finished reading
- * them (a lost peer reads nothing more). */
+ * them. A lost peer reads nothing more; a participant of this call too enters this call's
+ * exchange only after it finished the last one (nobody writes before the exchange). */
 static megamoe_status_t mm_sv_wait_readers(megamoe_symm_buffer_t *b)
 {
     for (int i = 0; i < b->prev_n; i++) {
         const int s = b->prev[i];
-        if (!mm_shmem_pe_alive(b->pes[s])) continue;
+        if (!mm_shmem_pe_alive(b->pes[s]) || !(b->mask && b->mask[s])) continue;
         megamoe_status_t st = mm_shmem_signal_wait_until(mm_sv_line(b, MM_SV_READ, s),
                                                          MM_SHMEM_CMP_GE, b->prev_gen, NULL);
         if (st != MEGAMOE_OK) {
-            b->broken = 1;
+            b->broken = st != MEGAMOE_PEER_LOST;
             return st;
         }
     }
@@ -519,6 +520,7 @@ static void mm_sv_done_reading(megamoe_symm_buffer_t *b, const mm_sv_plan_t *pl,
 
 static megamoe_status_t mm_sv_body(megamoe_symm_buffer_t *b, const megamoe_mega_moe_args_t *a)
 {
+    MM_CHECK(mm_sv_runtime_mask(b)); /* lost ranks (serve_survive.c) */
     mm_sv_order_t *order = NULL;
     MM_CHECK(mm_sv_order(b, &order)); /* a masked rank's own mistake: local */
     MM_CHECK(mm_sv_wait_readers(b));
@@ -548,7 +550,7 @@ static megamoe_status_t mm_sv_body(megamoe_symm_buffer_t *b, const megamoe_mega_
     mm_call_t call;
     mm_call_begin(&call, &order->calls, MM_CALL_MEGA_MOE, b->id, 0);
     megamoe_status_t st = mm_call_exchange(&call, order->team, local, mine, pbytes);
-    if (st == MEGAMOE_PEER_LOST || st == MEGAMOE_TIMEOUT) b->broken = 1;
+    if (st == MEGAMOE_TIMEOUT) b->broken = 1; /* a loss: the next call runs among the survivors */
     if (st != MEGAMOE_OK) {
         mm_call_end(&call);
         return st;
@@ -588,6 +590,7 @@ static megamoe_status_t mm_sv_body(megamoe_symm_buffer_t *b, const megamoe_mega_
     int failed = -1;
     st = mm_sv_wait(b, &pl, MM_SV_DISPATCH, gen, &failed);
     if (st != MEGAMOE_OK) {
+        mm_sv_done_reading(b, &pl, gen); /* it reads nothing more of this call */
         mm_call_end(&call);
         return st;
     }
@@ -601,14 +604,13 @@ static megamoe_status_t mm_sv_body(megamoe_symm_buffer_t *b, const megamoe_mega_
     mm_sv_signal(b, &pl, MM_SV_COMBINE, (gen << 1) | (work != MEGAMOE_OK || failed >= 0));
     int failed2 = -1;
     st = mm_sv_wait(b, &pl, MM_SV_COMBINE, gen, &failed2);
-    const int waited = st == MEGAMOE_OK; /* (after a lost peer or a timeout the group is broken) */
     if (st == MEGAMOE_OK && failed < 0 && failed2 >= 0) failed = failed2;
     if (st == MEGAMOE_OK && work != MEGAMOE_OK) st = work; /* our own message */
     else if (st == MEGAMOE_OK && failed >= 0)
         st = mm_error(MEGAMOE_INTERNAL, "mega_moe: rank %d failed after the exchange (its log "
                       "names the cause); no output was written", b->pes[failed]);
     if (st == MEGAMOE_OK) st = mm_sv_reduce(b, &c, pair_row, shared);
-    if (waited) mm_sv_done_reading(b, &pl, gen);
+    mm_sv_done_reading(b, &pl, gen); /* also after a failure: it reads nothing more */
     if (st == MEGAMOE_OK) {
         b->calls++;
         b->last_recv_rows = pl.recv_rows;

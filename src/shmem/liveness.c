@@ -255,5 +255,6 @@ int mm_shmem_pe_alive(int pe)
 {
     mm_shmem_global_t *g = &mm_shmem_g;
     if (!mm_shmem_running_now() || pe < 0 || pe >= g->n_pes) return 0;
+    if (pe == g->my_pe) return !mm_surv_stopped(); /* out: declared lost, or the smaller side */
     return !atomic_load_explicit(&g->dead[pe], memory_order_acquire);
 }

@@ -209,6 +209,13 @@ megamoe_status_t mm_shmem_team_split(mm_shmem_team_t *parent, int color, int key
  * those PEs: the others never take part. Every member must pass the same list (else
  * CONFIG_MISMATCH on every member); the calling PE must be in it. */
 megamoe_status_t mm_shmem_team_create(const int *world_pes, int n, mm_shmem_team_t **team_p);
+/* The same with a purpose key (equal on every member, e.g. the object the team is for): two
+ * creations among the same PEs for different purposes fail on every member instead of pairing
+ * up (after a loss the survivors may be at different points of their programs: one rebuilding
+ * a group, another already in its next call). PEER_LOST when a loss was acknowledged in this
+ * lifecycle (retry after the current call), CONFIG_MISMATCH otherwise. */
+megamoe_status_t mm_shmem_team_create_keyed(const int *world_pes, int n, uint64_t key,
+                                            mm_shmem_team_t **team_p);
 /* Collective over the members; INVALID_STATE on every member (the team stays) while it still
  * owns symmetric allocations. The team-destroy hooks run first (below). */
 megamoe_status_t mm_shmem_team_destroy(mm_shmem_team_t *team);

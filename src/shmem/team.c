@@ -490,8 +490,8 @@ megamoe_status_t mm_shmem_team_destroy(mm_shmem_team_t *t)
 /* ---- a team among a subset, without the rest of the world (mailbox.c) ---- */
 
 typedef struct mm_create_msg {
-    uint64_t list_hash, slots_used, n;
-    uint8_t pad[MM_SHMEM_MAIL_PAYLOAD - 24];
+    uint64_t list_hash, slots_used, n, key;
+    uint8_t pad[MM_SHMEM_MAIL_PAYLOAD - 32];
 } mm_create_msg_t;
 
 _Static_assert(sizeof(mm_create_msg_t) == MM_SHMEM_MAIL_PAYLOAD, "one mailbox payload");
@@ -508,6 +508,12 @@ static uint64_t mm_list_hash(const int *pes, int n)
 }
 
 megamoe_status_t mm_shmem_team_create(const int *world_pes, int n, mm_shmem_team_t **team_p)
+{
+    return mm_shmem_team_create_keyed(world_pes, n, 0, team_p);
+}
+
+megamoe_status_t mm_shmem_team_create_keyed(const int *world_pes, int n, uint64_t key,
+                                            mm_shmem_team_t **team_p)
 {
     if (!mm_shmem_running_now()) return mm_shmem_not_running("mm_shmem_team_create");
     mm_shmem_global_t *g = &mm_shmem_g;
@@ -545,13 +551,24 @@ megamoe_status_t mm_shmem_team_create(const int *world_pes, int n, mm_shmem_team
     mine.list_hash = mm_list_hash(world_pes, n);
     mine.slots_used = g->slots_used;
     mine.n = (uint64_t)n;
+    mine.key = key;
     megamoe_status_t st = mm_shmem_mail_exchange(world_pes, n, me, &mine, all, "team creation");
-    /* every member decides from the same messages */
+    /* every member decides from the same messages (any two that differ: each member received
+     * the message of one that differs from its own) */
     for (int i = 0; i < n && st == MEGAMOE_OK; i++)
         if (all[i].list_hash != mine.list_hash || all[i].n != mine.n)
             st = mm_error(MEGAMOE_CONFIG_MISMATCH, "mm_shmem_team_create: world rank %d passed "
                           "a different member list than world rank %d; every member must list "
                           "the same ranks in the same order", world_pes[i], world_pes[0]);
+        else if (all[i].key != key)
+            st = mm_error(mm_surv_any_lost() ? MEGAMOE_PEER_LOST : MEGAMOE_CONFIG_MISMATCH,
+                          "mm_shmem_team_create: world rank %d creates a team of the same ranks "
+                          "for another purpose (key %#llx, here %#llx)%s", world_pes[i],
+                          (unsigned long long)all[i].key, (unsigned long long)key,
+                          mm_surv_any_lost() ? ": after a loss the survivors were at different "
+                                               "calls; this call fails, the next one realigns"
+                                             : "; every member must create its teams in the "
+                                               "same order");
     int slot = -1;
     if (st == MEGAMOE_OK) {
         uint64_t used = 0;
