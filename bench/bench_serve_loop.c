@@ -405,8 +405,9 @@ int mm_bench_serve_loop(int argc, char **argv)
                                 recover_ms, &episodes, &failing);
             if (st != MEGAMOE_PEER_LOST) fprintf(stderr, "rank %d: call %ld: %s\n", rank, calls, last_error);
         }
-        if (!megamoe_comm_rank_alive(comms.world, rank) || mm_shmem_recover() != MEGAMOE_OK) {
+        if (mm_shmem_recover() != MEGAMOE_OK || !megamoe_comm_rank_alive(comms.world, rank)) {
             serving = 0; /* declared lost, or on the smaller side: this rank is out */
+            mm_shmem_recover(); /* its reason as the last error */
             snprintf(last_error, sizeof last_error, "%s", megamoe_last_error());
             break;
         }
@@ -418,6 +419,7 @@ int mm_bench_serve_loop(int argc, char **argv)
                             recover_ms, &episodes, &failing);
         if (v < 0) {
             serving = 0;
+            mm_shmem_recover(); /* its reason as the last error */
             snprintf(last_error, sizeof last_error, "%s", megamoe_last_error());
             break;
         }

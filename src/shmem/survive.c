@@ -41,7 +41,7 @@ typedef struct mm_surv {
     /* the monitor's own */
     unsigned char *told;       /* per PE: the kind this PE reported to the others */
     uint64_t posted, decided_seen;
-    uint64_t hb_count, hb_sent;
+    uint64_t hb_count, hb_sent, last_tick;
     uint64_t *hb_seen, *hb_change;
 } mm_surv_t;
 
@@ -109,8 +109,7 @@ megamoe_status_t mm_surv_init(int n, int me)
     S.dec_digest = S.posted = S.decided_seen = 0;
     S.hb_count = 0;
     S.hb_sent = 0;
-    uint64_t now = mm_now_ns();
-    for (int p = 0; p < n; p++) S.hb_change[p] = now;
+    S.last_tick = 0; /* the first tick starts every peer's silence clock */
     return MEGAMOE_OK;
 }
 
@@ -327,7 +326,12 @@ void mm_surv_tick(void)
         int k = (w >> 32) ? MM_LOSS_DEAD : MM_LOSS_UNREACHABLE;
         if (k > atomic_load(&S.kind[q])) mm_surv_observe(q, k, "reported by another rank");
     }
-    /* 2. heartbeats to and from the peers on other hosts (same-host peers: pidfds) */
+    /* 2. heartbeats to and from the peers on other hosts (same-host peers: pidfds). A tick
+     * that comes late (this monitor was not scheduled: a loaded machine, a stopped process)
+     * cannot judge the others' silence: every clock restarts. */
+    if (S.last_tick == 0 || now - S.last_tick > S.peer_timeout_ns / 2)
+        for (int p = 0; p < S.n; p++) S.hb_change[p] = now;
+    S.last_tick = now;
     if (g->engine) {
         if (now - S.hb_sent >= S.hb_interval_ns) {
             S.hb_count++;
