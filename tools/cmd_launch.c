@@ -537,6 +537,19 @@ static int mm_check_user_endpoint(const char *ep, const mm_sim_hosts_t *s)
 
 /* ---- faults ------------------------------------------------------------------------------- */
 
+/* Where the injection times go (MEGAMOE_LAUNCH_FAULT_LOG: "spec ns" lines, CLOCK_MONOTONIC),
+ * so a rank measures from the real injection even when the launcher ran late. */
+static char mm_fault_log[64];
+
+static void mm_fault_logged(const mm_launch_fault_t *f)
+{
+    if (!mm_fault_log[0]) return;
+    FILE *fp = fopen(mm_fault_log, "a");
+    if (fp == NULL) return;
+    fprintf(fp, "%s %.0f\n", f->spec, mm_launch_now() * 1e9);
+    fclose(fp);
+}
+
 static void mm_inject_due(mm_launch_cfg_t *c, mm_launch_proc_t *procs, int n, double t)
 {
     for (int i = 0; i < c->n_faults; i++) {
@@ -552,6 +565,7 @@ static void mm_inject_due(mm_launch_cfg_t *c, mm_launch_proc_t *procs, int n, do
                 p->victim = 1;
                 f->processes = 1;
             }
+            mm_fault_logged(f);
             fprintf(stderr, "megamoe launch: fault %s: SIGKILL to rank %d%s at %.3f s\n", f->spec,
                     f->host, p->exited ? " (already exited)" : "", t);
             continue;
@@ -567,10 +581,12 @@ static void mm_inject_due(mm_launch_cfg_t *c, mm_launch_proc_t *procs, int n, do
                     procs[r].victim = 1;
                 }
             f->injected = 1;
+            mm_fault_logged(f);
             fprintf(stderr, "megamoe launch: fault %s: SIGKILL to %d process(es) of %s at %.2f s\n",
                     f->spec, f->processes, h->name, t);
         } else if (mm_sim_host_cut(&mm_launch_hosts, f->host) == 0) {
             f->injected = 1;
+            mm_fault_logged(f);
             fprintf(stderr, "megamoe launch: fault %s: link %s of %s (%s) set down at %.2f s\n",
                     f->spec, h->veth, h->name, h->ip, t);
         } else {
@@ -655,6 +671,12 @@ int mm_cmd_launch(int argc, char **argv)
     int started = 0, spawn_failed = 0;
     /* the faults' clock starts here; the ranks get it (and the faults) to measure from it */
     const double t0 = mm_launch_now();
+    if (c.n_faults) { /* the injection times, for the ranks (removed at the end) */
+        snprintf(mm_fault_log, sizeof mm_fault_log, "/tmp/megamoe-faults-XXXXXX");
+        int fd = mkstemp(mm_fault_log);
+        if (fd >= 0) close(fd);
+        else mm_fault_log[0] = '\0';
+    }
     char fault_list[160] = "";
     for (int f = 0; f < c.n_faults; f++)
         snprintf(fault_list + strlen(fault_list), sizeof fault_list - strlen(fault_list), "%s%s",
@@ -688,6 +710,7 @@ int mm_cmd_launch(int argc, char **argv)
         mm_env_add(&env, "MASTER_PORT", "%s", master_port);
         mm_env_add(&env, "MEGAMOE_LAUNCH_T0_NS", "%.0f", t0 * 1e9);
         if (c.n_faults) mm_env_add(&env, "MEGAMOE_LAUNCH_FAULTS", "%s", fault_list);
+        if (mm_fault_log[0]) mm_env_add(&env, "MEGAMOE_LAUNCH_FAULT_LOG", "%s", mm_fault_log);
 
         char **args = NULL;
         int nargs = c.cmd_argc;
@@ -783,6 +806,7 @@ int mm_cmd_launch(int argc, char **argv)
         }
     }
     double elapsed = mm_launch_now() - start;
+    if (mm_fault_log[0]) unlink(mm_fault_log);
     /* Ranks are gone; collect what is left in the pipes (descendants that kept them open
      * belong to the rank's process group and were signalled with it). */
     for (int r = 0; r < n; r++) {

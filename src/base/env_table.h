@@ -75,12 +75,14 @@
            "Python binding: call the library through the Torch adapter (torch.ops.megamoe) when it is built (auto), always (on: ImportError without it) or never (off: ctypes only).") \
     MM_ENV(SERVE_WEIGHT_CACHE, "MEGAMOE_SERVE_WEIGHT_CACHE", SIZE, "0", 0, 1099511627776LL, "", \
            "mega_moe: bytes of packed expert-weight copies kept between calls (process-wide, least recently used dropped first); 0 = no bound (docs/serve.md).") \
-    MM_ENV(SHMEM_PEER_TIMEOUT_MS, "MEGAMOE_SHMEM_PEER_TIMEOUT_MS", INT, "3000", 100, 3600000, "", \
+    MM_ENV(SHMEM_PEER_TIMEOUT_MS, "MEGAMOE_SHMEM_PEER_TIMEOUT_MS", INT, "10000", 100, 3600000, "", \
            "A rank on another host whose heartbeats stop this long is declared unreachable (its host is cut off or down); also the bootstrap connections' keepalive bound. A killed process is seen at once (docs/reliability.md).") \
     MM_ENV(SHMEM_ON_LOSS, "MEGAMOE_SHMEM_ON_LOSS", ENUM, "survive", 0, 0, "survive|stop", \
            "After a rank is lost: survive (the survivors agree on who is gone, the calls in flight fail with PEER_LOST, later calls run among the survivors) or stop (every rank stops with PEER_LOST).") \
     MM_ENV(LAUNCH_T0_NS, "MEGAMOE_LAUNCH_T0_NS", STRING, "", 0, 0, "", \
            "Set by megamoe launch: CLOCK_MONOTONIC nanoseconds at the job's start, the clock of --fault times (read by megamoe bench serve --loop).") \
     MM_ENV(LAUNCH_FAULTS, "MEGAMOE_LAUNCH_FAULTS", STRING, "", 0, 0, "", \
-           "Set by megamoe launch --fault: the fault specs, comma-separated (kill-rank:R@S, kill-host:I@S, cut-host:I@S).")
+           "Set by megamoe launch --fault: the fault specs, comma-separated (kill-rank:R@S, kill-host:I@S, cut-host:I@S).") \
+    MM_ENV(LAUNCH_FAULT_LOG, "MEGAMOE_LAUNCH_FAULT_LOG", STRING, "", 0, 0, "", \
+           "Set by megamoe launch --fault: a file where the launcher writes each fault's real injection time (\"spec ns\" lines, CLOCK_MONOTONIC).")
 /* clang-format on */

@@ -76,7 +76,7 @@ static void mm_surv_free(void)
 megamoe_status_t mm_surv_init(int n, int me)
 {
     mm_surv_free();
-    int64_t timeout_ms = 3000;
+    int64_t timeout_ms = 10000;
     int policy = 0; /* index in "survive|stop" */
     MM_CHECK(mm_env_int(MM_ENV_SHMEM_PEER_TIMEOUT_MS, &timeout_ms));
     MM_CHECK(mm_env_enum(MM_ENV_SHMEM_ON_LOSS, &policy));

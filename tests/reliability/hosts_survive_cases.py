@@ -22,7 +22,7 @@ def test_host_of_the_root_killed(tmp_path):
 
 @needs_root
 def test_host_cut_off(tmp_path):
-    r, rows = run_loop(tmp_path, 6, ["cut-host:1@2"], 6.5, hosts=3)
+    r, rows = run_loop(tmp_path, 6, ["cut-host:1@2"], 8.0, hosts=3)
     serving = check_survivors(r, rows, victims=[], stopped=[2, 3])
     assert {row["rank"] for row in serving} == {0, 1, 4, 5}
     for row in serving:

@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 from conftest import MEGAMOE  # noqa: E402
 
 # short detection in tests (a cut host is declared after this long without heartbeats)
-PEER_TIMEOUT_MS = 2000
+PEER_TIMEOUT_MS = 3000
 
 
 def run_loop(tmp_path, ranks, faults, seconds, hosts=0, timeout=120):
