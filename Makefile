@@ -1,7 +1,8 @@
 # Thin wrapper over CMake presets. `make run` and `make test` are the two commands of the README.
 SHELL := /bin/bash
 JOBS ?= $(shell nproc)
-PY := /usr/bin/python3
+# Debian's Python with python3-torch (the python3 first on PATH may be another); MEGAMOE_PYTHON=... picks one
+PY := $(or $(MEGAMOE_PYTHON),/usr/bin/python3)
 BUILD := build/release
 APT_PACKAGES := cmake make gcc g++ libdnnl-dev libopenmpi-dev openmpi-bin libucx-dev pkg-config \
                 python3-torch python3-numpy python3-pytest iproute2 \
@@ -28,7 +29,8 @@ define mm_ctest
 	exit $$rc
 endef
 
-.PHONY: abi-layout deps build run test test-c test-python test-asan test-tsan test-report fuzz fuzz-coverage bench report docs clean
+.PHONY: abi-layout deps build run test test-c test-python test-asan test-tsan test-report fuzz fuzz-coverage bench report docs clean \
+        debian13-root test-debian13 debian13-run
 
 deps:
 	@missing=""; \
@@ -104,6 +106,21 @@ docs: build
 # include/megamoe/version.h; tests/install/test_abi_layout.py checks them).
 abi-layout: build
 	MEGAMOE_BUILD_DIR=$(CURDIR)/$(BUILD) $(PY) tests/install/abi_layout.py --update
+
+# The Debian 13 (trixie) leg: python3-torch 2.6, gcc 14, oneDNN 3.7, UCX 1.18, Open MPI 5 in a root
+# built once with debootstrap from Debian's mirror under build/debian13 and reused
+# (tools/debian13/debian13.sh; root only). `make test-debian13` builds megamoe in it and runs the
+# C and Python tests; `make debian13-run CMD='python3 my_script.py'` runs a command there in this
+# checkout with the package importable.
+debian13-root:
+	tools/debian13/debian13.sh root
+
+test-debian13:
+	tools/debian13/debian13.sh test
+
+debian13-run:
+	@if [ -z "$$CMD" ]; then echo "usage: make debian13-run CMD='command'"; exit 2; fi
+	tools/debian13/debian13.sh run "$$CMD"
 
 clean:
 	rm -rf build

@@ -5,7 +5,7 @@ Which build: $MEGAMOE_BUILD_DIR if set, else build/release when it is configured
 else a new build/wheel (Release, no tests). It is brought up to date with `cmake --build`, so a
 wheel made after `make build` reuses that build. Into the wheel go
     megamoe/_native/libmegamoe.so.<ABI>   the library, under its SONAME (megamoe/_lib.py loads it)
-    megamoe/_native/libmegamoe_torch.so   the Torch adapter, when built (RUNPATH $ORIGIN)
+    megamoe/_native/libmegamoe_torch-<torch>.so   the Torch adapter, when built (RUNPATH $ORIGIN)
     <venv>/bin/megamoe                    the CLI (a wheel data file for the scripts directory)
     <venv>/share/megamoe/bench/*.py       the benchmarks' Python parts (baselines, bench report),
                                           where the CLI looks beside itself (docs/bench_report.md)
@@ -64,9 +64,8 @@ def _stage():
         raise SystemExit(f"cmake --install {build} gave no libmegamoe.so.{ABI}")
     libdir = os.path.dirname(found[0])
     payload = [(os.path.realpath(found[0]), f"libmegamoe.so.{ABI}")]
-    adapter = os.path.join(libdir, "libmegamoe_torch.so")
-    if os.path.exists(adapter):
-        payload.append((adapter, "libmegamoe_torch.so"))
+    for adapter in glob.glob(os.path.join(libdir, "libmegamoe_torch-*.so")):
+        payload.append((adapter, os.path.basename(adapter)))
     return payload
 
 

@@ -31,6 +31,7 @@
 #include "base/alloc.h"
 #include "base/clock.h"
 #include "bench_util.h"
+#include "bench_wire.h"
 #include "kernels/quant.h"
 #include "ops/v2_internal.h"
 
@@ -101,12 +102,15 @@ static double mm_bd_cpu_s(void)
 }
 
 static void mm_bd_result(FILE *f, const char *impl, const mm_bd_case_t *c, double d_us,
-                         double c_us, double bytes, double cpu_us)
+                         double c_us, double bytes, double cpu_us, const mm_bench_wire_t *w)
 {
-    /* the megamoe side's rows name their comm_alg: "megamoe:hierarchy" */
-    fprintf(f, "%s%s%s %d %d %d %.3f %.3f %.0f %.3f\n", impl, strcmp(impl, "megamoe") ? "" : ":",
+    /* the megamoe side's rows name their comm_alg: "megamoe:hierarchy"; across hosts they end
+     * with the bytes and engine messages to other hosts per dispatch + combine */
+    fprintf(f, "%s%s%s %d %d %d %.3f %.3f %.0f %.3f", impl, strcmp(impl, "megamoe") ? "" : ":",
             strcmp(impl, "megamoe") ? "" : c->alg, c->bs, c->quant, c->zero_fill, d_us, c_us, bytes,
             cpu_us);
+    if (w) fprintf(f, " %.0f %.1f", w->bytes, w->messages);
+    fprintf(f, "\n");
     fflush(f);
 }
 
@@ -196,18 +200,33 @@ static int mm_bd_megamoe_case(megamoe_comm_t *world, int rank, const mm_bd_case_
     int n = c->reps + 2, rc = 0;
     double *td = calloc((size_t)n, sizeof(double)), *tc = calloc((size_t)n, sizeof(double));
     double *tu = calloc((size_t)n, sizeof(double));
+    mm_shmem_engine_stats_t s0, s1, w0, w1;
+    memset(&w0, 0, sizeof w0);
+    memset(&w1, 0, sizeof w1);
     for (int r = 0; r < n && rc == 0; r++) {
         megamoe_comm_barrier(world);
+        mm_shmem_engine_stats(&s0);
         double u0 = mm_bd_cpu_s();
         uint64_t t0 = mm_now_ns();
         if (megamoe_dispatch_v2(&a) != MEGAMOE_OK) rc = 1;
         uint64_t t1 = mm_now_ns();
         double u1 = mm_bd_cpu_s();
+        mm_shmem_engine_stats(&s1);
+        if (r >= 2) { /* the traffic of the timed calls (barriers left out) */
+            w1.put_bytes += s1.put_bytes - s0.put_bytes;
+            w1.messages += s1.messages - s0.messages;
+        }
         megamoe_comm_barrier(world);
+        mm_shmem_engine_stats(&s0);
         double u2 = mm_bd_cpu_s();
         uint64_t t2 = mm_now_ns();
         if (rc == 0 && megamoe_combine_v2(&cb) != MEGAMOE_OK) rc = 1;
         uint64_t t3 = mm_now_ns();
+        mm_shmem_engine_stats(&s1);
+        if (r >= 2) {
+            w1.put_bytes += s1.put_bytes - s0.put_bytes;
+            w1.messages += s1.messages - s0.messages;
+        }
         td[r] = (double)(t1 - t0) * 1e-3;
         tc[r] = (double)(t3 - t2) * 1e-3;
         tu[r] = (u1 - u0 + mm_bd_cpu_s() - u2) * 1e6;
@@ -216,8 +235,9 @@ static int mm_bd_megamoe_case(megamoe_comm_t *world, int rank, const mm_bd_case_
         int64_t recv = ((int32_t *)a.ep_recv_counts.data)[MM_BD_E / MM_BD_W * MM_BD_W - 1];
         double row = (double)MM_BD_H * (c->quant ? 1 : 2) + (c->quant ? 4 : 0);
         double bytes = (double)recv * row + (double)recv * MM_BD_H * 2;
+        mm_bench_wire_t wire = mm_bench_wire_delta(&w0, &w1, c->reps);
         mm_bd_result(out, "megamoe", c, mm_bd_median(td + 2, c->reps), mm_bd_median(tc + 2, c->reps),
-                     bytes, mm_bd_median(tu + 2, c->reps));
+                     bytes, mm_bd_median(tu + 2, c->reps), &wire);
     }
     free(td);
     free(tc);
@@ -444,7 +464,7 @@ static int mm_bd_mpi_worker(const mm_bd_case_t *cases, int ncases, const char *o
             double row = (double)m.row + (c->quant ? 4 : 0);
             double bytes = (double)m.recv * row + (double)m.recv * (double)hr;
             mm_bd_result(out, "mpi_alltoallv", c, mm_bd_median(td + 2, c->reps),
-                         mm_bd_median(tc + 2, c->reps), bytes, mm_bd_median(tu + 2, c->reps));
+                         mm_bd_median(tc + 2, c->reps), bytes, mm_bd_median(tu + 2, c->reps), NULL);
         }
         free(td);
         free(tc);
@@ -599,7 +619,7 @@ static int mm_bd_main(int argc, char **argv)
     if (!mm_bench_flag(argc, argv, "--no-gloo")) {
         if (mm_bd_script(script, sizeof script) == 0) {
             char *a3[32];
-            char *rest3[] = {"-n", "2", "--timeout", "1800", "--", "/usr/bin/python3", script,
+            char *rest3[] = {"-n", "2", "--timeout", "1800", "--", (char *)mm_bench_python(), script,
                              "--bs", (char *)bs_list, "--quant", (char *)quants, "--out", res, NULL};
             memcpy(a3, launch, (size_t)nl * sizeof(char *));
             memcpy(a3 + nl, rest3, sizeof rest3);
@@ -608,6 +628,16 @@ static int mm_bd_main(int argc, char **argv)
             fprintf(stderr, "bench dispatch: bench/bench_dispatch_gloo.py not found: no gloo rows\n");
         }
     }
+    /* across hosts: the engine's own put rate and round trip, for the wire floor (issue 31) */
+    mm_bench_wire_engine_t eng;
+    memset(&eng, 0, sizeof eng);
+    if (multi_host) mm_bench_wire_engine_measure(atoi(hosts), &eng);
+    struct {
+        char label[112];
+        double ratio;
+        int bs;
+    } floors[64];
+    int n_floors = 0;
     mm_bench_begin("dispatch");
     FILE *f = fopen(res, "r");
     char impl[48];
@@ -623,7 +653,9 @@ static int mm_bd_main(int argc, char **argv)
     char line[512];
     while (f && fgets(line, sizeof line, f)) {
         double cpu = 0.0 / 0.0; /* the gloo script's lines have no CPU time */
-        if (sscanf(line, "%47s %d %d %d %lf %lf %lf %lf", impl, &bs, &q, &zf, &d, &c, &bytes, &cpu) < 7)
+        double wbytes = -1, wmsgs = 0;
+        if (sscanf(line, "%47s %d %d %d %lf %lf %lf %lf %lf %lf", impl, &bs, &q, &zf, &d, &c,
+                   &bytes, &cpu, &wbytes, &wmsgs) < 7)
             continue;
         char *alg = strchr(impl, ':');
         if (alg) *alg++ = '\0';
@@ -647,6 +679,19 @@ static int mm_bd_main(int argc, char **argv)
         mm_bench_num("combine_us", c);
         mm_bench_num("GBps", bytes / ((d + c) * 1e-6) * 1e-9);
         mm_bench_num("cpu_us", cpu); /* the rank's CPU time in dispatch + combine, all threads */
+        if (multi_host && wbytes >= 0) {
+            /* the wire floor: rank 0's bytes to other hosts at the engine's put rate plus two
+             * engine round trips per dispatch and per combine (a count exchange, a completion) */
+            mm_bench_wire_t w = {wbytes, wmsgs, 0};
+            const double us = d + c;
+            mm_bench_wire_fields(&eng, &w, 4, us * 1e-3);
+            if (n_floors < 64) {
+                snprintf(floors[n_floors].label, sizeof floors[0].label, "%s %s quant %d zero_fill %d",
+                         impl, alg ? alg : "", q, zf);
+                floors[n_floors].bs = bs;
+                floors[n_floors++].ratio = us * 1e-3 / mm_bench_wire_floor_ms(&eng, wbytes, 4);
+            }
+        }
     }
     if (f) fclose(f);
     mm_bench_end();
@@ -666,6 +711,15 @@ static int mm_bd_main(int argc, char **argv)
                     rows[i].bs, rows[i].q, rows[i].zf, ratio,
                     multi_host ? (ratio >= 1.5 ? " met" : " NOT met") : "");
         }
+    }
+    if (n_floors) {
+        fprintf(stderr, "\nmegamoe dispatch+combine over its wire floor (issue 31: <= 1.5x at bs 8-128; "
+                "engine's own put %.2f GB/s at 1 MiB, round trip %.1f us):\n", eng.put_gbps,
+                eng.signal_rtt_us);
+        for (int i = 0; i < n_floors; i++)
+            fprintf(stderr, "  %-40s bs %5d: %.2fx%s\n", floors[i].label, floors[i].bs,
+                    floors[i].ratio, floors[i].bs >= 8 && floors[i].bs <= 128
+                                         ? (floors[i].ratio <= 1.5 ? " met" : " NOT met") : "");
     }
     unlink(res);
     rmdir(dir);

@@ -34,6 +34,8 @@
 #include <string.h>
 
 #include "base/clock.h"
+#include "base/cpu.h"
+#include "bench_gemm.h"
 #include "bench_util.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_onednn.h"
@@ -123,6 +125,19 @@ static void helper_run(helper_t *h, void (*job)(void *, int), void *ctx)
     int g = atomic_fetch_add_explicit(&h->gen, 1, memory_order_release) + 1;
     job(ctx, 0);
     while (atomic_load_explicit(&h->done, memory_order_acquire) != g) MM_PAUSE();
+}
+
+/* The quantised rows' worker runner (bench_gemm.h): one worker, or the caller and the helper. */
+typedef struct gb_runner {
+    helper_t *helper;
+    int threads;
+} gb_runner_t;
+
+static void gb_run(void *p, mm_gb_job_fn job, void *ctx)
+{
+    gb_runner_t *r = p;
+    if (r->threads == 2) helper_run(r->helper, job, ctx);
+    else job(ctx, 0);
 }
 
 /* ---- one shape's data -------------------------------------------------------------------- */
@@ -279,7 +294,12 @@ static int mm_bench_gemm_main(int argc, char **argv)
                "  --seconds S   timed seconds per implementation and case (default 0.4)\n"
                "  --shape NAME  one of moe_gmm1 moe_gmm2 seed_gmm1 seed_gmm2 m16 m128 m512 m2048\n"
                "                moe_dw1 moe_dw2\n"
-               "  --no-probe    skip the peak probe (pct_peak becomes null)\n"
+               "                (the quantised rows: moe_gmm1 moe_gmm2 dec_gmm1 dec_gmm2)\n"
+               "  --no-quant    skip the quantised (w8a8, w4a8) and decode rows\n"
+               "  --weight-sets N  at most N rotating weight sets per quantised case (default:\n"
+               "                enough to exceed twice the last-level cache; a smaller N lets\n"
+               "                the weights sit in cache: for smoke tests only)\n"
+               "  --no-probe    skip the peak and bandwidth probes (pct_* become null)\n"
                "MEGAMOE_GEMM picks the backend of the 'grouped' rows (default auto); the 'amx'\n"
                "rows use the own AMX backend where it is usable (MEGAMOE_GEMM=onednn puts our\n"
                "oneDNN path next to them).\n");
@@ -293,14 +313,25 @@ static int mm_bench_gemm_main(int argc, char **argv)
     megamoe_log_set_level(MEGAMOE_LOG_WARN);
 
     mm_peak_t peak;
+    double read_gbps[3] = {0, 0, 0};
+    const int no_quant = mm_bench_flag(argc, argv, "--no-quant");
     memset(&peak, 0, sizeof peak);
     peak.unit = "none";
     if (!mm_bench_flag(argc, argv, "--no-probe")) {
         mm_bench_progress(0, 1, "peak probe");
         mm_kernels_peak_probe(quick ? 0.05 : 0.3, &peak);
-        fprintf(stderr, "peak per core: %s %.0f GFLOP/s (avx512_bf16 %.0f, fp32_fma %.0f, amx %.0f)\n",
-                peak.unit, peak.gflops, peak.avx512_bf16_gflops, peak.fp32_fma_gflops, peak.amx_gflops);
+        fprintf(stderr, "peak per core: %s %.0f GFLOP/s (avx512_bf16 %.0f, fp32_fma %.0f, amx %.0f); "
+                        "int8 %s %.0f GOP/s (avx512_vnni %.0f, amx_int8 %.0f)\n",
+                peak.unit, peak.gflops, peak.avx512_bf16_gflops, peak.fp32_fma_gflops,
+                peak.amx_gflops, peak.int8_unit, peak.int8_gops, peak.avx512_vnni_gops,
+                peak.amx_int8_gops);
+        for (int t = 1; t <= 2 && t <= mm_cpu_count(); t++) {
+            if (mm_kernels_read_bw_probe(t, quick ? 0.1 : 0.5, &read_gbps[t]) != MEGAMOE_OK)
+                read_gbps[t] = 0;
+            fprintf(stderr, "read bandwidth, %d thread(s): %.1f GB/s\n", t, read_gbps[t]);
+        }
     }
+    if (peak.int8_unit == NULL) peak.int8_unit = "none";
     const mm_gemm_backend_ops_t *be = NULL, *amx_be = NULL;
     if (mm_gemm_backend_default(&be) != MEGAMOE_OK) {
         fprintf(stderr, "bench gemm: %s\n", megamoe_last_error());
@@ -314,6 +345,28 @@ static int mm_bench_gemm_main(int argc, char **argv)
     megamoe_log_set_level(MEGAMOE_LOG_WARN);
 
     mm_bench_begin("gemm");
+    {
+        char probes[512];
+        char b1[32], b2[32];
+        snprintf(b1, sizeof b1, read_gbps[1] > 0 ? "%.2f" : "null", read_gbps[1]);
+        snprintf(b2, sizeof b2, read_gbps[2] > 0 ? "%.2f" : "null", read_gbps[2]);
+        snprintf(probes, sizeof probes,
+                 "{\"peak_bf16_gflops\": %.1f, \"peak_unit\": \"%s\", \"peak_int8_gops\": %.1f, "
+                 "\"int8_unit\": \"%s\", \"peak_fp32_fma_gflops\": %.1f, \"read_gbps\": {\"1\": %s, "
+                 "\"2\": %s}, \"llc_bytes\": %ld}",
+                 peak.gflops, peak.unit, peak.int8_gops, peak.int8_unit, peak.fp32_fma_gflops, b1,
+                 b2, (long)mm_cpu_llc_bytes());
+        mm_bench_top("probes", probes);
+    }
+    mm_gemm_bench_env_t qenv;
+    memset(&qenv, 0, sizeof qenv);
+    qenv.peak = &peak;
+    memcpy(qenv.read_gbps, read_gbps, sizeof read_gbps);
+    qenv.seconds = seconds;
+    qenv.min_rounds = min_rounds;
+    qenv.quick = quick;
+    qenv.only = only;
+    qenv.max_sets = atoi(mm_bench_opt(argc, argv, "--weight-sets", "0"));
     double gf[MM_NSHAPES][2][NIMPL], gfb[MM_NSHAPES][2][NIMPL]; /* median, best call; NAN: none */
     const char *packed_be[MM_NSHAPES] = {0};                    /* backend of our packed weights */
     int step = 0, total = (only ? 1 : MM_NSHAPES) * 2;
@@ -410,6 +463,7 @@ static int mm_bench_gemm_main(int argc, char **argv)
                 mm_bench_str("impl", mm_impl_name[i]);
                 mm_bench_str("weights", mm_weights_name[i]);
                 mm_bench_str("backend", bname);
+                mm_bench_str("quant", "bf16");
                 mm_bench_str("form", s->form == MM_GEMM_TN ? "TN" : "NN");
                 mm_bench_str("c", megamoe_dtype_name(case_c_type(s)));
                 mm_bench_int("M", s->M);
@@ -420,6 +474,15 @@ static int mm_bench_gemm_main(int argc, char **argv)
                 mm_bench_num("gflops", g);
                 mm_bench_num("pct_amx_peak", peak.amx_gflops > 0 ? 100.0 * g / (peak.amx_gflops * t) : NAN);
                 mm_bench_num("pct_peak", peak.gflops > 0 ? 100.0 * g / (peak.gflops * t) : NAN);
+                mm_bench_num("pct_int8_peak", NAN);
+                {   /* bytes a call moves at least: A, B, C (bf16 operands) */
+                    const double csz = (double)megamoe_dtype_size(case_c_type(s));
+                    const double bytes = (double)s->groups *
+                                         (2.0 * (double)(s->M * s->K) + 2.0 * (double)(s->K * s->N) +
+                                          csz * (double)(s->M * s->N));
+                    const double roof = mm_gemm_bench_roofline(peak.gflops, t, read_gbps[t], flop, bytes);
+                    mm_bench_num("pct_roofline", roof > 0 ? 100.0 * g / roof : NAN);
+                }
                 mm_bench_str("peak_unit", peak.unit);
                 mm_bench_num("peak_gflops", peak.gflops > 0 ? peak.gflops : NAN); /* per core */
                 mm_bench_num("gflops_best", flop / best * 1e-9);
@@ -428,6 +491,14 @@ static int mm_bench_gemm_main(int argc, char **argv)
             }
             for (int i = 0; i < NIMPL; i++) free(times[i]);
             case_free(&c);
+        }
+        if (!no_quant) {
+            if (t == 2) helper_park(&helper, 0);
+            gb_runner_t runner = {&helper, t};
+            qenv.threads = t;
+            qenv.run = gb_run;
+            qenv.run_ctx = &runner;
+            if (mm_bench_gemm_quant(&qenv) != 0) return 1;
         }
         if (t == 2) {
             helper_park(&helper, 0);
@@ -474,6 +545,7 @@ static int mm_bench_gemm_main(int argc, char **argv)
                     peak.amx_gflops > 0 ? 100.0 * amx / (peak.amx_gflops * (t + 1)) : NAN);
         }
     fprintf(stderr, "(amx %% peak: the packed product, or for TN the plain one)\n");
+    if (!no_quant) mm_bench_gemm_quant_targets(&qenv);
     return 0;
 }
 

@@ -19,8 +19,10 @@
 
 #include "megamoe/megamoe.h"
 
+#include "bench_layer_dyn.h"
 #include "bench_mem.h"
 #include "bench_util.h"
+#include "bench_wire.h"
 #include "moe_job.h"
 
 typedef struct {
@@ -59,7 +61,7 @@ static int mm_run_torch(const mm_moe_job_opts_t *o, int threads, const char *scr
     snprintf(a[8], 32, "%d", o->warmup);
     snprintf(a[9], 32, "%d", threads);
     snprintf(a[10], 32, "%d", o->hosts > 0 ? o->hosts : 1);
-    char *tail[] = {"--timeout", "1800", "--", "/usr/bin/python3", (char *)script, "--tokens",
+    char *tail[] = {"--timeout", "1800", "--", (char *)mm_bench_python(), (char *)script, "--tokens",
                     a[1], "--hidden", a[2], "--intermediate", a[3], "--experts", a[4], "--top-k",
                     a[5], "--seed", a[6], "--iters", a[7], "--warmup", a[8], "--threads", a[9],
                     "--out", outp, NULL};
@@ -128,6 +130,7 @@ static void mm_bench_dims(const mm_moe_job_opts_t *o)
 typedef struct mm_target_row {
     char label[96];
     double ratio, target;
+    int over_floor; /* wire targets: 1 = over the wire floor, 0 = over one host, 2 = O1 / O0 */
 } mm_target_row_t;
 
 /* Replica setting of a variant name ("O1" -> 0, "O1+r2" -> 2, "O1+prof" -> 0). */
@@ -155,6 +158,8 @@ static int mm_bench_layer_main(int argc, char **argv)
     char workers_list[64] = "1,2", routing_list[96] = "balanced,zero,skew,single";
     char tokens_list[160] = ""; /* empty: each shape's own T */
     char gemm_list[64] = "";    /* empty: MEGAMOE_GEMM as set (or auto), not touched */
+    char *dists[16];            /* --tokens-dist (repeatable): per-call token counts */
+    int n_dists = 0, iters_given = 0, sched_given = 0;
     for (int i = 1; i + 1 < argc; i++) /* a job's rank: every option is the job's own */
         if (!strcmp(argv[i], "--job-dir")) job_dir = argv[i + 1];
     for (int i = 1; i < argc; i++) {
@@ -163,6 +168,7 @@ static int mm_bench_layer_main(int argc, char **argv)
                    "       [--workers 1,2] [--routing balanced,zero,skew,single] [--torch yes|no]\n"
                    "       [--iters N] [--warmup N] [--profile-variant yes|no] [--hosts H]\n"
                    "       [--ranks N] [--tokens T1,T2,...] [--gemm amx,onednn]\n"
+                   "       [--tokens-dist D [--tokens-dist D2 ...]]\n"
                    "MegaMoE forward+backward on 2 ranks, same data: each listed schedule in one\n"
                    "job per (shape, workers, routing) with interleaved iterations, the O1/O0\n"
                    "speed ratio, each O1 worker's wait share (from the trace), the profiling\n"
@@ -178,7 +184,13 @@ static int mm_bench_layer_main(int argc, char **argv)
                    "same job (variant \"O1+r2\"); rows carry \"replicas\", the plan (guests, rows\n"
                    "moved, slowest rank's rows before/after), \"replicas_over_off\" (time against\n"
                    "the same schedule without replicas, same job) and \"over_balanced\" (time\n"
-                   "against the variant's balanced-routing row of the run).\n");
+                   "against the variant's balanced-routing row of the run).\n"
+                   "--tokens-dist D (repeatable; N, uniform:A-B or list:a,b,...): per-call token\n"
+                   "counts instead (docs/moe.md \"Dynamic tokens\"): a max_local_num_tokens layer\n"
+                   "(T_cap = the largest count) beside a fixed layer of the mean count rounded to\n"
+                   "128, same job; rows carry tokens_dist, fwd_ms, floor_ms (memcpy of the busiest\n"
+                   "rank's rows + 2 signal round trips), work_floor_ms and the time per token of\n"
+                   "both (schedule O1 and 20 iterations unless given).\n");
             return 0;
         }
         if (!strcmp(argv[i], "--job-dir") && i + 1 < argc) job_dir = argv[++i];
@@ -192,7 +204,11 @@ static int mm_bench_layer_main(int argc, char **argv)
             snprintf(tokens_list, sizeof tokens_list, "%s", argv[++i]);
         else if (!job_dir && !strcmp(argv[i], "--gemm") && i + 1 < argc)
             snprintf(gemm_list, sizeof gemm_list, "%s", argv[++i]);
+        else if (!job_dir && !strcmp(argv[i], "--tokens-dist") && i + 1 < argc && n_dists < 16)
+            dists[n_dists++] = argv[++i];
         else {
+            iters_given |= !strcmp(argv[i], "--iters");
+            sched_given |= !strcmp(argv[i], "--schedule");
             int rc = mm_moe_job_parse_arg(&o, argc, argv, &i);
             if (rc <= 0) {
                 if (rc == 0) fprintf(stderr, "megamoe bench layer: unknown option '%s'\n", argv[i]);
@@ -202,7 +218,9 @@ static int mm_bench_layer_main(int argc, char **argv)
     }
     if (job_dir) { /* one rank of the megamoe side */
         mm_moe_job_result_t r;
-        int rc = strchr(o.schedule, ',') ? mm_moe_job_compare_rank(&o, &r) : mm_moe_job_rank(&o, &r);
+        int rc = o.tokens_dist[0]          ? mm_moe_job_dyn_rank(&o, &r)
+                 : strchr(o.schedule, ',') ? mm_moe_job_compare_rank(&o, &r)
+                                           : mm_moe_job_rank(&o, &r);
         char path[512];
         snprintf(path, sizeof path, "%s/rank%d.txt", job_dir, r.rank);
         if (mm_moe_job_write(path, &r) != 0) return 1;
@@ -211,6 +229,26 @@ static int mm_bench_layer_main(int argc, char **argv)
     char *workers[8], *routes[8], sched_copy[16];
     int n_workers = mm_split_list(workers_list, workers, 8);
     int n_routes = mm_split_list(routing_list, routes, 8);
+    if (n_dists > 0) { /* per-call token counts: their own jobs and rows (bench_layer_dyn.c) */
+        for (int i = 0; i < n_routes; i++)
+            if (mm_route_parse(routes[i]) < 0) {
+                fprintf(stderr, "megamoe bench layer: unknown routing '%s'\n", routes[i]);
+                return 2;
+            }
+        if (!iters_given) o.iters = 20;
+        if (!sched_given) snprintf(o.schedule, sizeof o.schedule, "O1");
+        mm_dyn_shape_t dshapes[8];
+        const int n_sh = (int)(sizeof mm_layer_shapes / sizeof mm_layer_shapes[0]);
+        for (int s = 0; s < n_sh && s < 8; s++) {
+            dshapes[s].name = mm_layer_shapes[s].name;
+            dshapes[s].H = mm_layer_shapes[s].H;
+            dshapes[s].I = mm_layer_shapes[s].I;
+            dshapes[s].E = mm_layer_shapes[s].E;
+            dshapes[s].K = mm_layer_shapes[s].K;
+        }
+        return mm_bench_layer_dyn(&o, dshapes, n_sh < 8 ? n_sh : 8, shapes, dists, n_dists,
+                                  workers, n_workers, routes, n_routes);
+    }
     /* the GEMM backends to run: the listed MEGAMOE_GEMM words, or the one already set */
     const char *env_gemm = getenv("MEGAMOE_GEMM");
     char env_gemm_copy[32], *gemms[4];
@@ -264,6 +302,15 @@ static int mm_bench_layer_main(int argc, char **argv)
     int n_rep_targets = 0;
     const int n_host_runs = o.hosts > 1 ? 2 : 1; /* across hosts: also the single-host job */
     double single[MM_JOB_MAX_VARIANTS];
+    /* across hosts: the engine's own put rate and round trip, for the wire floor (issue 31) */
+    mm_bench_wire_engine_t eng;
+    memset(&eng, 0, sizeof eng);
+    mm_target_row_t wire_targets[64];
+    int n_wire_targets = 0;
+    if (o.hosts > 1) {
+        mm_bench_progress(step, total, "the engine's own put and round trip (bench shmem)");
+        mm_bench_wire_engine_measure(o.hosts, &eng);
+    }
     for (int sp = 0; sp < n_shapes * n_points; sp++) { /* (shape, token count) pairs */
         const mm_layer_shape_t *sh = &mm_layer_shapes[sp / n_points];
         const int64_t T = n_tokens ? tokens[sp % n_points] : sh->T;
@@ -375,6 +422,32 @@ static int mm_bench_layer_main(int argc, char **argv)
                                 }
                             if (hr == 1 && v < MM_JOB_MAX_VARIANTS && single[v] > 0) {
                                 mm_bench_num("over_single_host", t / single[v]);
+                                /* what crossed hosts per step (the busiest rank) and the wire
+                                 * floor: those bytes at the engine's put rate plus two engine
+                                 * round trips per dispatch and per combine (forward and
+                                 * backward: 4 exchanges) */
+                                mm_bench_wire_t w = {0, 0, 0};
+                                for (int r = 0; r < jo.ranks; r++) {
+                                    const mm_moe_job_variant_t *rv = &res[r].variant[v];
+                                    if (rv->wire_bytes > w.bytes) w.bytes = rv->wire_bytes;
+                                    if (rv->wire_msgs > w.messages) w.messages = rv->wire_msgs;
+                                    if (rv->wire_rtts > w.round_trips) w.round_trips = rv->wire_rtts;
+                                }
+                                const double extra_ms = (t - single[v]) * 1e3;
+                                mm_bench_wire_fields(&eng, &w, 8, extra_ms > 0 ? extra_ms : 0);
+                                const double floor = mm_bench_wire_floor_ms(&eng, w.bytes, 8);
+                                if (n_wire_targets < 64 && strstr(res[0].variant[v].name, "prof") == NULL) {
+                                    mm_target_row_t *tr = &wire_targets[n_wire_targets++];
+                                    const int large = !strcmp(sh->name, "large");
+                                    snprintf(tr->label, sizeof tr->label, "%s %s %s, %d worker%s/rank",
+                                             sh->name, routes[ri], res[0].variant[v].name, res[0].workers,
+                                             res[0].workers == 1 ? "" : "s");
+                                    /* large: extra time over the wire floor; seed: over one host */
+                                    tr->ratio = large ? (extra_ms > 0 ? extra_ms : 0) / floor : t / single[v];
+                                    tr->target = res[0].workers != 1 || jo.route != MM_ROUTE_BALANCED ? 0
+                                                 : large ? 1.3 : !strcmp(sh->name, "seed") ? 2.0 : 0;
+                                    tr->over_floor = large;
+                                }
                                 if (n_host_targets < 64) {
                                     mm_target_row_t *tr = &host_targets[n_host_targets++];
                                     snprintf(tr->label, sizeof tr->label, "%s %s %s, %d worker%s/rank",
@@ -388,6 +461,14 @@ static int mm_bench_layer_main(int argc, char **argv)
                             if (v == v1 && v0 >= 0) {
                                 double ratio = mm_job_time(res, jo.ranks, v0, 0) / t;
                                 mm_bench_num("o1_over_o0_speed", ratio);
+                                if (hr == 1 && n_wire_targets < 64) { /* issue 31: O1 never slower */
+                                    mm_target_row_t *tr = &wire_targets[n_wire_targets++];
+                                    snprintf(tr->label, sizeof tr->label, "%s %s O1 time / O0 time, %d worker%s/rank",
+                                             sh->name, routes[ri], res[0].workers, res[0].workers == 1 ? "" : "s");
+                                    tr->ratio = 1.0 / ratio;
+                                    tr->target = res[0].workers == 1 && !strcmp(sh->name, "large") ? 1.0 : 0;
+                                    tr->over_floor = 2;
+                                }
                                 /* bit-identical outputs give identical sums on every rank */
                                 int same = 1;
                                 for (int r = 0; r < jo.ranks; r++)
@@ -510,6 +591,18 @@ static int mm_bench_layer_main(int argc, char **argv)
                         t->target, t->ratio >= t->target ? "met" : "NOT met");
             else
                 fprintf(stderr, "  %-40s %5.2fx\n", t->label, t->ratio);
+        }
+    }
+    if (n_wire_targets) {
+        fprintf(stderr, "\nacross hosts at the wire's speed (issue 31; engine's own put %.2f GB/s at 1 "
+                "MiB, round trip %.1f us): large shape: extra time over one host / wire floor <= "
+                "1.3; seed shape: over one host <= 2.0; 1 worker, balanced:\n", eng.put_gbps,
+                eng.signal_rtt_us);
+        for (int i = 0; i < n_wire_targets; i++) {
+            const mm_target_row_t *t = &wire_targets[i];
+            fprintf(stderr, "  %-46s %5.2fx %s%s\n", t->label, t->ratio,
+                    t->over_floor == 1 ? "of the wire floor" : t->over_floor == 2 ? "" : "of one host",
+                    t->target > 0 ? (t->ratio <= t->target ? "  met" : "  NOT met") : "");
         }
     }
     if (n_host_targets) {

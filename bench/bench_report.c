@@ -1,17 +1,17 @@
 /* bench report: the performance story as one HTML page with PNG plots (roofline, token sweep,
  * scaling, routing skew, decode-size dispatch+combine, SHMEM bandwidth) and the tables behind
- * them. The driver is bench/report.py (matplotlib, Debian's /usr/bin/python3): it runs the
+ * them. The driver is bench/report.py (matplotlib; the interpreter is mm_bench_python(): Debian's
+ * /usr/bin/python3 unless MEGAMOE_PYTHON or the build says otherwise): it runs the
  * other benchmarks through this same binary, or reads their saved JSON (--from), and writes
  * DIR/report.html. This file finds the script (installed or in the source tree) and hands
  * over the arguments. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "bench.h"
 #include "bench_util.h"
-
-#define MM_REPORT_PYTHON "/usr/bin/python3" /* torch and matplotlib live in Debian's Python */
 
 int mm_bench_report_main(int argc, char **argv)
 {
@@ -22,9 +22,11 @@ int mm_bench_report_main(int argc, char **argv)
                 mm_bench_self_exe());
         return 2;
     }
-    if (access(MM_REPORT_PYTHON, X_OK) != 0) {
+    const char *python = mm_bench_python();
+    if (strchr(python, '/') != NULL && access(python, X_OK) != 0) {
         fprintf(stderr, "megamoe bench report: needs %s with python3-matplotlib (run 'make deps' "
-                        "or apt-get install python3-matplotlib)\n", MM_REPORT_PYTHON);
+                        "or apt-get install python3-matplotlib; MEGAMOE_PYTHON picks another)\n",
+                python);
         return 2;
     }
     char *args[64];
@@ -33,7 +35,7 @@ int mm_bench_report_main(int argc, char **argv)
         return 2;
     }
     int n = 0;
-    args[n++] = MM_REPORT_PYTHON;
+    args[n++] = (char *)python;
     args[n++] = script;
     args[n++] = "--megamoe";
     args[n++] = (char *)mm_bench_self_exe();
@@ -41,7 +43,7 @@ int mm_bench_report_main(int argc, char **argv)
     args[n] = NULL;
     fflush(stdout);
     fflush(stderr);
-    execv(MM_REPORT_PYTHON, args);
-    perror("megamoe bench report: cannot run " MM_REPORT_PYTHON);
+    execvp(python, args);
+    fprintf(stderr, "megamoe bench report: cannot run %s: %s\n", python, strerror(errno));
     return 1;
 }

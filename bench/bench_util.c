@@ -7,10 +7,23 @@
 #include "megamoe/megamoe.h"
 
 #include "base/clock.h"
+#include "base/env.h"
 #include "bench_util.h"
 
+#ifndef MEGAMOE_DEFAULT_PYTHON
+#define MEGAMOE_DEFAULT_PYTHON "/usr/bin/python3"
+#endif
+
+const char *mm_bench_python(void)
+{
+    const char *py = "";
+    if (mm_env_string(MM_ENV_PYTHON, &py) != MEGAMOE_OK || py == NULL || *py == '\0')
+        py = MEGAMOE_DEFAULT_PYTHON;
+    return py;
+}
+
 #define MM_BENCH_MAX_ROWS 4096
-#define MM_BENCH_MAX_FIELDS 32
+#define MM_BENCH_MAX_FIELDS 48
 
 typedef struct mm_bench_field {
     char key[32];
@@ -26,12 +39,23 @@ typedef struct mm_bench_row {
 static char mm_bench_name[64];
 static mm_bench_row_t *mm_rows;
 static int mm_row_count;
+static char mm_top_key[8][32], mm_top_json[8][1024];
+static int mm_top_count;
 
 void mm_bench_begin(const char *name)
 {
     snprintf(mm_bench_name, sizeof mm_bench_name, "%s", name);
     if (mm_rows == NULL) mm_rows = calloc(MM_BENCH_MAX_ROWS, sizeof *mm_rows);
     mm_row_count = 0;
+    mm_top_count = 0;
+}
+
+void mm_bench_top(const char *key, const char *json)
+{
+    if (mm_top_count >= 8) return;
+    snprintf(mm_top_key[mm_top_count], sizeof mm_top_key[0], "%s", key);
+    snprintf(mm_top_json[mm_top_count], sizeof mm_top_json[0], "%s", json);
+    mm_top_count++;
 }
 
 void mm_bench_row(void)
@@ -89,9 +113,11 @@ void mm_bench_end(void)
     megamoe_host_info_t host;
     megamoe_host_info(&host);
     printf("{\"bench\": \"%s\", \"version\": \"%s\", \"host\": {\"cores\": %d, \"cpu\": \"%s\", "
-           "\"avx512\": %s, \"avx512_bf16\": %s, \"amx\": %s}, \"rows\": [",
+           "\"avx512\": %s, \"avx512_bf16\": %s, \"amx\": %s}, ",
            mm_bench_name, megamoe_version(), host.cores, host.cpu, host.avx512 ? "true" : "false",
            host.avx512_bf16 ? "true" : "false", host.amx_usable ? "true" : "false");
+    for (int i = 0; i < mm_top_count; i++) printf("\"%s\": %s, ", mm_top_key[i], mm_top_json[i]);
+    printf("\"rows\": [");
     for (int r = 0; r < mm_row_count; r++) {
         printf("%s\n  {", r ? "," : "");
         for (int i = 0; i < mm_rows[r].count; i++) {

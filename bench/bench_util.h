@@ -20,6 +20,9 @@ void mm_bench_str(const char *key, const char *value);
 void mm_bench_int(const char *key, long long value);
 void mm_bench_num(const char *key, double value);
 void mm_bench_bool(const char *key, int value);
+/* A top-level member of the JSON object besides "rows" (e.g. "probes"): key and its JSON text,
+ * copied; printed in the order given. At most 8 per report. */
+void mm_bench_top(const char *key, const char *json);
 /* Print the JSON object (stdout) and the table (stderr). */
 void mm_bench_end(void);
 
@@ -41,6 +44,9 @@ const char *mm_bench_self_exe(void);
  * the source tree (<repo>/bench/<name>, from <repo>/build/<preset>/bin/megamoe), else
  * ./bench/<name>. Returns 0 with the path in out, -1 when none is readable. */
 int mm_bench_script(const char *name, char *out, size_t len);
+/* The Python interpreter for the benchmarks' Python parts: $MEGAMOE_PYTHON, else the build's
+ * choice (CMake MEGAMOE_PYTHON, default /usr/bin/python3). */
+const char *mm_bench_python(void);
 
 /* Option parsing helpers: "--name value" lookups in argv; return the default when absent. */
 const char *mm_bench_opt(int argc, char **argv, const char *name, const char *def);

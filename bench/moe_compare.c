@@ -10,6 +10,7 @@
 
 #include "bench_mem.h"
 #include "bench_util.h"
+#include "bench_wire.h"
 #include "moe_job.h"
 
 static double mm_cmp_cpu(void)
@@ -118,11 +119,14 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
             megamoe_experts_t *x = layer[layer_of[v]];
             if (profiled[v]) megamoe_profiler_start();
             megamoe_experts_saved_t *sv = NULL;
+            mm_shmem_engine_stats_t e0, e1;
+            mm_shmem_engine_stats(&e0);
             double c0 = mm_cmp_cpu(), t0 = mm_moe_job_now();
             st = megamoe_experts_forward(x, &w, &in, out, &sv);
             double t1 = mm_moe_job_now();
             if (st == MEGAMOE_OK) st = megamoe_experts_backward(x, sv, &w, dout, &g);
             double t2 = mm_moe_job_now(), c2 = mm_cmp_cpu();
+            mm_shmem_engine_stats(&e1);
             megamoe_experts_saved_destroy(sv);
             if (profiled[v]) megamoe_profiler_stop();
             if (st != MEGAMOE_OK)
@@ -135,6 +139,10 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
                 t_fw[k] = t1 - t0;
                 t_bw[k] = t2 - t1;
                 t_cpu[k] = c2 - c0;
+                mm_bench_wire_t wd = mm_bench_wire_delta(&e0, &e1, o->iters);
+                r->variant[v].wire_bytes += wd.bytes;
+                r->variant[v].wire_msgs += wd.messages;
+                r->variant[v].wire_rtts += wd.round_trips;
             }
         }
     }

@@ -16,6 +16,7 @@
 #include "megamoe/megamoe.h"
 
 #include "bench_util.h"
+#include "moe_tokens.h"
 
 void mm_moe_job_defaults(mm_moe_job_opts_t *o)
 {
@@ -69,6 +70,8 @@ void mm_moe_job_to_args(const mm_moe_job_opts_t *o, char **argv, int *argc_p, ch
     MM_ARG("--progress-fd", "%d", o->progress_fd);
     MM_ARG("--profile-variant", "%s", o->profile_variant ? "yes" : "no");
     MM_ARG("--replicas", "%s", o->replicas[0] ? o->replicas : "0");
+    if (o->max_tokens > 0) MM_ARG("--max-tokens", "%lld", (long long)o->max_tokens);
+    if (o->tokens_dist[0]) MM_ARG("--tokens-dist", "%s", o->tokens_dist);
 #undef MM_ARG
     *argc_p = n;
 }
@@ -114,7 +117,7 @@ int mm_moe_job_parse_arg(mm_moe_job_opts_t *o, int argc, char **argv, int *i)
         "--capacity-factor", "--swiglu-limit", "--schedule", "--workers", "--routing", "--seed",
         "--iters", "--warmup", "--verify", "--progress-fd", "--timeout", "--profile-variant",
         "--hosts", "--dispatch-mode", "--initial-capacity-factor", "--capacity-growth-factor",
-        "--replicas"};
+        "--replicas", "--max-tokens", "--tokens-dist"};
     int found = 0;
     for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) found |= strcmp(opt, known[k]) == 0;
     if (!found) return 0;
@@ -131,6 +134,13 @@ int mm_moe_job_parse_arg(mm_moe_job_opts_t *o, int argc, char **argv, int *i)
     } else if (!strcmp(opt, "--tokens")) {
         rc = mm_parse_i64(opt, val, 128, 1 << 24, &v);
         o->T = v;
+    } else if (!strcmp(opt, "--max-tokens")) {
+        rc = mm_parse_i64(opt, val, 1, 1 << 24, &v);
+        o->max_tokens = v;
+    } else if (!strcmp(opt, "--tokens-dist")) {
+        mm_tokens_dist_t d;
+        if (strlen(val) >= sizeof o->tokens_dist || mm_tokens_parse(opt, val, &d) != 0) return -1;
+        snprintf(o->tokens_dist, sizeof o->tokens_dist, "%s", val);
     } else if (!strcmp(opt, "--hidden")) {
         rc = mm_parse_i64(opt, val, 1, 1 << 20, &v);
         o->H = v;
@@ -222,7 +232,8 @@ double mm_moe_job_now(void)
 megamoe_experts_params_t mm_moe_job_layer_params(const mm_moe_job_opts_t *o)
 {
     megamoe_experts_params_t p = megamoe_experts_params_default();
-    p.local_num_tokens = o->T;
+    p.local_num_tokens = o->max_tokens > 0 ? 0 : o->T;
+    p.max_local_num_tokens = o->max_tokens;
     p.hidden_size = o->H;
     p.intermediate_size = o->I;
     p.num_experts = o->E;
@@ -266,7 +277,9 @@ static void mm_check(mm_moe_job_result_t *r, int clamp, const char *name, const 
     mm_moe_job_check_t *c = &r->checks[r->n_checks++];
     snprintf(c->name, sizeof c->name, "%s", name);
     mm_verify_t v;
-    mm_verify(got, got_bf16, want, want16, n, clamp, &v);
+    /* the fp32 oracle's relative L2 / max bounds are statistics: they decide from 1024 values
+     * on (a call of a few tokens has a few router-weight gradients, docs/moe.md) */
+    mm_verify(got, got_bf16, want, want16, n, clamp || n < 1024, &v);
     c->rel_l2 = v.rel_l2;
     c->rel_max = v.rel_max;
     c->elementwise = v.elementwise;
@@ -277,9 +290,12 @@ static void mm_check(mm_moe_job_result_t *r, int clamp, const char *name, const 
 }
 
 /* The reference results of the whole job (every rank's tokens, every expert): out, grad
- * hidden, grad topk_weights, grad gate_up, grad down; fp32 oracle or bf16 intermediates. */
+ * hidden, grad topk_weights, grad gate_up, grad down; fp32 oracle or bf16 intermediates.
+ * counts (per-call token counts, else NULL): rank r passed its first counts[r] rows, so the
+ * output gradient of the others is zeroed (their contributions to the weight gradients go;
+ * their rows are not compared). */
 static int mm_job_reference(const mm_moe_job_opts_t *o, const mm_moe_problem_t *P, int ep,
-                            int bf16_intermediates, float *set[5])
+                            int bf16_intermediates, const int64_t *counts, float *set[5])
 {
     const size_t N = (size_t)ep * (size_t)o->T, H = (size_t)o->H, I = (size_t)o->I;
     const size_t E = (size_t)o->E, K = (size_t)o->K;
@@ -291,13 +307,23 @@ static int mm_job_reference(const mm_moe_job_opts_t *o, const mm_moe_problem_t *
     rp.swiglu_limit = o->swiglu_limit;
     rp.hidden_dtype = rp.weight_dtype = rp.grad_dtype = MEGAMOE_DTYPE_BF16;
     rp.bf16_intermediates = bf16_intermediates;
+    uint16_t *grad = NULL;
+    if (counts != NULL) {
+        if ((grad = malloc(N * H * 2)) == NULL) return -1;
+        memcpy(grad, P->grad_out, N * H * 2);
+        for (int r = 0; r < ep; r++)
+            memset(grad + ((size_t)r * (size_t)o->T + (size_t)counts[r]) * H, 0,
+                   (size_t)(o->T - counts[r]) * H * 2);
+    }
+    int rc = 0;
     if (megamoe_reference_forward(&s, &rp, P->hidden, P->ids, P->probs, P->gate_up, P->down,
                                   set[0]) != MEGAMOE_OK ||
-        megamoe_reference_backward(&s, &rp, P->grad_out, P->hidden, P->ids, P->probs,
-                                   P->gate_up, P->down, set[1], set[2], set[3],
+        megamoe_reference_backward(&s, &rp, grad ? grad : P->grad_out, P->hidden, P->ids,
+                                   P->probs, P->gate_up, P->down, set[1], set[2], set[3],
                                    set[4]) != MEGAMOE_OK)
-        return -1;
-    return 0;
+        rc = -1;
+    free(grad);
+    return rc;
 }
 
 #define MM_JOB_FAIL(...)                                                                   \
@@ -352,6 +378,18 @@ int mm_moe_job_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
 
     const int64_t T = o->T, H = o->H, I = o->I, K = o->K, L = o->E / ep;
     const size_t TH = (size_t)(T * H), W1 = (size_t)(L * H * 2 * I), W2 = (size_t)(L * I * H);
+    /* per-call token counts: rank r passes the first count(call, r) rows of its T_cap */
+    mm_tokens_dist_t dist;
+    char dist_spec[128];
+    snprintf(dist_spec, sizeof dist_spec, "%s", o->tokens_dist);
+    if (o->max_tokens > 0 && !dist_spec[0])
+        snprintf(dist_spec, sizeof dist_spec, "uniform:0-%lld", (long long)o->max_tokens);
+    if (o->max_tokens > 0 && mm_tokens_parse("--tokens-dist", dist_spec, &dist) != 0)
+        MM_JOB_FAIL("bad --tokens-dist '%s'", dist_spec);
+    int64_t counts0[64];
+    for (int r = 0; r < ep && r < 64; r++)
+        counts0[r] = o->max_tokens > 0 ? mm_tokens_count(&dist, o->seed, 0, r) : T;
+    r->tokens = 0;
     out = malloc(TH * 2);
     gh = malloc(TH * 2);
     gp = malloc((size_t)(T * K) * 4);
@@ -374,6 +412,9 @@ int mm_moe_job_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
     for (int it = 0; it < total; it++) {
         if (it == o->warmup) megamoe_experts_reset_timing(x);
         megamoe_experts_saved_t *sv = NULL;
+        if (o->max_tokens > 0) in.num_tokens = mm_tokens_count(&dist, o->seed, it, me);
+        const int64_t nt = o->max_tokens > 0 ? in.num_tokens : T; /* this call's rows */
+        if (it >= o->warmup) r->tokens += (double)nt / o->iters;
         double t0 = mm_moe_job_now();
         if ((st = megamoe_experts_forward(x, &w, &in, out, &sv)) != MEGAMOE_OK)
             MM_JOB_FAIL("forward: %s", megamoe_last_error());
@@ -389,14 +430,14 @@ int mm_moe_job_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
         }
         if (me == 0 && mm_moe_job_now() - t_start > 1.0) mm_progress(o->progress_fd, it + 1, total, "iterations");
         if (it == 0)
-            for (size_t i = 0; i < TH; i++) r->checksum += megamoe_bf16_to_fp32(out[i]);
-        if (it == 0 && o->verify) { /* keep the first results for the check */
-            ro = malloc(TH * 2 + TH * 2 + (size_t)(T * K) * 4 + W1 * 2 + W2 * 2);
+            for (size_t i = 0; i < (size_t)(nt * H); i++) r->checksum += megamoe_bf16_to_fp32(out[i]);
+        if (it == 0 && o->verify) { /* keep the first results for the check (T_cap rows) */
+            ro = calloc(1, TH * 2 + TH * 2 + (size_t)(T * K) * 4 + W1 * 2 + W2 * 2);
             if (ro == NULL) MM_JOB_FAIL("out of memory");
             char *q = (char *)ro;
-            memcpy(q, out, TH * 2);
-            memcpy(q + TH * 2, gh, TH * 2);
-            memcpy(q + TH * 4, gp, (size_t)(T * K) * 4);
+            memcpy(q, out, (size_t)(nt * H) * 2);
+            memcpy(q + TH * 2, gh, (size_t)(nt * H) * 2);
+            memcpy(q + TH * 4, gp, (size_t)(nt * K) * 4);
             memcpy(q + TH * 4 + (size_t)(T * K) * 4, g1, W1 * 2);
             memcpy(q + TH * 4 + (size_t)(T * K) * 4 + W1 * 2, g2, W2 * 2);
         }
@@ -427,17 +468,22 @@ int mm_moe_job_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
     if (o->verify) {
         if (me == 0 && o->progress_fd >= 0 && isatty(o->progress_fd))
             mm_progress(o->progress_fd, 0, 1, "verifying against the fp32 reference");
-        if (mm_job_reference(o, &P, ep, 0, ref) != 0 || mm_job_reference(o, &P, ep, 1, ref16) != 0)
+        const int64_t *cnt = o->max_tokens > 0 ? counts0 : NULL;
+        if (ep > 64 && cnt) MM_JOB_FAIL("verification of per-call counts supports 64 ranks");
+        if (mm_job_reference(o, &P, ep, 0, cnt, ref) != 0 ||
+            mm_job_reference(o, &P, ep, 1, cnt, ref16) != 0)
             MM_JOB_FAIL("reference: %s", megamoe_last_error()[0] ? megamoe_last_error()
                                                                  : "out of memory");
         const char *q = (const char *)ro;
         const int clamp = o->swiglu_limit > 0 && isfinite(o->swiglu_limit);
         const size_t off[5] = {(size_t)me * TH, (size_t)me * TH, (size_t)(me * T * K),
                                (size_t)me * W1, (size_t)me * W2};
-        mm_check(r, clamp, "output", q, 1, ref[0] + off[0], ref16[0] + off[0], TH);
-        mm_check(r, clamp, "grad hidden_states", q + TH * 2, 1, ref[1] + off[1], ref16[1] + off[1], TH);
+        const int64_t n0 = me < 64 ? counts0[me] : T; /* the verified call's rows here */
+        mm_check(r, clamp, "output", q, 1, ref[0] + off[0], ref16[0] + off[0], (size_t)(n0 * H));
+        mm_check(r, clamp, "grad hidden_states", q + TH * 2, 1, ref[1] + off[1], ref16[1] + off[1],
+                 (size_t)(n0 * H));
         mm_check(r, clamp, "grad topk_weights", q + TH * 4, 0, ref[2] + off[2], ref16[2] + off[2],
-                 (size_t)(T * K));
+                 (size_t)(n0 * K));
         mm_check(r, clamp, "grad gate_up_weight", q + TH * 4 + (size_t)(T * K) * 4, 1, ref[3] + off[3],
                  ref16[3] + off[3], W1);
         mm_check(r, clamp, "grad down_weight", q + TH * 4 + (size_t)(T * K) * 4 + W1 * 2, 1,
@@ -479,6 +525,14 @@ int mm_moe_job_write(const char *path, const mm_moe_job_result_t *r)
     if (f == NULL) return -1;
     fprintf(f, "replicas %d %d %lld %lld %lld\n", r->replica_slots, r->guests,
             (long long)r->rows_moved, (long long)r->max_rows_plain, (long long)r->max_rows);
+    fprintf(f, "tokens %.17g\n", r->tokens);
+    const struct mm_moe_job_dyn *d = &r->dyn;
+    fprintf(f, "dyn %.9g %.9g %.9g %.9g %.9g %.9g %.9g %lld %lld\n", d->copy_median_s,
+            d->work_median_s, d->rtt_s, d->recv_rows_mean, d->peak_gflops, d->copy_gbs,
+            0.0, (long long)d->t_cap, (long long)d->t_fixed);
+    for (int i = 0; i < r->n_variants; i++)
+        fprintf(f, "dynvar %d %.9g %.9g %.17g\n", i, d->fwd_sum_s[i], d->iter_sum_s[i],
+                d->tokens_sum[i]);
     fprintf(f, "rank %d\nranks %d\nworkers %d\ncapacity %lld\nrecv_rows %lld\n", r->rank,
             r->ranks, r->workers, (long long)r->capacity, (long long)r->recv_rows);
     fprintf(f, "iter %.9g %.9g %.9g %.9g\n", r->iter_median_s, r->iter_min_s, r->fwd_median_s,
@@ -499,6 +553,9 @@ int mm_moe_job_write(const char *path, const mm_moe_job_result_t *r)
         fprintf(f, "variant %s %.9g %.9g %.9g %.17g %.9g\n", r->variant[i].name,
                 r->variant[i].iter_median_s, r->variant[i].fwd_median_s,
                 r->variant[i].bwd_median_s, r->variant[i].checksum, r->variant[i].cpu_median_s);
+    for (int i = 0; i < r->n_variants; i++)
+        fprintf(f, "wire %s %.9g %.9g %.9g\n", r->variant[i].name, r->variant[i].wire_bytes,
+                r->variant[i].wire_msgs, r->variant[i].wire_rtts);
     for (int i = 0; i < r->n_wait; i++)
         fprintf(f, "wait %s %.9g\n", r->wait_name[i], r->wait_share[i]);
     fprintf(f, "trace %llu %llu\n", (unsigned long long)r->trace_records,
@@ -522,7 +579,27 @@ int mm_moe_job_read(const char *path, mm_moe_job_result_t *r)
         double x, y, z, u, cpu;
         unsigned long long mem[3];
         int pass, oracle;
-        if (sscanf(line, "rank %lld", &a) == 1) r->rank = (int)a;
+        long long tc = 0, tf = 0;
+        double d1, d2, d3, d4, d5, d6, d7;
+        int vi;
+        if (sscanf(line, "tokens %lg", &x) == 1) r->tokens = x;
+        else if (sscanf(line, "dyn %lg %lg %lg %lg %lg %lg %lg %lld %lld", &d1, &d2, &d3, &d4,
+                        &d5, &d6, &d7, &tc, &tf) == 9) {
+            r->dyn.copy_median_s = d1;
+            r->dyn.work_median_s = d2;
+            r->dyn.rtt_s = d3;
+            r->dyn.recv_rows_mean = d4;
+            r->dyn.peak_gflops = d5;
+            r->dyn.copy_gbs = d6;
+            r->dyn.t_cap = tc;
+            r->dyn.t_fixed = tf;
+        } else if (sscanf(line, "dynvar %d %lg %lg %lg", &vi, &d1, &d2, &d3) == 4 && vi >= 0 &&
+                   vi < MM_JOB_MAX_VARIANTS) {
+            r->dyn.fwd_sum_s[vi] = d1;
+            r->dyn.iter_sum_s[vi] = d2;
+            r->dyn.tokens_sum[vi] = d3;
+        }
+        else if (sscanf(line, "rank %lld", &a) == 1) r->rank = (int)a;
         else if (sscanf(line, "ranks %lld", &a) == 1) r->ranks = (int)a;
         else if (sscanf(line, "workers %lld", &a) == 1) r->workers = (int)a;
         else if (sscanf(line, "capacity %lld", &a) == 1) r->capacity = a;
@@ -572,6 +649,13 @@ int mm_moe_job_read(const char *path, mm_moe_job_result_t *r)
             v->fwd_median_s = y;
             v->bwd_median_s = z;
             v->checksum = u;
+        } else if (sscanf(line, "wire %15s %lg %lg %lg", name, &x, &y, &z) == 4) {
+            for (int i = 0; i < r->n_variants; i++)
+                if (strcmp(r->variant[i].name, name) == 0) {
+                    r->variant[i].wire_bytes = x;
+                    r->variant[i].wire_msgs = y;
+                    r->variant[i].wire_rtts = z;
+                }
         } else if (sscanf(line, "wait %15s %lg", name, &x) == 2 && r->n_wait < MM_JOB_MAX_WAIT) {
             snprintf(r->wait_name[r->n_wait], sizeof r->wait_name[0], "%.15s", name);
             r->wait_share[r->n_wait++] = x;

@@ -34,6 +34,11 @@ typedef struct mm_moe_job_opts {
     char replicas[32];      /* replica_slots_per_rank: "" = 0; a comparison job takes a list
                                ("0,2": every schedule with and without) */
     int profile_variant;    /* comparison: also time O1 with the profiler recording */
+    /* per-call token counts (docs/moe.md "Dynamic tokens"): max_tokens > 0 makes the layer a
+     * max_local_num_tokens = max_tokens one (T is then max_tokens: the problem's rows per
+     * rank) and each call's counts come from tokens_dist (moe_tokens.h; "" = uniform:0-T_cap) */
+    int64_t max_tokens;
+    char tokens_dist[96];
 } mm_moe_job_opts_t;
 
 /* Defaults: 2 ranks, the seed's example shapes (T=1024, H=512, I=128, E=4, K=2), lossless,
@@ -41,7 +46,7 @@ typedef struct mm_moe_job_opts {
 void mm_moe_job_defaults(mm_moe_job_opts_t *o);
 
 /* Append "--name value" options describing o (for the child command line) to argv[*argc_p];
- * argv must have room for 40 more entries; strings live in store (>= 1024 bytes). */
+ * argv must have room for 46 more entries; strings live in store (>= 1024 bytes). */
 void mm_moe_job_to_args(const mm_moe_job_opts_t *o, char **argv, int *argc_p, char *store,
                         size_t store_len);
 /* Parse one "--name value" option at argv[*i] into o; 1 if consumed (and *i advanced past the
@@ -68,6 +73,9 @@ typedef struct mm_moe_job_variant {
     double iter_median_s, fwd_median_s, bwd_median_s;
     double cpu_median_s; /* process CPU time per iteration (all threads): robust to preemption */
     double checksum; /* sum of the first output: equal bits give equal sums */
+    /* per timed iteration, traffic through the inter-host engine (bench_wire.h): data bytes
+     * put, messages, blocking round trips */
+    double wire_bytes, wire_msgs, wire_rtts;
 } mm_moe_job_variant_t;
 
 typedef struct mm_moe_job_result {
@@ -96,6 +104,19 @@ typedef struct mm_moe_job_result {
     /* hot-expert replicas: the last forward's plan (the job's first replica setting) */
     int replica_slots, guests;
     int64_t rows_moved, max_rows_plain, max_rows;
+    double tokens; /* this rank's mean tokens per timed call (per-call counts; else T) */
+    /* token-distribution jobs (mm_moe_job_dyn_rank): per variant ("O1-dyn", "O1-fixed", ...)
+     * this rank's sums over the timed calls and every rank's tokens in them; the floors of
+     * this rank's dynamic calls (the first schedule's) */
+    struct mm_moe_job_dyn {
+        double fwd_sum_s[MM_JOB_MAX_VARIANTS], iter_sum_s[MM_JOB_MAX_VARIANTS];
+        double tokens_sum[MM_JOB_MAX_VARIANTS];
+        double copy_median_s; /* memcpy of the rows it dispatches and returns, per call */
+        double work_median_s; /* max(GEMM at the probed peak, weight read of used experts) */
+        double rtt_s;         /* signal round trip between ranks 0 and 1 (median) */
+        double recv_rows_mean, peak_gflops, copy_gbs;
+        int64_t t_cap, t_fixed;
+    } dyn;
 } mm_moe_job_result_t;
 
 /* The integers of a --replicas list into out[max]; the count, or -1 (message printed) when an
@@ -111,6 +132,12 @@ int mm_moe_job_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r);
  * schedule alike; then, for O1, profiled iterations give each worker's wait share. With
  * o->profile_variant, "O1+prof" (O1 while the profiler records) is timed as well. */
 int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r);
+
+/* Child side of a token-distribution job (o->tokens_dist set; bench layer --tokens-dist,
+ * moe_dyn_job.c): per listed schedule a layer with per-call counts (T_cap = o->max_tokens, or
+ * the distribution's largest count) and a fixed layer of T = the mean count rounded to 128
+ * (at least 128), iterations interleaved; fills variant[] and dyn. */
+int mm_moe_job_dyn_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r);
 
 /* Rank processes of these jobs keep freed heap memory mapped (glibc trim threshold 1 GiB,
  * mmap threshold 32 MiB), as a training process with a caching allocator does. Without it,

@@ -190,6 +190,8 @@ def roofline_section(docs, machine):
     rf = roofs(docs, machine)
     pts, body = [], []
     for r in rows(docs, "gemm"):
+        if r.get("quant", "bf16") != "bf16" or r.get("impl") == "decode":
+            continue  # int8 / int4 weights and decode rows: their own pct_roofline (bench gemm)
         g, M, K, N = r.get("groups", 1), r["M"], r["K"], r["N"]
         ai = 2.0 * M * K * N / (2 * M * K + 2 * K * N + 4 * M * N)
         t = int(r.get("threads", 1))

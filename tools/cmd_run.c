@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "moe_job.h"
+#include "moe_tokens.h"
 
 static void mm_run_usage(FILE *out)
 {
@@ -20,6 +21,11 @@ static void mm_run_usage(FILE *out)
             "A verified, timed MegaMoE forward+backward on local ranks (seed shapes by default).\n"
             "  -n, --ranks N            ranks to start (default 2)\n"
             "  --tokens T               tokens per rank, a multiple of 128 (1024)\n"
+            "  --max-tokens T_cap       per-call token counts instead (docs/moe.md \"Dynamic\n"
+            "                           tokens\"): a max_local_num_tokens = T_cap layer; every\n"
+            "                           rank passes 0..T_cap rows per call, from --tokens-dist\n"
+            "  --tokens-dist D          N | uniform:A-B | list:a,b,... (rank r at call c takes\n"
+            "                           item (r + c) mod count); default uniform:0-T_cap\n"
             "  --hidden H               hidden size (512)\n"
             "  --intermediate I         expert intermediate size (128)\n"
             "  --experts E              global experts, a multiple of the ranks (4)\n"
@@ -105,8 +111,12 @@ static void mm_run_report(const mm_moe_job_opts_t *o, const mm_moe_job_result_t 
         if (res[r].fwd_median_s > tf) tf = res[r].fwd_median_s;
         if (res[r].bwd_median_s > tb) tb = res[r].bwd_median_s;
     }
-    double tokens = (double)n * (double)o->T;
-    double flops = mm_moe_flops(n, o->T, o->H, o->I, o->K);
+    double tokens = 0; /* every rank's mean tokens per call (T, or the per-call counts) */
+    for (int r = 0; r < n; r++) tokens += res[r].tokens;
+    double flops = mm_moe_flops(1, 1, o->H, o->I, o->K) * tokens;
+    if (o->max_tokens > 0)
+        printf("\ntokens per call (mean of the timed calls): %.1f per rank, %.0f in all\n",
+               tokens / n, tokens);
     printf("\nforward+backward: %.3f ms median (forward %.3f ms, backward %.3f ms), slowest rank\n",
            t * 1e3, tf * 1e3, tb * 1e3);
     printf("throughput: %.0f tokens/s forward+backward (%.0f tokens/s forward), %.3f TFLOP/s "
@@ -148,8 +158,18 @@ static int mm_run_verdict(const mm_moe_job_opts_t *o, const mm_moe_job_result_t 
 static int mm_run_check_shape(const mm_moe_job_opts_t *o)
 {
     const char *bad = NULL;
-    char msg[160];
-    if (o->T % 128 != 0) {
+    char msg[256];
+    mm_tokens_dist_t d;
+    if (o->tokens_dist[0] && o->max_tokens == 0) {
+        snprintf(msg, sizeof msg, "--tokens-dist needs --max-tokens (a layer with per-call "
+                 "token counts)");
+        bad = msg;
+    } else if (o->tokens_dist[0] && mm_tokens_parse("--tokens-dist", o->tokens_dist, &d) == 0 &&
+               mm_tokens_max(&d) > o->max_tokens) {
+        snprintf(msg, sizeof msg, "--tokens-dist %s reaches %lld tokens, more than --max-tokens "
+                 "%lld", o->tokens_dist, (long long)mm_tokens_max(&d), (long long)o->max_tokens);
+        bad = msg;
+    } else if (o->max_tokens == 0 && o->T % 128 != 0) {
         snprintf(msg, sizeof msg, "--tokens %lld must be a multiple of 128", (long long)o->T);
         bad = msg;
     } else if (o->E % o->ranks != 0) {
@@ -227,6 +247,7 @@ int mm_cmd_run(int argc, char **argv)
     if (rc) return rc;
     if (job_dir) return mm_run_child(&o, job_dir);
     if ((rc = mm_run_check_shape(&o)) != 0) return rc;
+    if (o.max_tokens > 0) o.T = o.max_tokens; /* the problem's rows per rank: T_cap */
 
     if (verify_auto) o.verify = mm_reference_seconds(&o) <= 120.0;
     char cap[64];
@@ -246,9 +267,14 @@ int mm_cmd_run(int argc, char **argv)
     if (o.hosts > 0) snprintf(where, sizeof where, " on %d simulated hosts", o.hosts);
     printf("megamoe run: MegaMoE forward+backward, %d ranks%s, schedule %s, %s\n", o.ranks, where,
            o.schedule, host.cpu);
-    printf("shape per rank: T=%lld H=%lld I=%lld E=%lld K=%lld; routing %s; receive capacity %s; "
+    char tokens[160];
+    if (o.max_tokens > 0)
+        snprintf(tokens, sizeof tokens, "T_cap=%lld (per-call counts %s)", (long long)o.T,
+                 o.tokens_dist[0] ? o.tokens_dist : "uniform:0-T_cap");
+    else snprintf(tokens, sizeof tokens, "T=%lld", (long long)o.T);
+    printf("shape per rank: %s H=%lld I=%lld E=%lld K=%lld; routing %s; receive capacity %s; "
            "seed %llu\n",
-           (long long)o.T, (long long)o.H, (long long)o.I, (long long)o.E, (long long)o.K,
+           tokens, (long long)o.H, (long long)o.I, (long long)o.E, (long long)o.K,
            mm_route_name(o.route), cap, (unsigned long long)o.seed);
     printf("%d timed iterations after %d warm-up; verification %s\n", o.iters, o.warmup,
            o.verify ? "on" : "off");

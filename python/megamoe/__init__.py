@@ -1,8 +1,9 @@
 """megamoe: expert-parallel Mixture-of-Experts layers on CPUs (Python/PyTorch binding).
 
 The package wraps libmegamoe.so (an installed package's own megamoe/_native/ payload; in a source
-checkout the build tree, or $MEGAMOE_LIB) through the Torch adapter (torch.ops.megamoe.*) when it
-is built, else with ctypes (megamoe/_adapter.py).
+checkout the build tree, or $MEGAMOE_LIB) with ctypes, and registers its operators as
+torch.ops.megamoe.* (megamoe/_library.py: fake kernels, autograd and torch.compile on torch 2.x;
+C++ CPU kernels from the optional Torch adapter, megamoe/_adapter.py).
 Every failing call raises :class:`MegaMoeError`, which carries the C status and the library's
 message naming the fix.
 """
@@ -17,8 +18,10 @@ __all__ = ["MegaMoeError", "check", "status_name", "status_str", "__version__", 
 from .experts import MegaMoeExperts  # noqa: E402  the torch layer (seed 000)
 __all__ += ["MegaMoeExperts"]
 
-from ._fp8 import float8_e4m3fn, float8_e5m2  # noqa: E402  fp8 y_dtype of megamoe.ops
+from ._dtypes import float8_e4m3fn, float8_e5m2  # noqa: E402  torch's fp8 (1.13: tokens)
 __all__ += ["float8_e4m3fn", "float8_e5m2"]
+
+from . import ops  # noqa: E402,F401  defines torch.ops.megamoe.* (dispatch/combine V2 and V1)
 
 from . import profiler  # noqa: E402  megamoe.profiler.mega_kernel_profile (docs/profiling.md)
 __all__ += ["profiler"]

@@ -1,180 +1,175 @@
-"""Backend selection: the Torch adapter (``torch.ops.megamoe.*``) when present, ctypes otherwise.
+"""The optional Torch adapter: C++ CPU kernels for operators megamoe/_library.py defines.
 
-The adapter is ``libmegamoe_torch.so`` (src/torch/), an ordinary shared library loaded with
-``torch.ops.load_library()``; it registers the operators with schemas, so TorchScript can call
-them. It is looked for next to the libmegamoe.so that ``_lib`` loaded (the wheel's
-``megamoe/_native/``, an installed ``lib/``, or the build tree's ``src/torch/``) and used only if
-it resolved the very same library (one runtime per process) and has the same ABI.
-``MEGAMOE_TORCH_ADAPTER``: ``auto`` (default; ctypes when absent), ``on`` (ImportError when it
-cannot be used), ``off`` (ctypes only).
+``libmegamoe_torch-<major>.<minor>.so`` (src/torch/) is built per torch and named after the torch
+it was built for. It defines nothing: after the Python registration defined ``torch.ops.megamoe``
+it adds CPU kernels for the dispatch/combine operators (no Python on their call path), through
+an ``extern "C"`` entry point, so a failure is an error message here, never an exception in a
+library constructor. It is used only when it cannot hurt the process:
 
-The seam, one copy of the argument handling for both backends:
+* its name matches the running torch (``torch.__version__``'s major.minor);
+* every libtorch / libc10 library it needs is the one this process has loaded already (a
+  Debian libtorch beside a pip torch would otherwise load a second libtorch);
+* it resolved the very libmegamoe the binding loaded (one runtime per process) and has the
+  binding's ABI.
 
-* ``operator(normalize)`` decorates a megamoe.ops wrapper: the wrapper's signature is the API (the
-  adapter's schema must equal it, checked when the adapter loads); each call binds the arguments,
-  applies the defaults, normalises the Python-only kinds (process groups -> communicator names,
-  fp8 tokens -> dtype codes) and calls either ``torch.ops.megamoe.<name>`` or the wrapper's own
-  ctypes body with those same arguments.
-* ``ops`` is ``torch.ops.megamoe`` or None; MegaMoeExperts passes the same tensors either way.
-* ``call(fn, *args)`` runs an adapter op and turns its "[megamoe NAME code] message" errors back
-  into :class:`MegaMoeError`.
+Otherwise the Python bodies (ctypes) stay the CPU kernels, and ``import megamoe`` always works.
+It is looked for next to the libmegamoe.so that ``_lib`` loaded (the wheel's ``megamoe/_native/``,
+an installed ``lib/``, or the build tree's ``src/torch/``). ``MEGAMOE_TORCH_ADAPTER``: ``auto``
+(default: use it when it fits, warn when one for this torch is present but unusable), ``on``
+(ImportError when it cannot be used), ``off`` (never).
 """
 import ctypes
-import functools
-import inspect
 import os
 import re
+import struct
 import warnings
 
 import torch
 
 from . import _lib
-from .errors import MegaMoeError
 
-__all__ = ["ops", "path", "operator", "call", "register_group", "signed64"]
+__all__ = ["load", "path", "loaded", "register_group", "adapter_name", "needed_libraries"]
 
-_ADAPTER = "libmegamoe_torch.so"
 _MODES = ("auto", "on", "off")
-_ERROR = re.compile(r"\[megamoe ([A-Z_]+) (-?\d+)\] (.*)", re.S)
+path = None      # the adapter in use, or None
+loaded = None    # its ctypes handle
+_problems = []
+
+
+def adapter_name(version=None):
+    """File name of the adapter built for torch ``version`` (default: the running torch)."""
+    major, minor = re.findall(r"\d+", version or torch.__version__)[:2]
+    return f"libmegamoe_torch-{major}.{minor}.so"
 
 
 def _candidates():
     here = os.path.dirname(_lib.path)
     if here:
-        yield os.path.join(here, _ADAPTER)            # wheel payload, installed lib/
-        yield os.path.join(here, "torch", _ADAPTER)   # build tree: <build>/src/torch/
+        name = adapter_name()
+        yield os.path.join(here, name)            # wheel payload, installed lib/
+        yield os.path.join(here, "torch", name)   # build tree: <build>/src/torch/
 
 
-def _load():
+def needed_libraries(elf_path):
+    """DT_NEEDED entries of a 64-bit little-endian ELF shared object (the libraries the dynamic
+    loader will bring in), read without loading it."""
+    with open(elf_path, "rb") as f:
+        data = f.read()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise OSError(f"{elf_path}: not a 64-bit little-endian ELF file")
+    phoff, = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    loads, dynamic = [], None
+    for i in range(phnum):
+        p_type, _, p_offset, p_vaddr, _, p_filesz, _, _ = struct.unpack_from(
+            "<IIQQQQQQ", data, phoff + i * phentsize)
+        if p_type == 1:
+            loads.append((p_vaddr, p_offset, p_filesz))
+        elif p_type == 2:
+            dynamic = (p_offset, p_filesz)
+    if dynamic is None:
+        return []
+
+    def offset(vaddr):
+        for v, o, n in loads:
+            if v <= vaddr < v + n:
+                return o + vaddr - v
+        raise OSError(f"{elf_path}: address {vaddr:#x} is in no loaded segment")
+
+    needed, strtab = [], None
+    for i in range(dynamic[1] // 16):
+        tag, val = struct.unpack_from("<qQ", data, dynamic[0] + 16 * i)
+        if tag == 0:
+            break
+        if tag == 1:
+            needed.append(val)
+        elif tag == 5:
+            strtab = offset(val)
+    if strtab is None:
+        return []
+    return [data[strtab + n:data.index(b"\0", strtab + n)].decode() for n in needed]
+
+
+def _already_loaded(name):
+    try:
+        ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        return True
+    except OSError:
+        return False
+
+
+def _try(candidate):
+    """Load one adapter file; returns the ctypes handle, or raises OSError naming the problem."""
+    foreign = [n for n in needed_libraries(candidate)
+               if n.startswith(("libtorch", "libc10")) and not _already_loaded(n)]
+    if foreign:
+        raise OSError(f"built against another libtorch than this process's torch "
+                      f"{torch.__version__} (would load {', '.join(foreign)})")
+    handle = ctypes.CDLL(candidate, mode=ctypes.RTLD_LOCAL)
+    handle.megamoe_torch_adapter_library_id.restype = ctypes.c_void_p
+    handle.megamoe_torch_adapter_abi.restype = ctypes.c_int
+    handle.megamoe_torch_adapter_register.restype = ctypes.c_char_p
+    handle.megamoe_torch_adapter_register.argtypes = []
+    handle.megamoe_torch_adapter_kernels.restype = ctypes.c_char_p
+    handle.megamoe_torch_adapter_kernels.argtypes = []
+    handle.megamoe_torch_adapter_set_group.restype = None
+    handle.megamoe_torch_adapter_set_group.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
+    mine = ctypes.cast(_lib.lib.megamoe_version, ctypes.c_void_p).value
+    if handle.megamoe_torch_adapter_library_id() != mine:
+        raise OSError(f"resolved another libmegamoe than {_lib.path}")
+    if handle.megamoe_torch_adapter_abi() != _lib.ABI_VERSION:
+        raise OSError(f"ABI {handle.megamoe_torch_adapter_abi()}, the binding has "
+                      f"{_lib.ABI_VERSION}")
+    return handle
+
+
+def load(operators):
+    """Give ``operators`` (megamoe._library Operators) the adapter's CPU kernels where it has
+    them. Called once, after the operators are defined (megamoe/ops.py)."""
+    global path, loaded
     text = os.environ.get("MEGAMOE_TORCH_ADAPTER", "")
     mode = text.lower() or "auto"
     if mode not in _MODES:
         raise ImportError(f"MEGAMOE_TORCH_ADAPTER='{text}' is not accepted; use one of "
                           f"{'|'.join(_MODES)}")
-    if mode == "off":
-        return None, None
-    problems = []
-    for p in _candidates():
-        if not os.path.exists(p):
-            problems.append(f"{p}: not found")
+    if mode == "off" or loaded is not None:
+        return
+    for candidate in _candidates():
+        if not os.path.exists(candidate):
+            _problems.append(f"{candidate}: not found")
             continue
         try:
-            torch.ops.load_library(p)
-        except (OSError, RuntimeError) as exc:
-            problems.append(f"{p}: {exc}")
+            handle = _try(candidate)
+            kernels = set(handle.megamoe_torch_adapter_kernels().decode().split(","))
+            unknown = kernels - {op.space.kernel_name(op.name) for op in operators}
+            if unknown:
+                raise OSError(f"kernels for operators megamoe does not define: {sorted(unknown)}")
+            error = handle.megamoe_torch_adapter_register()
+            if error:
+                raise OSError(error.decode())
+        except Exception as exc:  # noqa: BLE001 - never able to break `import megamoe`
+            _problems.append(f"{candidate}: {exc}")
             continue
-        lib = torch.ops.megamoe
-        mine = ctypes.cast(_lib.lib.megamoe_version, ctypes.c_void_p).value
-        if lib.library_id() != mine:
-            problems.append(f"{p}: resolved another libmegamoe than {_lib.path}")
-        elif lib.abi_version() != _lib.ABI_VERSION:
-            problems.append(f"{p}: ABI {lib.abi_version()}, the binding has {_lib.ABI_VERSION}")
-        else:
-            return lib, p
-    message = ("megamoe: the Torch adapter cannot be used (torch.ops.megamoe is missing; the "
-               "binding falls back to ctypes). Build it with libtorch-dev installed ('make deps', "
-               "'make build') or set MEGAMOE_TORCH_ADAPTER=off.\n  " + "\n  ".join(problems))
+        path, loaded = candidate, handle
+        for op in operators:
+            op.adapter_kernel = op.space.kernel_name(op.name) in kernels
+        from . import comm  # groups created before the adapter came
+        for name, c in list(comm._by_name.items()):
+            if c.alive:
+                register_group(name, c.handle.value)
+        return
+    message = (f"megamoe: the Torch adapter for torch {torch.__version__} ({adapter_name()}) "
+               "cannot be used; the operators run their Python bodies. Rebuild it for this torch "
+               "('make build' with libtorch-dev) or set MEGAMOE_TORCH_ADAPTER=off.\n  "
+               + "\n  ".join(_problems))
     if mode == "on":
         raise ImportError(message)
-    if any("not found" not in p for p in problems):
+    if any("not found" not in p for p in _problems):
         warnings.warn(message, RuntimeWarning, stacklevel=3)  # present but unusable
-    return None, None
-
-
-ops, path = _load()
-
-
-def signed64(value):
-    """A uint64 (e.g. the weights version) as the int64 a schema ``int`` carries."""
-    value &= 0xFFFFFFFFFFFFFFFF
-    return value - (1 << 64) if value >= (1 << 63) else value
-
-
-def _translate(exc):
-    m = _ERROR.match(str(exc))
-    return MegaMoeError(int(m.group(2)), m.group(3)) if m else exc
-
-
-def call(fn, *args, **kwargs):
-    """Run an adapter op; library errors raise MegaMoeError and arguments of the wrong kind
-    TypeError, as on the ctypes path."""
-    try:
-        return fn(*args, **kwargs)
-    except RuntimeError as exc:
-        err = _translate(exc)
-        if err is exc and "Expected a value of type" in str(exc):  # the schema's binder
-            err = TypeError(str(exc))
-        if err is exc:
-            raise
-        raise err from None
 
 
 def register_group(name, handle):
-    """megamoe.comm names its communicators; the adapter resolves group_ep/group_tp by name."""
-    if ops is not None:
-        ops.register_group(name, int(handle or 0))
-
-
-def _schema_mismatch(fn, op):
-    """Differences between a wrapper's Python signature and the adapter's schema ("" if none)."""
-    schema = op.default._schema
-    params = list(inspect.signature(fn).parameters.values())
-    if len(params) != len(schema.arguments):
-        return (f"{len(params)} Python parameters, {len(schema.arguments)} in the schema "
-                f"{schema}")
-    for p, a in zip(params, schema.arguments):
-        default = None if p.default is inspect.Parameter.empty else p.default
-        has_default = p.default is not inspect.Parameter.empty
-        if (p.name != a.name or (p.kind is inspect.Parameter.KEYWORD_ONLY) != a.kwarg_only
-                or has_default != a.has_default_value()
-                or (has_default and a.default_value != default)):
-            return f"parameter {p.name!r} differs from the schema's {a}"
-    return ""
-
-
-def operator(normalize):
-    """Decorator for the megamoe.ops wrappers (see the module docstring). ``normalize`` maps
-    parameter names to the function that turns a user value into what both backends take."""
-
-    def wrap(fn):
-        sig = inspect.signature(fn)
-        positional = [p.name for p in sig.parameters.values()
-                      if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
-        keyword = [p.name for p in sig.parameters.values()
-                   if p.kind is inspect.Parameter.KEYWORD_ONLY]
-        op = getattr(ops, fn.__name__, None) if ops is not None else None
-        if op is not None:
-            problem = _schema_mismatch(fn, op)
-            if problem:
-                warnings.warn(f"megamoe: torch.ops.megamoe.{fn.__name__} does not match "
-                              f"megamoe.ops ({problem}); using ctypes for it", RuntimeWarning)
-                op = None
-        # tensor parameters: a value that is no CPU tensor is refused by the ctypes body on
-        # every rank together (it still makes the collective call, docs/ops.md); the adapter
-        # would raise on this rank only, so such a call takes the ctypes body
-        tensors = [x.name for x in op.default._schema.arguments
-                   if str(x.type) in ("Tensor", "Tensor?", "Optional[Tensor]")] if op else []
-
-        def make(run):
-            @functools.wraps(fn)
-            def wrapper(*args, **kwargs):
-                bound = sig.bind(*args, **kwargs)
-                bound.apply_defaults()
-                a = bound.arguments
-                for name, norm in normalize.items():
-                    if name in a:
-                        a[name] = norm(a[name])
-                go = run
-                if run is not fn and any(
-                        a[n] is not None and (not isinstance(a[n], torch.Tensor)
-                                              or a[n].device.type != "cpu") for n in tensors):
-                    go = fn
-                return go(*[a[n] for n in positional], **{n: a[n] for n in keyword})
-            return wrapper
-
-        wrapper = make((lambda *a, **k: call(op, *a, **k)) if op is not None else fn)
-        wrapper.backend = "torch" if op is not None else "ctypes"
-        wrapper.ctypes_path = make(fn)  # the same wrapper on ctypes, for tests comparing both
-        return wrapper
-
-    return wrap
+    """megamoe.comm names its communicators; the adapter's kernels resolve group_ep/group_tp by
+    name (handle None/0: the communicator is gone)."""
+    if loaded is not None:
+        loaded.megamoe_torch_adapter_set_group(name.encode(), handle or None)

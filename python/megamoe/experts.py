@@ -18,8 +18,7 @@ import weakref
 
 import torch
 
-from . import _adapter, _lib
-from . import profiler as _profiler
+from . import _lib
 from .errors import (INVALID_ARGUMENT, InvalidArgumentTypeError, MegaMoeError, check,
                      clear_next_call_error, fail_next_call)
 
@@ -211,24 +210,6 @@ def _token_counts(local_num_tokens, max_local_num_tokens):
     return (value, None) if name == "local_num_tokens" else (None, value)
 
 
-class _Saved:
-    """Owns one forward's saved state in the library; freed with the autograd graph."""
-
-    def __init__(self):
-        self.handle = ctypes.c_void_p(None)
-
-    def free(self):
-        if self.handle:
-            _L.megamoe_experts_saved_destroy(self.handle)
-            self.handle = ctypes.c_void_p(None)
-
-    def __del__(self):
-        try:
-            self.free()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
-
-
 def _weights_desc(layer, gate_up, down, external):
     # torch bumps a tensor's version counter on every in-place change (optimizer steps), so
     # (pointer, version) tells the library when to re-pack its private copies. For its own
@@ -248,8 +229,22 @@ def _weights_desc(layer, gate_up, down, external):
             layer._external_from = None
             layer._weights_epoch += 1
         layer._packed_from = (gate_up.detach(), down.detach())
-    version = (gate_up._version << 32) ^ down._version ^ (layer._weights_epoch << 56)
+    version = ((_version(layer, gate_up, 0) << 32) ^ _version(layer, down, 1)
+               ^ (layer._weights_epoch << 56))
     return _Weights(_ptr(gate_up), _ptr(down), version & 0xFFFFFFFFFFFFFFFF)
+
+
+def _version(layer, t, which):
+    """t's version counter; inference tensors have none: for them the identity of the tensor
+    stands in (a new tensor is a new version), so in-place changes to inference-tensor weights
+    are not seen (docs/moe.md "Weights and re-packing")."""
+    if not t.is_inference():
+        return t._version
+    seen = layer._inference_from[which]
+    if seen is None or seen[0]() is not t or seen[1] != t.data_ptr():
+        layer._inference_epoch[which] += 1
+        layer._inference_from[which] = (weakref.ref(t), t.data_ptr())
+    return layer._inference_epoch[which] & 0xFFFFFF
 
 
 _DOUBLE_BACKWARD = (b"MegaMoeExperts: double backward (create_graph=True through the layer) is "
@@ -273,78 +268,33 @@ def _refuse_double_backward(grads):
 
 
 class _MegaMoeFunction(torch.autograd.Function):
+    """torch < 2.4: the autograd of the operator pair (megamoe/_experts_ops.py); from 2.4 the
+    operator itself is differentiable (register_autograd) and this class is not used."""
+
     @staticmethod
     def forward(ctx, layer, grad_enabled, external, hidden, topk_ids, topk_weights,
                 tokens_per_expert, gate_up, down):
-        out = torch.empty_like(hidden)
-        tpe_int64 = tokens_per_expert is not None and tokens_per_expert.dtype == torch.int64
-        rows = hidden.shape[0]  # this call's tokens (T, or 0..T_cap for a dynamic layer)
-        inp = _Input(ctypes.sizeof(_Input), _ptr(hidden), _ptr(topk_ids),
-                     _INT32 if topk_ids.dtype == torch.int32 else _INT64,
-                     _ptr(topk_weights),
-                     _FP32 if topk_weights.dtype == torch.float32 else _BF16,
-                     _ptr(tokens_per_expert), _INT64 if tpe_int64 else _INT32, rows)
-        w = _weights_desc(layer, gate_up, down, external)
         # (Function.forward runs with grad mode off; needs_input_grad tells what autograd wants,
         # but it ignores an outer torch.no_grad(): grad_enabled is the caller's grad mode, and
         # without it nothing keeps the saved state, so the forward should not make one)
-        training = grad_enabled and any(ctx.needs_input_grad[i] for i in (3, 5, 7, 8))
-        saved = _Saved() if training else None
-        if _adapter.ops is not None:  # torch.ops.megamoe: the same arguments as the C call
-            handle = _adapter.call(_adapter.ops.experts_forward, layer._handle.value, hidden,
-                                   topk_ids, topk_weights, tokens_per_expert, gate_up, down,
-                                   _adapter.signed64(w.version), out, saved is not None)
-            if saved is not None:
-                saved.handle = ctypes.c_void_p(handle)
-        else:
-            check(_L.megamoe_experts_forward(layer._handle, ctypes.byref(w), ctypes.byref(inp),
-                                             _ptr(out),
-                                             ctypes.byref(saved.handle) if saved else None))
-        _profiler._note_invocation()  # an active mega_kernel_profile counts its launches
-        ctx.layer = layer
-        ctx.saved = saved
-        ctx.weights_version = w.version  # the backward uses these weights (autograd saves them)
-        ctx.weights_dtype = topk_weights.dtype
-        ctx.tk_shape = tuple(topk_weights.shape)  # this call's [T_r, K]
-        ctx.save_for_backward(gate_up, down)
+        save = grad_enabled and any(ctx.needs_input_grad[i] for i in (3, 5, 7, 8))
+        out, saved = torch.ops.megamoe.experts_forward(layer._op_id, hidden, topk_ids,
+                                                       topk_weights, tokens_per_expert, gate_up,
+                                                       down, save, external)
+        ctx.layer = layer._op_id
+        ctx.save_for_backward(saved, topk_weights, gate_up, down)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
+        saved, probs, gate_up, down = ctx.saved_tensors
         with torch.no_grad():
-            grads = _MegaMoeFunction._grads(ctx, grad_out)
+            g = torch.ops.megamoe.experts_backward(ctx.layer, saved, probs, gate_up, down,
+                                                   grad_out)
+        grads = (None, None, None, g[0], None, g[1], None, g[2], g[3])
         if torch.is_grad_enabled():
             grads = _refuse_double_backward(grads)
         return grads
-
-    @staticmethod
-    def _grads(ctx, grad_out):
-        layer, saved = ctx.layer, ctx.saved
-        if saved is None or not saved.handle:
-            # one rank only (e.g. a second backward there): the peers are in their backward
-            layer._refuse("backward", MegaMoeError(-2, "MegaMoeExperts backward: the saved "
-                                                       "state is gone (retain_graph / double "
-                                                       "backward is not supported)"))
-        gate_up, down = ctx.saved_tensors
-        grad_out = grad_out.to(torch.bfloat16).contiguous()
-        g_hidden = torch.empty_like(grad_out)
-        g_topk = torch.empty(ctx.tk_shape, dtype=ctx.weights_dtype)
-        g_gate_up = torch.empty_like(gate_up)
-        g_down = torch.empty_like(down)
-        grads = _Grads(_ptr(g_hidden), _ptr(g_topk), _ptr(g_gate_up), _ptr(g_down), _BF16)
-        w = _Weights(_ptr(gate_up), _ptr(down), ctx.weights_version)
-        try:
-            if _adapter.ops is not None:  # torch.ops.megamoe: the same arguments as the C call
-                _adapter.call(_adapter.ops.experts_backward, layer._handle.value,
-                              saved.handle.value, gate_up, down, _adapter.signed64(w.version),
-                              grad_out, g_hidden, g_topk, g_gate_up, g_down)
-            else:
-                check(_L.megamoe_experts_backward(layer._handle, saved.handle, ctypes.byref(w),
-                                                  _ptr(grad_out), ctypes.byref(grads)))
-            _profiler._note_invocation()
-        finally:
-            saved.free()  # retain_graph is not supported: the state goes with the backward
-        return None, None, None, g_hidden, None, g_topk, None, g_gate_up, g_down
 
 
 class MegaMoeExperts(torch.nn.Module):
@@ -382,7 +332,10 @@ class MegaMoeExperts(torch.nn.Module):
         super().__init__()
         from . import comm as _comm
         self._handle = ctypes.c_void_p(None)
+        self._op_id = None  # the layer's id for torch.ops.megamoe.experts_* (_experts_ops.py)
         self._closed = False
+        self._inference_from = [None, None]  # inference-tensor weights: identity, not version
+        self._inference_epoch = [0, 0]
         self._comm_chain = None
         self._weights_epoch = 0
         self._packed_from = None
@@ -461,12 +414,13 @@ class MegaMoeExperts(torch.nn.Module):
             self._release_comm()  # the failure is agreed: every rank releases alike
             raise
         self._handle = handle
+        self._op_id = _experts_ops.register_layer(self)
 
         local = self.num_experts // self.ep_size
         if create_parameters:
             h, i = self.hidden_size, self.intermediate_size
-            self.gate_up_weight = torch.nn.Parameter(torch.empty(local, h, 2 * i))
-            self.down_weight = torch.nn.Parameter(torch.empty(local, i, h))
+            self.gate_up_weight = torch.nn.Parameter(torch.empty(local, h, 2 * i, device="cpu"))
+            self.down_weight = torch.nn.Parameter(torch.empty(local, i, h, device="cpu"))
             self.reset_parameters()
         else:
             self.gate_up_weight = None
@@ -482,7 +436,7 @@ class MegaMoeExperts(torch.nn.Module):
 
     # ---- checks -----------------------------------------------------------------------
     def _check_open(self, what):
-        if self._closed or not self._handle:
+        if self._closed or self._op_id is None:  # (plain attributes: torch.compile traces this)
             raise MegaMoeError(-2, f"INVALID_STATE: {what}: MegaMoeExperts used after close()")
 
     def _weights(self, expert_weights=None):
@@ -538,8 +492,15 @@ class MegaMoeExperts(torch.nn.Module):
         except (TypeError, ValueError) as exc:  # this rank only: every rank raises it
             self._refuse("forward", exc)
         shape, x, ids, probs, tpe, gate_up, down = args
-        out = _MegaMoeFunction.apply(self, torch.is_grad_enabled(), expert_weights is not None,
-                                     x, ids, probs, tpe, gate_up, down)
+        if _experts_ops.DIFFERENTIABLE:  # torch >= 2.4: the operator pair, torch.compile-able
+            save = torch.is_grad_enabled() and (x.requires_grad or probs.requires_grad
+                                                or gate_up.requires_grad or down.requires_grad)
+            out = torch.ops.megamoe.experts_forward(self._op_id, x, ids, probs, tpe, gate_up,
+                                                    down, save, expert_weights is not None)[0]
+        else:
+            out = _MegaMoeFunction.apply(self, torch.is_grad_enabled(),
+                                         expert_weights is not None, x, ids, probs, tpe, gate_up,
+                                         down)
         return out.reshape(shape)
 
     def _refuse(self, call, exc):
@@ -726,3 +687,7 @@ class MegaMoeExperts(torch.nn.Module):
                 f"capacity_growth_factor={self.capacity_growth_factor}, "
                 f"swiglu_limit={self.swiglu_limit}, schedule={self.schedule!r}, "
                 f"replica_slots_per_rank={self.replica_slots_per_rank}")
+
+
+from . import _experts_ops  # noqa: E402  torch.ops.megamoe.experts_forward / experts_backward
+from ._experts_ops import _Saved  # noqa: E402,F401  one forward's saved state

@@ -15,8 +15,10 @@ for Ascend runs by swapping the module (the ``npu_`` prefix is optional)::
 ``group_ep`` / ``group_tp`` are communicator names from ``megamoe.comm.group_name(pg)`` (a
 ``megamoe.comm.Comm`` works too). Every rank of the world calls the operators in the same order
 (their symmetric workspaces are allocated collectively over the world). ``y_dtype`` picks the
-quantised output type: ``torch.int8`` or ``megamoe.float8_e4m3fn`` / ``megamoe.float8_e5m2``;
-fp8 outputs (and quant_mode 4's e8m0 scales) come back as ``torch.uint8`` tensors of the bytes.
+quantised output type: ``torch.int8``, ``torch.float8_e4m3fn`` / ``float8_e5m2`` (or
+``megamoe.float8_*``, or torch_npu's integer codes); fp8 outputs are float8 tensors where torch
+has the type (``uint8`` bytes on torch 1.13), quant_mode 4's e8m0 scales ``uint8``. Every operator
+here is ``torch.ops.megamoe.<name>`` too (megamoe/_library.py, docs/torch.md).
 Unwritten output regions are zero. The combines' ``comm_quant_mode`` is 0, 2 (int8), 3 or 4
 (MX fp8_e5m2 / fp8_e4m3fn, the Ascend 950 transport). torch_npu's V1 pair
 ``npu_moe_distribute_dispatch`` / ``npu_moe_distribute_combine`` maps onto V2 (_ops_v1.py).
@@ -27,9 +29,11 @@ from typing import NamedTuple
 
 import torch
 
-from . import _adapter, _lib
+from . import _adapter, _dtypes, _lib
 from . import comm as _comm
-from ._fp8 import Float8Dtype, float8_e4m3fn, float8_e5m2
+from ._dtypes import Float8Dtype, float8_e4m3fn, float8_e5m2
+from ._library import FAKE_BY_BODY, concrete, faking, stand_in
+from ._library import megamoe as _megamoe
 from .errors import (CALL_MISMATCH, INVALID_ARGUMENT, InvalidArgumentError,
                      InvalidArgumentTypeError, MegaMoeError, check, clear_next_call_error,
                      fail_next_call)
@@ -41,15 +45,11 @@ __all__ = ["npu_moe_distribute_dispatch_v2", "npu_moe_distribute_combine_v2",
            "moe_distribute_combine", "float8_e4m3fn", "float8_e5m2", "release", "QuantMode",
            "quant_modes", "comm_quant_modes"]
 
-# megamoe_dtype_t codes (include/megamoe/dtype.h)
+# megamoe_dtype_t codes (include/megamoe/dtype.h) and the torch dtypes of each (megamoe/_dtypes.py)
 _FP32, _BF16, _FP16, _E4M3, _E5M2, _E8M0, _INT8, _UINT8, _INT32, _INT64, _BOOL = range(11)
-_INVALID = 99  # a dtype the library rejects with a message naming the parameter
-_FROM_TORCH = {torch.float32: _FP32, torch.bfloat16: _BF16, torch.float16: _FP16,
-               torch.int8: _INT8, torch.uint8: _UINT8, torch.int32: _INT32, torch.int64: _INT64,
-               torch.bool: _BOOL}
-_TO_TORCH = {_FP32: torch.float32, _BF16: torch.bfloat16, _FP16: torch.float16,
-             _E4M3: torch.uint8, _E5M2: torch.uint8, _E8M0: torch.uint8, _INT8: torch.int8,
-             _UINT8: torch.uint8, _INT32: torch.int32, _INT64: torch.int64, _BOOL: torch.bool}
+_INVALID = _dtypes.INVALID  # a dtype the library rejects with a message naming the parameter
+_FROM_TORCH = _dtypes._FROM_TORCH
+_TO_TORCH = _dtypes._TO_TORCH
 
 
 @_lib.mirror("megamoe_tensor_t")
@@ -167,12 +167,9 @@ def _quant_table(which):
     return tuple(rows)
 
 
-_PY_DTYPE = {_E4M3: float8_e4m3fn, _E5M2: float8_e5m2}  # fp8: the dtype tokens, not uint8
+_PY_DTYPE = {_E4M3: float8_e4m3fn, _E5M2: float8_e5m2}  # fp8: torch's types (1.13: the tokens)
 _QUANT_MODES = _quant_table(0)
 _COMM_QUANT_MODES = _quant_table(1)
-# expand_x dtypes a caller may ask for: x's own (mode 0) and every quantised one in the table
-_Y_TORCH = {torch.bfloat16, torch.float16} | {d for m in _QUANT_MODES for d in m.out_dtypes
-                                              if isinstance(d, torch.dtype)}
 
 
 def quant_modes():
@@ -194,11 +191,15 @@ def release():
 # ---- marshalling ---------------------------------------------------------------------------
 
 class _Call:
-    """Keeps the contiguous tensors alive while the C call runs."""
+    """Keeps the contiguous tensors alive while the C call runs. In a fake kernel
+    (``_library.faking()``) it describes shapes only: data pointers go to zeroed stand-ins, outputs
+    are allocated like the inputs (fake or meta tensors) and nothing is called."""
 
     def __init__(self):
         self.keep = []
         self.error = None  # the first argument this binding refuses
+        self.fake = faking()
+        self.device = None  # fake kernels: where the outputs go (the inputs' device)
 
     def tensor(self, desc, t, name, dtype_code=None):
         """Describe t for C. Problems the C side can name (dtype, rank) are passed through as
@@ -211,25 +212,47 @@ class _Call:
             self.error = self.error or (TypeError,
                                         f"{name} must be a torch.Tensor, got {type(t).__name__}")
             return None
-        if t.device.type != "cpu":
-            self.error = self.error or (ValueError,
-                                        f"{name} must be a CPU tensor (got device {t.device})")
-            return None
-        t = t.contiguous()
-        self.keep.append(t)
-        desc.data = t.data_ptr() if t.numel() else ctypes.addressof(_EMPTY)
-        desc.dtype = _FROM_TORCH.get(t.dtype, _INVALID) if dtype_code is None else dtype_code
-        desc.ndim = t.dim()
-        for i, s in enumerate(t.shape[:4]):
-            desc.shape[i] = s
+        if self.fake:
+            self.device = self.device or t.device
+            shape = [concrete(n) for n in t.shape]
+            numel = 1
+            for n in shape:
+                numel *= n
+            buf = stand_in(numel * t.element_size())
+            self.keep.append(buf)
+            desc.data = ctypes.addressof(buf)
+        else:
+            if t.device.type != "cpu":
+                self.error = self.error or (ValueError,
+                                            f"{name} must be a CPU tensor (got device {t.device})")
+                return None
+            t = t.contiguous()
+            self.keep.append(t)
+            shape = t.shape
+            desc.data = t.data_ptr() if t.numel() else ctypes.addressof(_EMPTY)
+        desc.dtype = _dtypes.code_of(t.dtype) if dtype_code is None else dtype_code
+        desc.ndim = len(shape)
+        for i, n in enumerate(shape[:4]):
+            desc.shape[i] = n
         return t
 
+    def alloc(self, desc):
+        """The output desc describes (dtype and shape from megamoe_*_infer), on the CPU."""
+        shape = tuple(desc.shape[i] for i in range(desc.ndim))
+        dtype = _dtypes.torch_dtype(desc.dtype)
+        if self.fake:
+            return torch.empty(shape, dtype=dtype, device=self.device or "cpu")
+        t = torch.empty(shape, dtype=dtype, device="cpu")
+        desc.data = t.data_ptr() if t.numel() else ctypes.addressof(_EMPTY)
+        return t
 
     def run(self, fn, args):
         """The C operator call; with a refused argument it takes part in its first exchange
         with that error, so every rank raises the same InvalidArgumentError at once (on this
         rank also the TypeError/ValueError it is). Without a runtime to tell (no collective
-        possible) this rank's own error is raised."""
+        possible) this rank's own error is raised. A fake kernel calls nothing."""
+        if self.fake:
+            return
         if self.error is None:
             check(fn(ctypes.byref(args)))
             return
@@ -250,13 +273,6 @@ class _Call:
 _EMPTY = ctypes.create_string_buffer(64)  # data pointer of empty (but present) tensors
 
 
-def _alloc(desc):
-    shape = tuple(desc.shape[i] for i in range(desc.ndim))
-    t = torch.empty(shape, dtype=_TO_TORCH[desc.dtype])
-    desc.data = t.data_ptr() if t.numel() else ctypes.addressof(_EMPTY)
-    return t
-
-
 def _comm_handle(group, what):
     """Handle of the communicator a group name (see _group_name) names; None when absent or
     unknown, which the library reports as an invalid argument on every rank."""
@@ -269,21 +285,19 @@ def _comm_handle(group, what):
 
 
 def _y_code(y_dtype):
-    if y_dtype is None or type(y_dtype) is int:  # None, or already a megamoe dtype code
-        return y_dtype
-    if isinstance(y_dtype, Float8Dtype):
-        return y_dtype.code
-    if y_dtype in _Y_TORCH:
-        return _FROM_TORCH[y_dtype]
-    return _FP32  # never a valid expand_x type: the library names the rule
+    """megamoe_dtype_t of the schema's ``int? y_dtype`` (a torch_npu dtype code, see _dtypes)."""
+    if y_dtype is None:
+        return None
+    return _dtypes.from_npu_code(y_dtype)
 
 
-# ---- backend seam (python/megamoe/_adapter.py) ------------------------------------------------
-# Every operator below is called with its arguments normalised once, here, and then runs either
-# torch.ops.megamoe.<name> (the Torch adapter, when built) or its own ctypes body.
+# ---- registration (python/megamoe/_library.py) ----------------------------------------------
+# Every operator below is torch.ops.megamoe.<name>; megamoe.ops.<name> normalises its arguments
+# once (groups -> communicator names, dtypes -> torch_npu codes) and calls it. The CPU kernel is
+# the body below, or the Torch adapter's C++ kernel when it is built for this torch.
 
 def _group_name(group):
-    """A group as both backends take it: the communicator's name ("" when absent or dead)."""
+    """A group as the schema takes it: the communicator's name ("" when absent or dead)."""
     if group is None or isinstance(group, str):
         return group or ""
     if isinstance(group, _comm.Comm):
@@ -291,9 +305,11 @@ def _group_name(group):
     return _comm.for_group(group).name  # a torch.distributed ProcessGroup
 
 
-_operator = _adapter.operator({"group_ep": _group_name, "group_tp": _group_name,
-                               "y_dtype": _y_code,
-                               "expand_idx": lambda t: _v2_assist(t)})  # V1's, see below
+_NORMALIZE = {"group_ep": _group_name, "group_tp": _group_name, "y_dtype": _dtypes.npu_code}
+
+
+def _define(schema, normalize=_NORMALIZE):
+    return _megamoe.define(schema, fake=FAKE_BY_BODY, collective=True, normalize=normalize)
 
 
 def _perf(call, desc, performance_info):
@@ -304,14 +320,26 @@ def _perf(call, desc, performance_info):
     return t
 
 
-def _perf_back(performance_info, t):
-    if t is not None and t.data_ptr() != performance_info.data_ptr():
+def _perf_back(call, performance_info, t):
+    if t is not None and not call.fake and t.data_ptr() != performance_info.data_ptr():
         performance_info.copy_(t)
 
 
 # ---- MoeDistributeDispatchV2 ---------------------------------------------------------------
 
-@_operator
+_DISPATCH_V2 = (
+    "npu_moe_distribute_dispatch_v2(Tensor? x, Tensor? expert_ids, str group_ep, "
+    "int ep_world_size, int ep_rank_id, int moe_expert_num, *, Tensor? scales=None, "
+    "Tensor? x_active_mask=None, Tensor? expert_scales=None, Tensor? elastic_info=None, "
+    "Tensor(a!)? performance_info=None, str group_tp=\"\", int tp_world_size=0, "
+    "int tp_rank_id=0, int expert_shard_type=0, int shared_expert_num=1, "
+    "int shared_expert_rank_num=0, int quant_mode=0, int global_bs=0, "
+    "int expert_token_nums_type=1, str comm_alg=\"\", int zero_expert_num=0, "
+    "int copy_expert_num=0, int const_expert_num=0, int? y_dtype=None) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+
+
+@_define(_DISPATCH_V2)
 def npu_moe_distribute_dispatch_v2(x, expert_ids, group_ep, ep_world_size, ep_rank_id,
                                    moe_expert_num, *, scales=None, x_active_mask=None,
                                    expert_scales=None, elastic_info=None, performance_info=None,
@@ -354,14 +382,14 @@ def npu_moe_distribute_dispatch_v2(x, expert_ids, group_ep, ep_world_size, ep_ra
         for n in names:
             getattr(a, n).ndim = 1
             getattr(a, n).shape[0] = 0
-    outs = [_alloc(getattr(a, n)) for n in names]
+    outs = [call.alloc(getattr(a, n)) for n in names]
     if infer != 0:
         for n in names:
             getattr(a, n).data = None  # the call reports infer's error, on every rank
     elif y is not None and a.expand_x.dtype != y:
         a.expand_x.dtype = y  # an expand_x type that does not fit quant_mode: rejected below
     call.run(_L.megamoe_dispatch_v2, a)
-    _perf_back(performance_info, perf)
+    _perf_back(call, performance_info, perf)
     return tuple(outs)
 
 
@@ -390,7 +418,21 @@ def _combine_args(a, call, expand_x, expert_ids, assist_info_for_combine, ep_sen
     a.comm_alg = alg
 
 
-@_operator
+_COMBINE_V2 = (
+    "npu_moe_distribute_combine_v2(Tensor? expand_x, Tensor? expert_ids, "
+    "Tensor? assist_info_for_combine, Tensor? ep_send_counts, Tensor? expert_scales, "
+    "str group_ep, int ep_world_size, int ep_rank_id, int moe_expert_num, *, "
+    "Tensor? tp_send_counts=None, Tensor? x_active_mask=None, Tensor? expand_scales=None, "
+    "Tensor? shared_expert_x=None, Tensor? elastic_info=None, Tensor? ori_x=None, "
+    "Tensor? const_expert_alpha_1=None, Tensor? const_expert_alpha_2=None, "
+    "Tensor? const_expert_v=None, Tensor(a!)? performance_info=None, str group_tp=\"\", "
+    "int tp_world_size=0, int tp_rank_id=0, int expert_shard_type=0, "
+    "int shared_expert_num=1, int shared_expert_rank_num=0, int global_bs=0, "
+    "int comm_quant_mode=0, str comm_alg=\"\", int zero_expert_num=0, "
+    "int copy_expert_num=0, int const_expert_num=0) -> Tensor")
+
+
+@_define(_COMBINE_V2)
 def npu_moe_distribute_combine_v2(expand_x, expert_ids, assist_info_for_combine, ep_send_counts,
                                   expert_scales, group_ep, ep_world_size, ep_rank_id,
                                   moe_expert_num, *, tp_send_counts=None, x_active_mask=None,
@@ -418,13 +460,29 @@ def _combine(kw):
     perf = _perf(call, a.performance_info, performance_info)
     if _L.megamoe_combine_v2_infer(ctypes.byref(a)) != 0:
         a.x.ndim, a.x.shape[0] = 1, 0  # invalid arguments: the call reports them on every rank
-    x = _alloc(a.x)
+    x = call.alloc(a.x)
     call.run(_L.megamoe_combine_v2, a)
-    _perf_back(performance_info, perf)
+    _perf_back(call, performance_info, perf)
     return x
 
 
-@_operator
+_COMBINE_ADD_RMS_NORM = (
+    "npu_moe_distribute_combine_add_rms_norm(Tensor? expand_x, Tensor? expert_ids, "
+    "Tensor? expand_idx, Tensor? ep_send_counts, Tensor? expert_scales, Tensor? residual_x, "
+    "Tensor? gamma, str group_ep, int ep_world_size, int ep_rank_id, int moe_expert_num, *, "
+    "Tensor? tp_send_counts=None, Tensor? x_active_mask=None, "
+    "Tensor? activation_scale=None, Tensor? weight_scale=None, Tensor? group_list=None, "
+    "Tensor? expand_scales=None, Tensor? shared_expert_x=None, Tensor? elastic_info=None, "
+    "Tensor? ori_x=None, Tensor? const_expert_alpha_1=None, "
+    "Tensor? const_expert_alpha_2=None, Tensor? const_expert_v=None, str group_tp=\"\", "
+    "int tp_world_size=0, int tp_rank_id=0, int expert_shard_type=0, "
+    "int shared_expert_num=1, int shared_expert_rank_num=0, int global_bs=0, "
+    "int out_dtype=0, int comm_quant_mode=0, int group_list_type=0, str comm_alg=\"\", "
+    "float norm_eps=1e-06, int zero_expert_num=0, int copy_expert_num=0, "
+    "int const_expert_num=0) -> (Tensor, Tensor, Tensor)")
+
+
+@_define(_COMBINE_ADD_RMS_NORM, normalize=dict(_NORMALIZE, expand_idx=lambda t: _v2_assist(t)))
 def npu_moe_distribute_combine_add_rms_norm(expand_x, expert_ids, expand_idx, ep_send_counts,
                                             expert_scales, residual_x, gamma, group_ep,
                                             ep_world_size, ep_rank_id, moe_expert_num, *,
@@ -454,9 +512,9 @@ def npu_moe_distribute_combine_add_rms_norm(expand_x, expert_ids, expand_idx, ep
     if _L.megamoe_combine_add_rms_norm_infer(ctypes.byref(a)) != 0:
         for t in (a.combine.x, a.y, a.rstd):
             t.ndim, t.shape[0] = 1, 0  # invalid arguments: the call reports them on every rank
-    x = _alloc(a.combine.x)
-    y = _alloc(a.y)
-    rstd = _alloc(a.rstd)
+    x = call.alloc(a.combine.x)
+    y = call.alloc(a.y)
+    rstd = call.alloc(a.rstd)
     call.run(_L.megamoe_combine_add_rms_norm, a)
     return y, rstd, x
 
@@ -485,3 +543,7 @@ from .serve import (SymmBuffer, float4_e2m1fn_x2, get_symm_buffer_for_mega_moe, 
                     mega_moe)
 
 __all__ += ["SymmBuffer", "get_symm_buffer_for_mega_moe", "mega_moe", "float4_e2m1fn_x2"]
+
+# the C++ CPU kernels of the Torch adapter, when one is built for this torch (megamoe/_adapter.py)
+_adapter.load([npu_moe_distribute_dispatch_v2, npu_moe_distribute_combine_v2,
+               npu_moe_distribute_combine_add_rms_norm])

@@ -26,7 +26,7 @@ import torch
 
 from . import _lib
 from . import comm as _comm
-from ._fp8 import Float8Dtype
+from ._dtypes import Float8Dtype  # torch 1.13 fp8 tokens (megamoe/_dtypes.py)
 from .errors import (CALL_MISMATCH, INVALID_ARGUMENT, InvalidArgumentError,
                      InvalidArgumentTypeError, MegaMoeError, check, clear_next_call_error,
                      fail_next_call)
@@ -65,7 +65,7 @@ def _serve_type(value, what):
     if isinstance(value, bool):
         return _T_INVALID, (TypeError, f"{what} must be None, a torch.dtype or an int, not bool")
     if isinstance(value, Float8Dtype):
-        return (T_E4M3 if value.code == _E4M3 else T_E5M2), None
+        return (T_E4M3 if value.megamoe_code == _E4M3 else T_E5M2), None
     if isinstance(value, torch.dtype):
         names = {torch.int8: T_INT8, torch.bfloat16: T_BF16}
         for n, t in (("float8_e4m3fn", T_E4M3), ("float8_e5m2", T_E5M2)):

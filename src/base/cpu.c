@@ -2,6 +2,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -113,6 +114,51 @@ int mm_cpu_has_amx_int8(void)
 #else
     return 0;
 #endif
+}
+
+/* The last-level cache of cpu0 from sysfs (what lscpu shows), else sysconf, else 32 MiB. Some
+ * VMs report the host's L3 through cpuid (sysconf), 10x the guest's: sysfs first. */
+static size_t mm_llc_read(void)
+{
+    size_t best = 0;
+    int best_level = 0;
+    for (int i = 0; i < 8; i++) {
+        char path[96], buf[64];
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+        FILE *f = fopen(path, "r");
+        if (f == NULL) break;
+        int level = 0;
+        int ok = fscanf(f, "%d", &level) == 1;
+        fclose(f);
+        if (!ok || level < best_level) continue;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        f = fopen(path, "r");
+        if (f == NULL) continue;
+        if (fgets(buf, sizeof buf, f)) {
+            char *end = NULL;
+            unsigned long long v = strtoull(buf, &end, 10);
+            if (end && (*end == 'K' || *end == 'k')) v <<= 10;
+            else if (end && (*end == 'M' || *end == 'm')) v <<= 20;
+            if (v > 0) best = (size_t)v, best_level = level;
+        }
+        fclose(f);
+    }
+    if (best == 0) {
+        long v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+        if (v > 0) best = (size_t)v;
+    }
+    return best ? best : (size_t)32 << 20;
+}
+
+size_t mm_cpu_llc_bytes(void)
+{
+    static atomic_size_t cached;
+    size_t v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v == 0) {
+        v = mm_llc_read();
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+    return v;
 }
 
 static char mm_brand[49];

@@ -2,6 +2,8 @@
 #ifndef MM_BASE_CPU_H
 #define MM_BASE_CPU_H
 
+#include <stddef.h>
+
 #include "arch.h" /* MM_X86, MM_TARGET_AVX512* */
 
 /* AVX-512 F+BW+VL+DQ usable (CPU and OS state). */
@@ -16,6 +18,8 @@ int mm_cpu_has_amx_int8(void);
 int mm_cpu_has_amx_bf16(void);
 /* Brand string ("AMD EPYC ..."); never NULL. */
 const char *mm_cpu_brand(void);
+/* Bytes of the last-level cache (cpu0's; sysfs, else sysconf, else 32 MiB). */
+size_t mm_cpu_llc_bytes(void);
 /* Online logical cores. */
 int mm_cpu_count(void);
 

@@ -43,6 +43,8 @@
            "Ranks per group for the 'hierarchy' dispatch algorithm (0 = all ranks of the host).") \
     MM_ENV(SHMEM_INTRA_HOST, "MEGAMOE_SHMEM_INTRA_HOST", ENUM, "shm", 0, 0, "shm|engine", \
            "How ranks on one host reach each other: shm (mapped heaps) or engine (every peer through the inter-host engine, as if on other hosts; for tests and measurements). One rank asking for engine is enough.") \
+    MM_ENV(SHMEM_ENGINE_PROTOCOL, "MEGAMOE_SHMEM_ENGINE_PROTOCOL", ENUM, "am", 0, 0, "am|rma", \
+           "How the inter-host engine carries puts and signals (the same on every rank): am (default) sends each put, signal or put-with-signal as one UCP active message that the target applies in issue order, so a signal rides with its data; rma uses UCP puts and atomics, each signal after data waiting for a flush of the puts before it (for networks where UCP puts are RDMA writes that need no progress at the target).") \
     MM_ENV(UCX_TLS, "UCX_TLS", STRING, "", 0, 0, "", \
            "UCX's own transport list, used by the inter-host engine as given; unset: megamoe excludes UCX's shared-memory transports (same-host peers are mapped directly).") \
     MM_ENV(UCX_NET_DEVICES, "UCX_NET_DEVICES", STRING, "", 0, 0, "", \
@@ -53,6 +55,8 @@
            "UCX's own TCP receive segment size, used as given; unset: the inter-host engine uses 256k (UCX's default 64k).") \
     MM_ENV(UCX_TCP_MAX_POLL, "UCX_TCP_MAX_POLL", STRING, "", 0, 0, "", \
            "UCX's own limit of socket events a TCP progress call handles, used as given; unset: the inter-host engine uses 1 (UCX 1.13 aborts on a batched event of a connection that an earlier event of the same batch closed, which a lost host triggers).") \
+    MM_ENV(UCX_PROTO_ENABLE, "UCX_PROTO_ENABLE", STRING, "", 0, 0, "", \
+           "UCX's own switch for its protocol selection v2, used as given; unset: the inter-host engine uses n (v2, the default from UCX 1.16, has no software-emulated fetching atomics over TCP, which the engine's signals need).") \
     MM_ENV(GEMM, "MEGAMOE_GEMM", ENUM, "auto", 0, 0, "auto|amx|avx512|onednn|ref", \
            "BF16 GEMM backend, read when a MegaMoeExperts layer is created; auto: the own amx kernel where the CPU has usable AMX-BF16, else oneDNN where built, with big packed weights on the own avx512 kernel (docs/kernels.md).") \
     MM_ENV(THREADS, "MEGAMOE_THREADS", INT, "0", 0, 4096, "", \
@@ -72,7 +76,9 @@
     MM_ENV(BUILD_DIR, "MEGAMOE_BUILD_DIR", STRING, "", 0, 0, "", \
            "Source checkout: build directory whose src/libmegamoe.so Python loads (when MEGAMOE_LIB is unset) and which 'pip install .' packages.") \
     MM_ENV(TORCH_ADAPTER, "MEGAMOE_TORCH_ADAPTER", ENUM, "auto", 0, 0, "auto|on|off", \
-           "Python binding: call the library through the Torch adapter (torch.ops.megamoe) when it is built (auto), always (on: ImportError without it) or never (off: ctypes only).") \
+           "Python binding: the Torch adapter's C++ CPU kernels for torch.ops.megamoe when one is built for the running torch and links its libtorch (auto; a warning when one is there but unusable), always (on: ImportError without it) or never (off: the Python bodies only).") \
+    MM_ENV(PYTHON, "MEGAMOE_PYTHON", STRING, "", 0, 0, "", \
+           "The Python interpreter the CLI starts for its Python parts (bench layer/dispatch torch baselines, bench report); unset: the one chosen at build time (CMake MEGAMOE_PYTHON, default /usr/bin/python3, Debian's with python3-torch).") \
     MM_ENV(SERVE_WEIGHT_CACHE, "MEGAMOE_SERVE_WEIGHT_CACHE", SIZE, "0", 0, 1099511627776LL, "", \
            "mega_moe: bytes of packed expert-weight copies kept between calls (process-wide, least recently used dropped first); 0 = no bound (docs/serve.md).") \
     MM_ENV(SHMEM_PEER_TIMEOUT_MS, "MEGAMOE_SHMEM_PEER_TIMEOUT_MS", INT, "10000", 100, 3600000, "", \

@@ -476,9 +476,15 @@ void mm_gemm_split(int64_t rows, int64_t N, int64_t K, int64_t n_align, int work
 
 megamoe_status_t mm_gemm_packed_alloc(size_t bytes, const char *what, void **p, size_t *bytes_p)
 {
+    return mm_gemm_packed_alloc_from(bytes, (size_t)4 << 20, what, p, bytes_p);
+}
+
+megamoe_status_t mm_gemm_packed_alloc_from(size_t bytes, size_t huge_from, const char *what,
+                                           void **p, size_t *bytes_p)
+{
     const size_t huge = (size_t)2 << 20;
     *p = NULL;
-    if (bytes >= 2 * huge) { /* whole huge pages, and ask for them */
+    if (bytes >= huge_from) { /* whole huge pages, and ask for them */
         bytes = (bytes + huge - 1) / huge * huge;
         MM_CHECK(mm_aligned_alloc(bytes, huge, what, p));
 #ifdef MADV_HUGEPAGE

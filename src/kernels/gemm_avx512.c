@@ -44,6 +44,12 @@
 #define MM_AVX_PF_TILES 12   /* tiles that prefetch the next B slice (the last ones of a slice) */
 #define MM_AVX_PF_DUP 3      /* ... each line this many times */
 #define MM_AVX_PF_AHEAD 4096 /* bytes the first tile of a slice prefetches ahead of its loads */
+/* Calls of <= MM_AVX_DECODE_ROWS rows (decode: the weights are streamed from memory by the
+ * first tile and are what bounds the call) prefetch into L1 just ahead instead: at M = 4 on
+ * 4096 x 2816 weights from memory (Zen 4) 27-30 GB/s of weights instead of 19-20 with the
+ * 4 KiB L2 prefetch (M = 1: 28-30 either way). */
+#define MM_AVX_DECODE_ROWS 36
+#define MM_AVX_PF_AHEAD_DECODE 256
 
 static megamoe_status_t mm_avx512_probe(void)
 {
@@ -149,6 +155,8 @@ static megamoe_status_t mm_avx512_gemm(const mm_gemm_args_t *a)
     u.accumulate = a->accumulate;
     const int nt = a->form == MM_GEMM_NT;
     const int64_t first_lines = mm_min64(pl.kcp, pl.K2) * 4; /* lines of a call's first slice */
+    /* Decode sizes: the first tile streams the weights from memory at the memory's pace. */
+    const int decode = rows <= MM_AVX_DECODE_ROWS;
 
     for (int64_t r0 = 0; r0 < rows; r0 += pl.mc) {
         const int64_t mb = mm_min64(pl.mc, rows - r0);
@@ -201,9 +209,12 @@ static megamoe_status_t mm_avx512_gemm(const mm_gemm_args_t *a)
                     u.c = mm_gemm_c_at(C, a->ldc, a->c_type, r0 + t * MM_AVX_MR, p * MM_AVX_NR);
                     u.pf = NULL;
                     u.npf = 0;
+                    u.pf_l1 = 0;
                     if (t == 0) { /* the slice's first tile: its own slice, ahead of its loads */
-                        u.pf = (const char *)u.b + MM_AVX_PF_AHEAD;
-                        u.npf = mm_max64(kc * 4 - MM_AVX_PF_AHEAD / 64, 0);
+                        const int64_t ahead = decode ? MM_AVX_PF_AHEAD_DECODE : MM_AVX_PF_AHEAD;
+                        u.pf_l1 = decode;
+                        u.pf = (const char *)u.b + ahead;
+                        u.npf = mm_max64(kc * 4 - ahead / 64, 0);
                     } else if (next && t >= pf_first) { /* a share of the next slice */
                         const int64_t l0 = ((t - pf_first) % pf_round) * per_tile;
                         if (l0 < lines) {

@@ -47,6 +47,7 @@ typedef struct mm_avx512_ukr_args {
     /* L2 prefetch of what the next calls read: npf 64-byte lines from pf (may be 0). */
     const char *pf;
     int64_t npf;
+    int pf_l1; /* ... into L1 (hint T0) instead of L2 (T1) */
 } mm_avx512_ukr_args_t;
 
 #if MM_X86

@@ -74,6 +74,20 @@ MM_TARGET_AVX512BF16 MM_UKR_INLINE void mm_ukr(const int MR_, const mm_avx512_uk
         if (per > 4) per = 4;
         int64_t n = (npf + per - 1) / per;
         if (n > kp) n = kp;
+        if (p->pf_l1) {
+            for (; k < n; k++) {
+                _mm_prefetch(pf, _MM_HINT_T0);
+                if (per > 1) {
+                    _mm_prefetch(pf + 64, _MM_HINT_T0);
+                    if (per > 2) {
+                        _mm_prefetch(pf + 128, _MM_HINT_T0);
+                        _mm_prefetch(pf + 192, _MM_HINT_T0);
+                    }
+                }
+                pf += 64 * per;
+                MM_UKR_STEP(MR_);
+            }
+        }
         for (; k < n; k++) {
             _mm_prefetch(pf, _MM_HINT_T1);
             if (per > 1) {

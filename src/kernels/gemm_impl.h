@@ -37,6 +37,9 @@ extern const mm_gemm_backend_ops_t mm_gemm_onednn_ops;
  * entry per 2 MiB of B, hardware prefetchers not stopped every 4 KiB). Free with
  * mm_aligned_free. `what` names it in an OUT_OF_MEMORY error. */
 megamoe_status_t mm_gemm_packed_alloc(size_t bytes, const char *what, void **p, size_t *bytes_p);
+/* The same with whole 2 MiB pages from huge_from bytes on (quantised weights: from 2 MiB). */
+megamoe_status_t mm_gemm_packed_alloc_from(size_t bytes, size_t huge_from, const char *what,
+                                           void **p, size_t *bytes_p);
 
 /* Per-thread scratch buffer `slot` (0..MM_GEMM_SCRATCH_SLOTS-1) of at least `bytes`, 64-byte
  * aligned; valid until the next request of that slot on the same thread; freed at thread

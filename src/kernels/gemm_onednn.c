@@ -1,4 +1,6 @@
-/* The oneDNN 2.6 backend (2.x op-descriptor C API, kept inside this file).
+/* The oneDNN backend: oneDNN 2.x (Debian 12: 2.6, op-descriptor C API) or 3.x (Debian 13: 3.7,
+ * memory descriptors as handles, primitive descriptors created directly), chosen at build time
+ * by DNNL_VERSION_MAJOR; the differences live in the small compatibility layer below.
  *
  * What oneDNN 2.6 does, measured on the machines we run on (docs/kernels.md):
  *  - Packed weights (format `any`, BA16a64b2a) only pay off in the brgemm matmul, and brgemm
@@ -29,6 +31,7 @@
 
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
+#include <oneapi/dnnl/dnnl_version.h>
 
 #include "base/alloc.h"
 #include "base/error.h"
@@ -39,6 +42,136 @@
 #define MM_DNNL_ALIGN 16     /* tail chunks are padded to a multiple of this many rows */
 #define MM_DNNL_BUCKETS 256  /* primitive cache hash buckets */
 #define MM_DNNL_CACHE_MAX 4096
+
+/* ---- oneDNN 2.x / 3.x compatibility ------------------------------------------------------- */
+/* A memory descriptor (mm_md_t) is a struct in 2.x and a handle in 3.x; MM_MDV(md) is what the
+ * oneDNN functions taking a descriptor accept in both (mm_md_view_t), mm_md_free(&md) releases
+ * a 3.x handle and is a no-op in 2.x (so the 2.x call paths allocate nothing, as before). */
+
+#if DNNL_VERSION_MAJOR >= 3
+#define MM_DNNL3 1
+typedef dnnl_memory_desc_t mm_md_t;
+typedef const_dnnl_memory_desc_t mm_md_view_t;
+#define MM_MDV(md) (md)
+#define MM_MD_NONE NULL
+#else
+#define MM_DNNL3 0
+typedef dnnl_memory_desc_t mm_md_t;
+typedef const dnnl_memory_desc_t *mm_md_view_t;
+#define MM_MDV(md) (&(md))
+#define MM_MD_NONE {0}
+#endif
+
+static void mm_md_free(mm_md_t *md)
+{
+#if MM_DNNL3
+    if (*md) dnnl_memory_desc_destroy(*md);
+    *md = NULL;
+#else
+    (void)md;
+#endif
+}
+
+/* 2-D [d0, d1] descriptor with the given strides. */
+static dnnl_status_t mm_md_by_strides(mm_md_t *md, int64_t d0, int64_t d1, dnnl_data_type_t t,
+                                      int64_t s0, int64_t s1)
+{
+    dnnl_dims_t dims = {d0, d1}, strides = {s0, s1};
+#if MM_DNNL3
+    return dnnl_memory_desc_create_with_strides(md, 2, dims, t, strides);
+#else
+    return dnnl_memory_desc_init_by_strides(md, 2, dims, t, strides);
+#endif
+}
+
+static dnnl_status_t mm_md_by_tag(mm_md_t *md, int64_t d0, int64_t d1, dnnl_data_type_t t,
+                                  dnnl_format_tag_t tag)
+{
+    dnnl_dims_t dims = {d0, d1};
+#if MM_DNNL3
+    return dnnl_memory_desc_create_with_tag(md, 2, dims, t, tag);
+#else
+    return dnnl_memory_desc_init_by_tag(md, 2, dims, t, tag);
+#endif
+}
+
+static dnnl_status_t mm_md_copy(mm_md_t *md, mm_md_view_t from)
+{
+#if MM_DNNL3
+    return dnnl_memory_desc_clone(md, from);
+#else
+    *md = *from;
+    return dnnl_success;
+#endif
+}
+
+/* What the backend reads of a 2-D layout. */
+typedef struct mm_md_layout {
+    int blocked, nblks;
+    int64_t blks[DNNL_MAX_NDIMS], idxs[DNNL_MAX_NDIMS], strides[2], padded[2];
+} mm_md_layout_t;
+
+static void mm_md_layout(mm_md_view_t md, mm_md_layout_t *l)
+{
+    memset(l, 0, sizeof *l);
+#if MM_DNNL3
+    dnnl_format_kind_t kind = dnnl_format_kind_undef;
+    const dnnl_dims_t *blks = NULL, *idxs = NULL, *strides = NULL, *padded = NULL;
+    dnnl_memory_desc_query(md, dnnl_query_format_kind, &kind);
+    l->blocked = kind == dnnl_blocked;
+    if (!l->blocked) return;
+    dnnl_memory_desc_query(md, dnnl_query_inner_nblks_s32, &l->nblks);
+    dnnl_memory_desc_query(md, dnnl_query_inner_blks, &blks);
+    dnnl_memory_desc_query(md, dnnl_query_inner_idxs, &idxs);
+    dnnl_memory_desc_query(md, dnnl_query_strides, &strides);
+    dnnl_memory_desc_query(md, dnnl_query_padded_dims, &padded);
+    for (int i = 0; i < l->nblks && i < DNNL_MAX_NDIMS; i++) {
+        l->blks[i] = (*blks)[i];
+        l->idxs[i] = (*idxs)[i];
+    }
+    for (int i = 0; i < 2; i++) {
+        l->strides[i] = (*strides)[i];
+        l->padded[i] = (*padded)[i];
+    }
+#else
+    l->blocked = md->format_kind == dnnl_blocked;
+    if (!l->blocked) return;
+    const dnnl_blocking_desc_t *b = &md->format_desc.blocking;
+    l->nblks = b->inner_nblks;
+    for (int i = 0; i < l->nblks && i < DNNL_MAX_NDIMS; i++) {
+        l->blks[i] = b->inner_blks[i];
+        l->idxs[i] = b->inner_idxs[i];
+    }
+    for (int i = 0; i < 2; i++) {
+        l->strides[i] = b->strides[i];
+        l->padded[i] = md->padded_dims[i];
+    }
+#endif
+}
+
+/* The matmul primitive descriptor src x wei -> dst (no bias). */
+static dnnl_status_t mm_matmul_pd(dnnl_primitive_desc_t *pd, dnnl_engine_t engine,
+                                  mm_md_view_t src, mm_md_view_t wei, mm_md_view_t dst,
+                                  const_dnnl_primitive_attr_t attr)
+{
+#if MM_DNNL3
+    return dnnl_matmul_primitive_desc_create(pd, engine, src, wei, NULL, dst, attr);
+#else
+    dnnl_matmul_desc_t md;
+    dnnl_status_t s = dnnl_matmul_desc_init(&md, src, wei, NULL, dst);
+    return s == dnnl_success ? dnnl_primitive_desc_create(pd, &md, attr, engine, NULL) : s;
+#endif
+}
+
+/* C += A x B: a sum post-op of scale 1 (3.x adds a zero point and a data type: none here). */
+static dnnl_status_t mm_append_sum(dnnl_post_ops_t ops)
+{
+#if MM_DNNL3
+    return dnnl_post_ops_append_sum(ops, 1.0f, 0, dnnl_data_type_undef);
+#else
+    return dnnl_post_ops_append_sum(ops, 1.0f);
+#endif
+}
 
 /* ---- engine, streams, threads ------------------------------------------------------------ */
 
@@ -103,12 +236,13 @@ enum { MM_DNNL_PLAIN = 0, MM_DNNL_PACKED = 1 };
 typedef struct mm_dnnl_key {
     int kind, form, c_type, accumulate, threads;
     int64_t rows, K, N;       /* PACKED only */
-    dnnl_memory_desc_t wmd;   /* PACKED only: weights layout (compared with dnnl_memory_desc_equal) */
+    mm_md_view_t wmd;         /* PACKED only: weights layout (compared with dnnl_memory_desc_equal) */
 } mm_dnnl_key_t;
 
 typedef struct mm_dnnl_prim {
     struct mm_dnnl_prim *next;
-    mm_dnnl_key_t key;
+    mm_dnnl_key_t key;        /* key.wmd is wmd_own once cached */
+    mm_md_t wmd_own;          /* PACKED: the cached key's weights layout */
     dnnl_primitive_desc_t pd;
     dnnl_primitive_t prim;
     size_t scratch_bytes;
@@ -134,7 +268,7 @@ static int mm_key_equal(const mm_dnnl_key_t *a, const mm_dnnl_key_t *b)
         a->accumulate != b->accumulate || a->threads != b->threads || a->rows != b->rows ||
         a->K != b->K || a->N != b->N)
         return 0;
-    return a->kind == MM_DNNL_PLAIN || dnnl_memory_desc_equal(&a->wmd, &b->wmd);
+    return a->kind == MM_DNNL_PLAIN || dnnl_memory_desc_equal(a->wmd, b->wmd);
 }
 
 static dnnl_data_type_t mm_dnnl_type(int c_type)
@@ -147,6 +281,7 @@ static void mm_prim_destroy(mm_dnnl_prim_t *p)
     if (p == NULL) return;
     if (p->prim) dnnl_primitive_destroy(p->prim);
     if (p->pd) dnnl_primitive_desc_destroy(p->pd);
+    mm_md_free(&p->wmd_own);
     free(p);
 }
 
@@ -156,56 +291,54 @@ static megamoe_status_t mm_prim_create(const mm_dnnl_key_t *key, mm_dnnl_prim_t 
 {
     MM_CHECK(mm_onednn_probe());
     const dnnl_dim_t R = DNNL_RUNTIME_DIM_VAL;
-    dnnl_memory_desc_t src, wei, dst;
+    mm_md_t src = MM_MD_NONE, wei = MM_MD_NONE, dst = MM_MD_NONE;
     dnnl_status_t s;
     if (key->kind == MM_DNNL_PLAIN) {
-        dnnl_dims_t dims = {R, R};
-        dnnl_dims_t rowmajor = {R, 1}, colmajor = {1, R};
-        s = dnnl_memory_desc_init_by_strides(&src, 2, dims, dnnl_bf16,
-                                             key->form == MM_GEMM_TN ? colmajor : rowmajor);
+        s = mm_md_by_strides(&src, R, R, dnnl_bf16, key->form == MM_GEMM_TN ? 1 : R,
+                             key->form == MM_GEMM_TN ? R : 1);
         if (s == dnnl_success)
-            s = dnnl_memory_desc_init_by_strides(&wei, 2, dims, dnnl_bf16,
-                                                 key->form == MM_GEMM_NT ? colmajor : rowmajor);
-        if (s == dnnl_success)
-            s = dnnl_memory_desc_init_by_strides(&dst, 2, dims, mm_dnnl_type(key->c_type), rowmajor);
+            s = mm_md_by_strides(&wei, R, R, dnnl_bf16, key->form == MM_GEMM_NT ? 1 : R,
+                                 key->form == MM_GEMM_NT ? R : 1);
+        if (s == dnnl_success) s = mm_md_by_strides(&dst, R, R, mm_dnnl_type(key->c_type), R, 1);
     } else {
-        dnnl_dims_t sd = {key->rows, key->K}, dd = {key->rows, key->N};
-        s = dnnl_memory_desc_init_by_tag(&src, 2, sd, dnnl_bf16, dnnl_ab);
+        s = mm_md_by_tag(&src, key->rows, key->K, dnnl_bf16, dnnl_ab);
         if (s == dnnl_success)
-            s = dnnl_memory_desc_init_by_tag(&dst, 2, dd, mm_dnnl_type(key->c_type), dnnl_ab);
-        wei = key->wmd;
+            s = mm_md_by_tag(&dst, key->rows, key->N, mm_dnnl_type(key->c_type), dnnl_ab);
+        if (s == dnnl_success) s = mm_md_copy(&wei, key->wmd);
     }
-    if (s != dnnl_success) return mm_dnnl_fail(s, "memory descriptor");
-
-    dnnl_matmul_desc_t md;
-    s = dnnl_matmul_desc_init(&md, &src, &wei, NULL, &dst);
-    if (s != dnnl_success) return mm_dnnl_fail(s, "matmul descriptor");
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t ops = NULL;
-    s = dnnl_primitive_attr_create(&attr);
+    if (s == dnnl_success) s = dnnl_primitive_attr_create(&attr);
     if (s == dnnl_success) s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
     if (s == dnnl_success && key->accumulate) {
         s = dnnl_post_ops_create(&ops);
-        if (s == dnnl_success) s = dnnl_post_ops_append_sum(ops, 1.0f);
+        if (s == dnnl_success) s = mm_append_sum(ops);
         if (s == dnnl_success) s = dnnl_primitive_attr_set_post_ops(attr, ops);
     }
-    mm_dnnl_prim_t *p = calloc(1, sizeof *p);
-    if (p == NULL) s = dnnl_out_of_memory;
-    if (s == dnnl_success) s = dnnl_primitive_desc_create(&p->pd, &md, attr, mm_engine, NULL);
+    mm_dnnl_prim_t *p = s == dnnl_success ? calloc(1, sizeof *p) : NULL;
+    if (s == dnnl_success && p == NULL) s = dnnl_out_of_memory;
+    if (s == dnnl_success)
+        s = mm_matmul_pd(&p->pd, mm_engine, MM_MDV(src), MM_MDV(wei), MM_MDV(dst), attr);
     if (ops) dnnl_post_ops_destroy(ops);
     if (attr) dnnl_primitive_attr_destroy(attr);
+    mm_md_free(&src);
+    mm_md_free(&dst);
     if (s != dnnl_success) {
+        mm_md_free(&wei);
         mm_prim_destroy(p);
         return mm_dnnl_fail(s, "matmul primitive descriptor");
     }
     p->key = *key;
+    p->wmd_own = wei; /* owned by the primitive from here */
+    p->key.wmd = MM_MDV(p->wmd_own);
     const char *impl = "";
     dnnl_primitive_desc_query(p->pd, dnnl_query_impl_info_str, 0, &impl);
     /* Packed: only worth it (and only then used) in a real kernel on exactly our layout. Plain
      * primitives are always used: oneDNN's choice, even its reference code, is correct. */
     p->usable = key->kind == MM_DNNL_PLAIN ||
                 (strncmp(impl, "ref", 3) != 0 &&
-                 dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(p->pd, dnnl_query_weights_md, 0), &wei));
+                 dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(p->pd, dnnl_query_weights_md, 0),
+                                        MM_MDV(p->wmd_own)));
     if (!p->usable) {
         MM_DEBUG("oneDNN picks '%s' for packed %lldx%lldx%lld; computing unpacked instead", impl,
                  (long long)key->rows, (long long)key->K, (long long)key->N);
@@ -274,9 +407,9 @@ static megamoe_status_t mm_prim_get(const mm_dnnl_key_t *key, mm_dnnl_prim_t **p
 }
 
 /* Run a primitive on three buffers described by the given descriptors. */
-static megamoe_status_t mm_prim_run(const mm_dnnl_prim_t *p, const dnnl_memory_desc_t *src_md,
-                                    const void *src, const dnnl_memory_desc_t *wei_md,
-                                    const void *wei, const dnnl_memory_desc_t *dst_md, void *dst)
+static megamoe_status_t mm_prim_run(const mm_dnnl_prim_t *p, mm_md_view_t src_md,
+                                    const void *src, mm_md_view_t wei_md, const void *wei,
+                                    mm_md_view_t dst_md, void *dst)
 {
     dnnl_stream_t stream;
     MM_CHECK(mm_stream(&stream));
@@ -304,11 +437,10 @@ static megamoe_status_t mm_prim_run(const mm_dnnl_prim_t *p, const dnnl_memory_d
     return s == dnnl_success ? MEGAMOE_OK : mm_dnnl_fail(s, "matmul execution");
 }
 
-static megamoe_status_t mm_md_strided(dnnl_memory_desc_t *md, int64_t d0, int64_t d1, int64_t s0,
+static megamoe_status_t mm_md_strided(mm_md_t *md, int64_t d0, int64_t d1, int64_t s0,
                                       int64_t s1, dnnl_data_type_t t)
 {
-    dnnl_dims_t dims = {d0, d1}, strides = {s0, s1};
-    dnnl_status_t s = dnnl_memory_desc_init_by_strides(md, 2, dims, t, strides);
+    dnnl_status_t s = mm_md_by_strides(md, d0, d1, t, s0, s1);
     return s == dnnl_success ? MEGAMOE_OK : mm_dnnl_fail(s, "memory descriptor");
 }
 
@@ -333,19 +465,21 @@ static megamoe_status_t mm_plain_rows(const mm_gemm_args_t *a, mm_dnnl_prim_t *p
                                       int64_t rows, const uint16_t *A, int64_t lda)
 {
     int64_t cols = a->n1 - a->n0;
-    dnnl_memory_desc_t src, wei, dst;
-    if (a->form == MM_GEMM_TN) MM_CHECK(mm_md_strided(&src, rows, a->K, 1, lda, dnnl_bf16));
-    else MM_CHECK(mm_md_strided(&src, rows, a->K, lda, 1, dnnl_bf16));
-    const uint16_t *B;
-    if (a->form == MM_GEMM_NT) {
-        MM_CHECK(mm_md_strided(&wei, a->K, cols, 1, a->ldb, dnnl_bf16));
-        B = a->B + a->n0 * a->ldb;
-    } else {
-        MM_CHECK(mm_md_strided(&wei, a->K, cols, a->ldb, 1, dnnl_bf16));
-        B = a->B + a->n0;
-    }
-    MM_CHECK(mm_md_strided(&dst, rows, cols, a->ldc, 1, mm_dnnl_type(a->c_type)));
-    return mm_prim_run(p, &src, A, &wei, B, &dst, mm_gemm_c_at(a->C, a->ldc, a->c_type, m, a->n0));
+    mm_md_t src = MM_MD_NONE, wei = MM_MD_NONE, dst = MM_MD_NONE;
+    const uint16_t *B = a->form == MM_GEMM_NT ? a->B + a->n0 * a->ldb : a->B + a->n0;
+    megamoe_status_t st = a->form == MM_GEMM_TN ? mm_md_strided(&src, rows, a->K, 1, lda, dnnl_bf16)
+                                                : mm_md_strided(&src, rows, a->K, lda, 1, dnnl_bf16);
+    if (st == MEGAMOE_OK)
+        st = a->form == MM_GEMM_NT ? mm_md_strided(&wei, a->K, cols, 1, a->ldb, dnnl_bf16)
+                                   : mm_md_strided(&wei, a->K, cols, a->ldb, 1, dnnl_bf16);
+    if (st == MEGAMOE_OK) st = mm_md_strided(&dst, rows, cols, a->ldc, 1, mm_dnnl_type(a->c_type));
+    if (st == MEGAMOE_OK)
+        st = mm_prim_run(p, MM_MDV(src), A, MM_MDV(wei), B, MM_MDV(dst),
+                         mm_gemm_c_at(a->C, a->ldc, a->c_type, m, a->n0));
+    mm_md_free(&src);
+    mm_md_free(&wei);
+    mm_md_free(&dst);
+    return st;
 }
 
 static megamoe_status_t mm_plain(const mm_gemm_args_t *a)
@@ -378,16 +512,18 @@ static megamoe_status_t mm_plain(const mm_gemm_args_t *a)
 /* ---- packed weights ---------------------------------------------------------------------- */
 
 typedef struct mm_dnnl_weight {
-    dnnl_memory_desc_t md; /* layout of the packed copy, dims [K, N] */
+    mm_md_t md;            /* layout of the packed copy, dims [K, N] */
+    mm_md_layout_t layout; /* what the backend reads of it */
     int64_t nb;            /* columns per contiguous block (0: not splittable by columns) */
     int64_t block_stride;  /* elements between consecutive column blocks */
     int own_pack;          /* 1: BA16a64b2a, filled by the AVX-512 panel packer */
+    dnnl_format_tag_t tag; /* 3.x: the named layout a column block is described by */
 } mm_dnnl_weight_t;
 
 /* Fixed-M brgemm primitives on row chunks over weights of layout wmd at wptr (the block's
  * cols columns). `plain` is the same product on plain operands, for chunks oneDNN would only
  * run in its reference code. */
-static megamoe_status_t mm_chunked(const mm_gemm_args_t *a, const dnnl_memory_desc_t *wmd,
+static megamoe_status_t mm_chunked(const mm_gemm_args_t *a, mm_md_view_t wmd,
                                    const uint16_t *wptr, const mm_gemm_args_t *plain)
 {
     int64_t cols = a->n1 - a->n0;
@@ -398,7 +534,7 @@ static megamoe_status_t mm_chunked(const mm_gemm_args_t *a, const dnnl_memory_de
     key.threads = a->threads;
     key.K = a->K;
     key.N = cols;
-    key.wmd = *wmd;
+    key.wmd = wmd;
     for (int64_t m = a->m0; m < a->m1; m += MM_DNNL_MB) {
         int64_t rows = a->m1 - m < MM_DNNL_MB ? a->m1 - m : MM_DNNL_MB;
         int64_t padded = (rows + MM_DNNL_ALIGN - 1) / MM_DNNL_ALIGN * MM_DNNL_ALIGN;
@@ -478,14 +614,23 @@ static megamoe_status_t mm_packed(const mm_gemm_args_t *a)
     plain.ldb = w->ld;
     int64_t cols = a->n1 - a->n0;
     if (lw->nb == 0 && cols != a->N) return mm_plain(&plain);
+    const uint16_t *wptr = w->data;
+    if (lw->nb) wptr += (a->n0 / lw->nb) * lw->block_stride;
+    if (cols == a->N) return mm_chunked(a, MM_MDV(lw->md), wptr, &plain);
+    /* a column block: the same layout over `cols` columns */
+#if MM_DNNL3
+    mm_md_t wmd = MM_MD_NONE;
+    dnnl_status_t s = mm_md_by_tag(&wmd, a->K, cols, dnnl_bf16, lw->tag);
+    if (s != dnnl_success) return mm_dnnl_fail(s, "memory descriptor");
+    megamoe_status_t st = mm_chunked(a, wmd, wptr, &plain);
+    mm_md_free(&wmd);
+    return st;
+#else
     dnnl_memory_desc_t wmd = lw->md;
     wmd.dims[1] = cols;
-    const uint16_t *wptr = w->data;
-    if (lw->nb) {
-        wmd.padded_dims[1] = (cols + lw->nb - 1) / lw->nb * lw->nb;
-        wptr += (a->n0 / lw->nb) * lw->block_stride;
-    }
+    wmd.padded_dims[1] = (cols + lw->nb - 1) / lw->nb * lw->nb;
     return mm_chunked(a, &wmd, wptr, &plain);
+#endif
 }
 
 /* Plain dense weights up to this many elements (2 MiB of bf16) also run as fixed-M brgemm
@@ -498,12 +643,16 @@ static megamoe_status_t mm_plain_or_chunked(const mm_gemm_args_t *a)
     int dense = (a->form == MM_GEMM_NN && a->ldb == a->N) || (a->form == MM_GEMM_NT && a->ldb == a->K);
     if (!dense || a->n0 != 0 || a->n1 != a->N || a->K * a->N > MM_DNNL_SMALL_WEIGHTS)
         return mm_plain(a);
-    dnnl_memory_desc_t wmd;
-    dnnl_dims_t wd = {a->K, a->N};
-    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&wmd, 2, wd, dnnl_bf16,
-                                                   a->form == MM_GEMM_NT ? dnnl_ba : dnnl_ab);
-    if (s != dnnl_success) return mm_dnnl_fail(s, "memory descriptor");
-    return mm_chunked(a, &wmd, a->B, a);
+    mm_md_t wmd = MM_MD_NONE;
+    dnnl_status_t s = mm_md_by_tag(&wmd, a->K, a->N, dnnl_bf16,
+                                   a->form == MM_GEMM_NT ? dnnl_ba : dnnl_ab);
+    if (s != dnnl_success) {
+        mm_md_free(&wmd);
+        return mm_dnnl_fail(s, "memory descriptor");
+    }
+    megamoe_status_t st = mm_chunked(a, MM_MDV(wmd), a->B, a);
+    mm_md_free(&wmd);
+    return st;
 }
 
 static megamoe_status_t mm_onednn_gemm(const mm_gemm_args_t *a)
@@ -515,8 +664,8 @@ static megamoe_status_t mm_onednn_gemm(const mm_gemm_args_t *a)
 }
 
 /* dst (layout `to`) = src (layout `from`), on the calling thread's stream. */
-static megamoe_status_t mm_dnnl_reorder(const dnnl_memory_desc_t *from, const void *src,
-                                        const dnnl_memory_desc_t *to, void *dst)
+static megamoe_status_t mm_dnnl_reorder(mm_md_view_t from, const void *src, mm_md_view_t to,
+                                        void *dst)
 {
     dnnl_stream_t stream;
     MM_CHECK(mm_stream(&stream));
@@ -541,14 +690,12 @@ static megamoe_status_t mm_dnnl_reorder(const dnnl_memory_desc_t *from, const vo
 
 /* Is the packed layout BA16a64b2a: column blocks of 64 outermost, inside [K_pad/2][64][2]
  * (pairs along k)? That is the own AVX-512 backend's B panel, K padded to a multiple of 32. */
-static int mm_dnnl_is_ba16a64b2a(const dnnl_memory_desc_t *md)
+static int mm_dnnl_is_ba16a64b2a(const mm_md_layout_t *b)
 {
-    const dnnl_blocking_desc_t *b = &md->format_desc.blocking;
-    return md->format_kind == dnnl_blocked && b->inner_nblks == 3 && b->inner_idxs[0] == 0 &&
-           b->inner_blks[0] == 16 && b->inner_idxs[1] == 1 && b->inner_blks[1] == 64 &&
-           b->inner_idxs[2] == 0 && b->inner_blks[2] == 2 && md->padded_dims[0] % 32 == 0 &&
-           md->padded_dims[1] % 64 == 0 && b->strides[0] == 32 * 64 &&
-           b->strides[1] == md->padded_dims[0] * 64;
+    return b->blocked && b->nblks == 3 && b->idxs[0] == 0 && b->blks[0] == 16 &&
+           b->idxs[1] == 1 && b->blks[1] == 64 && b->idxs[2] == 0 && b->blks[2] == 2 &&
+           b->padded[0] % 32 == 0 && b->padded[1] % 64 == 0 && b->strides[0] == 32 * 64 &&
+           b->strides[1] == b->padded[0] * 64;
 }
 
 /* Fill the packed copy from w->src: BA16a64b2a panel by panel with the AVX-512 packer (the
@@ -559,7 +706,7 @@ static megamoe_status_t mm_onednn_fill(mm_gemm_weight_t *w, const mm_dnnl_weight
 {
 #if MM_X86
     if (lw->own_pack) {
-        const int64_t k_pairs = lw->md.padded_dims[0] / 2, K2 = (w->K + 1) / 2;
+        const int64_t k_pairs = lw->layout.padded[0] / 2, K2 = (w->K + 1) / 2;
         for (int64_t j = 0; j * 64 < w->N; j++) {
             uint16_t *panel = (uint16_t *)w->data + j * lw->block_stride;
             mm_avx512_pack_b_panel(panel, w->src, w->ld, w->form == MM_GEMM_NT, w->K, j * 64,
@@ -569,47 +716,65 @@ static megamoe_status_t mm_onednn_fill(mm_gemm_weight_t *w, const mm_dnnl_weight
         return MEGAMOE_OK;
     }
 #endif
-    dnnl_memory_desc_t from;
-    dnnl_dims_t wd = {w->K, w->N};
-    dnnl_status_t s = w->form == MM_GEMM_NT
-                          ? dnnl_memory_desc_init_by_strides(&from, 2, wd, dnnl_bf16, (dnnl_dims_t){1, w->ld})
-                          : dnnl_memory_desc_init_by_strides(&from, 2, wd, dnnl_bf16, (dnnl_dims_t){w->ld, 1});
-    return s == dnnl_success ? mm_dnnl_reorder(&from, w->src, &lw->md, w->data)
-                             : mm_dnnl_fail(s, "memory descriptor");
+    mm_md_t from = MM_MD_NONE;
+    dnnl_status_t s = w->form == MM_GEMM_NT ? mm_md_by_strides(&from, w->K, w->N, dnnl_bf16, 1, w->ld)
+                                            : mm_md_by_strides(&from, w->K, w->N, dnnl_bf16, w->ld, 1);
+    megamoe_status_t st = s == dnnl_success
+                              ? mm_dnnl_reorder(MM_MDV(from), w->src, MM_MDV(lw->md), w->data)
+                              : mm_dnnl_fail(s, "memory descriptor");
+    mm_md_free(&from);
+    return st;
 }
 
 /* Choose oneDNN's preferred layout for [K,N] (as a brgemm matmul of MM_DNNL_MB rows sees it)
  * and pack the source into it. */
 static megamoe_status_t mm_onednn_pack_impl(mm_gemm_weight_t *w, mm_dnnl_weight_t *lw)
 {
-    dnnl_memory_desc_t src, wei, dst;
-    dnnl_dims_t sd = {MM_DNNL_MB, w->K}, wd = {w->K, w->N}, dd = {MM_DNNL_MB, w->N};
-    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&src, 2, sd, dnnl_bf16, dnnl_ab);
-    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&wei, 2, wd, dnnl_bf16, dnnl_format_tag_any);
-    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&dst, 2, dd, dnnl_f32, dnnl_ab);
-    if (s != dnnl_success) return mm_dnnl_fail(s, "memory descriptor");
-    dnnl_matmul_desc_t md;
-    s = dnnl_matmul_desc_init(&md, &src, &wei, NULL, &dst);
+    mm_md_t src = MM_MD_NONE, wei = MM_MD_NONE, dst = MM_MD_NONE;
+    dnnl_status_t s = mm_md_by_tag(&src, MM_DNNL_MB, w->K, dnnl_bf16, dnnl_ab);
+    if (s == dnnl_success) s = mm_md_by_tag(&wei, w->K, w->N, dnnl_bf16, dnnl_format_tag_any);
+    if (s == dnnl_success) s = mm_md_by_tag(&dst, MM_DNNL_MB, w->N, dnnl_f32, dnnl_ab);
     dnnl_primitive_desc_t pd = NULL;
-    if (s == dnnl_success) s = dnnl_primitive_desc_create(&pd, &md, NULL, mm_engine, NULL);
+    if (s == dnnl_success) s = mm_matmul_pd(&pd, mm_engine, MM_MDV(src), MM_MDV(wei), MM_MDV(dst), NULL);
+    mm_md_free(&src);
+    mm_md_free(&wei);
+    mm_md_free(&dst);
+    if (s == dnnl_success) s = mm_md_copy(&lw->md, dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0));
+    if (pd) dnnl_primitive_desc_destroy(pd);
     if (s != dnnl_success) return mm_dnnl_fail(s, "matmul descriptor for packing");
-    lw->md = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
-    dnnl_primitive_desc_destroy(pd);
 
-    const dnnl_blocking_desc_t *b = &lw->md.format_desc.blocking;
-    if (lw->md.format_kind != dnnl_blocked || b->inner_nblks == 0) return MEGAMOE_OK; /* plain */
+    mm_md_layout_t *b = &lw->layout;
+    mm_md_layout(MM_MDV(lw->md), b);
+    if (!b->blocked || b->nblks == 0) return MEGAMOE_OK; /* plain */
     int64_t kb = 1, nb = 1;
-    for (int i = 0; i < b->inner_nblks; i++) {
-        if (b->inner_idxs[i] == 0) kb *= b->inner_blks[i];
-        else nb *= b->inner_blks[i];
+    for (int i = 0; i < b->nblks; i++) {
+        if (b->idxs[i] == 0) kb *= b->blks[i];
+        else nb *= b->blks[i];
     }
     /* Column blocks outermost and contiguous (BA16a64b2a): sub-blocks are pointer offsets. */
-    int col_outer = b->strides[0] == kb * nb && b->strides[1] == b->strides[0] * (lw->md.padded_dims[0] / kb);
+    int col_outer = b->strides[0] == kb * nb && b->strides[1] == b->strides[0] * (b->padded[0] / kb);
+#if MM_DNNL3
+    /* 3.x descriptors are opaque: a column block is described by the layout's name, so only
+     * the named layouts oneDNN's bf16 matmul picks are split by columns (others: whole) */
+    static const dnnl_format_tag_t named[] = {dnnl_BA16a64b2a, dnnl_BA16a48b2a, dnnl_BA16a32b2a,
+                                              dnnl_BA16a16b2a, dnnl_BA16a64b4a, dnnl_BA16a48b4a,
+                                              dnnl_BA16a32b4a, dnnl_BA16a16b4a};
+    lw->tag = dnnl_format_tag_undef;
+    for (size_t i = 0; col_outer && i < sizeof named / sizeof named[0]; i++) {
+        mm_md_t t = MM_MD_NONE;
+        if (mm_md_by_tag(&t, w->K, w->N, dnnl_bf16, named[i]) == dnnl_success &&
+            dnnl_memory_desc_equal(t, lw->md))
+            lw->tag = named[i];
+        mm_md_free(&t);
+        if (lw->tag != dnnl_format_tag_undef) break;
+    }
+    col_outer = col_outer && lw->tag != dnnl_format_tag_undef;
+#endif
     lw->nb = col_outer ? nb : 0;
     lw->block_stride = col_outer ? b->strides[1] : 0;
-    lw->own_pack = MM_X86 && mm_cpu_has_avx512() && mm_dnnl_is_ba16a64b2a(&lw->md);
+    lw->own_pack = MM_X86 && mm_cpu_has_avx512() && mm_dnnl_is_ba16a64b2a(b);
 
-    size_t bytes = dnnl_memory_desc_get_size(&lw->md);
+    size_t bytes = dnnl_memory_desc_get_size(MM_MDV(lw->md));
     void *data = NULL;
     MM_CHECK(mm_aligned_alloc(bytes, MM_CACHE_LINE, "oneDNN packed weight", &data));
     w->data = data;
@@ -649,7 +814,9 @@ static megamoe_status_t mm_onednn_weight_refresh(mm_gemm_weight_t *w)
 static void mm_onednn_weight_release(mm_gemm_weight_t *w)
 {
     if (w->packed) mm_aligned_free(w->data);
-    free(w->impl);
+    mm_dnnl_weight_t *lw = w->impl;
+    if (lw) mm_md_free(&lw->md);
+    free(lw);
 }
 
 const mm_gemm_backend_ops_t mm_gemm_onednn_ops = {
@@ -669,7 +836,7 @@ struct mm_onednn_plain {
     int packed, threads;
     dnnl_primitive_desc_t pd;
     dnnl_primitive_t prim;
-    dnnl_memory_desc_t wmd;
+    mm_md_t wmd;
 };
 
 megamoe_status_t mm_onednn_plain_create(int64_t M, int64_t K, int64_t N, int packed_weights,
@@ -682,27 +849,27 @@ megamoe_status_t mm_onednn_plain_create(int64_t M, int64_t K, int64_t N, int pac
     mm_onednn_plain_t *p = calloc(1, sizeof *p);
     if (p == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "mm_onednn_plain_create: out of memory");
     p->M = M, p->K = K, p->N = N, p->packed = packed_weights, p->threads = threads;
-    dnnl_memory_desc_t src, wei, dst;
-    dnnl_dims_t sd = {M, K}, wd = {K, N}, dd = {M, N};
+    mm_md_t src = MM_MD_NONE, wei = MM_MD_NONE, dst = MM_MD_NONE;
     int prev = mm_omp_enter(threads);
-    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&src, 2, sd, dnnl_bf16, dnnl_ab);
-    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&wei, 2, wd, dnnl_bf16, packed_weights ? dnnl_format_tag_any : dnnl_ab);
-    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&dst, 2, dd, dnnl_f32, dnnl_ab);
-    dnnl_matmul_desc_t md;
-    if (s == dnnl_success) s = dnnl_matmul_desc_init(&md, &src, &wei, NULL, &dst);
-    if (s == dnnl_success) s = dnnl_primitive_desc_create(&p->pd, &md, NULL, mm_engine, NULL);
+    dnnl_status_t s = mm_md_by_tag(&src, M, K, dnnl_bf16, dnnl_ab);
+    if (s == dnnl_success) s = mm_md_by_tag(&wei, K, N, dnnl_bf16, packed_weights ? dnnl_format_tag_any : dnnl_ab);
+    if (s == dnnl_success) s = mm_md_by_tag(&dst, M, N, dnnl_f32, dnnl_ab);
+    if (s == dnnl_success) s = mm_matmul_pd(&p->pd, mm_engine, MM_MDV(src), MM_MDV(wei), MM_MDV(dst), NULL);
     if (s == dnnl_success) s = dnnl_primitive_create(&p->prim, p->pd);
     mm_omp_leave(prev, threads);
+    mm_md_free(&src);
+    mm_md_free(&wei);
+    mm_md_free(&dst);
+    if (s == dnnl_success) s = mm_md_copy(&p->wmd, dnnl_primitive_desc_query_md(p->pd, dnnl_query_weights_md, 0));
     if (s != dnnl_success) {
         mm_onednn_plain_destroy(p);
         return mm_dnnl_fail(s, "plain matmul primitive");
     }
-    p->wmd = *dnnl_primitive_desc_query_md(p->pd, dnnl_query_weights_md, 0);
     *plain_p = p;
     return MEGAMOE_OK;
 }
 
-size_t mm_onednn_plain_weight_bytes(const mm_onednn_plain_t *p) { return dnnl_memory_desc_get_size(&p->wmd); }
+size_t mm_onednn_plain_weight_bytes(const mm_onednn_plain_t *p) { return dnnl_memory_desc_get_size(MM_MDV(p->wmd)); }
 
 const char *mm_onednn_plain_impl(const mm_onednn_plain_t *p)
 {
@@ -717,13 +884,16 @@ megamoe_status_t mm_onednn_plain_pack(const mm_onednn_plain_t *p, const uint16_t
         memcpy(dst, B, (size_t)(p->K * p->N) * sizeof(uint16_t));
         return MEGAMOE_OK;
     }
-    dnnl_memory_desc_t from;
-    dnnl_dims_t wd = {p->K, p->N};
-    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&from, 2, wd, dnnl_bf16, dnnl_ab);
-    if (s != dnnl_success) return mm_dnnl_fail(s, "memory descriptor");
+    mm_md_t from = MM_MD_NONE;
+    dnnl_status_t s = mm_md_by_tag(&from, p->K, p->N, dnnl_bf16, dnnl_ab);
+    if (s != dnnl_success) {
+        mm_md_free(&from);
+        return mm_dnnl_fail(s, "memory descriptor");
+    }
     int prev = mm_omp_enter(1);
-    megamoe_status_t st = mm_dnnl_reorder(&from, B, &p->wmd, dst);
+    megamoe_status_t st = mm_dnnl_reorder(MM_MDV(from), B, MM_MDV(p->wmd), dst);
     mm_omp_leave(prev, 1);
+    mm_md_free(&from);
     return st;
 }
 
@@ -735,7 +905,7 @@ megamoe_status_t mm_onednn_plain_run(const mm_onednn_plain_t *p, const uint16_t 
     int prev = mm_omp_enter(p->threads);
     dnnl_memory_t m[3] = {NULL, NULL, NULL};
     dnnl_status_t s = dnnl_memory_create(&m[0], dnnl_primitive_desc_query_md(p->pd, dnnl_query_src_md, 0), mm_engine, (void *)A);
-    if (s == dnnl_success) s = dnnl_memory_create(&m[1], &p->wmd, mm_engine, (void *)W);
+    if (s == dnnl_success) s = dnnl_memory_create(&m[1], MM_MDV(p->wmd), mm_engine, (void *)W);
     if (s == dnnl_success) s = dnnl_memory_create(&m[2], dnnl_primitive_desc_query_md(p->pd, dnnl_query_dst_md, 0), mm_engine, C);
     if (s == dnnl_success) {
         dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, m[0]}, {DNNL_ARG_WEIGHTS, m[1]}, {DNNL_ARG_DST, m[2]}};
@@ -753,6 +923,7 @@ void mm_onednn_plain_destroy(mm_onednn_plain_t *p)
     if (p == NULL) return;
     if (p->prim) dnnl_primitive_destroy(p->prim);
     if (p->pd) dnnl_primitive_desc_destroy(p->pd);
+    mm_md_free(&p->wmd);
     free(p);
 }
 

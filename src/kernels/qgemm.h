@@ -37,9 +37,11 @@
  *       one group:  s = (float)(acc_0 + bias_i32[n]) * w_scale[0][n]
  *       G groups:   s = (float)acc_0 * w_scale[0][n];  s = s + (float)acc_g * w_scale[g][n]
  *                   for g = 1 .. G-1 (in this order)
- *   bf16 A (a_type BF16, weight-only):
- *       w'[k][n] = ((float)W[k][n] + w_offset[g][n]) * w_scale[g][n]   (g = k's group)
- *       s = fma chain over k = 0 .. K-1 ascending: s = fmaf(A[i][k], w'[k][n], s), from +0
+ *   bf16 / fp16 / fp32 A (a_type BF16, FP16, FP32: weight-only; A widened exactly to fp32):
+ *       w'[k][n] = (float)W[k][n] + w_offset[g][n]   (g = k's group; exact for integer offsets)
+ *       p_g = fma chain over the group's k ascending: p = fmaf(A[i][k], w'[k][n], p), from +0
+ *       then s from the p_g exactly as from the (float)acc_g above (one group: s = p_0 *
+ *       w_scale[0][n]; G groups: the same sum), i.e. the scale is applied to the group's sum
  *   then, for both:  s = s + bias_pre[n];  s = s * x_scale[i];  s = s + bias_post[n];
  *   C = s (FP32) or bf16 round-to-nearest-even of s (BF16).
  * Every step is one IEEE fp32 operation (no contraction); an absent (NULL) term is skipped
@@ -125,7 +127,7 @@ typedef struct mm_qgemm_args {
     const int64_t *group_rows;         /* [num_groups] rows per group (>= 0) */
     const mm_qgemm_expert_t *experts;  /* [num_groups] */
     int64_t K, N;                      /* of every expert's weight */
-    megamoe_dtype_t a_type;            /* MEGAMOE_DTYPE_INT8 or MEGAMOE_DTYPE_BF16 */
+    megamoe_dtype_t a_type;            /* INT8; or BF16, FP16, FP32 (weight-only) */
     const void *A;                     /* rows of K elements, row stride lda (elements) */
     int64_t lda;
     const int32_t *a_index;            /* (optional) gather: row r of A is a_index[r] */

@@ -10,9 +10,9 @@
  * The sums wrap in 32 bits, which is exact (qgemm_impl.h).
  *
  * bf16 A (weight-only, FMA): per k one weight vector per 16 columns, sign-extended from its
- * byte (or nibble), converted (exact), w' = (w + offset) * scale, then mr vfmadd231ps with the
- * row's fp32 value broadcast from the packed A. One FMA chain per element, k ascending, as
- * fmaf in the twin. */
+ * byte (or nibble), converted (exact), w' = w + offset (when given), then mr vfmadd231ps with
+ * the row's fp32 value broadcast from the packed A. One FMA chain per element and K group, k
+ * ascending, as fmaf in the twin; the group scale multiplies the sum afterwards (epilogue). */
 #include "qgemm_impl.h"
 
 #if MM_X86
@@ -22,34 +22,56 @@
 
 #define MM_QK_INLINE static inline __attribute__((always_inline))
 
-/* Prefetch plan of one call: `per` lines on each of the first `n` quads. */
-MM_QK_INLINE void mm_qk_pf_plan(const mm_qk_ukr_args_t *p, int64_t nq, int64_t *per, int64_t *n)
+/* Prefetch the call's npf lines, `per` (<= 4) per step while any are left: no division in
+ * the kernel's prologue (a decode call on one 64-column panel is a few thousand cycles). */
+MM_QK_INLINE void mm_qk_pf(const char **pf, int64_t *left, const int per, int l2)
 {
-    *per = 0, *n = 0;
-    if (p->npf <= 0 || nq <= 0) return;
-    int64_t q = (p->npf + nq - 1) / nq;
-    if (q > 4) q = 4;
-    *per = q;
-    *n = (p->npf + q - 1) / q;
-    if (*n > nq) *n = nq;
-}
-
-MM_QK_INLINE void mm_qk_pf(const char *pf, int64_t per)
-{
-    for (int64_t i = 0; i < per; i++) _mm_prefetch(pf + 64 * i, _MM_HINT_T0);
+    if (*left <= 0) return;
+    for (int i = 0; i < per; i++) {
+        if (l2) _mm_prefetch(*pf + 64 * i, _MM_HINT_T1);
+        else _mm_prefetch(*pf + 64 * i, _MM_HINT_T0);
+    }
+    *pf += 64 * per;
+    *left -= per;
 }
 
 /* ---- int8 A ------------------------------------------------------------------------------ */
 
+/* vpdpbusd acc, u8, s8. Inline assembly: gcc 12 compiles the intrinsic in these loops with a
+ * register copy of the accumulator around most of them (it does not tie the destructive
+ * destination), and the M = 1 int4 loop spent a third of its time in those copies. */
+MM_TARGET_AVX512VNNI MM_QK_INLINE __m512i mm_dpbusd(__m512i acc, __m512i u8, __m512i s8)
+{
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "v"(s8));
+    return acc;
+}
+
+/* acc[r][j] += b_j . a_r for r < MR (b0..b3 the 4 column vectors of one quad, a the quad's
+ * A dwords of the micro-panel). */
+#define MM_QK_DOTS(ACC, A_, B0, B1, B2, B3)                                                 \
+    _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)                                   \
+    {                                                                                       \
+        const __m512i x_ = _mm512_set1_epi32((A_)[r]);                                      \
+        ACC[r][0] = mm_dpbusd(ACC[r][0], B0, x_);                                           \
+        ACC[r][1] = mm_dpbusd(ACC[r][1], B1, x_);                                           \
+        ACC[r][2] = mm_dpbusd(ACC[r][2], B2, x_);                                           \
+        ACC[r][3] = mm_dpbusd(ACC[r][3], B3, x_);                                           \
+    }
+
+/* int4 with MR <= 3: the high nibbles go to a second accumulator set, added at the end, so
+ * the two dot products of an octet do not form one dependency chain (integer sums: the order
+ * changes no bit). The same alternation of quads for int8 slowed M = 1 streaming from memory
+ * (22.6 against 27 GB/s of weights at 1408 x 4096), so int8 keeps one set. */
 MM_TARGET_AVX512VNNI MM_QK_INLINE void mm_qk_int(const int MR, const int INT4,
                                                  const mm_qk_ukr_args_t *p)
 {
+    const int SPLIT = MR <= 3 && INT4;
     const int64_t nq = p->nq;
     const int32_t *a = p->a;
     const uint8_t *b = p->b;
     int32_t *const tile = p->acc;
     const char *pf = p->pf;
-    __m512i acc[MM_QK_MR][4];
+    __m512i acc[MM_QK_MR][4], acc2[3][4];
     if (p->cont) {
         _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
             _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
@@ -58,63 +80,47 @@ MM_TARGET_AVX512VNNI MM_QK_INLINE void mm_qk_int(const int MR, const int INT4,
         _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
             _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_si512();
     }
-    int64_t per, npq;
+    if (SPLIT) {
+        for (int r = 0; r < MR && r < 3; r++)
+            for (int j = 0; j < 4; j++) acc2[r][j] = _mm512_setzero_si512();
+    }
+    int64_t left = p->npf;
+    const int l2 = p->pf_l2;
     if (!INT4) {
-        mm_qk_pf_plan(p, nq, &per, &npq);
         for (int64_t q = 0; q < nq; q++) {
-            if (q < npq) {
-                mm_qk_pf(pf, per);
-                pf += 64 * per;
-            }
+            mm_qk_pf(&pf, &left, 4, l2);
             const __m512i b0 = _mm512_load_si512(b), b1 = _mm512_load_si512(b + 64),
                           b2 = _mm512_load_si512(b + 128), b3 = _mm512_load_si512(b + 192);
-            _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
-            {
-                const __m512i x = _mm512_set1_epi32(a[r]);
-                acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], b0, x);
-                acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], b1, x);
-                acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], b2, x);
-                acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], b3, x);
-            }
+            MM_QK_DOTS(acc, a, b0, b1, b2, b3)
             a += MM_QK_MR;
             b += 256;
         }
     } else {
         const __m512i m4 = _mm512_set1_epi8(15);
         const int64_t no = nq / 2;
-        mm_qk_pf_plan(p, no, &per, &npq);
         for (int64_t o = 0; o < no; o++) {
-            if (o < npq) {
-                mm_qk_pf(pf, per);
-                pf += 64 * per;
-            }
-            __m512i v0 = _mm512_and_si512(_mm512_load_si512(b), m4);
-            __m512i v1 = _mm512_and_si512(_mm512_load_si512(b + 64), m4);
-            __m512i v2 = _mm512_and_si512(_mm512_load_si512(b + 128), m4);
-            __m512i v3 = _mm512_and_si512(_mm512_load_si512(b + 192), m4);
-            _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
-            {
-                const __m512i x = _mm512_set1_epi32(a[r]);
-                acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], v0, x);
-                acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], v1, x);
-                acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], v2, x);
-                acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], v3, x);
-            }
-            v0 = _mm512_and_si512(_mm512_srli_epi16(_mm512_load_si512(b), 4), m4);
-            v1 = _mm512_and_si512(_mm512_srli_epi16(_mm512_load_si512(b + 64), 4), m4);
-            v2 = _mm512_and_si512(_mm512_srli_epi16(_mm512_load_si512(b + 128), 4), m4);
-            v3 = _mm512_and_si512(_mm512_srli_epi16(_mm512_load_si512(b + 192), 4), m4);
-            _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
-            {
-                const __m512i x = _mm512_set1_epi32(a[MM_QK_MR + r]);
-                acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], v0, x);
-                acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], v1, x);
-                acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], v2, x);
-                acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], v3, x);
+            mm_qk_pf(&pf, &left, 4, l2);
+            const __m512i x0 = _mm512_load_si512(b), x1 = _mm512_load_si512(b + 64),
+                          x2 = _mm512_load_si512(b + 128), x3 = _mm512_load_si512(b + 192);
+            const __m512i v0 = _mm512_and_si512(x0, m4), v1 = _mm512_and_si512(x1, m4);
+            const __m512i v2 = _mm512_and_si512(x2, m4), v3 = _mm512_and_si512(x3, m4);
+            MM_QK_DOTS(acc, a, v0, v1, v2, v3)
+            const __m512i h0 = _mm512_and_si512(_mm512_srli_epi16(x0, 4), m4);
+            const __m512i h1 = _mm512_and_si512(_mm512_srli_epi16(x1, 4), m4);
+            const __m512i h2 = _mm512_and_si512(_mm512_srli_epi16(x2, 4), m4);
+            const __m512i h3 = _mm512_and_si512(_mm512_srli_epi16(x3, 4), m4);
+            if (SPLIT) {
+                MM_QK_DOTS(acc2, a + MM_QK_MR, h0, h1, h2, h3)
+            } else {
+                MM_QK_DOTS(acc, a + MM_QK_MR, h0, h1, h2, h3)
             }
             a += 2 * MM_QK_MR;
             b += 256;
         }
+    }
+    if (SPLIT) {
+        for (int r = 0; r < MR && r < 3; r++)
+            for (int j = 0; j < 4; j++) acc[r][j] = _mm512_add_epi32(acc[r][j], acc2[r][j]);
     }
     _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
         _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
@@ -125,7 +131,7 @@ MM_TARGET_AVX512VNNI MM_QK_INLINE void mm_qk_int(const int MR, const int INT4,
 
 /* The 16 weights of column vector j at k kk of quad q (relative to b's first, even quad). */
 MM_TARGET_AVX512 MM_QK_INLINE __m512 mm_qk_wvec(const int INT4, const uint8_t *b, int64_t q,
-                                                int kk, int j, const float *ws, const float *wo)
+                                                int kk, int j, int off, const float *wo)
 {
     __m512i w;
     if (!INT4) {
@@ -138,8 +144,8 @@ MM_TARGET_AVX512 MM_QK_INLINE __m512 mm_qk_wvec(const int INT4, const uint8_t *b
         w = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(x, sh), _mm512_set1_epi32(15)),
                              _mm512_set1_epi32(8));
     }
-    __m512 f = _mm512_add_ps(_mm512_cvtepi32_ps(w), _mm512_loadu_ps(wo + 16 * j));
-    return _mm512_mul_ps(f, _mm512_loadu_ps(ws + 16 * j));
+    const __m512 f = _mm512_cvtepi32_ps(w);
+    return off ? _mm512_add_ps(f, _mm512_loadu_ps(wo + 16 * j)) : f;
 }
 
 MM_TARGET_AVX512 MM_QK_INLINE void mm_qk_wo(const int MR, const int INT4, const mm_qk_ukr_args_t *p)
@@ -148,7 +154,7 @@ MM_TARGET_AVX512 MM_QK_INLINE void mm_qk_wo(const int MR, const int INT4, const 
     const float *a = p->a;
     const uint8_t *b = p->b;
     float *const tile = p->acc;
-    const float *ws = p->ws, *wo = p->wo;
+    const float *wo = p->wo;
     const char *pf = p->pf;
     __m512 acc[MM_QK_MR][4];
     if (p->cont) {
@@ -159,19 +165,52 @@ MM_TARGET_AVX512 MM_QK_INLINE void mm_qk_wo(const int MR, const int INT4, const 
         _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
             _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
     }
-    int64_t per, npq;
-    mm_qk_pf_plan(p, nq, &per, &npq);
-    for (int64_t q = 0; q < nq; q++) {
-        if (q < npq) {
-            mm_qk_pf(pf, INT4 ? (per + 1) / 2 : per);
-            pf += 64 * (INT4 ? (per + 1) / 2 : per);
+    int64_t left = p->npf;
+    const int l2 = p->pf_l2;
+    const int off = !p->no_offset;
+    /* Whole quads: per column vector one load of its 4 k (int4: of 8), then the 4 weight
+     * vectors extracted in registers, dequantised and fed to the rows' FMAs. Per element the
+     * FMA chain still runs k ascending (the column vectors are independent elements). */
+    const int64_t nfull = p->kv == 4 ? nq : nq - 1;
+    int64_t q = 0;
+    for (; q < nfull; q++) {
+        mm_qk_pf(&pf, &left, INT4 ? 2 : 4, l2);
+        const float *aq = a + q * 4 * MM_QK_MR;
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
+        {
+            __m512i x;
+            if (!INT4) {
+                x = _mm512_xor_si512(_mm512_load_si512(b + q * 256 + 64 * j),
+                                     _mm512_set1_epi32((int)0x80808080u));
+            } else {
+                x = _mm512_load_si512(b + (q / 2) * 256 + 64 * j);
+                if (q & 1) x = _mm512_srli_epi32(x, 4);
+            }
+            const __m512 oj = off ? _mm512_loadu_ps(wo + 16 * j) : _mm512_setzero_ps();
+            _Pragma("GCC unroll 4") for (int kk = 0; kk < 4; kk++)
+            {
+                __m512i w;
+                if (!INT4)
+                    w = kk == 3 ? _mm512_srai_epi32(x, 24)
+                                : _mm512_srai_epi32(_mm512_slli_epi32(x, 24 - 8 * kk), 24);
+                else
+                    w = _mm512_sub_epi32(_mm512_and_si512(kk ? _mm512_srli_epi32(x, 8 * kk) : x,
+                                                          _mm512_set1_epi32(15)),
+                                         _mm512_set1_epi32(8));
+                __m512 f = _mm512_cvtepi32_ps(w);
+                if (off) f = _mm512_add_ps(f, oj);
+                _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
+                    acc[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(aq[kk * MM_QK_MR + r]), f, acc[r][j]);
+            }
         }
+    }
+    for (; q < nq; q++) { /* the last, partial quad of K */
         const int kmax = q == nq - 1 ? p->kv : 4;
         for (int kk = 0; kk < kmax; kk++) {
             const float *ak = a + (q * 4 + kk) * MM_QK_MR;
             _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
             {
-                const __m512 wv = mm_qk_wvec(INT4, b, q, kk, j, ws, wo);
+                const __m512 wv = mm_qk_wvec(INT4, b, q, kk, j, off, wo);
                 _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)
                     acc[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(ak[r]), wv, acc[r][j]);
             }
@@ -219,7 +258,8 @@ MM_TARGET_AVX512 static void mm_qk_flush_avx512(const mm_qk_epi_args_t *e)
         for (int j = 0; 16 * j < e->nr; j++) {
             const __mmask16 m = mm_tail_mask16(e->nr - 16 * j);
             const int64_t o = r * MM_QK_NR + 16 * j;
-            __m512 t = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(e->i32 + o), corr));
+            __m512 t = e->fp_acc ? _mm512_loadu_ps((const float *)(e->i32 + o))
+                                 : _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(e->i32 + o), corr));
             if (e->ws) t = _mm512_mul_ps(t, _mm512_maskz_loadu_ps(m, e->ws + 16 * j));
             if (!e->first) t = _mm512_add_ps(_mm512_loadu_ps(e->f32 + o), t);
             _mm512_storeu_ps(e->f32 + o, t);
@@ -236,7 +276,10 @@ MM_TARGET_AVX512 static void mm_qk_epilogue_avx512(const mm_qk_epi_args_t *e)
             const __mmask16 m = mm_tail_mask16(e->nr - 16 * j);
             const int64_t o = r * MM_QK_NR + 16 * j, co = r * e->ldc + 16 * j;
             __m512 s;
-            if (e->groups_mode == 0) {
+            if (e->groups_mode == 0 && e->fp_acc) {
+                s = _mm512_loadu_ps((const float *)(e->i32 + o));
+                if (e->ws) s = _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, e->ws + 16 * j));
+            } else if (e->groups_mode == 0) {
                 __m512i v = _mm512_sub_epi32(_mm512_loadu_si512(e->i32 + o), corr);
                 if (e->bias_i32)
                     v = _mm512_add_epi32(v, _mm512_maskz_loadu_epi32(m, e->bias_i32 + 16 * j));
@@ -258,6 +301,18 @@ MM_TARGET_AVX512 static void mm_qk_epilogue_avx512(const mm_qk_epi_args_t *e)
     }
 }
 
+/* Sum of n signed bytes: sign-extended to 32 bits 16 at a time (AVX-512F/BW only, so the
+ * bf16-A kernel table can share it on CPUs without VNNI). */
+MM_TARGET_AVX512 static int32_t mm_qk_rowsum_avx512(const int8_t *x, int64_t n)
+{
+    __m512i s = _mm512_setzero_si512();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = mm_tail_mask16(n - i);
+        s = _mm512_add_epi32(s, _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, x + i)));
+    }
+    return _mm512_reduce_add_epi32(s);
+}
+
 const mm_qk_kernels_t mm_qk_kernels_avx512 = {
     .ukr_i8 = mm_qk_ukr_i8_avx512,
     .ukr_i4 = mm_qk_ukr_i4_avx512,
@@ -265,5 +320,6 @@ const mm_qk_kernels_t mm_qk_kernels_avx512 = {
     .ukr_w4 = mm_qk_ukr_w4_avx512,
     .flush = mm_qk_flush_avx512,
     .epilogue = mm_qk_epilogue_avx512,
+    .rowsum = mm_qk_rowsum_avx512,
 };
 #endif /* MM_X86 */

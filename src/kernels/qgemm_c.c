@@ -69,8 +69,8 @@ static void mm_qk_ukr_wo_c(int mr, const mm_qk_ukr_args_t *p, int int4)
                 /* b is at the call's first quad, which is even for int4 (segments start at
                  * chunk or group boundaries, both multiples of 8 k) */
                 int u = int4 ? mm_u_i4(p->b, q, c, j) : mm_u_i8(p->b, q, c, j);
-                float w = (float)(u - (int4 ? 8 : 128));
-                float wd = (w + p->wo[c]) * p->ws[c];
+                float wd = (float)(u - (int4 ? 8 : 128));
+                if (!p->no_offset) wd = wd + p->wo[c];
                 for (int r = 0; r < mr; r++)
                     t[r][c] = fmaf(a[(q * 4 + j) * MM_QK_MR + r], wd, t[r][c]);
             }
@@ -86,8 +86,13 @@ static void mm_qk_flush_c(const mm_qk_epi_args_t *e)
 {
     for (int r = 0; r < e->mr; r++)
         for (int64_t c = 0; c < e->nr; c++) {
-            uint32_t v = (uint32_t)e->i32[r * MM_QK_NR + c] - (uint32_t)e->corr[r];
-            float t = (float)mm_u2i(v);
+            float t;
+            if (e->fp_acc) {
+                memcpy(&t, &e->i32[r * MM_QK_NR + c], sizeof t);
+            } else {
+                uint32_t v = (uint32_t)e->i32[r * MM_QK_NR + c] - (uint32_t)e->corr[r];
+                t = (float)mm_u2i(v);
+            }
             if (e->ws) t = t * e->ws[c];
             float *o = &e->f32[r * MM_QK_NR + c];
             *o = e->first ? t : *o + t;
@@ -99,7 +104,10 @@ static void mm_qk_epilogue_c(const mm_qk_epi_args_t *e)
     for (int r = 0; r < e->mr; r++)
         for (int64_t c = 0; c < e->nr; c++) {
             float s;
-            if (e->groups_mode == 0) {
+            if (e->groups_mode == 0 && e->fp_acc) {
+                memcpy(&s, &e->i32[r * MM_QK_NR + c], sizeof s);
+                if (e->ws) s = s * e->ws[c];
+            } else if (e->groups_mode == 0) {
                 uint32_t v = (uint32_t)e->i32[r * MM_QK_NR + c] - (uint32_t)e->corr[r];
                 if (e->bias_i32) v += (uint32_t)e->bias_i32[c];
                 if (e->c_type == MEGAMOE_DTYPE_INT32) {
@@ -119,6 +127,13 @@ static void mm_qk_epilogue_c(const mm_qk_epi_args_t *e)
         }
 }
 
+static int32_t mm_qk_rowsum_c(const int8_t *x, int64_t n)
+{
+    uint32_t s = 0;
+    for (int64_t i = 0; i < n; i++) s += (uint32_t)(int32_t)x[i];
+    return mm_u2i(s);
+}
+
 const mm_qk_kernels_t mm_qk_kernels_c = {
     .ukr_i8 = mm_qk_ukr_i8_c,
     .ukr_i4 = mm_qk_ukr_i4_c,
@@ -126,6 +141,7 @@ const mm_qk_kernels_t mm_qk_kernels_c = {
     .ukr_w4 = mm_qk_ukr_w4_c,
     .flush = mm_qk_flush_c,
     .epilogue = mm_qk_epilogue_c,
+    .rowsum = mm_qk_rowsum_c,
 };
 
 /* ---- packing ----------------------------------------------------------------------------- */
@@ -141,25 +157,44 @@ static inline int mm_src_value(const mm_qweight_src_t *s, int64_t k, int64_t n)
     return v >= 8 ? v - 16 : v;
 }
 
+/* Values of source row k (of the logical [K, N]), columns [n0, n0 + 64), zero past K and N. */
+static void mm_src_row(const mm_qweight_src_t *s, int64_t k, int64_t n0, int8_t v[MM_QK_NR])
+{
+    memset(v, 0, MM_QK_NR);
+    if (k >= s->K) return;
+    const int64_t cols = s->N - n0 < MM_QK_NR ? s->N - n0 : MM_QK_NR;
+    const uint8_t *d = s->data;
+    if (s->layout == MM_QW_KN && s->type == MM_QW_INT8) {
+        memcpy(v, d + k * s->ld + n0, (size_t)cols);
+    } else if (s->layout == MM_QW_KN) { /* n0 is even: byte n0/2 + c/2 */
+        const uint8_t *row = d + k * s->ld + n0 / 2;
+        for (int64_t c = 0; c < cols; c++) {
+            int x = (c & 1) ? row[c / 2] >> 4 : row[c / 2] & 15;
+            v[c] = (int8_t)(x >= 8 ? x - 16 : x);
+        }
+    } else {
+        for (int64_t c = 0; c < cols; c++) v[c] = (int8_t)mm_src_value(s, k, n0 + c);
+    }
+}
+
 void mm_qk_pack_panel_c(const mm_qweight_t *w, const mm_qweight_src_t *src, int64_t p, uint8_t *dst)
 {
     const int64_t n0 = p * MM_QK_NR;
+    int8_t v[8][MM_QK_NR];
     if (w->type == MM_QW_INT8) {
-        for (int64_t q = 0; q < w->kq; q++)
+        for (int64_t q = 0; q < w->kq; q++) {
+            for (int j = 0; j < 4; j++) mm_src_row(src, 4 * q + j, n0, v[j]);
+            uint8_t *o = dst + q * 256;
             for (int c = 0; c < MM_QK_NR; c++)
-                for (int j = 0; j < 4; j++) {
-                    int64_t k = 4 * q + j, n = n0 + c;
-                    int v = k < w->K && n < w->N ? mm_src_value(src, k, n) : 0;
-                    dst[q * 256 + c * 4 + j] = (uint8_t)(v + 128);
-                }
+                for (int j = 0; j < 4; j++) o[c * 4 + j] = (uint8_t)(v[j][c] + 128);
+        }
         return;
     }
-    for (int64_t o = 0; o < w->kq / 2; o++)
+    for (int64_t oc = 0; oc < w->kq / 2; oc++) {
+        for (int j = 0; j < 8; j++) mm_src_row(src, 8 * oc + j, n0, v[j]);
+        uint8_t *o = dst + oc * 256;
         for (int c = 0; c < MM_QK_NR; c++)
-            for (int j = 0; j < 4; j++) {
-                int64_t klo = 8 * o + j, khi = 8 * o + 4 + j, n = n0 + c;
-                int lo = klo < w->K && n < w->N ? mm_src_value(src, klo, n) : 0;
-                int hi = khi < w->K && n < w->N ? mm_src_value(src, khi, n) : 0;
-                dst[o * 256 + c * 4 + j] = (uint8_t)((lo + 8) | ((hi + 8) << 4));
-            }
+            for (int j = 0; j < 4; j++)
+                o[c * 4 + j] = (uint8_t)((v[j][c] + 8) | ((v[4 + j][c] + 8) << 4));
+    }
 }

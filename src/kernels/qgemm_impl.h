@@ -19,10 +19,11 @@
  * in registers, started from 0 or from the tile buffer (cont), stored back to the tile buffer.
  * A is packed per row block into micro-panels of MM_QK_MR rows: int8 A as int32 [KQ][6] (the 4
  * bytes of a quad; zero past K and past the tile's rows), bf16 A as fp32 [4 KQ][6] (exact).
- * For bf16 A the micro-kernel dequantises each weight vector in registers,
- * w' = ((float)w + offset) * scale with the group's 64 offsets / scales (0 and 1 when absent:
- * both exact no-ops), and runs one fp32 FMA chain per element over k ascending; the last quad
- * of K may be partial (kv valid k), so padded k are never touched. */
+ * For bf16 A the micro-kernel converts each weight vector in registers, w' = (float)w + offset
+ * with the K group's 64 offsets (skipped when absent), and runs one fp32 FMA chain per element
+ * and K group over k ascending; the group's scale multiplies the chain's sum afterwards (flush
+ * / epilogue, as for int8 A). The last quad of K may be partial (kv valid k), so padded k are
+ * never touched. */
 #ifndef MM_KERNELS_QGEMM_IMPL_H
 #define MM_KERNELS_QGEMM_IMPL_H
 
@@ -61,10 +62,12 @@ typedef struct mm_qk_ukr_args {
     const void *a;     /* the A micro-panel at the first quad: int32 [.][6] or fp32 [.][6] (per k) */
     void *acc;         /* tile buffer [6][64]: int32 (int8 A) or fp32 (bf16 A) */
     int cont;          /* start from acc (else from 0) */
-    const float *ws;   /* bf16 A: the group's 64 scales (never NULL: ones when absent) */
     const float *wo;   /* bf16 A: the group's 64 offsets (never NULL: zeros when absent) */
-    const char *pf;    /* prefetch npf 64-byte lines from pf, spread over the call (hint T0) */
+    int no_offset;     /* bf16 A: wo is all zeros (adding them is skipped: x + 0 = x exactly
+                        * for the integer weights, so the bits do not change) */
+    const char *pf;    /* prefetch npf 64-byte lines from pf, spread over the call */
     int64_t npf;
+    int pf_l2;         /* ... into L2 (hint T1) instead of L1 (T0) */
 } mm_qk_ukr_args_t;
 
 /* Per-tile epilogue and group flush (int8 A with G > 1). */
@@ -73,9 +76,11 @@ typedef struct mm_qk_epi_args {
     int64_t nr;          /* columns (<= 64) */
     const int32_t *i32;  /* int32 tile [6][64] (int8 A) */
     float *f32;          /* fp32 tile [6][64] (G > 1 or bf16 A) */
-    int groups_mode;     /* int8 A: 0 = one group (read i32), 1 = read f32; bf16 A: 1 */
+    int fp_acc;          /* the group sums in i32 are fp32 (bf16 A), not int32 */
+    int groups_mode;     /* 0 = one group (read i32 and scale), 1 = read the f32 group sums */
     const int32_t *corr; /* [mr] off * row sums of this group (int8 A) */
-    /* flush (int8 A, G > 1): f32 = (first ? 0 : f32 +) (float)(i32 - corr) * ws */
+    /* flush (G > 1): f32 = (first ? 0 : f32 +) v * ws, v = (float)(i32 - corr) (int8 A) or
+     * the fp32 sum (bf16 A) */
     const float *ws;     /* 64 scales of the group / one group (NULL: 1) */
     int first;
     /* final */
@@ -95,6 +100,7 @@ typedef struct mm_qk_kernels {
     void (*ukr_w4)(int mr, const mm_qk_ukr_args_t *a);   /* bf16 A x int4 W */
     void (*flush)(const mm_qk_epi_args_t *e);
     void (*epilogue)(const mm_qk_epi_args_t *e);
+    int32_t (*rowsum)(const int8_t *x, int64_t n); /* sum of n int8 (wraps in 32 bits) */
 } mm_qk_kernels_t;
 
 extern const mm_qk_kernels_t mm_qk_kernels_c;

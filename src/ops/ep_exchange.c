@@ -233,9 +233,9 @@ megamoe_status_t mm_ep_pull_rows(const mm_ep_xbuf_t *x, const mm_ep_plan_t *p, v
 
 void mm_ep_done(mm_ep_xbuf_t *x, int dir)
 {
-    /* Puts issued through the runtime complete before the signals; direct stores are ordered
-     * by the release semantics of the signal update. */
-    mm_ep_fail(x, mm_shmem_quiet());
+    /* No quiet: the runtime orders a signal after every earlier put of this thread to that PE
+     * (across hosts it arrives behind them), and direct stores are ordered by the release
+     * semantics of the signal update. A quiet would add a round trip per call across hosts. */
     for (int i = 0; i < x->ep; i++) {
         int d = (x->me + i) % x->ep; /* rotated start: ranks do not all hit rank 0 first */
         uint64_t *sig = mm_ep_sig(x, dir, x->me);

@@ -1,4 +1,6 @@
-/* The inter-host engine on UCX's UCP: put/get/atomics on the registered heap segment.
+/* The inter-host engine on UCX's UCP: put/get/atomics on the registered heap segment; this file
+ * holds set-up, progress, waits and teardown, the protocols are engine_ucx_am.c (default) and
+ * engine_ucx_rma.c (engine_ucx.h).
  *
  * Why UCP (docs/shmem.md, "Choosing the engine"): one-sided operations on registered memory
  * with remote keys, the layer OpenSHMEM-UCX and NVSHMEM's remote transport build on, with a
@@ -6,21 +8,16 @@
  *
  * Threading: one worker per PE in SERIALIZED mode behind `lock` (recursive), so completion
  * callbacks run under the same lock as the calls that post (they post chained atomics and
- * loss reports themselves). A
- * progress thread sleeps on the worker's event fd and progresses incoming operations while
- * every thread of this PE computes (on TCP the target must progress for a put to land); waits
- * progress too.
+ * loss reports themselves). A progress thread sleeps on the worker's event fd and progresses
+ * incoming operations while every thread of this PE computes (on TCP, and for every message
+ * of the am protocol, the target must progress for a put to land); waits progress too.
  *
- * Semantics the runtime needs and how they are kept:
+ * Semantics the runtime needs (both protocols keep them):
  *  - put: the source is reusable on return. Puts below 1 MiB are copied into a staging ring
  *    and sent from there (non-blocking: a row-by-row dispatch or an O1 tile pipelines); larger
  *    puts go zero-copy from the caller's buffer and wait for completion.
- *  - a signal (atomic) is never visible before the data it covers: UCP's fence does not order
- *    operations on different lanes (TCP puts may stripe over several), so an atomic to a PE
- *    with puts not yet known complete waits in a per-PE FIFO behind an endpoint flush and is
- *    posted from the flush's completion, in issue order. Atomics to a PE without outstanding
- *    puts are posted at once (same lane, in order).
- *  - quiet: drain the chained atomics, then flush the worker.
+ *  - a signal is never visible before the data it covers (every earlier put to that PE).
+ *  - quiet: everything issued before is complete at its target.
  */
 #include <errno.h>
 #include <net/if.h>
@@ -34,87 +31,15 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <ucp/api/ucp.h>
-
 #include "base/clock.h"
 #include "base/env.h"
-#include "shmem_internal.h"
+#include "engine_ucx.h"
+#include "survive.h"
 
-/* Puts below this size are staged: an O1 tile of rows (128 x H x 2 bytes, 512 KiB at H 2048)
- * then leaves the worker at once and drains while it computes the next tile; from 1 MiB on
- * the copy would cost more than the wait it saves, so those go zero-copy. */
-#define MM_UCX_STAGE_MAX ((1u << 20) - 1)
-#define MM_UCX_RING_BYTES (32u << 20)   /* staging ring */
-#define MM_UCX_RING_RECS 16384u         /* staged puts in flight */
-#define MM_UCX_ATOMIC_RECS 8192u        /* atomics in flight or queued */
-#define MM_UCX_DONE_RECS 64u            /* completion records of waits (more: malloc) */
-
-typedef struct mm_ucx_atomic {
-    uint64_t operand, reply;
-    uint64_t off, gen;
-    int pe, op;
-    struct mm_ucx_engine_s *e;
-    struct mm_ucx_atomic *next; /* free list or the PE's queue */
-} mm_ucx_atomic_t;
-
-typedef struct mm_ucx_peer {
-    ucp_ep_h ep;
-    ucp_rkey_h rkey;
-    uint64_t base;            /* the peer's segment address */
-    uint64_t put_gen;         /* puts issued to this PE */
-    uint64_t done_gen;        /* puts known complete at the PE */
-    uint64_t flush_gen;       /* what the flush in flight covers */
-    uint64_t fence_gen;       /* puts before the last fence: later puts wait for them */
-    int flush_inflight;
-    int given_up;             /* the endpoint was force-closed after a wait on pe gave up */
-    mm_ucx_atomic_t *q_head, *q_tail; /* atomics waiting for a flush, FIFO */
-} mm_ucx_peer_t;
-
-typedef struct mm_ucx_flush_ctx {
-    struct mm_ucx_engine_s *e;
-    int pe;
-} mm_ucx_flush_ctx_t;
-
-typedef struct mm_ucx_ring_rec {
-    uint64_t start, len;
-    int done;
-} mm_ucx_ring_rec_t;
-
-typedef struct mm_ucx_engine_s {
-    pthread_mutex_t lock;
-    ucp_context_h ctx;
-    ucp_worker_h worker;
-    ucp_mem_h memh;
-    void *rkey_buf;
-    size_t rkey_len;
-    ucp_address_t *addr;
-    size_t addr_len;
-    char *seg_base;
-    uint64_t seg_size;
-    int my_pe, n_pes;
-    mm_ucx_peer_t *peers;
-    mm_ucx_flush_ctx_t *flush_ctxs; /* user data of each PE's flush */
-    /* staging ring: bytes [tail, head) in flight (positions grow, modulo the size) */
-    char *ring;
-    uint64_t ring_head, ring_tail;
-    mm_ucx_ring_rec_t *recs;
-    uint64_t rec_head, rec_tail;
-    mm_ucx_atomic_t *atomics, *free_atomics;
-    int queued_atomics; /* in PE queues */
-    int closes_open;              /* lost PEs' endpoint closes not yet completed */
-    ucs_status_ptr_t *close_reqs; /* per PE: the close request of a lost PE's endpoint */
-    struct mm_ucx_done *dones, *free_dones; /* completion records of waits */
-    /* progress thread */
-    pthread_t thread;
-    int thread_started;
-    int efd, wake_fd;
-    atomic_int stop;
-    char desc[192];
-} mm_ucx_engine_t;
-
-struct mm_shmem_engine {
-    mm_ucx_engine_t u;
-};
+/* A PE's engine record: segment address and size (u64 each), worker address and remote key
+ * lengths (u32 each), protocol (u32), then the address and the key. */
+#define MM_UCX_BLOB_HDR 28
+static const char *const mm_ucx_proto_names[] = {"am", "rma"};
 
 static double mm_sec(uint64_t ns) { return (double)ns * 1e-9; }
 
@@ -122,7 +47,6 @@ static double mm_sec(uint64_t ns) { return (double)ns * 1e-9; }
 
 static void mm_ucx_close_lost_start_locked(mm_ucx_engine_t *e);
 static void mm_ucx_close_lost_finish_locked(mm_ucx_engine_t *e);
-static int mm_ucx_pe_lost(int pe);
 
 /* Progress (lock held). Before each step, the endpoint of every PE known lost (any cause: a
  * bootstrap socket, a liveness check, a UCX endpoint error, the job-lost word) is closed:
@@ -132,14 +56,20 @@ static int mm_ucx_pe_lost(int pe);
  * error: Endpoint timeout", ucp_request.inl) and UCX would abort the survivor (3 of 40
  * kill-host runs under load). What arrives for a closed endpoint is dropped. */
 #define MM_UCX_PROGRESS_STEPS 256 /* per call: the caller's loop checks its timeout between */
-static int mm_ucx_progress_locked(mm_ucx_engine_t *e)
+int mm_ucx_progress_locked(mm_ucx_engine_t *e)
 {
     int any = 0;
     /* bounded: UCX can report progress on every call for as long as it retries something
      * (an endpoint to a cut-off host being discarded); an unbounded loop here would hold
      * the lock and never reach the caller's timeout */
     for (int i = 0; i < MM_UCX_PROGRESS_STEPS; i++) {
-        if (mm_shmem_lost_pe() >= 0) mm_ucx_close_lost_start_locked(e);
+        /* a PE lost since the last close (whether the survivors acknowledged it or not): its
+         * endpoint goes, the survivors' stay (survive.h) */
+        int losses = mm_surv_lost_count();
+        if (losses != e->losses_closed) {
+            e->losses_closed = losses;
+            mm_ucx_close_lost_start_locked(e);
+        }
         if (e->closes_open) mm_ucx_close_lost_finish_locked(e);
         if (!ucp_worker_progress(e->worker)) return any;
         any = 1;
@@ -149,7 +79,7 @@ static int mm_ucx_progress_locked(mm_ucx_engine_t *e)
 
 /* 1 when pe is known lost here: its dead flag, or the job-lost word naming it (another PE,
  * e.g. rank 0 which sees every bootstrap socket, saw it go before this one did). */
-static int mm_ucx_pe_lost(int pe)
+int mm_ucx_pe_lost(int pe)
 {
     mm_shmem_global_t *g = &mm_shmem_g;
     if (g->dead && atomic_load(&g->dead[pe])) return 1;
@@ -157,22 +87,22 @@ static int mm_ucx_pe_lost(int pe)
                                          __ATOMIC_ACQUIRE) == (uint64_t)pe + 1;
 }
 
-/* Wait until *flag != 0 (set by a callback under the lock), progressing; TIMEOUT after the
+/* Wait until done_fn(e, arg) (under the lock), progressing; TIMEOUT after the
  * runtime timeout, PEER_LOST when the target PE was lost. Operations between live PEs still
  * complete after a loss elsewhere (as between mapped PEs), but a wait that has not ended
  * MM_UCX_LOSS_GRACE_NS after a loss is known gives up with that loss: a wait on no single PE
  * (quiet) may cover the lost PE, and one on a live PE cut off with the lost one (a whole host
  * gone, the loss word naming another of its ranks) would otherwise run into the timeout. */
 #define MM_UCX_LOSS_GRACE_NS 1000000000ull
-static megamoe_status_t mm_ucx_wait_flag(mm_ucx_engine_t *e, const int *flag, int pe,
-                                         const char *what)
+megamoe_status_t mm_ucx_wait_until(mm_ucx_engine_t *e, int (*done_fn)(mm_ucx_engine_t *, void *),
+                                   void *arg, int pe, const char *what)
 {
     uint64_t start = mm_now_ns(), timeout = mm_shmem_timeout_ns(), sleep_ns = 10000;
     uint64_t loss_seen = 0;
     for (unsigned i = 0;; i++) {
         pthread_mutex_lock(&e->lock);
         mm_ucx_progress_locked(e);
-        int done = __atomic_load_n(flag, __ATOMIC_ACQUIRE);
+        int done = done_fn(e, arg);
         pthread_mutex_unlock(&e->lock);
         if (done) return MEGAMOE_OK;
         if ((i & 15) != 15) {
@@ -183,8 +113,10 @@ static megamoe_status_t mm_ucx_wait_flag(mm_ucx_engine_t *e, const int *flag, in
             return mm_error(MEGAMOE_PEER_LOST, "%s: rank %d was lost", what, pe);
         if (mm_shmem_lost_pe() >= 0) {
             if (loss_seen == 0) loss_seen = mm_now_ns();
-            else if (mm_now_ns() - loss_seen > MM_UCX_LOSS_GRACE_NS)
-                return mm_shmem_check_peers(what);
+            else if (mm_now_ns() - loss_seen > MM_UCX_LOSS_GRACE_NS) {
+                megamoe_status_t st = mm_shmem_check_peers(what);
+                if (st != MEGAMOE_OK) return st; /* (acknowledged meanwhile: wait on) */
+            }
         }
         uint64_t el = mm_now_ns() - start;
         if (el >= timeout)
@@ -199,26 +131,21 @@ static megamoe_status_t mm_ucx_wait_flag(mm_ucx_engine_t *e, const int *flag, in
     }
 }
 
-static megamoe_status_t mm_ucx_status(ucs_status_t s, int pe, const char *what);
-static void mm_ucx_drop_queue(mm_ucx_engine_t *e, int pe);
+static int mm_ucx_flag_set(mm_ucx_engine_t *e, void *flag)
+{
+    (void)e;
+    return __atomic_load_n((const int *)flag, __ATOMIC_ACQUIRE);
+}
 
-/* The completion record of a request a caller waits for (a *_nbx call's request; NULL from
- * the call means it completed at once). It belongs to the engine (a pool, malloc beyond it),
- * never to the caller's frame: a wait that gives up (peer lost, timeout) returns before UCX
- * completes the request, and the completion comes later, at the latest when fini
- * force-closes the endpoint (with UCS_ERR_CANCELED). Written into a stack frame that was
- * gone, it overwrote a saved register of mm_shmem_release after a cut host (a crash at
- * 0x7ff000000001: flag 1, then the packed status byte 0xf0). Ownership: the waiter releases
- * it once completed; a waiter that gives up first sets `abandoned` and the callback releases
- * it (both under the lock, where callbacks run). */
-typedef struct mm_ucx_done {
-    int flag;
-    int abandoned;
-    int pooled; /* from e->dones, else malloc'd */
-    ucs_status_t status;
-    struct mm_ucx_engine_s *e;
-    struct mm_ucx_done *next; /* free list */
-} mm_ucx_done_t;
+/* Wait until *flag != 0 (set by a callback under the lock). */
+static megamoe_status_t mm_ucx_wait_flag(mm_ucx_engine_t *e, const int *flag, int pe,
+                                         const char *what)
+{
+    return mm_ucx_wait_until(e, mm_ucx_flag_set, (void *)flag, pe, what);
+}
+
+static void mm_ucx_forget_locked(mm_ucx_engine_t *e, int pe);
+
 
 static void mm_ucx_done_release_locked(mm_ucx_engine_t *e, mm_ucx_done_t *d)
 {
@@ -230,7 +157,7 @@ static void mm_ucx_done_release_locked(mm_ucx_engine_t *e, mm_ucx_done_t *d)
     e->free_dones = d;
 }
 
-static void mm_ucx_done_release(mm_ucx_engine_t *e, mm_ucx_done_t *d)
+void mm_ucx_done_release(mm_ucx_engine_t *e, mm_ucx_done_t *d)
 {
     pthread_mutex_lock(&e->lock);
     mm_ucx_done_release_locked(e, d);
@@ -250,7 +177,7 @@ static void mm_ucx_done_cb(void *request, ucs_status_t status, void *user_data)
 }
 
 /* A completion record and the request parameters that point at it (NULL: out of memory). */
-static mm_ucx_done_t *mm_ucx_done_new(mm_ucx_engine_t *e, ucp_request_param_t *prm)
+mm_ucx_done_t *mm_ucx_done_new(mm_ucx_engine_t *e, ucp_request_param_t *prm)
 {
     pthread_mutex_lock(&e->lock);
     mm_ucx_done_t *d = e->free_dones;
@@ -309,7 +236,7 @@ static void mm_ucx_close_ep_locked(mm_ucx_engine_t *e, int pe)
         if (ucp_request_check_status(r) != UCS_INPROGRESS) break;
     }
     if (r != NULL) ucp_request_free(r);
-    mm_ucx_drop_queue(e, pe); /* signals queued behind a flush that never comes */
+    mm_ucx_forget_locked(e, pe); /* signals queued behind a flush that never comes */
 }
 
 /* Close, with force and without progress, the endpoint of every PE known lost that is still
@@ -349,14 +276,14 @@ static void mm_ucx_close_lost_finish_locked(mm_ucx_engine_t *e)
         if (e->close_reqs[pe] == NULL) continue;
         ucp_request_free(e->close_reqs[pe]); /* or when it completes */
         e->close_reqs[pe] = NULL;
-        mm_ucx_drop_queue(e, pe);
+        mm_ucx_forget_locked(e, pe);
     }
 }
 
 /* Wait for the request behind d (pe < 0: none in particular), then free d. A wait that gives
  * up on pe closes pe's endpoint, so the request completes before this returns (its buffers
  * are the caller's); one on no single PE (quiet: no caller buffers) leaves d to the callback. */
-static megamoe_status_t mm_ucx_wait_done(mm_ucx_engine_t *e, mm_ucx_done_t *d, int pe,
+megamoe_status_t mm_ucx_wait_done(mm_ucx_engine_t *e, mm_ucx_done_t *d, int pe,
                                          const char *what)
 {
     megamoe_status_t st = mm_ucx_wait_flag(e, &d->flag, pe, what);
@@ -377,7 +304,7 @@ static megamoe_status_t mm_ucx_wait_done(mm_ucx_engine_t *e, mm_ucx_done_t *d, i
 }
 
 /* pe's endpoint for an operation (lock held), or NULL with the error in *st_p. */
-static ucp_ep_h mm_ucx_ep_locked(mm_ucx_engine_t *e, int pe, const char *what,
+ucp_ep_h mm_ucx_ep_locked(mm_ucx_engine_t *e, int pe, const char *what,
                                  megamoe_status_t *st_p)
 {
     mm_ucx_peer_t *p = &e->peers[pe];
@@ -395,7 +322,7 @@ static ucp_ep_h mm_ucx_ep_locked(mm_ucx_engine_t *e, int pe, const char *what,
     return NULL;
 }
 
-static megamoe_status_t mm_ucx_status(ucs_status_t s, int pe, const char *what)
+megamoe_status_t mm_ucx_status(ucs_status_t s, int pe, const char *what)
 {
     if (s == UCS_OK) return MEGAMOE_OK;
     if (!atomic_load(&mm_shmem_g.closing)) {
@@ -420,7 +347,7 @@ static void mm_ucx_ring_release(mm_ucx_engine_t *e)
     if (e->rec_tail == e->rec_head) e->ring_tail = e->ring_head;
 }
 
-static void mm_ucx_put_done_cb(void *request, ucs_status_t status, void *user_data)
+void mm_ucx_put_done_cb(void *request, ucs_status_t status, void *user_data)
 {
     mm_ucx_ring_rec_t *r = user_data;
     (void)status; /* an error reaches the endpoint's error handler */
@@ -429,7 +356,7 @@ static void mm_ucx_put_done_cb(void *request, ucs_status_t status, void *user_da
 }
 
 /* Reserve n contiguous bytes of the ring (lock held; progresses while full). */
-static megamoe_status_t mm_ucx_ring_alloc(mm_ucx_engine_t *e, size_t n, int pe, char **stage_p,
+megamoe_status_t mm_ucx_ring_alloc(mm_ucx_engine_t *e, size_t n, int pe, char **stage_p,
                                           mm_ucx_ring_rec_t **rec_p)
 {
     uint64_t start_ns = 0;
@@ -451,6 +378,9 @@ static megamoe_status_t mm_ucx_ring_alloc(mm_ucx_engine_t *e, size_t n, int pe, 
             return MEGAMOE_OK;
         }
         if (start_ns == 0) start_ns = mm_now_ns();
+        /* coalesced puts hold their reservations until sent, and the ring is released in
+         * order: send them (any thread's), else an idle thread's cork could fill it for good */
+        if (e->proto == MM_UCX_PROTO_AM) mm_ucx_am_flush_pe(e, -1);
         mm_ucx_progress_locked(e);
         MM_CHECK(mm_shmem_check_peers("an inter-host put"));
         if (mm_now_ns() - start_ns > mm_shmem_timeout_ns())
@@ -458,240 +388,6 @@ static megamoe_status_t mm_ucx_ring_alloc(mm_ucx_engine_t *e, size_t n, int pe, 
                             "MiB) did not drain within HYPER_PARALLEL_SHMEM_TIMEOUT_SEC", pe,
                             MM_UCX_RING_BYTES >> 20);
     }
-}
-
-/* ---- atomics (lock held) ---- */
-
-static void mm_ucx_atomic_done_cb(void *request, ucs_status_t status, void *user_data)
-{
-    mm_ucx_atomic_t *a = user_data;
-    (void)status;
-    a->next = a->e->free_atomics;
-    a->e->free_atomics = a;
-    ucp_request_free(request);
-}
-
-static megamoe_status_t mm_ucx_atomic_post(mm_ucx_engine_t *e, mm_ucx_atomic_t *a)
-{
-    mm_ucx_peer_t *p = &e->peers[a->pe];
-    ucp_request_param_t prm;
-    memset(&prm, 0, sizeof prm);
-    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                       UCP_OP_ATTR_FIELD_DATATYPE;
-    prm.cb.send = mm_ucx_atomic_done_cb;
-    prm.user_data = a;
-    prm.datatype = ucp_dt_make_contig(8);
-    ucp_atomic_op_t op = UCP_ATOMIC_OP_ADD;
-    if (a->op != MM_ENGINE_ADD) {
-        prm.op_attr_mask |= UCP_OP_ATTR_FIELD_REPLY_BUFFER;
-        prm.reply_buffer = &a->reply;
-        op = a->op == MM_ENGINE_SET ? UCP_ATOMIC_OP_SWAP : UCP_ATOMIC_OP_CSWAP;
-        if (a->op == MM_ENGINE_CAS0) { /* CSWAP: compare with buffer, swap in the reply's value */
-            a->reply = a->operand;
-            a->operand = 0;
-        }
-    }
-    ucs_status_ptr_t r = ucp_atomic_op_nbx(p->ep, op, &a->operand, 1, p->base + a->off, p->rkey,
-                                           &prm);
-    if (r == NULL) {
-        a->next = e->free_atomics;
-        e->free_atomics = a;
-        return MEGAMOE_OK;
-    }
-    if (UCS_PTR_IS_ERR(r)) {
-        a->next = e->free_atomics;
-        e->free_atomics = a;
-        return mm_ucx_status(UCS_PTR_STATUS(r), a->pe, "an inter-host signal");
-    }
-    return MEGAMOE_OK;
-}
-
-static void mm_ucx_flush_start(mm_ucx_engine_t *e, int pe);
-
-/* The queued atomics to pe can never be ordered (its flush failed, or its endpoint is closed):
- * drop them (the peer is lost or the engine is going away). */
-static void mm_ucx_drop_queue(mm_ucx_engine_t *e, int pe)
-{
-    mm_ucx_peer_t *p = &e->peers[pe];
-    while (p->q_head) {
-        mm_ucx_atomic_t *a = p->q_head;
-        p->q_head = a->next;
-        a->next = e->free_atomics;
-        e->free_atomics = a;
-        e->queued_atomics--;
-    }
-    p->q_tail = NULL;
-    p->flush_inflight = 0;
-}
-
-/* The flush covering flush_gen completed: post the queued atomics it covers, in order. */
-static void mm_ucx_flush_complete(mm_ucx_engine_t *e, int pe)
-{
-    mm_ucx_peer_t *p = &e->peers[pe];
-    if (p->ep == NULL) {
-        /* fini closed the endpoint and ucp_worker_destroy is completing the flushes still
-         * pending: posting to the closed endpoint would crash */
-        mm_ucx_drop_queue(e, pe);
-        return;
-    }
-    if (p->flush_gen > p->done_gen) p->done_gen = p->flush_gen;
-    p->flush_inflight = 0;
-    while (p->q_head && p->q_head->gen <= p->done_gen) {
-        mm_ucx_atomic_t *a = p->q_head;
-        p->q_head = a->next;
-        if (p->q_head == NULL) p->q_tail = NULL;
-        e->queued_atomics--;
-        mm_ucx_atomic_post(e, a); /* an error marks the peer lost; waiters see it */
-    }
-    if (p->q_head) mm_ucx_flush_start(e, pe);
-}
-
-
-
-static void mm_ucx_flush_cb(void *request, ucs_status_t status, void *user_data)
-{
-    mm_ucx_flush_ctx_t *c = user_data;
-    ucp_request_free(request);
-    if (status != UCS_OK) {
-        /* cancelled by our own close (teardown, or a wait that gave up and reported it):
-         * nothing to report, and an error here would replace the caller's last error */
-        if (!c->e->peers[c->pe].given_up && !atomic_load(&mm_shmem_g.closing))
-            mm_ucx_status(status, c->pe, "an inter-host flush");
-        mm_ucx_drop_queue(c->e, c->pe); /* the queued atomics can never be ordered */
-        return;
-    }
-    mm_ucx_flush_complete(c->e, c->pe);
-}
-
-static void mm_ucx_flush_start(mm_ucx_engine_t *e, int pe)
-{
-    mm_ucx_peer_t *p = &e->peers[pe];
-    p->flush_inflight = 1;
-    p->flush_gen = p->put_gen;
-    ucp_request_param_t prm;
-    memset(&prm, 0, sizeof prm);
-    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    prm.cb.send = mm_ucx_flush_cb;
-    prm.user_data = &e->flush_ctxs[pe];
-    ucs_status_ptr_t r = ucp_ep_flush_nbx(p->ep, &prm);
-    if (r == NULL) {
-        mm_ucx_flush_complete(e, pe);
-    } else if (UCS_PTR_IS_ERR(r)) {
-        p->flush_inflight = 0;
-        mm_ucx_status(UCS_PTR_STATUS(r), pe, "an inter-host flush");
-    }
-}
-
-static megamoe_status_t mm_ucx_atomic_get(mm_ucx_engine_t *e, int pe, mm_ucx_atomic_t **a_p)
-{
-    uint64_t start_ns = 0;
-    while (e->free_atomics == NULL) {
-        if (start_ns == 0) start_ns = mm_now_ns();
-        mm_ucx_progress_locked(e);
-        MM_CHECK(mm_shmem_check_peers("an inter-host signal"));
-        if (mm_now_ns() - start_ns > mm_shmem_timeout_ns())
-            return mm_error(MEGAMOE_TIMEOUT, "inter-host signal to rank %d: %u signals in "
-                            "flight did not complete within HYPER_PARALLEL_SHMEM_TIMEOUT_SEC",
-                            pe, MM_UCX_ATOMIC_RECS);
-    }
-    mm_ucx_atomic_t *a = e->free_atomics;
-    e->free_atomics = a->next;
-    a->next = NULL;
-    *a_p = a;
-    return MEGAMOE_OK;
-}
-
-/* ---- the engine operations ---- */
-
-static megamoe_status_t mm_ucx_fence_wait(mm_ucx_engine_t *e, int pe);
-
-static megamoe_status_t mm_ucx_atomic(mm_shmem_engine_t *se, int pe, uint64_t off,
-                                      uint64_t value, int op)
-{
-    mm_ucx_engine_t *e = &se->u;
-    mm_ucx_peer_t *p = &e->peers[pe];
-    megamoe_status_t st = MEGAMOE_OK;
-    pthread_mutex_lock(&e->lock);
-    mm_ucx_atomic_t *a = NULL;
-    st = mm_ucx_atomic_get(e, pe, &a);
-    if (st == MEGAMOE_OK && mm_ucx_ep_locked(e, pe, "inter-host signal", &st) == NULL) {
-        a->next = e->free_atomics;
-        e->free_atomics = a;
-    }
-    if (st != MEGAMOE_OK) {
-        pthread_mutex_unlock(&e->lock);
-        return st;
-    }
-    a->operand = value;
-    a->off = off;
-    a->pe = pe;
-    a->op = op;
-    a->e = e;
-    a->gen = p->put_gen;
-    if (p->q_head == NULL && p->done_gen >= p->put_gen) {
-        st = mm_ucx_atomic_post(e, a);
-    } else {
-        if (p->q_tail) p->q_tail->next = a;
-        else p->q_head = a;
-        p->q_tail = a;
-        e->queued_atomics++;
-        if (!p->flush_inflight) mm_ucx_flush_start(e, pe);
-    }
-    pthread_mutex_unlock(&e->lock);
-    return st;
-}
-
-static megamoe_status_t mm_ucx_put(mm_shmem_engine_t *se, int pe, uint64_t off, const void *src,
-                                   size_t n)
-{
-    mm_ucx_engine_t *e = &se->u;
-    mm_ucx_peer_t *p = &e->peers[pe];
-    if (n == 0) return MEGAMOE_OK;
-    MM_CHECK(mm_ucx_fence_wait(e, pe));
-    ucp_request_param_t prm;
-    memset(&prm, 0, sizeof prm);
-    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    megamoe_status_t st = MEGAMOE_OK;
-    if (n <= MM_UCX_STAGE_MAX) {
-        pthread_mutex_lock(&e->lock);
-        mm_ucx_ring_rec_t *rec = NULL;
-        char *stage = NULL;
-        megamoe_status_t rs = mm_ucx_ring_alloc(e, n, pe, &stage, &rec);
-        if (rs == MEGAMOE_OK && mm_ucx_ep_locked(e, pe, "inter-host put", &rs) == NULL)
-            rec->done = 1; /* the reserved bytes go back with the record */
-        if (rs != MEGAMOE_OK) {
-            pthread_mutex_unlock(&e->lock);
-            return rs;
-        }
-        memcpy(stage, src, n);
-        prm.cb.send = mm_ucx_put_done_cb;
-        prm.user_data = rec;
-        ucs_status_ptr_t r = ucp_put_nbx(p->ep, stage, n, p->base + off, p->rkey, &prm);
-        p->put_gen++;
-        if (r == NULL) rec->done = 1;
-        else if (UCS_PTR_IS_ERR(r)) {
-            rec->done = 1;
-            st = mm_ucx_status(UCS_PTR_STATUS(r), pe, "an inter-host put");
-        }
-        pthread_mutex_unlock(&e->lock);
-        return st;
-    }
-    mm_ucx_done_t *d = mm_ucx_done_new(e, &prm);
-    if (d == NULL) return MEGAMOE_OUT_OF_MEMORY;
-    pthread_mutex_lock(&e->lock);
-    ucs_status_ptr_t r = NULL;
-    if (mm_ucx_ep_locked(e, pe, "inter-host put", &st)) {
-        r = ucp_put_nbx(p->ep, src, n, p->base + off, p->rkey, &prm);
-        p->put_gen++;
-    }
-    pthread_mutex_unlock(&e->lock);
-    if (st != MEGAMOE_OK || r == NULL || UCS_PTR_IS_ERR(r)) {
-        mm_ucx_done_release(e, d);
-        if (st == MEGAMOE_OK && r != NULL)
-            st = mm_ucx_status(UCS_PTR_STATUS(r), pe, "an inter-host put");
-        return st;
-    }
-    return mm_ucx_wait_done(e, d, pe, "an inter-host put");
 }
 
 static megamoe_status_t mm_ucx_get(mm_shmem_engine_t *se, int pe, uint64_t off, void *dst,
@@ -706,8 +402,12 @@ static megamoe_status_t mm_ucx_get(mm_shmem_engine_t *se, int pe, uint64_t off, 
     megamoe_status_t st = MEGAMOE_OK;
     pthread_mutex_lock(&e->lock);
     ucs_status_ptr_t r = NULL;
-    if (mm_ucx_ep_locked(e, pe, "inter-host get", &st))
+    if (mm_ucx_ep_locked(e, pe, "inter-host get", &st)) {
+        if (e->proto == MM_UCX_PROTO_AM) mm_ucx_am_flush_pe(e, pe);
         r = ucp_get_nbx(p->ep, dst, n, p->base + off, p->rkey, &prm);
+        e->stats.gets++;
+        e->stats.get_bytes += n;
+    }
     pthread_mutex_unlock(&e->lock);
     if (st != MEGAMOE_OK || r == NULL || UCS_PTR_IS_ERR(r)) {
         mm_ucx_done_release(e, d);
@@ -718,94 +418,57 @@ static megamoe_status_t mm_ucx_get(mm_shmem_engine_t *se, int pe, uint64_t off, 
     return mm_ucx_wait_done(e, d, pe, "an inter-host get");
 }
 
-static megamoe_status_t mm_ucx_quiet(mm_shmem_engine_t *se)
+/* ---- the data path: by protocol ---- */
+
+/* What waits for pe or came from it can never complete (lock held; pe lost or closing). */
+static void mm_ucx_forget_locked(mm_ucx_engine_t *e, int pe)
 {
-    mm_ucx_engine_t *e = &se->u;
-    /* 1. chained signals posted (their flushes complete through progress) */
-    uint64_t start = mm_now_ns();
-    for (;;) {
-        pthread_mutex_lock(&e->lock);
-        mm_ucx_progress_locked(e);
-        int left = e->queued_atomics;
-        pthread_mutex_unlock(&e->lock);
-        if (left == 0) break;
-        MM_CHECK(mm_shmem_check_peers("an inter-host quiet"));
-        if (mm_now_ns() - start > mm_shmem_timeout_ns())
-            return mm_error(MEGAMOE_TIMEOUT, "inter-host quiet: %d signals still wait for "
-                            "their data after HYPER_PARALLEL_SHMEM_TIMEOUT_SEC", left);
-        sched_yield();
-    }
-    /* 2. everything issued is complete at its target */
-    ucp_request_param_t prm;
-    mm_ucx_done_t *d = mm_ucx_done_new(e, &prm);
-    if (d == NULL) return MEGAMOE_OUT_OF_MEMORY;
-    pthread_mutex_lock(&e->lock);
-    /* put_gen of every peer now: complete once the flush is (on the stack up to 256 PEs, so
-     * a quiet allocates nothing in the usual jobs) */
-    uint64_t gens_here[256], *gens = gens_here;
-    ucs_status_ptr_t r = ucp_worker_flush_nbx(e->worker, &prm);
-    int n = e->n_pes;
-    if (n > 256) gens = malloc(sizeof *gens * (size_t)n);
-    for (int pe = 0; gens && pe < n; pe++) gens[pe] = e->peers[pe].put_gen;
-    pthread_mutex_unlock(&e->lock);
-    megamoe_status_t st = MEGAMOE_OK;
-    if (r == NULL || UCS_PTR_IS_ERR(r)) {
-        mm_ucx_done_release(e, d);
-        if (r != NULL) st = mm_ucx_status(UCS_PTR_STATUS(r), -1, "an inter-host quiet");
-    } else {
-        st = mm_ucx_wait_done(e, d, -1, "an inter-host quiet");
-    }
-    if (st == MEGAMOE_OK && gens) {
-        pthread_mutex_lock(&e->lock);
-        for (int pe = 0; pe < n; pe++)
-            if (gens[pe] > e->peers[pe].done_gen) e->peers[pe].done_gen = gens[pe];
-        pthread_mutex_unlock(&e->lock);
-    }
-    if (gens != gens_here) free(gens);
-    return st;
+    mm_ucx_rma_drop_queue(e, pe);
+    if (e->rx) mm_ucx_am_forget(e, pe);
 }
 
-/* UCP's fence does not order operations on different lanes; completion does. Signals are
- * ordered after the puts they cover anyway, so the fence is lazy: it records each PE's puts,
- * and a later put to that PE first waits until they are complete. */
+static megamoe_status_t mm_ucx_put(mm_shmem_engine_t *se, int pe, uint64_t off, const void *src,
+                                   size_t n)
+{
+    mm_ucx_engine_t *e = &se->u;
+    if (n == 0) return MEGAMOE_OK;
+    if (e->proto == MM_UCX_PROTO_RMA) return mm_ucx_rma_put(e, pe, off, src, n);
+    return mm_ucx_am_send(e, pe, off, src, n, 0, 0, -1);
+}
+
+static megamoe_status_t mm_ucx_atomic(mm_shmem_engine_t *se, int pe, uint64_t off,
+                                      uint64_t value, int op)
+{
+    mm_ucx_engine_t *e = &se->u;
+    if (e->proto == MM_UCX_PROTO_RMA) return mm_ucx_rma_atomic(e, pe, off, value, op);
+    return mm_ucx_am_send(e, pe, 0, NULL, 0, off, value, op);
+}
+
+static megamoe_status_t mm_ucx_put_signal(mm_shmem_engine_t *se, int pe, uint64_t off,
+                                          const void *src, size_t n, uint64_t sig_off,
+                                          uint64_t value, int op)
+{
+    mm_ucx_engine_t *e = &se->u;
+    if (e->proto == MM_UCX_PROTO_RMA) {
+        MM_CHECK(n ? mm_ucx_rma_put(e, pe, off, src, n) : MEGAMOE_OK);
+        return mm_ucx_rma_atomic(e, pe, sig_off, value, op);
+    }
+    return mm_ucx_am_send(e, pe, off, src, n, sig_off, value, op);
+}
+
+/* am: every message to a PE is applied there in issue order, so a fence has nothing to do. */
 static megamoe_status_t mm_ucx_fence(mm_shmem_engine_t *se)
 {
     mm_ucx_engine_t *e = &se->u;
-    pthread_mutex_lock(&e->lock);
-    for (int pe = 0; pe < e->n_pes; pe++) e->peers[pe].fence_gen = e->peers[pe].put_gen;
-    pthread_mutex_unlock(&e->lock);
-    return MEGAMOE_OK;
+    return e->proto == MM_UCX_PROTO_RMA ? mm_ucx_rma_fence(e) : MEGAMOE_OK;
 }
 
-/* Before a put to pe: the puts before a fence must be complete (lock NOT held). */
-static megamoe_status_t mm_ucx_fence_wait(mm_ucx_engine_t *e, int pe)
+static megamoe_status_t mm_ucx_quiet(mm_shmem_engine_t *se)
 {
-    mm_ucx_peer_t *p = &e->peers[pe];
-    pthread_mutex_lock(&e->lock);
-    int need = p->fence_gen > p->done_gen;
-    if (need && !p->flush_inflight && p->ep) mm_ucx_flush_start(e, pe);
-    pthread_mutex_unlock(&e->lock);
-    if (!need) return MEGAMOE_OK;
-    uint64_t start = mm_now_ns();
-    for (;;) {
-        pthread_mutex_lock(&e->lock);
-        mm_ucx_progress_locked(e);
-        int left = p->fence_gen > p->done_gen;
-        megamoe_status_t cs = MEGAMOE_OK;
-        if (left && mm_ucx_ep_locked(e, pe, "an inter-host fence", &cs) == NULL) {
-            pthread_mutex_unlock(&e->lock);
-            return cs;
-        }
-        if (left && !p->flush_inflight) mm_ucx_flush_start(e, pe);
-        pthread_mutex_unlock(&e->lock);
-        if (!left) return MEGAMOE_OK;
-        MM_CHECK(mm_shmem_check_peers("an inter-host fence"));
-        if (mm_now_ns() - start > mm_shmem_timeout_ns())
-            return mm_error(MEGAMOE_TIMEOUT, "inter-host fence: the puts to rank %d before it "
-                            "did not complete within HYPER_PARALLEL_SHMEM_TIMEOUT_SEC", pe);
-        sched_yield();
-    }
+    mm_ucx_engine_t *e = &se->u;
+    return e->proto == MM_UCX_PROTO_RMA ? mm_ucx_rma_quiet(e) : mm_ucx_am_quiet(e);
 }
+
 
 static int mm_ucx_progress(mm_shmem_engine_t *se)
 {
@@ -865,8 +528,9 @@ static void mm_ucx_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
  * costs (about 2x the GB per CPU-second, docs/shmem.md "Choosing the engine"). */
 static megamoe_status_t mm_ucx_config(ucp_config_t *cfg, const char *net_device)
 {
-    const char *tls = "", *devs = "", *tx = "", *rx = "", *maxpoll = "";
+    const char *tls = "", *devs = "", *tx = "", *rx = "", *maxpoll = "", *proto = "";
     MM_CHECK(mm_env_string(MM_ENV_UCX_TLS, &tls));
+    MM_CHECK(mm_env_string(MM_ENV_UCX_PROTO_ENABLE, &proto));
     MM_CHECK(mm_env_string(MM_ENV_UCX_NET_DEVICES, &devs));
     MM_CHECK(mm_env_string(MM_ENV_UCX_TCP_TX_SEG_SIZE, &tx));
     MM_CHECK(mm_env_string(MM_ENV_UCX_TCP_RX_SEG_SIZE, &rx));
@@ -876,19 +540,31 @@ static megamoe_status_t mm_ucx_config(ucp_config_t *cfg, const char *net_device)
     if (*devs == '\0' && net_device && *net_device &&
         ucp_config_modify(cfg, "NET_DEVICES", net_device) != UCS_OK)
         return mm_error(MEGAMOE_INTERNAL, "UCX refused the network device %s", net_device);
-    /* UCX hands these to each transport's configuration under the transport's own field name
-     * ("TX_SEG_SIZE", not "TCP_TX_SEG_SIZE"); only TCP has them. On TCP a put is an active
-     * message, sent in TX_SEG_SIZE fragments. */
-    if (*tx == '\0') ucp_config_modify(cfg, "TX_SEG_SIZE", "64k");
-    if (*rx == '\0') ucp_config_modify(cfg, "RX_SEG_SIZE", "256k");
+    /* UCX 1.13 hands these to each transport's configuration under the transport's own field
+     * name ("TX_SEG_SIZE"), newer UCX (1.18 checked; 1.15 assumed) under the prefixed name
+     * ("TCP_TX_SEG_SIZE"); the other spelling is reported as an invalid configuration. Only TCP
+     * has them. On TCP a put is an active message, sent in TX_SEG_SIZE fragments. */
+    unsigned major = 0, minor = 0, release = 0;
+    ucp_get_version(&major, &minor, &release);
+    const char *pre = major > 1 || minor >= 15 ? "TCP_" : "";
+    char key[32];
+    snprintf(key, sizeof key, "%sTX_SEG_SIZE", pre);
+    if (*tx == '\0') ucp_config_modify(cfg, key, "64k");
+    snprintf(key, sizeof key, "%sRX_SEG_SIZE", pre);
+    if (*rx == '\0') ucp_config_modify(cfg, key, "256k");
     /* One socket event per epoll_wait: UCX 1.13's TCP progress takes up to MAX_POLL (16)
      * events at once, and when the first (a peer's connection reset) fails the UCP endpoint,
      * the endpoint's other connections close while their events are still in the batch: the
      * next one hits an assertion (tcp_iface.c, "conn_state != CLOSED") and aborts the process.
      * A survivor of a killed host died that way in 1 of ~12 fault runs under load. Each event
      * is then handled before the next wait; progress loops call again for the rest. */
-    if (*maxpoll == '\0') ucp_config_modify(cfg, "MAX_POLL", "1");
+    snprintf(key, sizeof key, "%sMAX_POLL", pre);
+    if (*maxpoll == '\0') ucp_config_modify(cfg, key, "1");
     ucp_config_modify(cfg, "MEMTYPE_CACHE", "n"); /* absent in some versions: best effort */
+    /* UCX's protocol selection v2 (the default from 1.16) has no software-emulated fetching
+     * atomics over TCP ("cannot find remote protocol for ... amo_fetch"), which the engine's
+     * signals need; the v1 protocols have them. A user's UCX_PROTO_ENABLE wins. */
+    if (*proto == '\0') ucp_config_modify(cfg, "PROTO_ENABLE", "n");
     return MEGAMOE_OK;
 }
 
@@ -936,6 +612,13 @@ static megamoe_status_t mm_ucx_init(const mm_engine_init_t *in, mm_shmem_engine_
         mm_ucx_done_release_locked(e, &e->dones[i]);
     }
 
+    int proto = MM_UCX_PROTO_AM; /* index in "am|rma" */
+    megamoe_status_t pst = mm_env_enum(MM_ENV_SHMEM_ENGINE_PROTOCOL, &proto);
+    if (pst != MEGAMOE_OK) {
+        mm_ucx_fini(se);
+        return pst;
+    }
+    e->proto = proto;
     ucp_config_t *cfg = NULL;
     ucs_status_t s = ucp_config_read(NULL, NULL, &cfg);
     megamoe_status_t st = s == UCS_OK ? MEGAMOE_OK
@@ -946,7 +629,7 @@ static megamoe_status_t mm_ucx_init(const mm_engine_init_t *in, mm_shmem_engine_
         ucp_params_t prm;
         memset(&prm, 0, sizeof prm);
         prm.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-        prm.features = UCP_FEATURE_RMA | UCP_FEATURE_AMO64 | UCP_FEATURE_WAKEUP;
+        prm.features = UCP_FEATURE_RMA | UCP_FEATURE_AMO64 | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
         prm.name = "megamoe";
         s = ucp_init(&prm, cfg, &e->ctx);
         if (s != UCS_OK)
@@ -979,12 +662,13 @@ static megamoe_status_t mm_ucx_init(const mm_engine_init_t *in, mm_shmem_engine_
             st = mm_error(MEGAMOE_OUT_OF_MEMORY, "UCX: cannot register the %llu-byte heap "
                           "segment for remote access: %s; lower HYPER_PARALLEL_SHMEM_HEAP_SIZE",
                           (unsigned long long)in->seg_size, ucs_status_string(s));
-        else if (e->addr_len + e->rkey_len + 24 > MM_ENGINE_BLOB_MAX)
+        else if (e->addr_len + e->rkey_len + MM_UCX_BLOB_HDR > MM_ENGINE_BLOB_MAX)
             st = mm_error(MEGAMOE_UNSUPPORTED, "UCX: the worker address (%zu bytes) and remote "
                           "key (%zu bytes) do not fit the %d-byte bootstrap record; restrict "
                           "UCX_NET_DEVICES / UCX_TLS", e->addr_len, e->rkey_len,
                           MM_ENGINE_BLOB_MAX);
     }
+    if (st == MEGAMOE_OK) st = mm_ucx_am_setup(e);
     if (st == MEGAMOE_OK) {
         e->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (e->wake_fd < 0)
@@ -995,10 +679,10 @@ static megamoe_status_t mm_ucx_init(const mm_engine_init_t *in, mm_shmem_engine_
         mm_env_string(MM_ENV_UCX_TLS, &tls);
         mm_env_string(MM_ENV_UCX_TCP_TX_SEG_SIZE, &tx);
         mm_env_string(MM_ENV_UCX_TCP_RX_SEG_SIZE, &rx);
-        snprintf(e->desc, sizeof e->desc, "UCX %s (transports %s, device %s, TCP segments %s/%s)",
-                 ucp_get_version_string(), *tls ? tls : "not shared memory",
+        snprintf(e->desc, sizeof e->desc, "UCX %s (transports %s, device %s, TCP segments %s/%s, "
+                 "protocol %s)", ucp_get_version_string(), *tls ? tls : "not shared memory",
                  in->net_device && *in->net_device ? in->net_device : "any", *tx ? tx : "64k",
-                 *rx ? rx : "256k");
+                 *rx ? rx : "256k", mm_ucx_proto_names[e->proto]);
     }
     if (st != MEGAMOE_OK) {
         mm_ucx_fini(se);
@@ -1016,9 +700,10 @@ static megamoe_status_t mm_ucx_publish(mm_shmem_engine_t *se, void *blob, size_t
     mm_put_u64(p + 8, e->seg_size);
     mm_put_u32(p + 16, (uint32_t)e->addr_len);
     mm_put_u32(p + 20, (uint32_t)e->rkey_len);
-    memcpy(p + 24, e->addr, e->addr_len);
-    memcpy(p + 24 + e->addr_len, e->rkey_buf, e->rkey_len);
-    *len_p = 24 + e->addr_len + e->rkey_len;
+    mm_put_u32(p + 24, (uint32_t)e->proto);
+    memcpy(p + MM_UCX_BLOB_HDR, e->addr, e->addr_len);
+    memcpy(p + MM_UCX_BLOB_HDR + e->addr_len, e->rkey_buf, e->rkey_len);
+    *len_p = MM_UCX_BLOB_HDR + e->addr_len + e->rkey_len;
     return MEGAMOE_OK;
 }
 
@@ -1032,9 +717,18 @@ static megamoe_status_t mm_ucx_startup(mm_shmem_engine_t *se, const uint8_t *blo
         if (!remote[pe]) continue;
         const uint8_t *b = blobs + (size_t)pe * stride;
         uint32_t al = mm_get_u32(b + 16), rl = mm_get_u32(b + 20);
-        if (lens[pe] < 24 || (uint64_t)al + rl + 24 > lens[pe] || mm_get_u64(b + 8) != e->seg_size) {
+        if (lens[pe] < MM_UCX_BLOB_HDR || (uint64_t)al + rl + MM_UCX_BLOB_HDR > lens[pe] ||
+            mm_get_u64(b + 8) != e->seg_size) {
             st = mm_error(MEGAMOE_CONFIG_MISMATCH, "rank %d published an engine record of "
                           "unexpected shape (different megamoe builds?)", pe);
+            break;
+        }
+        uint32_t proto = mm_get_u32(b + 24);
+        if (proto != (uint32_t)e->proto) {
+            st = mm_error(MEGAMOE_CONFIG_MISMATCH, "settings differ between ranks: rank %d has "
+                          "MEGAMOE_SHMEM_ENGINE_PROTOCOL=%s, rank %d has %s; set the same value "
+                          "on every rank", pe, proto < 2 ? mm_ucx_proto_names[proto] : "?",
+                          e->my_pe, mm_ucx_proto_names[e->proto]);
             break;
         }
         mm_ucx_peer_t *p = &e->peers[pe];
@@ -1043,13 +737,13 @@ static megamoe_status_t mm_ucx_startup(mm_shmem_engine_t *se, const uint8_t *blo
         memset(&ep, 0, sizeof ep);
         ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                         UCP_EP_PARAM_FIELD_ERR_HANDLER;
-        ep.address = (const ucp_address_t *)(b + 24);
+        ep.address = (const ucp_address_t *)(b + MM_UCX_BLOB_HDR);
         ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
         ep.err_handler.cb = mm_ucx_err_cb;
         ep.err_handler.arg = &e->flush_ctxs[pe];
         pthread_mutex_lock(&e->lock);
         ucs_status_t s = ucp_ep_create(e->worker, &ep, &p->ep);
-        if (s == UCS_OK) s = ucp_ep_rkey_unpack(p->ep, b + 24 + al, &p->rkey);
+        if (s == UCS_OK) s = ucp_ep_rkey_unpack(p->ep, b + MM_UCX_BLOB_HDR + al, &p->rkey);
         pthread_mutex_unlock(&e->lock);
         if (s != UCS_OK)
             st = mm_error(MEGAMOE_PEER_LOST, "UCX cannot reach rank %d on its host: %s; check "
@@ -1122,8 +816,17 @@ static void mm_ucx_fini(mm_shmem_engine_t *se)
     free(e->flush_ctxs);
     free(e->close_reqs);
     free(e->dones); /* after the worker: the last abandoned records came back in its closes */
+    mm_ucx_am_fini(e);
     pthread_mutex_destroy(&e->lock);
     free(se);
+}
+
+static void mm_ucx_stats(mm_shmem_engine_t *se, mm_shmem_engine_stats_t *out)
+{
+    mm_ucx_engine_t *e = &se->u;
+    pthread_mutex_lock(&e->lock);
+    *out = e->stats;
+    pthread_mutex_unlock(&e->lock);
 }
 
 static void mm_ucx_describe(mm_shmem_engine_t *se, char *buf, size_t len)
@@ -1139,9 +842,11 @@ const mm_shmem_engine_ops_t mm_shmem_engine_ucx = {
     .put = mm_ucx_put,
     .get = mm_ucx_get,
     .atomic = mm_ucx_atomic,
+    .put_signal = mm_ucx_put_signal,
     .fence = mm_ucx_fence,
     .quiet = mm_ucx_quiet,
     .progress = mm_ucx_progress,
     .fini = mm_ucx_fini,
+    .stats = mm_ucx_stats,
     .describe = mm_ucx_describe,
 };

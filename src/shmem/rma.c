@@ -164,6 +164,26 @@ megamoe_status_t mm_shmem_signal_op(uint64_t *sig, uint64_t value, int sig_op, i
 megamoe_status_t mm_shmem_put_signal(void *dest, const void *src, size_t nbytes, uint64_t *sig,
                                      uint64_t value, int sig_op, int pe)
 {
+    mm_shmem_global_t *g = &mm_shmem_g;
+    /* A peer on another host: one engine operation, so the signal travels with its data (one
+     * message) instead of after it. Same checks as the two calls below (which also take the
+     * test seam's injected failures while one is armed). */
+    if (atomic_load_explicit(&mm_rma_fail_ops, memory_order_relaxed) == 0 &&
+        mm_shmem_running_now() && g->engine && g->engine_ops->put_signal &&
+        (unsigned)pe < (unsigned)g->n_pes && g->remote[pe] && g->bases[pe] == NULL &&
+        (sig_op == MM_SHMEM_SIGNAL_SET || sig_op == MM_SHMEM_SIGNAL_ADD) &&
+        ((uintptr_t)sig & 7) == 0) {
+        uint64_t off = 0, soff = 0;
+        int bad = 0;
+        if (nbytes && mm_shmem_xlate(dest, nbytes, pe, "mm_shmem_put_signal", &off, &bad) == NULL &&
+            bad)
+            return MEGAMOE_INVALID_ARGUMENT;
+        if (mm_shmem_xlate(sig, sizeof *sig, pe, "mm_shmem_put_signal", &soff, &bad) == NULL && bad)
+            return MEGAMOE_INVALID_ARGUMENT;
+        return g->engine_ops->put_signal(g->engine, pe, off, src, nbytes, soff, value,
+                                         sig_op == MM_SHMEM_SIGNAL_ADD ? MM_ENGINE_ADD
+                                                                       : MM_ENGINE_SET);
+    }
     MM_CHECK(mm_shmem_put(dest, src, nbytes, pe));
     /* Data stores (regular ones are ordered by the release below; streaming ones were fenced
      * by the copy; the engine orders its signals after the puts they cover) precede the
@@ -221,6 +241,7 @@ megamoe_status_t mm_shmem_word_op(int pe, uint64_t off, uint64_t value, int op)
     mm_shmem_global_t *g = &mm_shmem_g;
     if (g->bases[pe]) {
         uint64_t *w = (uint64_t *)(g->bases[pe] + off);
+        op &= ~MM_ENGINE_NO_QUIET;
         if (op == MM_ENGINE_ADD) __atomic_fetch_add(w, value, __ATOMIC_RELEASE);
         else if (op == MM_ENGINE_SET) __atomic_store_n(w, value, __ATOMIC_RELEASE);
         else {
@@ -231,6 +252,21 @@ megamoe_status_t mm_shmem_word_op(int pe, uint64_t off, uint64_t value, int op)
     }
     MM_CHECK(mm_shmem_route(pe, "a runtime signal"));
     return g->engine_ops->atomic(g->engine, pe, off, value, op);
+}
+
+megamoe_status_t mm_shmem_seg_put_signal(int pe, uint64_t off, const void *src, size_t n,
+                                         uint64_t sig_off, uint64_t value, int op)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    if (g->bases[pe]) {
+        if (n) memcpy(g->bases[pe] + off, src, n);
+        return mm_shmem_word_op(pe, sig_off, value, op); /* a release: the data first */
+    }
+    MM_CHECK(mm_shmem_route(pe, "a runtime message"));
+    if (g->engine_ops->put_signal)
+        return g->engine_ops->put_signal(g->engine, pe, off, src, n, sig_off, value, op);
+    if (n) MM_CHECK(g->engine_ops->put(g->engine, pe, off, src, n));
+    return g->engine_ops->atomic(g->engine, pe, sig_off, value, op);
 }
 
 megamoe_status_t mm_shmem_seg_read(int pe, uint64_t off, void *dst, size_t n)

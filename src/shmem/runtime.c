@@ -545,6 +545,14 @@ int mm_shmem_pe_remote(int pe)
     return mm_shmem_g.remote[pe];
 }
 
+void mm_shmem_engine_stats(mm_shmem_engine_stats_t *stats)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    memset(stats, 0, sizeof *stats);
+    if (mm_shmem_running_now() && g->engine && g->engine_ops->stats)
+        g->engine_ops->stats(g->engine, stats);
+}
+
 void mm_shmem_engine_describe(char *buf, size_t len)
 {
     mm_shmem_global_t *g = &mm_shmem_g;

@@ -257,6 +257,18 @@ int mm_shmem_pe_remote(int pe);
 /* "UCX 1.13.1 (...)" when the engine runs, else "none". */
 void mm_shmem_engine_describe(char *buf, size_t len);
 
+/* What this PE's inter-host engine did since the runtime started (all zero without one):
+ * the traffic to peers on other hosts (or every peer with MEGAMOE_SHMEM_INTRA_HOST=engine). */
+typedef struct mm_shmem_engine_stats {
+    uint64_t messages;    /* operations sent: puts, signals, put-with-signals, requests */
+    uint64_t put_bytes;   /* data bytes put */
+    uint64_t signals;     /* signal and runtime word updates (alone or with data) */
+    uint64_t gets;        /* blocking gets (a round trip each) */
+    uint64_t get_bytes;
+    uint64_t quiet_waits; /* quiets that waited for acknowledgements (a round trip each) */
+} mm_shmem_engine_stats_t;
+void mm_shmem_engine_stats(mm_shmem_engine_stats_t *stats);
+
 /* 1 while world PE pe is believed alive. */
 int mm_shmem_pe_alive(int pe);
 

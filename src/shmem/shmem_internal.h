@@ -9,8 +9,10 @@
  *   header page   line 0: magic; line 1: job-lost word (every PE's own copy; a loss is
  *                 pushed into every peer's)
  *   team slots    MM_SHMEM_MAX_TEAMS x MM_SHMEM_SLOT_STRIDE, one per live team on this PE:
- *                   MM_SHMEM_BAR_ROUNDS barrier lines (64 B each, generation numbers)
+ *                   MM_SHMEM_BAR_ROUNDS barrier lines (64 B each, generation numbers) and
+ *                     the push collectives' arrival words (one per source member)
  *                   2 collective outboxes of MM_SHMEM_COLL_CHUNK bytes (double buffered)
+ *                   2 push inboxes of MM_SHMEM_COLL_CHUNK bytes (an entry per member)
  *   mailboxes     per source PE an inbox line (sequence + 48-byte payload), then per
  *                   destination PE an ack line: small messages between any two PEs, used to
  *                   create a team among a subset of the world without the others
@@ -39,7 +41,7 @@
 #define MM_SHMEM_COLL_CHUNK (64u << 10)
 #define MM_SHMEM_HEADER_BYTES 4096u
 #define MM_SHMEM_SLOT_SYNC 4096u
-#define MM_SHMEM_SLOT_STRIDE (MM_SHMEM_SLOT_SYNC + 2u * MM_SHMEM_COLL_CHUNK)
+#define MM_SHMEM_SLOT_STRIDE (MM_SHMEM_SLOT_SYNC + 4u * MM_SHMEM_COLL_CHUNK)
 /* Mailboxes: per source PE one 64-byte inbox line and one ack line. */
 #define MM_SHMEM_MAIL_OFF (MM_SHMEM_HEADER_BYTES + (uint64_t)MM_SHMEM_MAX_TEAMS * MM_SHMEM_SLOT_STRIDE)
 #define MM_SHMEM_MAIL_BYTES (2u * 64u * (uint64_t)MM_SHMEM_MAX_PES)
@@ -68,13 +70,15 @@ struct mm_shmem_team {
     int n, me, slot;
     int *pes;          /* world PE of each member */
     uint64_t bar_gen;  /* barriers done (generation numbers, monotone) */
-    uint64_t coll_gen; /* collectives done (outbox parity) */
+    uint64_t coll_gen; /* collectives with data done (outbox parity) */
+    uint64_t push_gen; /* push collectives done (the arrival words' values, team.c) */
     uint64_t alloc_seq; /* symmetric allocations and frees done on this team */
     uint64_t uid;       /* unique in this process (never reused, unlike the address) */
     megamoe_status_t failed; /* a barrier of this team did not complete: the team is done */
     int is_world;
     struct mm_shmem_team *next; /* live non-world teams */
     void *agree_buf; /* [n] entries of mm_shmem_team_agree: made at the first, kept */
+    void *push_buf;  /* a push collective's message (MM_SHMEM_COLL_CHUNK), made at the first */
 };
 #define MM_SHMEM_TEAM_MAGIC 0x7465616du
 
@@ -146,10 +150,27 @@ static inline uint64_t mm_shmem_slot_line_off(int slot, int round)
     return MM_SHMEM_HEADER_BYTES + (uint64_t)slot * MM_SHMEM_SLOT_STRIDE + (uint64_t)round * 64u;
 }
 
+/* Push collectives (team.c) among at most MM_SHMEM_PUSH_MAX members: per source member one
+ * 8-byte arrival word (its push count, monotone), after the barrier lines of the sync area. */
+#define MM_SHMEM_PUSH_MAX 128
+#define MM_SHMEM_SLOT_WORDS (MM_SHMEM_BAR_ROUNDS * 64u + MM_SHMEM_PUSH_MAX * 8u)
+_Static_assert(MM_SHMEM_SLOT_WORDS <= MM_SHMEM_SLOT_SYNC, "the push words fit the sync area");
+static inline uint64_t mm_shmem_slot_push_off(int slot, int src)
+{
+    return MM_SHMEM_HEADER_BYTES + (uint64_t)slot * MM_SHMEM_SLOT_STRIDE +
+           MM_SHMEM_BAR_ROUNDS * 64u + (uint64_t)src * 8u;
+}
+
 static inline uint64_t mm_shmem_slot_outbox_off(int slot, uint64_t parity)
 {
     return MM_SHMEM_HEADER_BYTES + (uint64_t)slot * MM_SHMEM_SLOT_STRIDE + MM_SHMEM_SLOT_SYNC +
            (parity & 1) * MM_SHMEM_COLL_CHUNK;
+}
+
+static inline uint64_t mm_shmem_slot_inbox_off(int slot, uint64_t parity)
+{
+    return MM_SHMEM_HEADER_BYTES + (uint64_t)slot * MM_SHMEM_SLOT_STRIDE + MM_SHMEM_SLOT_SYNC +
+           (2u + (parity & 1)) * MM_SHMEM_COLL_CHUNK;
 }
 
 static inline uint64_t mm_shmem_inbox_off(int src)
@@ -208,6 +229,11 @@ static inline int mm_shmem_same_host(int pe)
 /* Atomic on the 64-bit word at offset off of pe's segment: a direct atomic when mapped, else
  * through the engine (ordered after earlier puts to pe). op: MM_ENGINE_SET/ADD/CAS0. */
 megamoe_status_t mm_shmem_word_op(int pe, uint64_t off, uint64_t value, int op);
+/* n bytes to offset off of pe's segment, then the atomic op (MM_ENGINE_*, with
+ * MM_ENGINE_NO_QUIET) on the word at sig_off: direct stores and a release atomic when mapped,
+ * else one engine put-with-signal (one message). */
+megamoe_status_t mm_shmem_seg_put_signal(int pe, uint64_t off, const void *src, size_t n,
+                                         uint64_t sig_off, uint64_t value, int op);
 /* Copy n bytes from offset off of pe's segment (direct or a blocking engine get). */
 megamoe_status_t mm_shmem_seg_read(int pe, uint64_t off, void *dst, size_t n);
 

@@ -30,6 +30,7 @@ typedef struct mm_surv {
     atomic_int pending;    /* PEs lost and not retired */
     atomic_int stopped;
     atomic_int any;        /* a loss happened in this lifecycle */
+    atomic_int lost_count; /* PEs known lost (the engine closes their endpoints) */
     atomic_ullong view_gen;
     atomic_ullong retired_n;
     void (*kick)(void);
@@ -103,6 +104,7 @@ megamoe_status_t mm_surv_init(int n, int me)
     atomic_store(&S.pending, 0);
     atomic_store(&S.stopped, 0);
     atomic_store(&S.any, 0);
+    atomic_store(&S.lost_count, 0);
     atomic_store(&S.view_gen, 0);
     atomic_store(&S.retired_n, 0);
     S.stop_why[0] = '\0';
@@ -149,6 +151,7 @@ void mm_surv_observe(int pe, int kind, const char *why)
     if (g->dead) atomic_store(&g->dead[pe], 1);
     atomic_store(&S.any, 1);
     if (old == MM_LOSS_NONE) {
+        atomic_fetch_add(&S.lost_count, 1);
         pthread_mutex_lock(&S.lock);
         snprintf(S.why[pe], MM_SURV_WHY, "%s", why);
         pthread_mutex_unlock(&S.lock);
@@ -177,6 +180,7 @@ int mm_surv_retired(int pe)
 }
 
 int mm_surv_any_lost(void) { return S.n && atomic_load(&S.any); }
+int mm_surv_lost_count(void) { return S.n ? atomic_load(&S.lost_count) : 0; }
 int mm_surv_stopped(void) { return S.n && atomic_load_explicit(&S.stopped, memory_order_acquire); }
 uint64_t mm_surv_view_gen(void) { return atomic_load_explicit(&S.view_gen, memory_order_acquire); }
 uint64_t mm_surv_view_tag(void) { return atomic_load(&S.retired_n); }
@@ -339,7 +343,7 @@ void mm_surv_tick(void)
             for (int p = 0; p < S.n; p++)
                 if (p != S.me && g->remote[p] && !atomic_load(&S.kind[p]))
                     (void)mm_shmem_word_op(p, mm_surv_heartbeat_off(S.me), S.hb_count,
-                                           MM_ENGINE_SET);
+                                           MM_ENGINE_SET | MM_ENGINE_NO_QUIET);
         }
         for (int p = 0; p < S.n; p++) {
             if (p == S.me || !g->remote[p] || atomic_load(&S.kind[p])) continue;
@@ -364,7 +368,8 @@ void mm_surv_tick(void)
                        (k == MM_LOSS_DEAD ? (1ull << 32) : 0u);
         for (int p = 0; p < S.n; p++)
             if (p != S.me && atomic_load(&S.kind[p]) != MM_LOSS_DEAD)
-                (void)mm_shmem_word_op(p, mm_surv_report_off(q), inc, MM_ENGINE_ADD);
+                (void)mm_shmem_word_op(p, mm_surv_report_off(q), inc,
+                                       MM_ENGINE_ADD | MM_ENGINE_NO_QUIET);
         S.told[q] = (unsigned char)k;
     }
     /* 4. the agreement: post the digest of what this PE knows to every PE it believes alive;
@@ -374,7 +379,8 @@ void mm_surv_tick(void)
     if (d != S.posted) {
         for (int p = 0; p < S.n; p++)
             if (p != S.me && !atomic_load(&S.kind[p]))
-                (void)mm_shmem_word_op(p, mm_surv_proposal_off(S.me), d, MM_ENGINE_SET);
+                (void)mm_shmem_word_op(p, mm_surv_proposal_off(S.me), d,
+                                       MM_ENGINE_SET | MM_ENGINE_NO_QUIET);
         S.posted = d;
     }
     for (int p = 0; p < S.n; p++)

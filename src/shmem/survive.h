@@ -60,8 +60,9 @@ megamoe_status_t mm_surv_recover(const char *what);
 /* A PE with a pending loss (lowest), or when this PE stopped the first lost one; -1 when
  * nothing is pending. */
 int mm_surv_pending_pe(void);
-/* 1 when any PE was lost in this lifecycle (acknowledged or not). */
+/* 1 when any PE was lost in this lifecycle (acknowledged or not); how many. */
 int mm_surv_any_lost(void);
+int mm_surv_lost_count(void);
 /* 1 when this PE stopped (every later call fails). */
 int mm_surv_stopped(void);
 /* 1 when pe is in the installed view's lost set (acknowledged). */

@@ -58,9 +58,9 @@ static megamoe_status_t mm_team_check(const mm_shmem_team_t *t, const char *op)
  * zeroed and kept out of use until every survivor is past that (several peer timeouts). */
 static uint64_t mm_team_quarantine[MM_SHMEM_MAX_TEAMS];
 
-static void mm_team_zero_lines(int slot)
+static void mm_team_zero_lines(int slot) /* barrier lines and push arrival words */
 {
-    memset(mm_shmem_slot_line(mm_shmem_g.my_base, slot, 0), 0, MM_SHMEM_BAR_ROUNDS * 64u);
+    memset(mm_shmem_slot_line(mm_shmem_g.my_base, slot, 0), 0, MM_SHMEM_SLOT_WORDS);
 }
 
 static void mm_team_quarantine_expire(void)
@@ -88,6 +88,7 @@ void mm_shmem_team_world_init(void)
 {
     mm_shmem_global_t *g = &mm_shmem_g;
     free(g->world.agree_buf); /* the previous lifecycle's */
+    free(g->world.push_buf);
     g->world = (struct mm_shmem_team){.magic = MM_SHMEM_TEAM_MAGIC,
                                       .n = g->n_pes,
                                       .me = g->my_pe,
@@ -108,11 +109,14 @@ void mm_shmem_team_drop_all(void)
         t->magic = 0;
         free(t->pes);
         free(t->agree_buf);
+        free(t->push_buf);
         free(t);
     }
     g->world.magic = 0;
     free(g->world.agree_buf);
     g->world.agree_buf = NULL;
+    free(g->world.push_buf);
+    g->world.push_buf = NULL;
     g->slots_used = 0;
 }
 
@@ -157,10 +161,103 @@ static megamoe_status_t mm_team_failed(const mm_shmem_team_t *t, const char *wha
                     "release SHMEM and restart every rank)", what, megamoe_status_name(t->failed));
 }
 
+/* ---- push collectives (teams that span hosts) ----
+ *
+ * Across hosts the dissemination barrier costs a quiet (a round trip when data is in flight)
+ * and log2(n) one-way latencies, and an allgather after it a blocking get of every remote
+ * member's outbox (a round trip each). In push mode every member sends every other member one
+ * message (a put-with-signal): an entry in the receiver's inbox of the call's parity (a header,
+ * and the contribution itself when it fits the entry, MM_SHMEM_COLL_CHUNK / n bytes), then its
+ * arrival word in the slot's sync area; then it waits for the n - 1 words of its own inbox. A
+ * contribution too large for an entry is read from the sender's outbox as in the pull scheme
+ * (the entry says so). Every pair of members exchanges a message that arrives after everything
+ * its sender put to the receiver before (the engine applies a PE's messages in issue order;
+ * mapped stores are ordered by the release of the word), so a member leaving sees every put any
+ * member did to it before entering: the barrier's guarantee, in one one-way latency and no
+ * round trip. An arrival word holds its sender's count of push rounds, so an earlier round's
+ * word never satisfies a later wait, and a later one proves the earlier message applied; the
+ * inboxes alternate like the outboxes (file comment), since every round needs every member's
+ * arrival. A member in another collective (a bug the call-order layer reports) leaves an entry
+ * of another size or none: the reader takes what matches and zeros for the rest, the same
+ * bytes-of-a-foreign-record view the pull scheme gives. Used, by every member alike, when the
+ * team has members on another host and at most MM_SHMEM_PUSH_MAX members. */
+typedef struct mm_push_head {
+    uint64_t gen;   /* the sender's push round */
+    uint64_t bytes; /* its contribution; the data follows when it fits the entry */
+} mm_push_head_t;
+
+static int mm_team_push_mode(const mm_shmem_team_t *t)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    if (g->engine == NULL || t->n > MM_SHMEM_PUSH_MAX) return 0;
+    for (int i = 0; i < t->n; i++)
+        if (g->remote[mm_team_pe(t, i)]) return 1;
+    return 0;
+}
+
+/* One round: nbytes <= MM_SHMEM_COLL_CHUNK per member into dest + member * stride (dest NULL
+ * and nbytes 0: a barrier). */
+static megamoe_status_t mm_team_push(mm_shmem_team_t *t, void *dest, size_t stride,
+                                     const void *src, size_t nbytes, const char *what)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    megamoe_status_t st = mm_shmem_check_peers(what);
+    if (st != MEGAMOE_OK) {
+        t->failed = st;
+        return st;
+    }
+    /* a barrier (no data) uses no box, so it leaves the parity alone: the pull scheme's
+     * chunks rely on it alternating between their own calls */
+    const uint64_t parity = nbytes ? t->coll_gen++ : 0, gen = ++t->push_gen;
+    const size_t entry = (MM_SHMEM_COLL_CHUNK / (size_t)t->n) & ~(size_t)63;
+    const int fits = sizeof(mm_push_head_t) + nbytes <= entry;
+    const uint64_t inbox = mm_shmem_slot_inbox_off(t->slot, parity);
+    const uint64_t word = mm_shmem_slot_push_off(t->slot, t->me);
+    if (nbytes && !fits) /* readers fetch it from here */
+        memcpy(mm_shmem_slot_outbox(g->my_base, t->slot, parity), src, nbytes);
+    if (nbytes && t->push_buf == NULL && (t->push_buf = malloc(MM_SHMEM_COLL_CHUNK)) == NULL) {
+        t->failed = mm_error(MEGAMOE_OUT_OF_MEMORY, "%s: out of memory", what);
+        return t->failed;
+    }
+    char *msg = t->push_buf;
+    if (nbytes) {
+        mm_push_head_t h = {gen, nbytes};
+        memcpy(msg, &h, sizeof h);
+        if (fits) memcpy(msg + sizeof h, src, nbytes);
+    }
+    const size_t msg_bytes = !nbytes ? 0 : fits ? sizeof(mm_push_head_t) + nbytes
+                                                : sizeof(mm_push_head_t);
+    for (int i = 1; i < t->n && st == MEGAMOE_OK; i++) {
+        int pe = mm_team_pe(t, (t->me + i) % t->n); /* rotated: not everyone to member 0 first */
+        st = mm_shmem_seg_put_signal(pe, inbox + (uint64_t)t->me * entry, msg, msg_bytes, word,
+                                     gen, MM_ENGINE_SET | MM_ENGINE_NO_QUIET);
+    }
+    if (st == MEGAMOE_OK && nbytes) memmove((char *)dest + (size_t)t->me * stride, src, nbytes);
+    for (int i = 1; i < t->n && st == MEGAMOE_OK; i++) {
+        int j = (t->me + t->n - i) % t->n;
+        uint64_t *w = (uint64_t *)(void *)(g->my_base + mm_shmem_slot_push_off(t->slot, j));
+        st = mm_shmem_wait_impl(w, MM_SHMEM_CMP_GE, gen, NULL, what);
+        if (st != MEGAMOE_OK || nbytes == 0) continue;
+        const char *e = g->my_base + inbox + (uint64_t)j * entry;
+        mm_push_head_t h;
+        memcpy(&h, e, sizeof h);
+        char *out = (char *)dest + (size_t)j * stride;
+        size_t take = h.gen == gen ? (h.bytes < nbytes ? (size_t)h.bytes : nbytes) : 0;
+        if (take && sizeof h + h.bytes <= entry) memcpy(out, e + sizeof h, take);
+        else if (take)
+            st = mm_shmem_seg_read(mm_team_pe(t, j), mm_shmem_slot_outbox_off(t->slot, parity), out,
+                                   take);
+        memset(out + take, 0, nbytes - take);
+    }
+    if (st != MEGAMOE_OK) t->failed = st; /* the members are out of step now */
+    return st;
+}
+
 static megamoe_status_t mm_team_barrier_raw(mm_shmem_team_t *t, const char *what)
 {
     mm_shmem_global_t *g = &mm_shmem_g;
     if (t->failed != MEGAMOE_OK) return mm_team_failed(t, what);
+    if (mm_team_push_mode(t)) return mm_team_push(t, NULL, 0, NULL, 0, what);
     /* after a loss every collective fails at once (the quiet below could wait for the
      * lost PE) */
     megamoe_status_t st = mm_shmem_check_peers(what);
@@ -172,7 +269,8 @@ static megamoe_status_t mm_team_barrier_raw(mm_shmem_team_t *t, const char *what
     uint64_t gen = ++t->bar_gen;
     for (int k = 0, d = 1; d < t->n; k++, d <<= 1) {
         int to = mm_team_pe(t, (t->me + d) % t->n);
-        st = mm_shmem_word_op(to, mm_shmem_slot_line_off(t->slot, k), gen, MM_ENGINE_SET);
+        st = mm_shmem_word_op(to, mm_shmem_slot_line_off(t->slot, k), gen,
+                              MM_ENGINE_SET | MM_ENGINE_NO_QUIET);
         if (st == MEGAMOE_OK)
             st = mm_shmem_wait_impl(mm_shmem_slot_line(g->my_base, t->slot, k), MM_SHMEM_CMP_GE,
                                     gen, NULL, what);
@@ -204,8 +302,14 @@ static megamoe_status_t mm_team_allgather_raw(mm_shmem_team_t *t, void *dest, co
     mm_shmem_global_t *g = &mm_shmem_g;
     if (t->failed != MEGAMOE_OK) return mm_team_failed(t, what); /* before the outbox write */
     if (nbytes == 0) return mm_team_barrier_raw(t, what);
+    const int push = mm_team_push_mode(t);
     for (size_t done = 0; done < nbytes; done += MM_SHMEM_COLL_CHUNK) {
         size_t chunk = nbytes - done < MM_SHMEM_COLL_CHUNK ? nbytes - done : MM_SHMEM_COLL_CHUNK;
+        if (push) {
+            MM_CHECK(mm_team_push(t, (char *)dest + done, nbytes, (const char *)src + done, chunk,
+                                  what));
+            continue;
+        }
         uint64_t parity = t->coll_gen++;
         memcpy(mm_shmem_slot_outbox(g->my_base, t->slot, parity), (const char *)src + done, chunk);
         MM_CHECK(mm_team_barrier_raw(t, what));
@@ -378,7 +482,7 @@ megamoe_status_t mm_shmem_team_split(mm_shmem_team_t *parent, int color, int key
                 if (members[m] == parent->me) t->me = m;
             }
             /* Nobody writes this slot before the barrier below, so plain zeroing is safe. */
-            memset(mm_shmem_slot_line(g->my_base, t->slot, 0), 0, MM_SHMEM_BAR_ROUNDS * 64u);
+            memset(mm_shmem_slot_line(g->my_base, t->slot, 0), 0, MM_SHMEM_SLOT_WORDS);
             g->slots_used |= 1ull << t->slot;
             t->next = g->teams;
             g->teams = t;
@@ -420,6 +524,7 @@ static void mm_team_forget(mm_shmem_team_t *t, int quarantine)
     t->magic = 0;
     free(t->pes);
     free(t->agree_buf);
+    free(t->push_buf);
     free(t);
 }
 

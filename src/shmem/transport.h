@@ -55,6 +55,7 @@ extern const mm_shmem_seg_transport_t mm_shmem_transport_shm;
 #define MM_ENGINE_BLOB_MAX 4096
 
 typedef struct mm_shmem_engine mm_shmem_engine_t;
+struct mm_shmem_engine_stats; /* shmem.h */
 
 typedef struct mm_engine_init {
     int my_pe, n_pes;
@@ -64,6 +65,9 @@ typedef struct mm_engine_init {
 } mm_engine_init_t;
 
 enum { MM_ENGINE_SET = 0, MM_ENGINE_ADD = 1, MM_ENGINE_CAS0 = 2 /* store if the word is 0 */ };
+/* OR'ed into an atomic's op: a runtime synchronisation word (a barrier line) whose waiter sees
+ * it arrive, so no later quiet needs to wait for it. */
+#define MM_ENGINE_NO_QUIET 0x100
 
 typedef struct mm_shmem_engine_ops {
     const char *name;
@@ -82,6 +86,10 @@ typedef struct mm_shmem_engine_ops {
      * to pe before (the data a signal covers is visible before the signal). Non-blocking. */
     megamoe_status_t (*atomic)(mm_shmem_engine_t *e, int pe, uint64_t off, uint64_t value,
                                int op);
+    /* A put of n bytes (n may be 0) and then the atomic, as one operation (one message where
+     * the engine can): the atomic is never visible before the data. NULL: put, then atomic. */
+    megamoe_status_t (*put_signal)(mm_shmem_engine_t *e, int pe, uint64_t off, const void *src,
+                                   size_t n, uint64_t sig_off, uint64_t value, int op);
     /* Operations to a PE issued before are delivered before those issued after. */
     megamoe_status_t (*fence)(mm_shmem_engine_t *e);
     /* Every operation issued before is complete at its target (blocking). */
@@ -90,6 +98,8 @@ typedef struct mm_shmem_engine_ops {
     int (*progress)(mm_shmem_engine_t *e);
     /* Stop the progress thread, close connections (forced: peers may be gone), deregister. */
     void (*fini)(mm_shmem_engine_t *e);
+    /* Counters since init (shmem.h, mm_shmem_engine_stats_t); may be NULL. */
+    void (*stats)(mm_shmem_engine_t *e, struct mm_shmem_engine_stats *out);
     /* "UCX 1.13.1, tcp" style description for logs and benchmarks. */
     void (*describe)(mm_shmem_engine_t *e, char *buf, size_t len);
 } mm_shmem_engine_ops_t;

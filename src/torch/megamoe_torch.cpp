@@ -1,29 +1,33 @@
-// The Torch adapter: libmegamoe_torch.so, loaded with torch.ops.load_library(), registers the
-// operators of libmegamoe.so as torch.ops.megamoe.* with schemas, so TorchScript and the
-// dispatcher can call them. It uses only the public C API (include/megamoe) and links the shared
-// library, so it shares the runtime, the communicators and the workspaces with the ctypes binding
-// of the same process.
+// The Torch adapter: libmegamoe_torch-<torch major.minor>.so, C++ CPU kernels for operators that
+// python/megamoe/_library.py defines (torch.ops.megamoe.*). It defines nothing itself: the Python
+// registration is the one owner of the namespace, and this library only adds CPU kernels to it,
+// through the extern "C" entry points at the bottom (python/megamoe/_adapter.py calls them after
+// checking that the library was built for the running torch and resolved the same libmegamoe).
+// Registering from a function rather than a static initialiser means a mismatch is an error
+// message, never an exception thrown while the library loads.
 //
 // One home for each concern:
-//  * signatures and defaults: the schemas below, which equal the Python wrappers' signatures in
-//    python/megamoe/ops.py (tests/python/test_torch_adapter.py compares them);
-//  * normalisation of Python-only argument kinds (torch.distributed groups, megamoe.float8_*
-//    tokens): the Python wrappers, before they call either backend (python/megamoe/_adapter.py);
+//  * signatures and defaults: the schemas in python/megamoe/ops.py (the kernels below implement
+//    them; an operator with an in-place argument is implemented as its functional twin
+//    "_<name>", which returns the updated argument as an extra output);
+//  * normalisation of Python-only argument kinds (torch.distributed groups, dtypes): the Python
+//    entry points, before they call the operator;
 //  * argument validation: the C library, on every rank (this file checks only what memory
-//    safety needs before a pointer is handed over: device, dtype, element counts);
-//  * the tensor <-> descriptor marshalling: here for this backend, in ops.py for ctypes.
+//    safety needs before a pointer is handed over);
+//  * the tensor <-> descriptor marshalling: here for this kernel, in ops.py for the Python body.
 //
 // A failing call throws c10::Error "[megamoe <STATUS> <code>] <library message>"; the Python
-// wrappers turn it back into megamoe.MegaMoeError. Adding an operator the C library implements
-// is one function plus one m.def() line at the bottom, and @_operator on its megamoe.ops wrapper
-// (the V1 pair needs neither: it is a Python mapping onto the V2 operators).
+// entry points turn it back into megamoe.MegaMoeError.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <c10/util/string_view.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <cstdint>
+#include <exception>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -56,15 +60,14 @@ void check(megamoe_status_t status)
 std::mutex groups_mutex;
 std::unordered_map<std::string, megamoe_comm_t *> groups;
 
-// megamoe.comm registers every communicator it creates (handle 0 when it is destroyed).
-void register_group(c10::string_view name, int64_t handle)
+// megamoe.comm registers every communicator it creates (NULL when it is destroyed).
+void register_group(const char *name, megamoe_comm_t *comm)
 {
     std::lock_guard<std::mutex> lock(groups_mutex);
-    std::string key(name.data(), name.size());
-    if (handle == 0) {
-        groups.erase(key);
+    if (comm == nullptr) {
+        groups.erase(name);
     } else {
-        groups[key] = reinterpret_cast<megamoe_comm_t *>(static_cast<intptr_t>(handle));
+        groups[name] = comm;
     }
 }
 
@@ -81,9 +84,17 @@ megamoe_comm_t *group(c10::string_view name)
 
 constexpr int kInvalidDtype = 99; // a code the library rejects, naming the parameter
 
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#define MEGAMOE_TORCH_FP8 1 // torch has float8_e4m3fn / float8_e5m2
+#endif
+
 int dtype_code(at::ScalarType type)
 {
     switch (type) {
+#ifdef MEGAMOE_TORCH_FP8
+    case at::kFloat8_e4m3fn: return MEGAMOE_DTYPE_FP8_E4M3FN;
+    case at::kFloat8_e5m2: return MEGAMOE_DTYPE_FP8_E5M2;
+#endif
     case at::kFloat: return MEGAMOE_DTYPE_FP32;
     case at::kBFloat16: return MEGAMOE_DTYPE_BF16;
     case at::kHalf: return MEGAMOE_DTYPE_FP16;
@@ -96,10 +107,15 @@ int dtype_code(at::ScalarType type)
     }
 }
 
-// fp8 and e8m0 outputs are byte tensors (torch 1.13 has no fp8 types).
+// fp8 outputs are float8 tensors where torch has them, bytes before; e8m0 is bytes (torch_npu's
+// form) everywhere.
 at::ScalarType scalar_type(megamoe_dtype_t code)
 {
     switch (code) {
+#ifdef MEGAMOE_TORCH_FP8
+    case MEGAMOE_DTYPE_FP8_E4M3FN: return at::kFloat8_e4m3fn;
+    case MEGAMOE_DTYPE_FP8_E5M2: return at::kFloat8_e5m2;
+#endif
     case MEGAMOE_DTYPE_FP32: return at::kFloat;
     case MEGAMOE_DTYPE_BF16: return at::kBFloat16;
     case MEGAMOE_DTYPE_FP16: return at::kHalf;
@@ -108,6 +124,26 @@ at::ScalarType scalar_type(megamoe_dtype_t code)
     case MEGAMOE_DTYPE_INT64: return at::kLong;
     case MEGAMOE_DTYPE_BOOL: return at::kBool;
     default: return at::kByte;
+    }
+}
+
+// A torch_npu integer dtype code (what "int? y_dtype" carries: c10::ScalarType values, and
+// torch_npu's own 291-293) as megamoe_dtype_t (python/megamoe/_dtypes.py has the same table).
+megamoe_dtype_t from_npu_code(int64_t code)
+{
+    switch (code) {
+    case 0: return MEGAMOE_DTYPE_UINT8;
+    case 1: return MEGAMOE_DTYPE_INT8;
+    case 3: return MEGAMOE_DTYPE_INT32;
+    case 4: return MEGAMOE_DTYPE_INT64;
+    case 5: return MEGAMOE_DTYPE_FP16;
+    case 6: return MEGAMOE_DTYPE_FP32;
+    case 11: return MEGAMOE_DTYPE_BOOL;
+    case 15: return MEGAMOE_DTYPE_BF16;
+    case 23: case 291: return MEGAMOE_DTYPE_FP8_E5M2;
+    case 24: case 292: return MEGAMOE_DTYPE_FP8_E4M3FN;
+    case 44: case 293: return MEGAMOE_DTYPE_E8M0;
+    default: return static_cast<megamoe_dtype_t>(kInvalidDtype);
     }
 }
 
@@ -137,11 +173,12 @@ struct Call {
         return c;
     }
 
-    // An output with the dtype and shape megamoe_*_infer() chose.
+    // An output with the dtype and shape megamoe_*_infer() chose, on the CPU.
     static Tensor out(megamoe_tensor_t &desc)
     {
         std::vector<int64_t> shape(desc.shape, desc.shape + desc.ndim);
-        Tensor t = at::empty(shape, at::TensorOptions().dtype(scalar_type(desc.dtype)));
+        Tensor t = at::empty(shape, at::TensorOptions().dtype(scalar_type(desc.dtype))
+                                        .device(at::kCPU));
         desc.data = t.numel() ? t.data_ptr() : empty_data;
         return t;
     }
@@ -155,17 +192,23 @@ struct Call {
     }
 };
 
-// performance_info accumulates in place; a non-contiguous tensor gets the sum copied back.
-void copy_back(const Opt &target, const Tensor &accumulated)
+// performance_info is an input of the functional twins: the library accumulates into a copy,
+// which is the extra output (an empty tensor when performance_info is absent).
+Tensor perf_copy(megamoe_tensor_t &desc, const Opt &performance_info, Call &call)
 {
-    if (accumulated.defined() && !accumulated.is_same(*target)) target->copy_(accumulated);
+    if (!performance_info.has_value() || !performance_info->defined()) {
+        return at::empty({0}, at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
+    }
+    Tensor copy = performance_info->clone(at::MemoryFormat::Contiguous);
+    call.in(desc, copy, "performance_info");
+    return copy;
 }
 
 // ---- MoeDistributeDispatchV2 -------------------------------------------------------------
 
-using Tensors7 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
+using Tensors8 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
 
-Tensors7 dispatch_v2(const Opt &x, const Opt &expert_ids, c10::string_view group_ep,
+Tensors8 dispatch_v2(const Opt &x, const Opt &expert_ids, c10::string_view group_ep,
                      int64_t ep_world_size, int64_t ep_rank_id, int64_t moe_expert_num,
                      const Opt &scales, const Opt &x_active_mask, const Opt &expert_scales,
                      const Opt &elastic_info, const Opt &performance_info,
@@ -184,7 +227,7 @@ Tensors7 dispatch_v2(const Opt &x, const Opt &expert_ids, c10::string_view group
     call.in(a.x_active_mask, x_active_mask, "x_active_mask");
     call.in(a.expert_scales, expert_scales, "expert_scales");
     call.in(a.elastic_info, elastic_info, "elastic_info");
-    Tensor perf = call.in(a.performance_info, performance_info, "performance_info");
+    Tensor perf = perf_copy(a.performance_info, performance_info, call);
     a.group_ep = group(group_ep);
     a.group_tp = group(group_tp);
     a.ep_world_size = ep_world_size;
@@ -203,7 +246,8 @@ Tensors7 dispatch_v2(const Opt &x, const Opt &expert_ids, c10::string_view group
     a.zero_expert_num = zero_expert_num;
     a.copy_expert_num = copy_expert_num;
     a.const_expert_num = const_expert_num;
-    if (y_dtype.has_value()) a.expand_x.dtype = static_cast<megamoe_dtype_t>(*y_dtype);
+    const megamoe_dtype_t y = y_dtype.has_value() ? from_npu_code(*y_dtype) : MEGAMOE_DTYPE_FP32;
+    if (y_dtype.has_value()) a.expand_x.dtype = y;
 
     megamoe_tensor_t *outs[] = {&a.expand_x, &a.dynamic_scales, &a.assist_info_for_combine,
                                 &a.expert_token_nums, &a.ep_recv_counts, &a.tp_recv_counts,
@@ -216,12 +260,11 @@ Tensors7 dispatch_v2(const Opt &x, const Opt &expert_ids, c10::string_view group
     for (int i = 0; i < 7; i++) t[i] = Call::out(*outs[i]);
     if (!inferred) {
         for (megamoe_tensor_t *d : outs) d->data = nullptr; // the call reports infer's error
-    } else if (y_dtype.has_value() && a.expand_x.dtype != *y_dtype) {
-        a.expand_x.dtype = static_cast<megamoe_dtype_t>(*y_dtype); // rejected by the call
+    } else if (y_dtype.has_value() && a.expand_x.dtype != y) {
+        a.expand_x.dtype = y; // rejected by the call
     }
     check(megamoe_dispatch_v2(&a));
-    copy_back(performance_info, perf);
-    return Tensors7(t[0], t[1], t[2], t[3], t[4], t[5], t[6]);
+    return Tensors8(t[0], t[1], t[2], t[3], t[4], t[5], t[6], perf);
 }
 
 // ---- MoeDistributeCombineV2 / CombineAddRmsNorm ------------------------------------------
@@ -274,7 +317,7 @@ void combine_args(megamoe_combine_v2_args_t &a, Call &call, const CombineInputs 
     a.const_expert_num = in.const_expert_num;
 }
 
-Tensor combine_v2(const Opt &expand_x, const Opt &expert_ids,
+std::tuple<Tensor, Tensor> combine_v2(const Opt &expand_x, const Opt &expert_ids,
                   const Opt &assist_info_for_combine, const Opt &ep_send_counts,
                   const Opt &expert_scales, c10::string_view group_ep, int64_t ep_world_size,
                   int64_t ep_rank_id, int64_t moe_expert_num, const Opt &tp_send_counts,
@@ -298,12 +341,11 @@ Tensor combine_v2(const Opt &expand_x, const Opt &expert_ids,
                   shared_expert_rank_num, global_bs, comm_quant_mode,
                   std::string(comm_alg.data(), comm_alg.size()), zero_expert_num,
                   copy_expert_num, const_expert_num});
-    Tensor perf = call.in(a.performance_info, performance_info, "performance_info");
+    Tensor perf = perf_copy(a.performance_info, performance_info, call);
     if (megamoe_combine_v2_infer(&a) != MEGAMOE_OK) Call::no_output(a.x);
     Tensor x = Call::out(a.x);
     check(megamoe_combine_v2(&a));
-    copy_back(performance_info, perf);
-    return x;
+    return std::make_tuple(x, perf);
 }
 
 std::tuple<Tensor, Tensor, Tensor> combine_add_rms_norm(
@@ -348,178 +390,69 @@ std::tuple<Tensor, Tensor, Tensor> combine_add_rms_norm(
     return std::make_tuple(y, rstd, x);
 }
 
-// ---- MegaMoeExperts forward / backward ---------------------------------------------------
-// Thin: the layer handle and its saved state cross as integers and the outputs are allocated
-// by the caller, as in the C API; megamoe.MegaMoeExperts owns the handles and checks the user's
-// arguments. Sizes are checked against the layer here because the library takes bare pointers.
+} // namespace
 
-megamoe_experts_t *layer_of(int64_t handle, megamoe_experts_info_t *info)
+// ---- entry points for python/megamoe/_adapter.py ------------------------------------------
+
+namespace {
+
+std::mutex registration_mutex;
+std::unique_ptr<torch::Library> registration; // the kernels' registration, kept while loaded
+std::string registration_error;
+
+} // namespace
+
+extern "C" {
+
+// The kernels this library has, comma-separated (the functional twins of in-place operators).
+__attribute__((visibility("default"))) const char *megamoe_torch_adapter_kernels(void)
 {
-    TORCH_CHECK_VALUE(handle != 0, "megamoe experts: null layer handle");
-    auto *layer = reinterpret_cast<megamoe_experts_t *>(static_cast<intptr_t>(handle));
-    check(megamoe_experts_get_info(layer, info));
-    return layer;
+    return "_npu_moe_distribute_dispatch_v2,_npu_moe_distribute_combine_v2,"
+           "npu_moe_distribute_combine_add_rms_norm";
 }
 
-void require(const Tensor &t, const char *name, std::initializer_list<at::ScalarType> types,
-             int64_t numel)
+// Adds the CPU kernels to the operators the Python registration defined. NULL on success (also
+// when already registered), else why not (nothing stays registered then).
+__attribute__((visibility("default"))) const char *megamoe_torch_adapter_register(void)
 {
-    TORCH_CHECK_VALUE(t.device().is_cpu() && t.is_contiguous(), name,
-                      " must be a contiguous CPU tensor");
-    bool ok = false;
-    for (at::ScalarType s : types) ok = ok || t.scalar_type() == s;
-    TORCH_CHECK_VALUE(ok, name, " has dtype ", t.scalar_type(), ", which the layer does not take");
-    TORCH_CHECK_VALUE(t.numel() == numel, name, " has ", t.numel(), " elements, the layer needs ",
-                      numel);
-}
-
-megamoe_experts_weights_t weights_of(const megamoe_experts_info_t &info, const Tensor &gate_up,
-                                     const Tensor &down, int64_t version)
-{
-    const int64_t h = info.hidden, i = info.intermediate, l = info.local_experts;
-    require(gate_up, "gate_up", {at::kBFloat16}, l * h * 2 * i);
-    require(down, "down", {at::kBFloat16}, l * i * h);
-    return {gate_up.data_ptr(), down.data_ptr(), static_cast<uint64_t>(version)};
-}
-
-megamoe_dtype_t code_of(const Tensor &t)
-{
-    return static_cast<megamoe_dtype_t>(dtype_code(t.scalar_type()));
-}
-
-// Writes output [T, H]; returns the saved state for the backward when save (else 0).
-int64_t experts_forward(int64_t handle, const Tensor &hidden_states, const Tensor &topk_ids,
-                        const Tensor &topk_weights, const Opt &tokens_per_expert,
-                        const Tensor &gate_up, const Tensor &down, int64_t weights_version,
-                        const Tensor &output, bool save)
-{
-    megamoe_experts_info_t info;
-    megamoe_experts_t *layer = layer_of(handle, &info);
-    // the call's rows: the layer's T, or (max_local_num_tokens) what hidden_states holds
-    const bool dynamic = info.max_local_num_tokens > 0;
-    const int64_t rows = dynamic ? hidden_states.numel() / info.hidden : info.tokens;
-    const int64_t th = rows * info.hidden, tk = rows * info.top_k;
-    require(hidden_states, "hidden_states", {at::kBFloat16}, th);
-    require(topk_ids, "topk_ids", {at::kInt, at::kLong}, tk);
-    require(topk_weights, "topk_weights", {at::kFloat, at::kBFloat16}, tk);
-    require(output, "output", {at::kBFloat16}, th);
-    megamoe_experts_input_t in = megamoe_experts_input_default();
-    in.hidden_states = hidden_states.data_ptr();
-    in.topk_ids = topk_ids.data_ptr();
-    in.topk_ids_dtype = code_of(topk_ids);
-    in.topk_weights = topk_weights.data_ptr();
-    in.topk_weights_dtype = code_of(topk_weights);
-    if (dynamic) in.num_tokens = rows;
-    if (tokens_per_expert.has_value() && tokens_per_expert->defined()) {
-        require(*tokens_per_expert, "tokens_per_expert", {at::kInt, at::kLong}, info.num_experts);
-        in.tokens_per_expert = tokens_per_expert->data_ptr();
-        in.tokens_per_expert_dtype = code_of(*tokens_per_expert);
+    std::lock_guard<std::mutex> lock(registration_mutex);
+    if (registration) return nullptr;
+    try {
+        auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "megamoe",
+                                                    c10::DispatchKey::CPU, __FILE__, __LINE__);
+        lib->impl("_npu_moe_distribute_dispatch_v2", &dispatch_v2);
+        lib->impl("_npu_moe_distribute_combine_v2", &combine_v2);
+        lib->impl("npu_moe_distribute_combine_add_rms_norm", &combine_add_rms_norm);
+        registration = std::move(lib);
+        return nullptr;
+    } catch (const std::exception &e) {
+        registration_error = e.what();
+        return registration_error.c_str();
     }
-    megamoe_experts_weights_t w = weights_of(info, gate_up, down, weights_version);
-    megamoe_experts_saved_t *saved = nullptr;
-    check(megamoe_experts_forward(layer, &w, &in, output.data_ptr(), save ? &saved : nullptr));
-    return static_cast<int64_t>(reinterpret_cast<intptr_t>(saved));
 }
 
-// Writes the gradients (grad_topk_weights may be absent: skipped); the saved state stays valid
-// (free it with experts_saved_destroy).
-void experts_backward(int64_t handle, int64_t saved, const Tensor &gate_up, const Tensor &down,
-                      int64_t weights_version, const Tensor &grad_output,
-                      const Tensor &grad_hidden_states, const Opt &grad_topk_weights,
-                      const Tensor &grad_gate_up, const Tensor &grad_down)
+__attribute__((visibility("default"))) void megamoe_torch_adapter_set_group(const char *name,
+                                                                            void *comm)
 {
-    megamoe_experts_info_t info;
-    megamoe_experts_t *layer = layer_of(handle, &info);
-    TORCH_CHECK_VALUE(saved != 0, "megamoe experts backward: no saved state (forward with save)");
-    // the forward's rows: the layer's T, or (max_local_num_tokens) what grad_output holds
-    const int64_t rows =
-        info.max_local_num_tokens > 0 ? grad_output.numel() / info.hidden : info.tokens;
-    const int64_t th = rows * info.hidden;
-    const int64_t wu = info.local_experts * info.hidden * 2 * info.intermediate;
-    const int64_t wd = info.local_experts * info.intermediate * info.hidden;
-    require(grad_output, "grad_output", {at::kBFloat16}, th);
-    require(grad_hidden_states, "grad_hidden_states", {at::kBFloat16}, th);
-    require(grad_gate_up, "grad_gate_up", {at::kBFloat16, at::kFloat}, wu);
-    require(grad_down, "grad_down", {grad_gate_up.scalar_type()}, wd);
-    megamoe_experts_weights_t w = weights_of(info, gate_up, down, weights_version);
-    megamoe_experts_grads_t grads = {grad_hidden_states.data_ptr(), nullptr,
-                                     grad_gate_up.data_ptr(), grad_down.data_ptr(),
-                                     code_of(grad_gate_up)};
-    if (grad_topk_weights.has_value() && grad_topk_weights->defined()) {
-        require(*grad_topk_weights, "grad_topk_weights", {at::kFloat, at::kBFloat16},
-                rows * info.top_k);
-        grads.topk_weights = grad_topk_weights->data_ptr();
-    }
-    auto *state = reinterpret_cast<megamoe_experts_saved_t *>(static_cast<intptr_t>(saved));
-    check(megamoe_experts_backward(layer, state, &w, grad_output.data_ptr(), &grads));
-}
-
-void experts_saved_destroy(int64_t saved)
-{
-    megamoe_experts_saved_destroy(
-        reinterpret_cast<megamoe_experts_saved_t *>(static_cast<intptr_t>(saved)));
+    register_group(name, static_cast<megamoe_comm_t *>(comm));
 }
 
 // Address of megamoe_version as this adapter resolved it: equal to the ctypes binding's only
 // when both use the same loaded libmegamoe (one runtime per process).
-int64_t library_id() { return static_cast<int64_t>(reinterpret_cast<intptr_t>(&megamoe_version)); }
-
-int64_t abi_version() { return megamoe_abi_version(); }
-
-} // namespace
-
-// The operators' schemas are torch_npu's, except that every tensor is optional ("Tensor?"): a
-// missing required input then reaches the library, which reports it on every rank of the group
-// (a schema error would stop one rank only and leave the others waiting in the collective).
-TORCH_LIBRARY(megamoe, m)
+__attribute__((visibility("default"))) const void *megamoe_torch_adapter_library_id(void)
 {
-    m.def("npu_moe_distribute_dispatch_v2(Tensor? x, Tensor? expert_ids, str group_ep, "
-          "int ep_world_size, int ep_rank_id, int moe_expert_num, *, Tensor? scales=None, "
-          "Tensor? x_active_mask=None, Tensor? expert_scales=None, Tensor? elastic_info=None, "
-          "Tensor(a!)? performance_info=None, str group_tp=\"\", int tp_world_size=0, "
-          "int tp_rank_id=0, int expert_shard_type=0, int shared_expert_num=1, "
-          "int shared_expert_rank_num=0, int quant_mode=0, int global_bs=0, "
-          "int expert_token_nums_type=1, str comm_alg=\"\", int zero_expert_num=0, "
-          "int copy_expert_num=0, int const_expert_num=0, int? y_dtype=None) "
-          "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
-          &dispatch_v2);
-    m.def("npu_moe_distribute_combine_v2(Tensor? expand_x, Tensor? expert_ids, "
-          "Tensor? assist_info_for_combine, Tensor? ep_send_counts, Tensor? expert_scales, "
-          "str group_ep, int ep_world_size, int ep_rank_id, int moe_expert_num, *, "
-          "Tensor? tp_send_counts=None, Tensor? x_active_mask=None, Tensor? expand_scales=None, "
-          "Tensor? shared_expert_x=None, Tensor? elastic_info=None, Tensor? ori_x=None, "
-          "Tensor? const_expert_alpha_1=None, Tensor? const_expert_alpha_2=None, "
-          "Tensor? const_expert_v=None, Tensor(a!)? performance_info=None, str group_tp=\"\", "
-          "int tp_world_size=0, int tp_rank_id=0, int expert_shard_type=0, "
-          "int shared_expert_num=1, int shared_expert_rank_num=0, int global_bs=0, "
-          "int comm_quant_mode=0, str comm_alg=\"\", int zero_expert_num=0, "
-          "int copy_expert_num=0, int const_expert_num=0) -> Tensor",
-          &combine_v2);
-    m.def("npu_moe_distribute_combine_add_rms_norm(Tensor? expand_x, Tensor? expert_ids, "
-          "Tensor? expand_idx, Tensor? ep_send_counts, Tensor? expert_scales, Tensor? residual_x, "
-          "Tensor? gamma, str group_ep, int ep_world_size, int ep_rank_id, int moe_expert_num, *, "
-          "Tensor? tp_send_counts=None, Tensor? x_active_mask=None, "
-          "Tensor? activation_scale=None, Tensor? weight_scale=None, Tensor? group_list=None, "
-          "Tensor? expand_scales=None, Tensor? shared_expert_x=None, Tensor? elastic_info=None, "
-          "Tensor? ori_x=None, Tensor? const_expert_alpha_1=None, "
-          "Tensor? const_expert_alpha_2=None, Tensor? const_expert_v=None, str group_tp=\"\", "
-          "int tp_world_size=0, int tp_rank_id=0, int expert_shard_type=0, "
-          "int shared_expert_num=1, int shared_expert_rank_num=0, int global_bs=0, "
-          "int out_dtype=0, int comm_quant_mode=0, int group_list_type=0, str comm_alg=\"\", "
-          "float norm_eps=1e-06, "
-          "int zero_expert_num=0, int copy_expert_num=0, int const_expert_num=0) "
-          "-> (Tensor, Tensor, Tensor)",
-          &combine_add_rms_norm);
-    m.def("experts_forward(int layer, Tensor hidden_states, Tensor topk_ids, "
-          "Tensor topk_weights, Tensor? tokens_per_expert, Tensor gate_up, Tensor down, "
-          "int weights_version, Tensor(a!) output, bool save) -> int",
-          &experts_forward);
-    m.def("experts_backward(int layer, int saved, Tensor gate_up, Tensor down, "
-          "int weights_version, Tensor grad_output, Tensor(a!) grad_hidden_states, "
-          "Tensor(b!)? grad_topk_weights, Tensor(c!) grad_gate_up, Tensor(d!) grad_down) -> ()",
-          &experts_backward);
-    m.def("experts_saved_destroy(int saved) -> ()", &experts_saved_destroy);
-    m.def("register_group(str name, int handle) -> ()", &register_group);
-    m.def("abi_version() -> int", &abi_version);
-    m.def("library_id() -> int", &library_id);
+    return reinterpret_cast<const void *>(&megamoe_version);
 }
+
+__attribute__((visibility("default"))) int megamoe_torch_adapter_abi(void)
+{
+    return megamoe_abi_version();
+}
+
+// The torch this adapter was built for.
+__attribute__((visibility("default"))) const char *megamoe_torch_adapter_torch_version(void)
+{
+    return TORCH_VERSION;
+}
+
+} // extern "C"

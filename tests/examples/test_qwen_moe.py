@@ -10,7 +10,7 @@ import pytest
 from conftest import BUILD, MEGAMOE, REPO
 
 EXAMPLE = os.path.join(REPO, "examples", "qwen_moe")
-PY = "/usr/bin/python3"
+PY = sys.executable  # the interpreter running the tests (MEGAMOE_PYTHON in CMake)
 SMALL = ["--hidden", "128", "--heads", "4", "--kv-heads", "2", "--seq-len", "128", "--batch", "1",
          "--experts", "4", "--top-k", "2", "--intermediate", "64", "--shared-intermediate", "64"]
 KEYS = {"config", "accuracy", "median_step_ms", "speedup", "moe_ms", "moe_speedup",

@@ -139,7 +139,7 @@ def test_qgemm_weight_only_close_to_fp64(int4, gs):
             kg = np.arange(k) // gsz
             wd = (vals[g].astype(np.float64) + wo[g][kg]) * ws[g][kg]
             ref = xw[r0:r0 + m] @ wd + bpost[g]
-            bound = (k + 4) * 2.0**-24 * (np.abs(xw[r0:r0 + m]) @ np.abs(wd) + np.abs(bpost[g]))
+            bound = (k + groups + 4) * 2.0**-24 * (np.abs(xw[r0:r0 + m]) @ np.abs(wd) + np.abs(bpost[g]))
             assert np.all(np.abs(got[r0:r0 + m] - ref) <= bound)
 
 

@@ -7,6 +7,7 @@
  * evaluation of the same formula within the bound docs/kernels.md derives; in-place refresh;
  * argument errors. */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -223,12 +224,15 @@ static void reference(const qdata_t *d, void *C)
                 } else {
                     const uint16_t *x = (const uint16_t *)d->A + i * lda;
                     s = 0.0f;
-                    for (int64_t k = 0; k < K; k++) {
-                        const int64_t kg = k / gs;
-                        float w = (float)v[k * N];
-                        w = (w + (c->wo ? d->wo[(g * d->G + kg) * lds + n] : 0.0f)) *
-                            (c->ws ? d->ws[(g * d->G + kg) * lds + n] : 1.0f);
-                        s = fmaf(megamoe_bf16_to_fp32(x[k]), w, s);
+                    for (int64_t kg = 0; kg < d->G; kg++) {
+                        float p = 0.0f;
+                        for (int64_t k = kg * gs; k < K && k < (kg + 1) * gs; k++) {
+                            float w = (float)v[k * N];
+                            if (c->wo) w = w + d->wo[(g * d->G + kg) * lds + n];
+                            p = fmaf(megamoe_bf16_to_fp32(x[k]), w, p);
+                        }
+                        if (c->ws) p = p * d->ws[(g * d->G + kg) * lds + n];
+                        s = kg == 0 ? p : s + p;
                     }
                 }
                 if (c->bias_pre) s = s + d->bpre[g * N + n];
@@ -658,4 +662,98 @@ MM_TEST(avx512_kernels_equal_their_c_twins)
     printf("int8 A: %s, bf16 A: %s\n", mm_qgemm_impl_name(MEGAMOE_DTYPE_INT8),
            mm_qgemm_impl_name(MEGAMOE_DTYPE_BF16));
     if (!vnni) MM_SKIP("no AVX512-VNNI here: the int8 kernels were not compared (bf16 ones were)");
+}
+
+/* Weight-only products take bf16, fp16 or fp32 activations, widened exactly: the same values
+ * in any of the three give the same bits (values on a 1/64 grid, exact in all three). */
+MM_TEST(weight_only_fp16_and_fp32_activations_match_bf16)
+{
+    for (int t = 0; t < 2; t++) {
+        qcase_t c = base_case((mm_qw_type_t)t, 130, 70);
+        c.a_bf16 = 1;
+        c.xs = 0;
+        c.wo = 1;
+        c.gs = 16;
+        c.rows[0] = 9;
+        qdata_t d;
+        ASSERT_OK(qdata_make(&d, &c));
+        const int64_t lda = c.K + 5, n = d.arows * lda;
+        float *x32 = malloc((size_t)n * sizeof(float));
+        uint16_t *x16 = malloc((size_t)n * sizeof(uint16_t));
+        for (int64_t i = 0; i < n; i++) {
+            const float v = (float)((int)(rnd() % 257) - 128) / 64.0f;
+            ((uint16_t *)d.A)[i] = megamoe_fp32_to_bf16(v);
+            x32[i] = v;
+            x16[i] = megamoe_fp32_to_fp16(v);
+        }
+        void *C[3];
+        const megamoe_dtype_t at[3] = {MEGAMOE_DTYPE_BF16, MEGAMOE_DTYPE_FP32, MEGAMOE_DTYPE_FP16};
+        for (int k = 0; k < 3; k++) {
+            C[k] = calloc(1, csize(&d));
+            mm_qgemm_args_t a;
+            qargs(&d, &a, C[k]);
+            a.a_type = at[k];
+            a.A = k == 0 ? d.A : k == 1 ? (const void *)x32 : (const void *)x16;
+            ASSERT_OK(mm_qgemm(&a));
+        }
+        ASSERT_EQ_INT(first_diff(&d, C[0], C[1]), -1);
+        ASSERT_EQ_INT(first_diff(&d, C[0], C[2]), -1);
+        for (int k = 0; k < 3; k++) free(C[k]);
+        free(x32), free(x16);
+        qdata_free(&d);
+    }
+}
+
+/* Two threads multiply through the same packed weights at once (read-only, per-thread
+ * scratch): each gets the single-threaded bits. Runs under ThreadSanitizer too (label tsan). */
+typedef struct conc_job {
+    const qdata_t *d;
+    void *C;
+    int iters;
+    megamoe_status_t st;
+} conc_job_t;
+
+static void *conc_main(void *p)
+{
+    conc_job_t *j = p;
+    for (int i = 0; i < j->iters && j->st == MEGAMOE_OK; i++) {
+        mm_qgemm_args_t a;
+        qargs(j->d, &a, j->C);
+        j->st = mm_qgemm(&a);
+    }
+    return NULL;
+}
+
+MM_TEST(concurrent_products_share_weights)
+{
+    for (int t = 0; t < 2; t++) {
+        qcase_t c = base_case((mm_qw_type_t)t, 300, 130);
+        c.ng = 2;
+        c.rows[0] = 3, c.rows[1] = 40;
+        c.gather = 1;
+        c.bias_pre = 1;
+        qdata_t d;
+        ASSERT_OK(qdata_make(&d, &c));
+        void *ref = calloc(1, csize(&d));
+        mm_qgemm_args_t a;
+        qargs(&d, &a, ref);
+        ASSERT_OK(mm_qgemm(&a));
+        conc_job_t jobs[2];
+        pthread_t th[2];
+        for (int k = 0; k < 2; k++) {
+            jobs[k].d = &d;
+            jobs[k].C = calloc(1, csize(&d));
+            jobs[k].iters = 20;
+            jobs[k].st = MEGAMOE_OK;
+            ASSERT_EQ_INT(pthread_create(&th[k], NULL, conc_main, &jobs[k]), 0);
+        }
+        for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
+        for (int k = 0; k < 2; k++) {
+            ASSERT_OK(jobs[k].st);
+            ASSERT_EQ_INT(first_diff(&d, jobs[k].C, ref), -1);
+            free(jobs[k].C);
+        }
+        free(ref);
+        qdata_free(&d);
+    }
 }

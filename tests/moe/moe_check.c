@@ -328,3 +328,91 @@ int mm_run_same_bits(const char *what, const mm_run_t *a, const mm_run_t *b,
     }
     return ok;
 }
+
+/* ---- calls with per-call token counts (max_local_num_tokens) ---- */
+
+/* The reference of a call where rank r passes its first n[r] rows: the whole problem with the
+ * output gradient of every absent row zeroed, which removes exactly their contributions to
+ * the weight gradients (their rows of out/grad are not compared). */
+int mm_ref_compute_rows(const mm_moe_problem_t *P, const int64_t *n, mm_ref_result_t *ref)
+{
+    mm_moe_problem_t Q = *P;
+    const size_t rows = (size_t)(P->ep * P->T), h = (size_t)P->H;
+    uint16_t *g = malloc(rows * h * 2);
+    if (g == NULL) return -1;
+    memcpy(g, P->grad_out, rows * h * 2);
+    for (int64_t r = 0; r < P->ep; r++)
+        memset(g + ((size_t)(r * P->T) + (size_t)n[r]) * h, 0, (size_t)(P->T - n[r]) * h * 2);
+    Q.grad_out = g;
+    int rc = mm_ref_compute(&Q, 0.0f, ref);
+    free(g);
+    return rc;
+}
+
+static float *mm_rows_f32(const void *src, int bf16, size_t n)
+{
+    float *d = calloc(n ? n : 1, sizeof *d);
+    if (d) megamoe_convert(d, MEGAMOE_DTYPE_FP32, src, bf16 ? MEGAMOE_DTYPE_BF16 : MEGAMOE_DTYPE_FP32, n);
+    return d;
+}
+
+/* The rule of bench/moe_verify.h; the fp32 oracle's relative L2 / max bounds decide only for
+ * tensors of at least 1024 values: for a call of 1 token, grad topk_weights has K values and one
+ * bf16 rounding of a dot product moves their relative L2 by ~1 %, a statistic that says nothing
+ * there (the elementwise bound against the bf16-intermediate reference always decides). */
+static int mm_close_rows(const char *what, const float *got, const float *want,
+                        const float *want16, size_t n)
+{
+    return mm_close_bf16(what, got, want, want16, n, n < 1024);
+}
+
+/* This rank's rows [0, n[me]) and its experts' weight gradients against the reference; an
+ * expert no present token chose must have exact zero gradients. */
+int mm_compare_rows(const char *what, const mm_moe_problem_t *P, int me, const int64_t *n,
+                    const mm_run_t *got, const mm_ref_result_t *ref)
+{
+    const int64_t L = P->E / P->ep, T = P->T, H = P->H, I = P->I, K = P->K, t = n[me];
+    const size_t w1 = (size_t)(L * H * 2 * I), w2 = (size_t)(L * I * H);
+    const size_t o_t = (size_t)(me * T * H), o_k = (size_t)(me * T * K);
+    const size_t o_1 = (size_t)me * w1, o_2 = (size_t)me * w2;
+    float *out = mm_rows_f32(got->out, 1, (size_t)(t * H)), *gh = mm_rows_f32(got->gh, 1, (size_t)(t * H));
+    float *gp = mm_rows_f32(got->gp, 0, (size_t)(t * K));
+    float *g1 = mm_rows_f32(got->g1, 1, w1), *g2 = mm_rows_f32(got->g2, 1, w2);
+    int ok = out && gh && gp && g1 && g2;
+    char name[160];
+    if (ok && t > 0) {
+        snprintf(name, sizeof name, "%s: output", what);
+        ok &= mm_close_rows(name, out, ref->out + o_t, ref->out16 + o_t, (size_t)(t * H));
+        snprintf(name, sizeof name, "%s: grad hidden", what);
+        ok &= mm_close_rows(name, gh, ref->gh + o_t, ref->gh16 + o_t, (size_t)(t * H));
+        snprintf(name, sizeof name, "%s: grad topk_weights", what);
+        ok &= mm_close_rows(name, gp, ref->gp + o_k, ref->gp16 + o_k, (size_t)(t * K));
+    }
+    for (int64_t j = 0; ok && j < L; j++) {
+        int64_t e = me * L + j, slots = 0;
+        for (int64_t r = 0; r < P->ep; r++)
+            for (int64_t i = 0; i < n[r] * K; i++) slots += P->ids[r * T * K + i] == e;
+        const size_t a = (size_t)j * (w1 / (size_t)L), b = (size_t)j * (w2 / (size_t)L);
+        int nonzero = 0;
+        for (size_t i = 0; i < w1 / (size_t)L; i++) nonzero |= g1[a + i] != 0.0f;
+        for (size_t i = 0; i < w2 / (size_t)L; i++) nonzero |= g2[b + i] != 0.0f;
+        if ((slots == 0) == nonzero) {
+            fprintf(stderr, "%s: expert %lld has %lld slots but nonzero=%d\n", what, (long long)e,
+                    (long long)slots, nonzero);
+            ok = 0;
+        }
+    }
+    if (ok) {
+        snprintf(name, sizeof name, "%s: grad gate_up", what);
+        ok &= mm_close_rows(name, g1, ref->g1 + o_1, ref->g1_16 + o_1, w1);
+        snprintf(name, sizeof name, "%s: grad down", what);
+        ok &= mm_close_rows(name, g2, ref->g2 + o_2, ref->g2_16 + o_2, w2);
+    }
+    free(out);
+    free(gh);
+    free(gp);
+    free(g1);
+    free(g2);
+    return ok;
+}
+

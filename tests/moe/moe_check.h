@@ -92,4 +92,14 @@ megamoe_status_t mm_run_fwd_bwd(megamoe_experts_t *x, const mm_moe_problem_t *p,
 int mm_run_same_bits(const char *what, const mm_run_t *a, const mm_run_t *b,
                      const mm_moe_problem_t *p, size_t wsize);
 
+/* Per-call token counts (max_local_num_tokens): rank r passes the first n[r] rows of its slice
+ * of P (P->T = T_cap rows per rank). The references of such a call are those of the whole
+ * problem with the output gradient of every absent row zeroed, which removes exactly their
+ * contributions to the weight gradients (their rows are not compared). 0 on success. */
+int mm_ref_compute_rows(const mm_moe_problem_t *P, const int64_t *n, mm_ref_result_t *ref);
+/* Rank me's rows [0, n[me]) of got and its experts' weight gradients (bf16) against ref; an
+ * expert no present token chose must have exact zero gradients. 1 when all pass. */
+int mm_compare_rows(const char *what, const mm_moe_problem_t *P, int me, const int64_t *n,
+                    const mm_run_t *got, const mm_ref_result_t *ref);
+
 #endif /* MM_TESTS_MOE_CHECK_H */

@@ -3,6 +3,7 @@
 rank raises the same error at once (the SHMEM timeout is set far above the launch timeout, so
 waiting for a peer would fail the test), and the next call gives the reference's results."""
 import os
+import sys
 
 import pytest
 
@@ -18,7 +19,7 @@ def run(tmp_path_factory, megamoe_bin):
     store = tmp_path_factory.mktemp("call_order") / "gloo_store"
     env = {"PYTHONPATH": os.path.join(HERE, "..", "..", "python"),
            "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC": "300", "OMP_NUM_THREADS": "1"}
-    return run_megamoe(["launch", "-n", "2", "--timeout", "120", "--", "/usr/bin/python3",
+    return run_megamoe(["launch", "-n", "2", "--timeout", "120", "--", sys.executable,
                         os.path.join(HERE, "call_order_worker.py"), str(store)] + CASES,
                        env_extra=env, timeout=150)
 

@@ -1,16 +1,17 @@
 """MegaMoeExperts autograd edge cases on one rank: double backward (create_graph) is refused
 instead of silently dropping the layer's second-order terms, a second backward through a
-retained graph is a clear error, forwards under torch.no_grad() keep no saved state, weights replaced
+retained graph gives the same gradients again, forwards under torch.no_grad() keep no saved state, weights replaced
 wholesale are re-packed, and NaN/Inf inputs or gradients are refused naming the element."""
 import os
 import socket
 import subprocess
+import sys
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
-PY = "/usr/bin/python3"
+PY = sys.executable  # the interpreter running the tests (MEGAMOE_PYTHON in CMake)
 
 
 def _free_port():

@@ -8,9 +8,12 @@
  *  - push, pull, a bounded capacity and replicas on the same calls, bit for bit;
  *  - outstanding forwards (backwards in reverse order) and two shared layers with different
  *    counts; inference forwards;
- *  - the errors: T_r > T_cap on one rank, a missing or wrong num_tokens, T_cap differing between
- *    ranks, fixed T on one rank and T_cap on another, both or neither count set, each the same
- *    error on every rank before any data moves, the layer usable afterwards. */
+ *  - EP subgroups (halves of the world, EP 1 included) with their own counts;
+ *  - the errors: T_r > T_cap on one rank, a negative or wrong num_tokens, T_cap differing
+ *    between ranks, fixed T on one rank and T_cap on another, both or neither count set, each
+ *    the same error on every rank before any data moves, the layer usable afterwards.
+ * Across simulated hosts (test_experts_dyn_hosts) rows, weights and partials travel through
+ * one-sided puts and gets. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +23,7 @@
 
 #define TCAP 300
 #define H_ 64
-#define I_ 32
+#define I_ 16
 #define E_ 8
 #define K_ 2
 
@@ -77,92 +80,6 @@ static megamoe_status_t mm_dyn_step(megamoe_experts_t *x, const mm_moe_problem_t
     megamoe_experts_saved_destroy(sv);
     mm_input_free(&ib);
     return st;
-}
-
-/* The reference of a call where rank r passes its first n[r] rows: the whole problem with the
- * output gradient of every absent row zeroed, which removes exactly their contributions to
- * the weight gradients (their rows of out/grad are not compared). */
-static int mm_dyn_ref(const mm_moe_problem_t *P, const int64_t *n, mm_ref_result_t *ref)
-{
-    mm_moe_problem_t Q = *P;
-    const size_t rows = (size_t)(P->ep * P->T), h = (size_t)P->H;
-    uint16_t *g = malloc(rows * h * 2);
-    if (g == NULL) return -1;
-    memcpy(g, P->grad_out, rows * h * 2);
-    for (int64_t r = 0; r < P->ep; r++)
-        memset(g + ((size_t)(r * P->T) + (size_t)n[r]) * h, 0, (size_t)(P->T - n[r]) * h * 2);
-    Q.grad_out = g;
-    int rc = mm_ref_compute(&Q, 0.0f, ref);
-    free(g);
-    return rc;
-}
-
-static float *mm_f32_of(const void *src, int bf16, size_t n)
-{
-    float *d = calloc(n ? n : 1, sizeof *d);
-    if (d) megamoe_convert(d, MEGAMOE_DTYPE_FP32, src, bf16 ? MEGAMOE_DTYPE_BF16 : MEGAMOE_DTYPE_FP32, n);
-    return d;
-}
-
-/* The rule of bench/moe_verify.h; the fp32 oracle's relative L2 / max bounds decide only for
- * tensors of at least 1024 values: for a call of 1 token, grad topk_weights has K values and one
- * bf16 rounding of a dot product moves their relative L2 by ~1 %, a statistic that says nothing
- * there (the elementwise bound against the bf16-intermediate reference always decides). */
-static int mm_dyn_close(const char *what, const float *got, const float *want,
-                        const float *want16, size_t n)
-{
-    return mm_close_bf16(what, got, want, want16, n, n < 1024);
-}
-
-/* This rank's rows [0, n[me]) and its experts' weight gradients against the reference; an
- * expert no present token chose must have exact zero gradients. */
-static int mm_dyn_compare(const char *what, const mm_moe_problem_t *P, const int64_t *n,
-                          const mm_run_t *got, const mm_ref_result_t *ref)
-{
-    const int me = mm_test_rank();
-    const int64_t L = P->E / P->ep, T = P->T, H = P->H, I = P->I, K = P->K, t = n[me];
-    const size_t w1 = (size_t)(L * H * 2 * I), w2 = (size_t)(L * I * H);
-    const size_t o_t = (size_t)(me * T * H), o_k = (size_t)(me * T * K);
-    const size_t o_1 = (size_t)me * w1, o_2 = (size_t)me * w2;
-    float *out = mm_f32_of(got->out, 1, (size_t)(t * H)), *gh = mm_f32_of(got->gh, 1, (size_t)(t * H));
-    float *gp = mm_f32_of(got->gp, 0, (size_t)(t * K));
-    float *g1 = mm_f32_of(got->g1, 1, w1), *g2 = mm_f32_of(got->g2, 1, w2);
-    int ok = out && gh && gp && g1 && g2;
-    char name[160];
-    if (ok && t > 0) {
-        snprintf(name, sizeof name, "%s: output", what);
-        ok &= mm_dyn_close(name, out, ref->out + o_t, ref->out16 + o_t, (size_t)(t * H));
-        snprintf(name, sizeof name, "%s: grad hidden", what);
-        ok &= mm_dyn_close(name, gh, ref->gh + o_t, ref->gh16 + o_t, (size_t)(t * H));
-        snprintf(name, sizeof name, "%s: grad topk_weights", what);
-        ok &= mm_dyn_close(name, gp, ref->gp + o_k, ref->gp16 + o_k, (size_t)(t * K));
-    }
-    for (int64_t j = 0; ok && j < L; j++) {
-        int64_t e = me * L + j, slots = 0;
-        for (int64_t r = 0; r < P->ep; r++)
-            for (int64_t i = 0; i < n[r] * K; i++) slots += P->ids[r * T * K + i] == e;
-        const size_t a = (size_t)j * (w1 / (size_t)L), b = (size_t)j * (w2 / (size_t)L);
-        int nonzero = 0;
-        for (size_t i = 0; i < w1 / (size_t)L; i++) nonzero |= g1[a + i] != 0.0f;
-        for (size_t i = 0; i < w2 / (size_t)L; i++) nonzero |= g2[b + i] != 0.0f;
-        if ((slots == 0) == nonzero) {
-            fprintf(stderr, "%s: expert %lld has %lld slots but nonzero=%d\n", what, (long long)e,
-                    (long long)slots, nonzero);
-            ok = 0;
-        }
-    }
-    if (ok) {
-        snprintf(name, sizeof name, "%s: grad gate_up", what);
-        ok &= mm_dyn_close(name, g1, ref->g1 + o_1, ref->g1_16 + o_1, w1);
-        snprintf(name, sizeof name, "%s: grad down", what);
-        ok &= mm_dyn_close(name, g2, ref->g2 + o_2, ref->g2_16 + o_2, w2);
-    }
-    free(out);
-    free(gh);
-    free(gp);
-    free(g1);
-    free(g2);
-    return ok;
 }
 
 /* Bitwise equality of the call's rows (n rows) and the weight gradients (bf16). */
@@ -247,7 +164,7 @@ static void mm_dyn_calls(mm_route_pattern_t route, int n_calls, int first_call)
         mm_counts(c, ep, n);
         megamoe_experts_weights_t w = mm_local_weights(&P, me, (uint64_t)c + 1);
         mm_ref_result_t ref;
-        ASSERT_EQ_INT(mm_dyn_ref(&P, n, &ref), 0);
+        ASSERT_EQ_INT(mm_ref_compute_rows(&P, n, &ref), 0);
         for (int v = 0; v < MM_DYN_VARIANTS; v++) {
             char what[128];
             snprintf(what, sizeof what, "%s routing, call %d (rank %d: %lld of %d tokens), %s",
@@ -259,7 +176,7 @@ static void mm_dyn_calls(mm_route_pattern_t route, int n_calls, int first_call)
             ASSERT_EQ_INT(info.last_tokens, n[me]);
             ASSERT_EQ_INT(info.max_local_num_tokens, TCAP);
             if (v == 0 || mm_dyn_variants[v].replicas > 0)
-                ASSERT_TRUE(mm_dyn_compare(what, &P, n, &r[v], &ref));
+                ASSERT_TRUE(mm_compare_rows(what, &P, me, n, &r[v], &ref));
             if (v > 0) ASSERT_TRUE(mm_dyn_same(what, &r[v], &r[0], &P, n[me],
                                                mm_dyn_variants[v].replicas == 0));
         }
@@ -274,9 +191,15 @@ static void mm_dyn_calls(mm_route_pattern_t route, int n_calls, int first_call)
     mm_moe_problem_free(&P);
 }
 
-MM_TEST(per_call_counts_balanced) { mm_dyn_calls(MM_ROUTE_BALANCED, 10, 0); }
-MM_TEST(per_call_counts_skewed) { mm_dyn_calls(MM_ROUTE_SKEW, 5, 0); }
-MM_TEST(per_call_counts_single_destination) { mm_dyn_calls(MM_ROUTE_SINGLE, 5, 5); }
+/* Calls c of mm_counts: 0 and 2 edge counts, 1 and 4 random (4: rank 0 empty), 3 every rank
+ * empty, 8 every rank full. The reference (fp64, every rank's tokens) dominates the cost and
+ * grows with EP, so EP 4 (and the sanitizer runs of it) takes fewer calls. */
+MM_TEST(per_call_counts_balanced) { mm_dyn_calls(MM_ROUTE_BALANCED, mm_test_world() > 2 ? 4 : 10, 0); }
+MM_TEST(per_call_counts_skewed) { mm_dyn_calls(MM_ROUTE_SKEW, mm_test_world() > 2 ? 3 : 5, 0); }
+MM_TEST(per_call_counts_single_destination)
+{
+    mm_dyn_calls(MM_ROUTE_SINGLE, mm_test_world() > 2 ? 3 : 5, mm_test_world() > 2 ? 7 : 5);
+}
 
 /* Every rank passes T = 256 (a multiple of 128): bit-identical to local_num_tokens = 256 with
  * the same weights and inputs, for T_cap = 256 and T_cap = 300, on both schedules (O0 = O1). */
@@ -371,11 +294,11 @@ MM_TEST(outstanding_forwards_shared_layers_and_inference)
                                                P.grad_out + (size_t)(me * TCAP * H_), &g));
             megamoe_experts_saved_destroy(sv[f]);
             mm_ref_result_t ref;
-            ASSERT_EQ_INT(mm_dyn_ref(&P, n[f], &ref), 0);
+            ASSERT_EQ_INT(mm_ref_compute_rows(&P, n[f], &ref), 0);
             char what[96];
             snprintf(what, sizeof what, "%s outstanding forward %d (%lld tokens)", sched, f,
                      (long long)n[f][me]);
-            ASSERT_TRUE(mm_dyn_compare(what, &P, n[f], &r[f], &ref));
+            ASSERT_TRUE(mm_compare_rows(what, &P, me, n[f], &r[f], &ref));
             mm_ref_free(&ref);
             /* inference of the same input: the training output, bit for bit */
             uint16_t *io = calloc((size_t)(TCAP * H_), 2);
@@ -500,4 +423,54 @@ MM_TEST(count_settings_checked_and_agreed_at_creation)
     ASSERT_EQ_INT(info.capacity, megamoe_experts_capacity_rows(mm_test_world(), 300, K_, 0));
     ASSERT_OK(megamoe_experts_close(x));
     megamoe_experts_destroy(x);
+}
+
+/* EP subgroups: the world split in two (even and odd ranks: EP 4 gives two groups of 2, each
+ * spanning both hosts of test_experts_dyn_hosts; EP 2 two ranks on their own, EP = 1), each
+ * running its own dynamic layer with its own problem and counts at the same time, against
+ * the reference of its group. */
+MM_TEST(ep_subgroups_with_their_own_counts)
+{
+    const int world = mm_test_world(), me = mm_test_rank();
+    const int half = world / 2, color = me % 2, gme = me / 2;
+    megamoe_comm_t *group = NULL;
+    ASSERT_OK(megamoe_comm_split(mm_test_comm(), color, gme, &group));
+    ASSERT_EQ_INT(megamoe_comm_size(group), half);
+    mm_moe_problem_t P;
+    ASSERT_EQ_INT(mm_moe_problem_create(&P, half, TCAP, H_, I_, E_, K_, MM_ROUTE_SKEW, 21 + color),
+                  0);
+    for (int s = 0; s < 2; s++) {
+        megamoe_experts_params_t p = mm_dyn_params(s ? "O1" : "O0", TCAP);
+        megamoe_experts_t *x = NULL;
+        ASSERT_OK(megamoe_experts_create(group, &p, &x));
+        mm_run_t r;
+        ASSERT_EQ_INT(mm_run_alloc(&r, &P), 0);
+        for (int c = 0; c < 3; c++) {
+            int64_t n[64];
+            mm_counts(c + 3 * color, half, n); /* the groups' counts differ */
+            megamoe_experts_weights_t w = mm_local_weights(&P, gme, 1);
+            mm_input_buf_t ib;
+            ASSERT_EQ_INT(mm_input_make(&P, gme, NULL, &ib), 0);
+            ib.in.num_tokens = n[gme];
+            megamoe_experts_saved_t *sv = NULL;
+            ASSERT_OK(megamoe_experts_forward(x, &w, &ib.in, r.out, &sv));
+            megamoe_experts_grads_t g = {r.gh, r.gp, r.g1, r.g2, MEGAMOE_DTYPE_BF16};
+            ASSERT_OK(megamoe_experts_backward(x, sv, &w, P.grad_out + (size_t)(gme * TCAP * H_),
+                                               &g));
+            megamoe_experts_saved_destroy(sv);
+            mm_input_free(&ib);
+            mm_ref_result_t ref;
+            ASSERT_EQ_INT(mm_ref_compute_rows(&P, n, &ref), 0);
+            char what[96];
+            snprintf(what, sizeof what, "group %d (EP %d) %s call %d (%lld tokens)", color, half,
+                     p.schedule, c, (long long)n[gme]);
+            ASSERT_TRUE(mm_compare_rows(what, &P, gme, n, &r, &ref));
+            mm_ref_free(&ref);
+        }
+        mm_run_free(&r);
+        ASSERT_OK(megamoe_experts_close(x));
+        megamoe_experts_destroy(x);
+    }
+    mm_moe_problem_free(&P);
+    ASSERT_OK(megamoe_comm_destroy(group));
 }

@@ -5,10 +5,11 @@ and bad settings are refused."""
 import os
 import socket
 import subprocess
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
-PY = "/usr/bin/python3"
+PY = sys.executable  # the interpreter running the tests (MEGAMOE_PYTHON in CMake)
 
 
 def _free_port():

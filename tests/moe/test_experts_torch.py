@@ -11,7 +11,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
-PY = "/usr/bin/python3"
+PY = sys.executable  # the interpreter running the tests (MEGAMOE_PYTHON in CMake)
 
 
 def _free_port():

@@ -240,12 +240,86 @@ static void layer_case(const char *schedule, const char *gemm, int all)
     ASSERT_EQ_INT(n, 0);
 }
 
+/* Per-call token counts (max_local_num_tokens = T_cap): calls alternate between two count
+ * vectors (rank 0 full / the others few, then rank 0 empty / the others a non-multiple of 128),
+ * so the routing plan, the O1 tile tier, the saved-state buffers and the scratch change from
+ * call to call; after a warm-up that saw both, no call allocates. */
+enum { TCAP_ = 300 };
+
+static void layer_dyn_case(const char *schedule, const char *gemm, int all)
+{
+    if (gemm) setenv("MEGAMOE_GEMM", gemm, 1);
+    else unsetenv("MEGAMOE_GEMM");
+    const int ep = mm_test_world(), me = mm_test_rank();
+    megamoe_comm_t *comm = mm_test_comm();
+    ASSERT_TRUE(comm != NULL);
+    mm_moe_problem_t P;
+    ASSERT_EQ_INT(mm_moe_problem_create(&P, ep, TCAP_, H_, I_, E_, K_, MM_ROUTE_SKEW, 8), 0);
+    megamoe_experts_params_t prm = mm_params_shape(0, H_, I_, E_, K_);
+    prm.max_local_num_tokens = TCAP_;
+    prm.schedule = schedule;
+    prm.workers = 2;
+    megamoe_experts_t *x = NULL;
+    megamoe_status_t cst = megamoe_experts_create(comm, &prm, &x);
+    unsetenv("MEGAMOE_GEMM");
+    ASSERT_OK(cst);
+    int64_t counts[2][64];
+    for (int r = 0; r < ep; r++) {
+        counts[0][r] = r == 0 ? TCAP_ : 3 + r;
+        counts[1][r] = r == 0 ? 0 : 129 + 64 * r;
+    }
+    mm_input_buf_t ib;
+    ASSERT_EQ_INT(mm_input_make(&P, me, NULL, &ib), 0);
+    mm_run_t run;
+    ASSERT_EQ_INT(mm_run_alloc(&run, &P), 0);
+    megamoe_experts_weights_t w = mm_local_weights(&P, me, 1);
+    megamoe_experts_grads_t g = {run.gh, run.gp, run.g1, run.g2, MEGAMOE_DTYPE_BF16};
+    const uint16_t *gout = P.grad_out + (size_t)me * TCAP_ * H_;
+    int ok = 1, last = 0;
+    for (int i = 0; i < WARM + REPS && ok; i++) {
+        if (i == WARM) mm_count_start();
+        last = i % 2;
+        ib.in.num_tokens = counts[last][me];
+        megamoe_experts_saved_t *sv = NULL;
+        ok = megamoe_experts_forward(x, &w, &ib.in, run.out, &sv) == MEGAMOE_OK &&
+             megamoe_experts_backward(x, sv, &w, gout, &g) == MEGAMOE_OK;
+        megamoe_experts_saved_destroy(sv);
+        ib.in.num_tokens = counts[1 - last][me]; /* an inference call with the other counts */
+        ok = ok && megamoe_experts_forward(x, &w, &ib.in, run.out,
+                                           NULL) == MEGAMOE_OK;
+        if (ok) { /* the training call's output again, for the check below */
+            ib.in.num_tokens = counts[last][me];
+            ok = megamoe_experts_forward(x, &w, &ib.in, run.out, NULL) == MEGAMOE_OK;
+        }
+    }
+    char what[80];
+    snprintf(what, sizeof what, "%s alternating per-call counts (GEMM %s)", schedule,
+             gemm ? gemm : "default");
+    long n = mm_count_stop(what, all);
+    if (!ok) printf("call failed: %s\n", megamoe_last_error());
+    mm_ref_result_t ref;
+    ASSERT_EQ_INT(mm_ref_compute_rows(&P, counts[last], &ref), 0);
+    int close = mm_compare_rows(what, &P, me, counts[last], &run, &ref);
+    mm_ref_free(&ref);
+    ASSERT_OK(megamoe_experts_close(x));
+    megamoe_experts_destroy(x);
+    mm_input_free(&ib);
+    mm_run_free(&run);
+    mm_moe_problem_free(&P);
+    ASSERT_TRUE(ok);
+    ASSERT_TRUE(close);
+    ASSERT_EQ_INT(n, 0);
+}
+
 static const char *native_gemm(void) { return mm_cpu_has_avx512() ? "avx512" : "ref"; }
 
 MM_TEST(forward_backward_o0_native_gemm) { layer_case("O0", native_gemm(), 1); }
 MM_TEST(forward_backward_o1_native_gemm) { layer_case("O1", native_gemm(), 1); }
 MM_TEST(forward_backward_o0_default_gemm) { layer_case("O0", NULL, 0); }
 MM_TEST(forward_backward_o1_default_gemm) { layer_case("O1", NULL, 0); }
+MM_TEST(alternating_counts_o0_native_gemm) { layer_dyn_case("O0", native_gemm(), 1); }
+MM_TEST(alternating_counts_o1_native_gemm) { layer_dyn_case("O1", native_gemm(), 1); }
+MM_TEST(alternating_counts_o1_default_gemm) { layer_dyn_case("O1", NULL, 0); }
 
 /* ---- DispatchV2 + CombineV2 ---------------------------------------------------------- */
 

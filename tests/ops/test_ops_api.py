@@ -59,10 +59,15 @@ def test_aliases_without_npu_prefix():
 
 
 def test_fp8_tokens():
+    import torch
     assert megamoe.float8_e4m3fn is ops.float8_e4m3fn
     assert megamoe.float8_e5m2 is ops.float8_e5m2
-    assert repr(ops.float8_e4m3fn) == "megamoe.float8_e4m3fn"
     assert ops.float8_e4m3fn is not ops.float8_e5m2
+    if hasattr(torch, "float8_e4m3fn"):  # torch >= 2.1: the torch dtypes themselves
+        assert ops.float8_e4m3fn is torch.float8_e4m3fn and ops.float8_e5m2 is torch.float8_e5m2
+    else:  # 1.13: tokens carrying torch_npu's codes (what an int dtype argument takes)
+        assert repr(ops.float8_e4m3fn) == "megamoe.float8_e4m3fn"
+        assert (ops.float8_e4m3fn.code, ops.float8_e5m2.code) == (24, 23)
 
 
 def test_quant_modes_come_from_the_library_table():
@@ -76,7 +81,11 @@ def test_quant_modes_come_from_the_library_table():
     assert [m.mode for m in ops.comm_quant_modes()] == [0, 2, 3, 4]
     assert ops.comm_quant_modes()[1].scale_dtype is None  # int8 transport: x's own dtype
     # the y_dtype a caller may pass is exactly what some mode accepts (or x's own dtype)
+    from megamoe import _dtypes
     for m in ops.quant_modes():
         for d in m.out_dtypes:
-            assert ops._y_code(d) in (3, 4, 6)
-    assert ops._y_code(torch.float64) == 0  # refused by the library, naming the rule
+            assert ops._y_code(_dtypes.npu_code(d)) in (3, 4, 6)
+    # torch_npu's integer codes (ScalarType values and torch_npu's own fp8 codes) work too
+    assert [ops._y_code(c) for c in (1, 24, 23, 292, 291)] == [6, 3, 4, 3, 4]
+    assert _dtypes.npu_code(torch.float64) == -1  # refused by the library, naming the rule
+    assert ops._y_code(-1) == _dtypes.INVALID

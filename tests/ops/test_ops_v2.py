@@ -28,7 +28,7 @@ def _run(world, tmp_dir):
     prefix = os.path.join(tmp_dir, f"out{world}")
     env = {"PYTHONPATH": os.path.join(HERE, "..", "..", "python"),
            "HYPER_PARALLEL_SHMEM_HEAP_SIZE": "256M"}
-    r = run_megamoe(["launch", "-n", str(world), "--timeout", "300", "--", "/usr/bin/python3",
+    r = run_megamoe(["launch", "-n", str(world), "--timeout", "300", "--", sys.executable,
                      os.path.join(HERE, "v2_worker.py"), cases, prefix], env_extra=env, timeout=330)
     per_rank = []
     for rank in range(world):

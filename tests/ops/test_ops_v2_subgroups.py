@@ -11,6 +11,7 @@ from coming back.
 import json
 import os
 import subprocess
+import sys
 
 from conftest import run_megamoe
 
@@ -21,7 +22,7 @@ def _seeds(hash_seed):
     code = ("import json, v2_cases; print(json.dumps({w: [c['seed'] for c in cs] "
             "for w, cs in v2_cases.CASES.items()}))")
     env = dict(os.environ, PYTHONHASHSEED=str(hash_seed), PYTHONPATH=HERE)
-    r = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, env=env,
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                        timeout=60, check=True)
     return json.loads(r.stdout)
 
@@ -34,7 +35,7 @@ def test_ep_subgroups_on_one_host(tmp_path, megamoe_bin):
     prefix = str(tmp_path / "sub")
     env = {"PYTHONPATH": os.path.join(HERE, "..", "..", "python"),
            "HYPER_PARALLEL_SHMEM_HEAP_SIZE": "256M", "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC": "10"}
-    r = run_megamoe(["launch", "-n", "4", "--timeout", "120", "--", "/usr/bin/python3",
+    r = run_megamoe(["launch", "-n", "4", "--timeout", "120", "--", sys.executable,
                      os.path.join(HERE, "v2_subgroup_worker.py"), prefix], env_extra=env,
                     timeout=150)
     for rank in range(4):

@@ -23,7 +23,7 @@ def _run(world, tmp_dir):
         prefix = os.path.join(tmp_dir, f"rules{world}")
         env = {"PYTHONPATH": os.path.join(HERE, "..", "..", "python"),
                "HYPER_PARALLEL_SHMEM_HEAP_SIZE": "64M", "MEGAMOE_LOG_LEVEL": "off"}
-        r = run_megamoe(["launch", "-n", str(world), "--timeout", "240", "--", "/usr/bin/python3",
+        r = run_megamoe(["launch", "-n", str(world), "--timeout", "240", "--", sys.executable,
                          os.path.join(HERE, "v2_rules_worker.py"), str(world), prefix],
                         env_extra=env, timeout=270)
         per_rank = []

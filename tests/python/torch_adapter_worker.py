@@ -1,12 +1,13 @@
-"""One rank of the Torch adapter checks: runs under `megamoe launch -n 2` (from the source tree,
-or with a venv's python from an installed wheel; it imports only megamoe and torch).
+"""One rank of the torch.ops.megamoe checks: runs under `megamoe launch -n 2` (from the source
+tree, or with a venv's python from an installed wheel; it imports only megamoe and torch).
 
 usage: torch_adapter_worker.py OUT_PREFIX
-TorchScript functions call torch.ops.megamoe.* directly; every result must equal, bit for bit,
-the same call through the ctypes backend. Then MegaMoeExperts forward/backward through the
-adapter against ctypes, a scripted experts_forward, and an argument error on both paths (the
-same status on every rank, the next call works). Results: OUT_PREFIX.<rank>.json, a dict
-{check: "ok" | error text} plus "backend" / "library" / "adapter" paths.
+TorchScript functions call torch.ops.megamoe.* directly (the C++ adapter's CPU kernels when it is
+built for this torch, the Python bodies otherwise); every result must equal, bit for bit, the same
+call through the Python body (ctypes). Then MegaMoeExperts forward/backward against a scripted
+torch.ops.megamoe.experts_forward, and an argument error on both paths (the same status on
+every rank, the next call works). Results: OUT_PREFIX.<rank>.json, a dict {check: "ok" | error
+text} plus "backend" / "library" / "adapter" paths.
 """
 import json
 import os
@@ -19,7 +20,7 @@ import torch
 import megamoe
 import megamoe.comm as mcomm
 import megamoe.ops as ops
-from megamoe import _adapter
+from megamoe import _adapter, _dtypes, _library
 from megamoe.errors import MegaMoeError
 
 RANK = int(os.environ["RANK"])
@@ -48,12 +49,11 @@ def scripted_round_trip(x: torch.Tensor, ids: torch.Tensor, scales: torch.Tensor
 
 @torch.jit.script
 def scripted_experts_forward(layer: int, x: torch.Tensor, ids: torch.Tensor,
-                             probs: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-                             version: int) -> torch.Tensor:
-    out = torch.empty_like(x)
-    torch.ops.megamoe.experts_forward(layer, x, ids, probs, None, gate_up, down, version, out,
-                                      False)
-    return out
+                             probs: torch.Tensor, gate_up: torch.Tensor,
+                             down: torch.Tensor) -> torch.Tensor:
+    out = torch.ops.megamoe.experts_forward(layer, x, ids, probs, None, gate_up, down, False,
+                                            False)
+    return out[0]
 
 
 def inputs(seed):
@@ -70,15 +70,18 @@ def same(a, b, what):
     for i, (u, v) in enumerate(zip(a, b)):
         assert u.dtype == v.dtype and u.shape == v.shape, \
             f"{what}[{i}]: {u.dtype}{tuple(u.shape)} vs {v.dtype}{tuple(v.shape)}"
-        assert torch.equal(u.view(torch.uint8) if u.dtype == torch.bfloat16 else u,
-                           v.view(torch.uint8) if v.dtype == torch.bfloat16 else v), \
-            f"{what}[{i}] differs"
+        assert torch.equal(bits(u), bits(v)), f"{what}[{i}] differs"
+
+
+def bits(t):
+    """Bytes of floating tensors (bf16, fp8: equal bits, NaN included)."""
+    return t.contiguous().view(torch.uint8) if t.dtype.is_floating_point and t.dim() else t
 
 
 def check_dispatch(group):
     for seed, quant_mode, y in ((1, 0, None), (2, 2, None), (3, 2, megamoe.float8_e4m3fn)):
         x, ids, scales = inputs(seed)
-        code = None if y is None else y.code
+        code = None if y is None else _dtypes.npu_code(y)
         got = scripted_dispatch(x, ids, scales, group, WORLD, RANK, E, quant_mode, code)
         want = ops.npu_moe_distribute_dispatch_v2.ctypes_path(
             x, ids, group, WORLD, RANK, E, expert_scales=scales, quant_mode=quant_mode, y_dtype=y)
@@ -111,7 +114,6 @@ def check_add_rms_norm(group):
     residual = torch.randn(BS, 1, H, generator=g).to(torch.bfloat16)
     gamma = torch.rand(H, generator=g).to(torch.bfloat16)
     args = (d[0], ids, d[2], d[4], scales, residual, gamma, group, WORLD, RANK, E)
-    assert ops.npu_moe_distribute_combine_add_rms_norm.backend == "torch"
     same(ops.npu_moe_distribute_combine_add_rms_norm(*args),
          ops.npu_moe_distribute_combine_add_rms_norm.ctypes_path(*args), "combine_add_rms_norm")
 
@@ -133,17 +135,11 @@ def check_experts():
     x = torch.randn(128, 64, generator=g).to(torch.bfloat16)
     ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(128)])
     probs = torch.rand(128, K, generator=g)
-    adapter_ops = _adapter.ops
-    try:
-        torch_path = run_layer(layer, x, ids, probs)
-        _adapter.ops = None  # the same layer and inputs through ctypes
-        ctypes_path = run_layer(layer, x, ids, probs)
-    finally:
-        _adapter.ops = adapter_ops
-    same(torch_path, ctypes_path, "MegaMoeExperts forward/backward")
-    version = _adapter.signed64(layer._weights_epoch << 56)  # any value: the weights are packed
-    got = scripted_experts_forward(layer._handle.value, x, ids, probs, layer.gate_up_weight.data,
-                                   layer.down_weight.data, version)
+    first = run_layer(layer, x, ids, probs)
+    again = run_layer(layer, x, ids, probs)  # the same layer and inputs: the same bits
+    same(first, again, "MegaMoeExperts forward/backward")
+    got = scripted_experts_forward(layer._op_id, x, ids, probs, layer.gate_up_weight.data,
+                                   layer.down_weight.data)
     with torch.no_grad():
         same([got], [layer(x, ids, probs)], "scripted experts_forward")
     layer.close()
@@ -158,8 +154,12 @@ def check_error(group):
         scripted_dispatch(x, bad, scales, group, WORLD, RANK, E, 0, None)
         raise AssertionError("torch.ops accepted an out-of-range expert id")
     except RuntimeError as exc:  # TorchScript adds its traceback before the library's text
-        assert "[megamoe INVALID_ARGUMENT -1]" in str(exc) and "out of range" in str(exc), \
-            str(exc)[-300:]
+        # (torch 1.13's TorchScript drops the text of an error raised in a Python kernel, as the
+        # in-place operators' composite is: the type and the every-rank failure still hold)
+        # ("[megamoe INVALID_ARGUMENT -1] ..." from the adapter's kernel, "INVALID_ARGUMENT: ..."
+        # from a Python body)
+        text = "INVALID_ARGUMENT" in str(exc) and "out of range" in str(exc)
+        assert text or _library.TORCH_VERSION < (2, 0), str(exc)[-300:]
     try:
         ops.npu_moe_distribute_dispatch_v2(x, bad, group, WORLD, RANK, E, expert_scales=scales)
         raise AssertionError("the wrapper accepted an out-of-range expert id")

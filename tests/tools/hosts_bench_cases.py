@@ -43,6 +43,11 @@ def test_bench_shmem_across_hosts_puts_through_the_engine_beside_ucx_and_tcp():
     for impl in ("signal_rtt", "engine_signal_rtt", "tcp_rtt", "barrier"):
         assert [x["us"] > 0 for x in rows if x["impl"] == impl] == [True], impl
     assert "put >= 0.9 x engine" in err
+    # issue 31: the signal round trip beside the engine's own
+    sig = [x for x in rows if x["impl"] == "signal_rtt"][0]
+    eng = [x for x in rows if x["impl"] == "engine_signal_rtt"][0]
+    assert abs(sig["over_engine"] - sig["us"] / eng["us"]) < 1e-3 * sig["over_engine"]
+    assert "signal round trip <= 1.2 x the engine's own" in err
 
 
 @needs_root
@@ -72,3 +77,13 @@ def test_bench_dispatch_across_hosts_runs_hierarchy_beside_mpi_alltoallv():
     assert got == [("megamoe", "fullmesh_v1"), ("megamoe", "hierarchy"), ("mpi_alltoallv", None)]
     assert all(x["hosts"] == 2 and x["dispatch_us"] > 0 and x["combine_us"] > 0 for x in rows)
     assert "target across hosts >= 1.5x" in err
+    # issue 31: what crossed hosts per dispatch + combine, and the wire floor behind the ratio
+    for x in rows:
+        if x["impl"] != "megamoe":
+            assert "wire_floor_ms" not in x
+            continue
+        assert x["bytes_to_other_hosts"] > 0 and 0 < x["engine_messages"] < 200, x
+        assert x["wire_floor_ms"] > 0
+        ratio = (x["dispatch_us"] + x["combine_us"]) * 1e-3 / x["wire_floor_ms"]
+        assert abs(x["over_wire_floor"] - ratio) < 1e-3 * ratio, x
+    assert "over its wire floor" in err

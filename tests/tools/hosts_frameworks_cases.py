@@ -5,6 +5,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -25,7 +26,7 @@ def _torch():
     return subprocess.run([PY, "-c", "import torch"], capture_output=True).returncode == 0
 
 
-needs_torch = pytest.mark.skipif(not _torch(), reason="/usr/bin/python3 has no torch (make deps)")
+needs_torch = pytest.mark.skipif(not _torch(), reason=f"{sys.executable} has no torch (make deps)")
 
 
 def _allreduce_lines(out):
@@ -133,6 +134,12 @@ def test_bench_layer_and_run_pass_hosts_to_the_launcher():
     assert {x["schedule"] for x in two} == {"O0", "O1"}
     assert all(x["fwd_bwd_ms"] > 0 and x["over_single_host"] > 0 for x in two), two
     assert all(x["same_output_as_o0"] for x in two if x["schedule"] == "O1")
+    # issue 31: bytes to the other host per step, the engine traffic behind them, the floor
+    for x in two:
+        assert x["bytes_to_other_hosts"] > 1e6 and 0 < x["engine_messages"] < 500, x
+        assert x["engine_round_trips"] >= 0 and x["wire_floor_ms"] > 0, x
+        assert x["over_wire_floor"] >= 0, x
+    assert "at the wire's speed" in r.stderr
     assert "over the same job on 1 host" in r.stderr
     r = subprocess.run([MEGAMOE, "run", "--hosts", "2", "--iters", "1", "--warmup", "0",
                         "--verify", "no"], capture_output=True, text=True, timeout=300)

@@ -12,7 +12,7 @@ from conftest import BUILD, MEGAMOE  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RANK = os.path.join(HERE, "hosts_rank.py")
-PY = "/usr/bin/python3"
+PY = sys.executable  # the interpreter running the tests (MEGAMOE_PYTHON in CMake)
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root (CI is root)")
 
@@ -30,7 +30,7 @@ def _sanitizer():
 
 
 SANITIZER = _sanitizer()
-# /usr/bin/python3 cannot load an ASan/TSan-instrumented libmegamoe (the sanitizer runtime must
+# The test interpreter cannot load an ASan/TSan-instrumented libmegamoe (the sanitizer runtime must
 # come first in the process); the cases that run Python ranks run against the release build
 # under `make test`, and the sanitizer suites keep the C ranks.
 needs_python_library = pytest.mark.skipif(

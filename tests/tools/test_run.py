@@ -48,3 +48,27 @@ def test_capacity_overflow_fails_with_status_1(megamoe_bin):
                     timeout=180)
     assert r.returncode == 1, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
     assert "CAPACITY_OVERFLOW" in r.stderr
+
+
+def test_per_call_token_counts_are_verified(megamoe_bin):
+    """--max-tokens: a max_local_num_tokens layer; the counts of every rank and call come from
+    --tokens-dist (here 0 on one rank, 129 on the other, then swapped); the first call is
+    verified against the reference."""
+    args = [a for a in SMALL if a not in ("--tokens", "128")]
+    r = run_megamoe(["run"] + args + ["--max-tokens", "200", "--tokens-dist", "list:0,129",
+                                      "--iters", "2", "--schedule", "O0"], timeout=180)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "T_cap=200 (per-call counts list:0,129)" in r.stdout
+    assert "tokens per call (mean of the timed calls): 64.5 per rank" in r.stdout
+    assert "PASSED" in r.stdout
+
+
+@pytest.mark.parametrize("args,rule", [
+    (["--tokens-dist", "uniform:1-9"], "--tokens-dist needs --max-tokens"),
+    (["--max-tokens", "100", "--tokens-dist", "uniform:1-101"], "more than --max-tokens"),
+    (["--max-tokens", "100", "--tokens-dist", "sometimes"], "not a token-count distribution"),
+])
+def test_per_call_count_options_are_checked(megamoe_bin, args, rule):
+    r = run_megamoe(["run"] + SMALL + args, timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    assert rule in r.stderr
