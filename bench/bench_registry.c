@@ -15,6 +15,7 @@ extern const mm_bench_def_t mm_bench_prof_def;
 extern const mm_bench_def_t mm_bench_engines_def;
 extern const mm_bench_def_t mm_bench_soak_def;
 extern const mm_bench_def_t mm_bench_serve_def;
+extern const mm_bench_def_t mm_bench_companion_def;
 
 static const mm_bench_def_t *const mm_benches[] = {
     &mm_bench_convert_def,
@@ -26,6 +27,7 @@ static const mm_bench_def_t *const mm_benches[] = {
     &mm_bench_engines_def,
     &mm_bench_soak_def,
     &mm_bench_serve_def,
+    &mm_bench_companion_def,
 };
 
 #define MM_BENCH_COUNT (sizeof mm_benches / sizeof mm_benches[0])

@@ -28,6 +28,7 @@
 #include "kernels/peak.h"
 
 #include "bench_util.h"
+#include "bench_wire.h"
 
 typedef struct {
     const char *name;
@@ -115,9 +116,44 @@ static double mm_bw_probe(int threads, int copy)
 
 /* ---- one job ------------------------------------------------------------------------------ */
 
+/* The rows a job wrote (flat JSON objects), kept to add fields before they are printed. */
+#define MM_SERVE_MAX_ROWS 256
+#define MM_SERVE_MAX_FIELDS 24
+typedef struct {
+    char key[48], str[64];
+    double num;
+    int kind; /* 1 string, 2 integer, 3 number */
+} mm_serve_field_t;
+typedef struct {
+    mm_serve_field_t f[MM_SERVE_MAX_FIELDS];
+    int nf;
+} mm_serve_row_t;
+typedef struct {
+    mm_serve_row_t rows[MM_SERVE_MAX_ROWS];
+    int n;
+} mm_serve_rows_t;
+
+static const mm_serve_field_t *mm_serve_get(const mm_serve_row_t *r, const char *key)
+{
+    for (int i = 0; i < r->nf; i++)
+        if (!strcmp(r->f[i].key, key)) return &r->f[i];
+    return NULL;
+}
+
+static void mm_serve_emit(const mm_serve_row_t *r)
+{
+    for (int i = 0; i < r->nf; i++) {
+        const mm_serve_field_t *f = &r->f[i];
+        if (f->kind == 1) mm_bench_str(f->key, f->str);
+        else if (f->kind == 2) mm_bench_int(f->key, (long long)f->num);
+        else mm_bench_num(f->key, f->num);
+    }
+}
+
 static int mm_serve_job(const mm_serve_shape_t *sh, const char *tokens, const char *quant,
                         const char *impl, int ranks, int hosts, int threads, int iters, int warmup,
-                        double read_gbs, double copy_gbs, double peak, const char *script)
+                        double read_gbs, double copy_gbs, double peak, const char *script,
+                        mm_serve_rows_t *out)
 {
     char dir[] = "/tmp/megamoe-serve-XXXXXX";
     if (mkdtemp(dir) == NULL) return -1;
@@ -177,38 +213,39 @@ static int mm_serve_job(const mm_serve_shape_t *sh, const char *tokens, const ch
     if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
         FILE *f = fopen(outp, "r");
         char line[2048];
-        while (f && fgets(line, sizeof line, f)) {
-            /* flat JSON objects of strings and numbers: copied field by field into a row */
-            mm_bench_row();
+        while (f && fgets(line, sizeof line, f) && out->n < MM_SERVE_MAX_ROWS) {
+            mm_serve_row_t *row = &out->rows[out->n++];
+            memset(row, 0, sizeof *row);
+            /* flat JSON objects of strings and numbers, field by field */
             char *p = line;
-            while ((p = strchr(p, '"')) != NULL) {
-                char key[64], sval[128];
+            while ((p = strchr(p, '"')) != NULL && row->nf < MM_SERVE_MAX_FIELDS) {
+                mm_serve_field_t *fd = &row->f[row->nf];
                 char *e = strchr(p + 1, '"');
-                if (!e || (size_t)(e - p - 1) >= sizeof key) break;
-                memcpy(key, p + 1, (size_t)(e - p - 1));
-                key[e - p - 1] = '\0';
+                if (!e || (size_t)(e - p - 1) >= sizeof fd->key) break;
+                memcpy(fd->key, p + 1, (size_t)(e - p - 1));
+                fd->key[e - p - 1] = '\0';
                 p = e + 1;
                 while (*p == ':' || *p == ' ') p++;
                 if (*p == '"') {
                     char *q = strchr(p + 1, '"');
                     if (!q) break;
-                    size_t n = (size_t)(q - p - 1) < sizeof sval - 1 ? (size_t)(q - p - 1) : sizeof sval - 1;
-                    memcpy(sval, p + 1, n);
-                    sval[n] = '\0';
-                    mm_bench_str(key, sval);
+                    size_t n = (size_t)(q - p - 1) < sizeof fd->str - 1 ? (size_t)(q - p - 1) : sizeof fd->str - 1;
+                    memcpy(fd->str, p + 1, n);
+                    fd->str[n] = '\0';
+                    fd->kind = 1;
                     p = q + 1;
                 } else if (!strncmp(p, "null", 4)) {
                     p += 4;
+                    continue;
                 } else {
                     char *end;
-                    double v = strtod(p, &end);
+                    fd->num = strtod(p, &end);
                     if (end == p) break;
-                    int integral = 1;
-                    for (char *c = p; c < end; c++) integral &= (*c >= '0' && *c <= '9') || *c == '-';
-                    if (integral) mm_bench_int(key, (long long)v);
-                    else mm_bench_num(key, v);
+                    fd->kind = 2;
+                    for (char *c = p; c < end; c++) fd->kind = (*c >= '0' && *c <= '9') || *c == '-' ? fd->kind : 3;
                     p = end;
                 }
+                row->nf++;
             }
             rc = 0;
         }
@@ -268,6 +305,9 @@ static int mm_bench_serve_main(int argc, char **argv)
     fprintf(stderr, "bench serve: %d streaming cores: read %.2f GB/s per core, copy %.2f GB/s per "
             "core; BF16 peak %.1f GFLOP/s per core (%s)\n", streams, read_gbs, copy_gbs,
             peak_gflops, peak.unit);
+    mm_bench_wire_engine_t eng;
+    memset(&eng, 0, sizeof eng);
+    if (hosts > 1) mm_bench_wire_engine_measure(hosts, &eng); /* UCX's own put rate and RTT */
     mm_bench_begin("serve");
     int rc = 0, step = 0;
     const int n_shapes = (int)(sizeof mm_serve_shapes / sizeof mm_serve_shapes[0]);
@@ -281,14 +321,55 @@ static int mm_bench_serve_main(int argc, char **argv)
                  "host%s", sh->name, (long long)sh->H, (long long)sh->I, (long long)sh->E,
                  (long long)sh->K, ranks, hosts, hosts > 1 ? "s" : "");
         mm_bench_progress(++step, total, label);
+        static mm_serve_rows_t one, many;
+        one.n = many.n = 0;
+        /* across hosts: the same job on one host first, the reference of the wire's share */
+        if (hosts > 1 && mm_serve_job(sh, tokens, quant, impl, ranks, 1, threads, iters, warmup,
+                                      read_gbs, copy_gbs, peak_gflops, script, &one) != 0) {
+            fprintf(stderr, "megamoe bench serve: the one-host job failed for %s\n", label);
+            rc = 1;
+        }
         if (mm_serve_job(sh, tokens, quant, impl, ranks, hosts, threads, iters, warmup, read_gbs,
-                         copy_gbs, peak_gflops, script) != 0) {
+                         copy_gbs, peak_gflops, script, &many) != 0) {
             fprintf(stderr, "megamoe bench serve: the job failed for %s\n", label);
             rc = 1;
+        }
+        for (int i = 0; i < one.n; i++) { /* the one-host rows too (hosts = 1) */
+            mm_bench_row();
+            mm_serve_emit(&one.rows[i]);
+        }
+        for (int i = 0; i < many.n; i++) {
+            const mm_serve_row_t *r = &many.rows[i];
+            mm_bench_row();
+            mm_serve_emit(r);
+            if (hosts <= 1) continue;
+            /* over_wire_floor = (ms here - ms on one host) / the wire floor (issue 31's: the
+             * bytes at the engine's put rate plus 4 engine round trips, as dispatch+combine) */
+            const mm_serve_field_t *ms = mm_serve_get(r, "ms"), *by = mm_serve_get(r, "bytes_to_other_hosts");
+            double ms1 = -1;
+            for (int k = 0; k < one.n; k++) {
+                const mm_serve_row_t *o = &one.rows[k];
+                const mm_serve_field_t *a = mm_serve_get(o, "impl"), *b = mm_serve_get(r, "impl");
+                const mm_serve_field_t *qa = mm_serve_get(o, "quant"), *qb = mm_serve_get(r, "quant");
+                const mm_serve_field_t *ta = mm_serve_get(o, "tokens"), *tb = mm_serve_get(r, "tokens");
+                if (a && b && qa && qb && ta && tb && !strcmp(a->str, b->str) &&
+                    !strcmp(qa->str, qb->str) && ta->num == tb->num)
+                    ms1 = mm_serve_get(o, "ms")->num;
+            }
+            if (eng.ok && ms && by && ms1 >= 0) {
+                const double floor = mm_bench_wire_floor_ms(&eng, by->num, 4);
+                mm_bench_num("ms_one_host", ms1);
+                mm_bench_num("wire_floor_ms", floor);
+                mm_bench_num("over_wire_floor", floor > 0 ? (ms->num - ms1) / floor : 0);
+            }
         }
     }
     mm_bench_row();
     mm_bench_str("impl", "probe");
+    if (hosts > 1 && eng.ok) {
+        mm_bench_num("engine_put_gbps", eng.put_gbps);
+        mm_bench_num("engine_signal_rtt_us", eng.signal_rtt_us);
+    }
     mm_bench_int("streaming_cores", streams);
     mm_bench_num("read_gbs_per_core", read_gbs);
     mm_bench_num("copy_gbs_per_core", copy_gbs);

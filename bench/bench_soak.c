@@ -7,9 +7,11 @@
  * the steps, at least 10) to the largest later sample. Target: RSS growth <= 1 %, no fd
  * growth (--check makes a miss the exit status; under a sanitizer the RSS target is not
  * checked, the allocator's quarantine grows by design, descriptors and LeakSanitizer's verdict
- * at exit still are). The four fixed patterns come back every 5 steps with the same routing,
- * so their outputs must repeat bit for bit: a step that differs is an error (state leaking
- * from one step into the next). Public headers only, plus bench helpers. */
+ * at exit still are). --warmup-steps sets the warm-up (CTest bench_soak_rss: 1,500 steps
+ * measured after 500). The four fixed patterns come back every 5 steps with the same routing,
+ * so every output (forward output, grad hidden, grad topk_weights, grad gate_up, grad down)
+ * must repeat bit for bit: a step that differs is an error (state leaking from one step into
+ * the next). Public headers only, plus bench helpers. */
 #include <dirent.h>
 #include <math.h>
 #include <stdio.h>
@@ -110,13 +112,19 @@ static void mm_soak_random_route(mm_moe_problem_t *P, uint64_t seed)
     }
 }
 
-static uint64_t mm_soak_hash(const void *p, size_t n)
+/* FNV-1a of n bytes, continuing from h (chained over every output of a step). */
+static uint64_t mm_soak_hash(uint64_t h, const void *p, size_t n)
 {
     const uint8_t *b = p;
-    uint64_t h = 1469598103934665603ull;
     for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
     return h;
 }
+
+/* --test-perturb NAME (tests only: CTest bench_soak_hash_*): flip one bit of that output at
+ * step 5, which repeats step 0's routing, so the repeat check must report it. */
+static const char *const mm_soak_outputs[] = {"out", "grad_hidden", "grad_topk_weights",
+                                              "grad_gate_up", "grad_down"};
+static int mm_soak_perturb = -1;
 
 #define MM_SOAK_FAIL(...)                                                                  \
     do {                                                                                   \
@@ -181,9 +189,17 @@ static int mm_soak_rank(const mm_moe_job_opts_t *o, int every, const char *sampl
         st = megamoe_experts_backward(x, sv, &w, dout, &g);
         megamoe_experts_saved_destroy(sv);
         if (st != MEGAMOE_OK) MM_SOAK_FAIL("step %d: backward: %s", it, megamoe_last_error());
-        if (pattern < 4) { /* the same routing as 5 steps ago: the same bits */
-            uint64_t h = mm_soak_hash(out, TH * 2) ^ mm_soak_hash(g1, W1 * 2) * 31 ^
-                         mm_soak_hash(gh, TH * 2) * 7;
+        if (pattern < 4) { /* the same routing as 5 steps ago: the same bits, every output */
+            if (it == MM_SOAK_PATTERNS && mm_soak_perturb >= 0) {
+                void *bufs[] = {out, gh, gp, g1, g2};
+                ((uint8_t *)bufs[mm_soak_perturb])[3] ^= 1;
+            }
+            uint64_t h = 1469598103934665603ull;
+            h = mm_soak_hash(h, out, TH * 2);
+            h = mm_soak_hash(h, gh, TH * 2);
+            h = mm_soak_hash(h, gp, (size_t)(T * K) * 4);
+            h = mm_soak_hash(h, g1, W1 * 2);
+            h = mm_soak_hash(h, g2, W2 * 2);
             if (it < MM_SOAK_PATTERNS) first_hash[pattern] = h;
             else if (h != first_hash[pattern])
                 MM_SOAK_FAIL("step %d (%s routing): the outputs differ from step %d with the same "
@@ -248,19 +264,20 @@ static int mm_bench_soak_main(int argc, char **argv)
     o.verify = 0;
     o.timeout_s = 0;
     int n_samples = 100, check = 0; /* 1: every target, 2: descriptors only */
+    int warmup_steps = -1;           /* -1: the first tenth, at least 10 */
     double rss_target = 1.0;
     const char *job_dir = NULL, *samples_dir = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help")) {
             printf("usage: megamoe bench soak [--iters N] [--samples N] [--check|--check-fds]\n"
-                   "       [--ranks N]\n"
+                   "       [--ranks N] [--warmup-steps N]\n"
                    "       [--tokens T --hidden H --intermediate I --experts E --top-k K]\n"
                    "       [--schedule O1|O0] [--workers W] [--seed S]\n"
                    "MegaMoE forward+backward for N steps (10000) on 2 ranks at the seed shape,\n"
                    "the routing changing every step (balanced, zero, skew, single, random);\n"
                    "each rank's RSS and open descriptors sampled N times (100). Rows: every\n"
                    "sample, then rss_growth_pct and fd_growth after the warm-up (the first\n"
-                   "tenth). --check: exit 1 when RSS grew more than 1 %% or descriptors grew\n"
+                   "tenth, or --warmup-steps N). --check: exit 1 when RSS grew more than 1 %% or descriptors grew\n"
                    "(RSS not checked in sanitizer builds); --check-fds: descriptors only (short\n"
                    "runs, whose RSS is still warming up).\n");
             return 0;
@@ -269,6 +286,17 @@ static int mm_bench_soak_main(int argc, char **argv)
         else if (!strcmp(argv[i], "--samples-dir") && i + 1 < argc) samples_dir = argv[++i];
         else if (!strcmp(argv[i], "--samples") && i + 1 < argc) n_samples = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--check")) check = 1;
+        else if (!strcmp(argv[i], "--warmup-steps") && i + 1 < argc) warmup_steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--test-perturb") && i + 1 < argc) {
+            const char *name = argv[++i];
+            for (int k = 0; k < 5; k++)
+                if (!strcmp(name, mm_soak_outputs[k])) mm_soak_perturb = k;
+            if (mm_soak_perturb < 0) {
+                fprintf(stderr, "megamoe bench soak: --test-perturb takes out, grad_hidden, "
+                        "grad_topk_weights, grad_gate_up or grad_down\n");
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--check-fds")) check = 2;
         else {
             int rc = mm_moe_job_parse_arg(&o, argc, argv, &i);
@@ -280,6 +308,10 @@ static int mm_bench_soak_main(int argc, char **argv)
     }
     if (n_samples < 2 || n_samples > MM_SOAK_MAX_SAMPLES) {
         fprintf(stderr, "megamoe bench soak: --samples must be in [2, %d]\n", MM_SOAK_MAX_SAMPLES);
+        return 2;
+    }
+    if (warmup_steps >= o.iters) {
+        fprintf(stderr, "megamoe bench soak: --warmup-steps must be below --iters\n");
         return 2;
     }
     int every = o.iters / n_samples > 0 ? o.iters / n_samples : 1;
@@ -303,7 +335,9 @@ static int mm_bench_soak_main(int argc, char **argv)
     }
     char every_s[16];
     snprintf(every_s, sizeof every_s, "%d", n_samples);
-    const char *sub[] = {"bench", "soak", "--samples-dir", dir, "--samples", every_s, NULL};
+    const char *sub[] = {"bench", "soak", "--samples-dir", dir, "--samples", every_s,
+                         mm_soak_perturb >= 0 ? "--test-perturb" : NULL,
+                         mm_soak_perturb >= 0 ? mm_soak_outputs[mm_soak_perturb] : NULL, NULL};
     mm_moe_job_result_t res[64];
     fprintf(stderr, "megamoe bench soak: %d steps on %d ranks (T=%lld H=%lld I=%lld E=%lld K=%lld, "
             "%s)\n", o.iters, o.ranks, (long long)o.T, (long long)o.H, (long long)o.I,
@@ -331,7 +365,7 @@ static int mm_bench_soak_main(int argc, char **argv)
         }
     }
     rmdir(dir);
-    int warm = o.iters / 10 > 10 ? o.iters / 10 : 10;
+    int warm = warmup_steps >= 0 ? warmup_steps : o.iters / 10 > 10 ? o.iters / 10 : 10;
     for (int r = 0; r < o.ranks && !missing; r++) {
         int b = 0; /* the first sample at or after the warm-up */
         while (b + 1 < ns[r] && s[r][b].iter < warm) b++;

@@ -173,11 +173,19 @@ def main():
             # dispatch: sent n*K rows + received recv rows; combine: recv results written,
             # n*K rows read back
             copy = (n * K + recv) * row + (recv + n * K) * 2 * H
+            # what crosses hosts for this rank: its rows to owners on other hosts and their
+            # results back (receive rows of row_bytes each way)
+            rb = -(-max(2 * H, -(-H // 8) * 8 + 8 + -(-H // 32)) // 64) * 64
+            host_of = [r * a.hosts // W for r in range(W)]
+            remote_pairs = int(sum(1 for e in ids.flatten().tolist()
+                                   if host_of[e // L] != host_of[rank]))
+            wire_bytes = 2 * remote_pairs * rb
             floor_s = (touched / (a.read_gbs * 1e9) if a.read_gbs else 0.0) + \
                       (copy / (a.copy_gbs * 1e9) if a.copy_gbs else 0.0)
             flops = recv * 6 * H * I
             gathered = [None] * W
-            dist.all_gather_object(gathered, {"times": times, "floor": floor_s, "flops": flops})
+            dist.all_gather_object(gathered, {"times": times, "floor": floor_s, "flops": flops,
+                                              "wire_bytes": wire_bytes})
             diff = None
             if a.check and "unfused" in outs and "mega_moe" in outs and n:
                 ref, got = outs["unfused"].float(), outs["mega_moe"].float()
@@ -195,6 +203,8 @@ def main():
                          "hosts": a.hosts, "ranks": W, "H": H, "I": I, "E": E, "K": K,
                          "ms": round(ms, 4), "floor_ms": round(floor_ms, 4),
                          "over_floor": round(ms / floor_ms, 3) if floor_ms > 0 else None}
+                    if a.hosts > 1:
+                        r["bytes_to_other_hosts"] = max(gr["wire_bytes"] for gr in gathered)
                     if n >= 1024 and a.peak_gflops:
                         r["pct_peak"] = round(100 * job_flops / (ms * 1e-3) /
                                               (a.peak_gflops * 1e9 * W * a.threads), 2)

@@ -3,8 +3,10 @@
  * One include for the whole public API. Layers, lowest first:
  *   status.h log.h config.h dtype.h version.h   base services
  *   comm.h                                      communicator (private SHMEM runtime underneath)
+ *   symm.h                                      symmetric memory of a communicator (shmem module)
  *   layout.h                                    expert weight layout conversions
  *   ops.h                                       MoeDistributeDispatchV2 / CombineV2 operators
+ *   companion.h                                 torch_npu's companion operators (gmm, routing)
  *   experts.h                                   MegaMoeExperts (fused MoE-FFN, fwd + bwd)
  *   prof.h                                      MegaKernel profiling and trace tools
  *   reference.h                                 plain fp32 reference model (test oracle)
@@ -23,8 +25,10 @@
 #include "megamoe/version.h"
 
 #include "megamoe/comm.h"
+#include "megamoe/symm.h"
 #include "megamoe/layout.h"
 #include "megamoe/ops.h"
+#include "megamoe/companion.h"
 #include "megamoe/experts.h"
 #include "megamoe/serve.h"
 #include "megamoe/prof.h"

@@ -133,6 +133,7 @@ typedef struct megamoe_symm_buffer_info {
     uint64_t calls;                 /* mega_moe calls that ran on this rank */
     int64_t last_recv_rows;         /* rows this rank received in the last call (-1: none) */
     uint64_t id;                    /* the buffer's number (equal on every member) */
+    uint64_t o1_calls;              /* calls that ran on the O1 executor (the rest: host path) */
 } megamoe_symm_buffer_info_t;
 
 /* Filled by the library: the caller's sizeof travels with the call (megamoe/version.h). */

@@ -149,6 +149,13 @@ def _ptr(t):
 
 _DEFAULT_FACTOR = 1.25  # push: initial and growth factor when not given (HyperParallel's)
 
+# HyperParallel's replica_transport values (how guest expert weights reach a replica and their
+# gradients return). On Ascend they pick between HCCL point-to-point, barrier-based SHMEM,
+# signalled SHMEM and SDMA copy engines; on a CPU every one is the same transport: megamoe's
+# replicas move through the symmetric heap with put + signal (docs/moe.md "Load balance").
+REPLICA_TRANSPORTS = ("p2p", "shmem", "shmem_signal", "shmem_signal_sdma",
+                      "shmem_signal_sdma_parallel", "shmem_signal_sdma_bidir")
+
 
 def _factor(name, value):
     """None, or a finite number >= 1 as float; ValueError otherwise (0 is not 'lossless')."""
@@ -320,7 +327,11 @@ class MegaMoeExperts(torch.nn.Module):
     0 = derived; docs/multicore.md), ``replica_slots_per_rank`` (hot-expert replicas: R guest
     slots per rank, 0 = off; per call the hottest experts get guest copies on lighter ranks
     and their weight gradients are summed back at home; ``info()["replicas"]`` shows the
-    last plan; docs/moe.md "Load balance: hot-expert replicas").
+    last plan; docs/moe.md "Load balance: hot-expert replicas"), ``replica_transport``
+    (HyperParallel's "p2p" (default), "shmem", "shmem_signal", "shmem_signal_sdma",
+    "shmem_signal_sdma_parallel" or "shmem_signal_sdma_bidir": Ascend transports for the
+    replicas' weights and gradients; on a CPU they are one and the same — puts and signals on
+    the symmetric heap — so every value is accepted and behaves identically).
     """
 
     def __init__(self, local_num_tokens=None, hidden_size=None, intermediate_size=None,
@@ -328,7 +339,8 @@ class MegaMoeExperts(torch.nn.Module):
                  ep_size=1, ep_group=None, create_parameters=True, schedule="O1", workers=0,
                  cube_workers=0, vector_workers=0, dispatch_mode=None,
                  initial_capacity_factor=None, capacity_growth_factor=None,
-                 replica_slots_per_rank=0, *, max_local_num_tokens=None):
+                 replica_slots_per_rank=0, replica_transport="p2p", *,
+                 max_local_num_tokens=None):
         super().__init__()
         from . import comm as _comm
         self._handle = ctypes.c_void_p(None)
@@ -340,6 +352,9 @@ class MegaMoeExperts(torch.nn.Module):
         self._weights_epoch = 0
         self._packed_from = None
         self._external_from = None
+        if replica_transport not in REPLICA_TRANSPORTS:
+            raise ValueError(f"replica_transport must be one of {', '.join(REPLICA_TRANSPORTS)}, "
+                             f"got {replica_transport!r}")
         missing = [n for n, v in (("hidden_size", hidden_size),
                                   ("intermediate_size", intermediate_size),
                                   ("num_experts", num_experts), ("top_k", top_k)) if v is None]
@@ -406,6 +421,7 @@ class MegaMoeExperts(torch.nn.Module):
         self.ep_size = int(ep_size)
         self.schedule = schedule
         self.replica_slots_per_rank = int(replica_slots_per_rank)
+        self.replica_transport = replica_transport  # every value: one transport on a CPU
         handle = ctypes.c_void_p(None)
         try:
             check(_L.megamoe_experts_create(self._comm.handle, ctypes.byref(p),
@@ -686,7 +702,8 @@ class MegaMoeExperts(torch.nn.Module):
                 f"initial_capacity_factor={self.initial_capacity_factor}, "
                 f"capacity_growth_factor={self.capacity_growth_factor}, "
                 f"swiglu_limit={self.swiglu_limit}, schedule={self.schedule!r}, "
-                f"replica_slots_per_rank={self.replica_slots_per_rank}")
+                f"replica_slots_per_rank={self.replica_slots_per_rank}, "
+                f"replica_transport={self.replica_transport!r}")
 
 
 from . import _experts_ops  # noqa: E402  torch.ops.megamoe.experts_forward / experts_backward

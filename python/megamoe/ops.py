@@ -284,6 +284,18 @@ def _comm_handle(group, what):
         return None
 
 
+def _scales_code(scales_dtype, scales=None):
+    """megamoe_dtype_t of dispatch's scales from the schema's ``int? scales_dtype`` (a torch_npu
+    code): fp32, or the MX e8m0 bytes (293 / 44, or uint8 0: scales in uint8 are always e8m0
+    bytes); None: the tensor's own type (a uint8 tensor: e8m0 bytes)."""
+    if scales_dtype is None:
+        if isinstance(scales, torch.Tensor) and scales.dtype == torch.uint8:
+            return _E8M0
+        return None
+    code = _dtypes.from_npu_code(scales_dtype)
+    return _E8M0 if code == _UINT8 else code  # anything else: the library names the rule
+
+
 def _y_code(y_dtype):
     """megamoe_dtype_t of the schema's ``int? y_dtype`` (a torch_npu dtype code, see _dtypes)."""
     if y_dtype is None:
@@ -305,7 +317,16 @@ def _group_name(group):
     return _comm.for_group(group).name  # a torch.distributed ProcessGroup
 
 
-_NORMALIZE = {"group_ep": _group_name, "group_tp": _group_name, "y_dtype": _dtypes.npu_code}
+def _scales_npu_code(dtype):
+    """dispatch's scales_dtype as a torch_npu code: uint8 (and torch's float8_e8m0fnu) name the
+    MX e8m0 bytes (293), "e8m0" too; anything else as _dtypes.npu_code."""
+    if dtype is torch.uint8 or (isinstance(dtype, str) and dtype in ("e8m0", "float8_e8m0fnu")):
+        return 293
+    return _dtypes.npu_code(dtype)
+
+
+_NORMALIZE = {"group_ep": _group_name, "group_tp": _group_name, "y_dtype": _dtypes.npu_code,
+              "x_dtype": _dtypes.npu_code, "scales_dtype": _scales_npu_code}
 
 
 def _define(schema, normalize=_NORMALIZE):
@@ -335,8 +356,8 @@ _DISPATCH_V2 = (
     "int tp_rank_id=0, int expert_shard_type=0, int shared_expert_num=1, "
     "int shared_expert_rank_num=0, int quant_mode=0, int global_bs=0, "
     "int expert_token_nums_type=1, str comm_alg=\"\", int zero_expert_num=0, "
-    "int copy_expert_num=0, int const_expert_num=0, int? y_dtype=None) "
-    "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+    "int copy_expert_num=0, int const_expert_num=0, int? y_dtype=None, int? x_dtype=None, "
+    "int? scales_dtype=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 
 
 @_define(_DISPATCH_V2)
@@ -347,14 +368,19 @@ def npu_moe_distribute_dispatch_v2(x, expert_ids, group_ep, ep_world_size, ep_ra
                                    expert_shard_type=0, shared_expert_num=1,
                                    shared_expert_rank_num=0, quant_mode=0, global_bs=0,
                                    expert_token_nums_type=1, comm_alg="", zero_expert_num=0,
-                                   copy_expert_num=0, const_expert_num=0, y_dtype=None):
+                                   copy_expert_num=0, const_expert_num=0, y_dtype=None,
+                                   x_dtype=None, scales_dtype=None):
     """Returns (expand_x, dynamic_scales, assist_info_for_combine, expert_token_nums,
-    ep_recv_counts, tp_recv_counts, expand_scales)."""
+    ep_recv_counts, tp_recv_counts, expand_scales). x_dtype: the element type of an x that is
+    already quantised (torch.int8, megamoe.float8_e4m3fn / float8_e5m2 for uint8 bytes) with
+    quant_mode 0: the rows travel as they are and ``scales`` (their per-token fp32 [BS],
+    per-group fp32 [BS, ceil(H/128)] or MX e8m0 [BS, align2(ceil(H/32))] scales;
+    scales_dtype names the e8m0 bytes) arrive in dynamic_scales (docs/ops.md)."""
     a = _lib.default(_DispatchArgs)
     call = _Call()
-    call.tensor(a.x, x, "x")
+    call.tensor(a.x, x, "x", _y_code(x_dtype))
     call.tensor(a.expert_ids, expert_ids, "expert_ids")
-    call.tensor(a.scales, scales, "scales")
+    call.tensor(a.scales, scales, "scales", _scales_code(scales_dtype, scales))
     call.tensor(a.x_active_mask, x_active_mask, "x_active_mask")
     call.tensor(a.expert_scales, expert_scales, "expert_scales")
     call.tensor(a.elastic_info, elastic_info, "elastic_info")
@@ -547,3 +573,14 @@ __all__ += ["SymmBuffer", "get_symm_buffer_for_mega_moe", "mega_moe", "float4_e2
 # the C++ CPU kernels of the Torch adapter, when one is built for this torch (megamoe/_adapter.py)
 _adapter.load([npu_moe_distribute_dispatch_v2, npu_moe_distribute_combine_v2,
                npu_moe_distribute_combine_add_rms_norm])
+
+# ---- torch_npu's companion operators (grouped matmul, activations, quantisation, routing) ------
+from .companion import (npu_dequant_swiglu_quant, npu_dynamic_quant,  # noqa: E402
+                        npu_clipped_swiglu, npu_grouped_matmul, npu_grouped_matmul_swiglu_quant,
+                        npu_grouped_matmul_swiglu_quant_v2, npu_swiglu)
+from .companion_routing import (npu_moe_finalize_routing, npu_moe_gating_top_k,  # noqa: E402
+                                npu_moe_init_routing_v2, npu_moe_token_permute,
+                                npu_moe_token_unpermute, npu_moe_update_expert)
+from . import companion as _companion  # noqa: E402
+
+__all__ += list(_companion.OPERATORS)

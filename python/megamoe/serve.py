@@ -16,6 +16,7 @@ rank that passed it, :class:`megamoe.errors.InvalidArgumentError` — a ``ValueE
 that rank on the others), and the buffer stays usable.
 """
 import ctypes
+import json
 import math
 import numbers
 import os
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from . import _lib
+from ._library import megamoe as _megamoe
 from . import comm as _comm
 from ._dtypes import Float8Dtype  # torch 1.13 fp8 tokens (megamoe/_dtypes.py)
 from .errors import (CALL_MISMATCH, INVALID_ARGUMENT, InvalidArgumentError,
@@ -115,7 +117,8 @@ class _Info(ctypes.Structure):
                 ("ranks_per_host", ctypes.c_int), ("alive", ctypes.c_int), ("params", _Params),
                 ("local_experts", _I64), ("max_recv_rows", _I64),
                 ("symmetric_bytes", ctypes.c_size_t), ("local_bytes", ctypes.c_size_t),
-                ("calls", ctypes.c_uint64), ("last_recv_rows", _I64), ("id", ctypes.c_uint64)]
+                ("calls", ctypes.c_uint64), ("last_recv_rows", _I64), ("id", ctypes.c_uint64),
+                ("o1_calls", ctypes.c_uint64)]
 
 
 _T = _Tensor
@@ -365,7 +368,7 @@ class SymmBuffer:
                 "alive": bool(i.alive), "local_experts": i.local_experts,
                 "max_recv_rows": i.max_recv_rows, "symmetric_bytes": i.symmetric_bytes,
                 "local_bytes": i.local_bytes, "calls": i.calls,
-                "last_recv_rows": i.last_recv_rows, "id": i.id}
+                "last_recv_rows": i.last_recv_rows, "id": i.id, "o1_calls": i.o1_calls}
 
     # -- lifecycle
     def destroy(self):
@@ -553,15 +556,88 @@ def _buffer_of(sym_buffer):
                     f"{type(sym_buffer).__name__}")
 
 
-def mega_moe(x, topk_ids, topk_weights, l1_weights, l2_weights, sym_buffer, *, l1_weights_sf=None,
-             l2_weights_sf=None, l1_bias=None, l2_bias=None, x_active_mask=None, scales=None,
-             activation="swiglu", activation_clamp=None, activation_params=None,
-             weight1_type=None, weight2_type=None, shared_expert_quant_out_dtype=None,
-             shared_weight1_type=None, shared_weight2_type=None, shared_l1_weights=None,
-             shared_l2_weights=None, shared_l1_weights_sf=None, shared_l2_weights_sf=None,
-             shared_l1_bias=None, shared_l2_bias=None, beta=None, linear_beta=None):
-    """Returns (y [n, H] bf16, expert_token_nums [L] int32). Collective over the buffer's group
-    (its unmasked ranks); forward only. docs/serve.md."""
+# ---- torch.ops.megamoe.mega_moe: the schema, its normalisation, the CPU body, the fake ------
+# The public mega_moe (below) keeps CANN's signature; what the schema cannot carry is normalised
+# on the way in: the SymmBuffer travels as its context tensor (the registry resolves it), the
+# activation_params dict as JSON text, dtype spellings as integer codes. Values of the wrong
+# kind become markers the body refuses on every rank (a collective cannot raise on one).
+
+_SCHEMA = (
+    "mega_moe(Tensor? x, Tensor? topk_ids, Tensor? topk_weights, Tensor[] l1_weights, "
+    "Tensor[] l2_weights, Tensor sym_buffer, *, Tensor[]? l1_weights_sf=None, "
+    "Tensor[]? l2_weights_sf=None, Tensor[]? l1_bias=None, Tensor[]? l2_bias=None, "
+    "Tensor? x_active_mask=None, Tensor? scales=None, str? activation=\"swiglu\", "
+    "float? activation_clamp=None, str? activation_params=None, int? weight1_type=None, "
+    "int? weight2_type=None, int? shared_expert_quant_out_dtype=None, "
+    "int? shared_weight1_type=None, int? shared_weight2_type=None, "
+    "Tensor[]? shared_l1_weights=None, Tensor[]? shared_l2_weights=None, "
+    "Tensor[]? shared_l1_weights_sf=None, Tensor[]? shared_l2_weights_sf=None, "
+    "Tensor[]? shared_l1_bias=None, Tensor[]? shared_l2_bias=None, float? beta=None, "
+    "float? linear_beta=None) -> (Tensor, Tensor)")
+
+_NOT_A_TYPE = -(1 << 31)  # a dtype argument of the wrong Python kind (TypeError in the body)
+_TORCH_CODES = {torch.int8: 1, torch.bfloat16: 15}
+for _n, _c in (("float8_e5m2", 23), ("float8_e4m3fn", 24)):
+    if hasattr(torch, _n):
+        _TORCH_CODES[getattr(torch, _n)] = _c
+
+
+def _type_code(value):
+    """A dtype spelling as the schema's int: None, an int code as given, torch dtypes and the
+    fp8 tokens to their codes (an unknown dtype to an unknown code: ValueError in the body)."""
+    if value is None or (isinstance(value, numbers.Integral) and not isinstance(value, bool)):
+        return None if value is None else int(value)
+    if isinstance(value, Float8Dtype):
+        return 24 if value.code == _E4M3 else 23
+    if isinstance(value, torch.dtype):
+        return _TORCH_CODES.get(value, 1 << 20)
+    return _NOT_A_TYPE
+
+
+def _params_text(value):
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        return "\x00" + type(value).__name__  # refused by the body (TypeError)
+    return json.dumps({str(k): v for k, v in value.items()}, default=repr)
+
+
+def _buffer_arg(value):
+    if isinstance(value, SymmBuffer):
+        return value.context
+    if not isinstance(value, torch.Tensor):  # no group to tell: a local TypeError
+        _buffer_of(value)
+    return value  # a context tensor (the body resolves it; a fake kernel never reads it)
+
+
+_NORMALIZE = {"sym_buffer": _buffer_arg, "activation_params": _params_text,
+              **{n: _type_code for n in ("weight1_type", "weight2_type",
+                                         "shared_expert_quant_out_dtype", "shared_weight1_type",
+                                         "shared_weight2_type")}}
+
+
+def _fake(x, topk_ids, topk_weights, l1_weights, l2_weights, sym_buffer, *, l1_weights_sf=None,
+          l2_weights_sf=None, l1_bias=None, l2_bias=None, x_active_mask=None, scales=None,
+          activation="swiglu", activation_clamp=None, activation_params=None, weight1_type=None,
+          weight2_type=None, shared_expert_quant_out_dtype=None, shared_weight1_type=None,
+          shared_weight2_type=None, shared_l1_weights=None, shared_l2_weights=None,
+          shared_l1_weights_sf=None, shared_l2_weights_sf=None, shared_l1_bias=None,
+          shared_l2_bias=None, beta=None, linear_beta=None):
+    """Shapes without data: y [n, H] bf16 (x's), expert_token_nums [L] int32 (L from the
+    weights: the list's length, or a stacked tensor's dim0)."""
+    L = l1_weights[0].shape[0] if len(l1_weights) == 1 and l1_weights[0].dim() == 3 else len(l1_weights)
+    return (x.new_empty((x.shape[0], x.shape[1]), dtype=torch.bfloat16),
+            x.new_empty((L,), dtype=torch.int32))
+
+
+def _body(x, topk_ids, topk_weights, l1_weights, l2_weights, sym_buffer, *, l1_weights_sf=None,
+          l2_weights_sf=None, l1_bias=None, l2_bias=None, x_active_mask=None, scales=None,
+          activation="swiglu", activation_clamp=None, activation_params=None, weight1_type=None,
+          weight2_type=None, shared_expert_quant_out_dtype=None, shared_weight1_type=None,
+          shared_weight2_type=None, shared_l1_weights=None, shared_l2_weights=None,
+          shared_l1_weights_sf=None, shared_l2_weights_sf=None, shared_l1_bias=None,
+          shared_l2_bias=None, beta=None, linear_beta=None):
+    """The CPU body of torch.ops.megamoe.mega_moe (the normalised arguments)."""
     buf = _buffer_of(sym_buffer)
     if not buf.alive:  # destroyed on every rank (destroy is collective): local
         raise InvalidArgumentError(INVALID_ARGUMENT, "mega_moe: the SymmBuffer was destroyed (by "
@@ -601,11 +677,13 @@ def mega_moe(x, topk_ids, topk_weights, l1_weights, l2_weights, sym_buffer, *, l
         activation = "swiglu"
     act = _ACT_ALIASES.get(activation, activation)
     params = {}
-    if activation_params is not None and not isinstance(activation_params, dict):
+    if isinstance(activation_params, str) and activation_params.startswith("\x00"):
         call.refuse(TypeError, f"activation_params must be a dict or None, got "
-                               f"{type(activation_params).__name__}")
-    elif activation_params:
+                               f"{activation_params[1:]}")
+    elif isinstance(activation_params, dict):  # (the body called directly)
         params.update(activation_params)
+    elif activation_params:
+        params.update(json.loads(activation_params))
     if beta is not None:
         params.setdefault("beta", beta)
     if linear_beta is not None and linear_beta != 0:
@@ -642,7 +720,10 @@ def mega_moe(x, topk_ids, topk_weights, l1_weights, l2_weights, sym_buffer, *, l
                     ("shared_weight1_type", shared_weight1_type),
                     ("shared_weight2_type", shared_weight2_type),
                     ("shared_expert_quant_out_dtype", shared_expert_quant_out_dtype)):
-        t, err = _serve_type(v, name)
+        if v == _NOT_A_TYPE:
+            t, err = _T_INVALID, (TypeError, f"{name} must be None, a torch.dtype or an int")
+        else:
+            t, err = _serve_type(v, name)
         if err:
             call.refuse(*err)
         setattr(a, name, t if t != _T_INVALID else 0)
@@ -666,6 +747,52 @@ def mega_moe(x, topk_ids, topk_weights, l1_weights, l2_weights, sym_buffer, *, l
     call.tensor(a.expert_token_nums, etn, "expert_token_nums")
     call.run(_L.megamoe_mega_moe, buf._live_handle(), ctypes.byref(a))
     return y, etn
+
+
+_OP = _megamoe.define(_SCHEMA, fake=_fake, collective=True, normalize=_NORMALIZE)(_body)
+
+_LISTS = ("l1_weights", "l2_weights", "l1_weights_sf", "l2_weights_sf", "l1_bias", "l2_bias",
+          "shared_l1_weights", "shared_l2_weights", "shared_l1_weights_sf",
+          "shared_l2_weights_sf", "shared_l1_bias", "shared_l2_bias")
+
+
+def mega_moe(x, topk_ids, topk_weights, l1_weights, l2_weights, sym_buffer, *, l1_weights_sf=None,
+             l2_weights_sf=None, l1_bias=None, l2_bias=None, x_active_mask=None, scales=None,
+             activation="swiglu", activation_clamp=None, activation_params=None,
+             weight1_type=None, weight2_type=None, shared_expert_quant_out_dtype=None,
+             shared_weight1_type=None, shared_weight2_type=None, shared_l1_weights=None,
+             shared_l2_weights=None, shared_l1_weights_sf=None, shared_l2_weights_sf=None,
+             shared_l1_bias=None, shared_l2_bias=None, beta=None, linear_beta=None):
+    """Returns (y [n, H] bf16, expert_token_nums [L] int32). Collective over the buffer's group
+    (its unmasked ranks); forward only; runs torch.ops.megamoe.mega_moe. docs/serve.md."""
+    kw = dict(locals())
+    args = [kw.pop(n) for n in ("x", "topk_ids", "topk_weights", "l1_weights", "l2_weights",
+                                "sym_buffer")]
+    # a tensor list of the wrong kind would fail the schema's binder on this rank only: the
+    # body refuses it on every rank instead
+    for n in _LISTS:
+        v = args[3] if n == "l1_weights" else args[4] if n == "l2_weights" else kw[n]
+        if isinstance(v, torch.Tensor):
+            v = [v]
+            if n == "l1_weights":
+                args[3] = v
+            elif n == "l2_weights":
+                args[4] = v
+            else:
+                kw[n] = v
+        if v is not None and (not isinstance(v, (list, tuple)) or
+                              not all(isinstance(t, torch.Tensor) for t in v)):
+            return _OP.ctypes_path(*args, **kw)
+    if not isinstance(activation, (str, type(None))) or (
+            activation_clamp is not None and not isinstance(activation_clamp, numbers.Real)):
+        return _OP.ctypes_path(*args, **kw)
+    if isinstance(args[0], torch.Tensor) and args[0].device.type == "meta" and \
+            isinstance(args[5], SymmBuffer):  # shapes only: the handle joins the meta tensors
+        args[5] = args[5].context.to("meta")
+    return _OP(*args, **kw)
+
+
+mega_moe.op = _OP  # the torch.library operator (torch.ops.megamoe.mega_moe)
 
 
 def weight_cache_info():

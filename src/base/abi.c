@@ -54,6 +54,16 @@ static const mm_abi_struct_t mm_abi_structs[] = {
     /* reference.h */
     MM_FROZEN(megamoe_reference_shape_t),
     MM_EXTENSIBLE(megamoe_reference_params_t, bf16_intermediates),
+    /* companion.h */
+    MM_EXTENSIBLE(megamoe_grouped_matmul_args_t, packed),
+    MM_EXTENSIBLE(megamoe_init_routing_args_t, threads),
+    MM_EXTENSIBLE(megamoe_finalize_routing_args_t, threads),
+    MM_EXTENSIBLE(megamoe_gating_top_k_args_t, threads),
+    MM_EXTENSIBLE(megamoe_swiglu_args_t, threads),
+    MM_EXTENSIBLE(megamoe_dynamic_quant_args_t, threads),
+    MM_EXTENSIBLE(megamoe_dequant_swiglu_quant_args_t, threads),
+    /* symm.h */
+    MM_EXTENSIBLE(megamoe_symm_state_t, engine), /* filled: caller's size with the call */
 };
 
 /* A struct_size this large is not a size (an uninitialised field). */

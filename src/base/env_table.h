@@ -90,5 +90,9 @@
     MM_ENV(LAUNCH_FAULTS, "MEGAMOE_LAUNCH_FAULTS", STRING, "", 0, 0, "", \
            "Set by megamoe launch --fault: the fault specs, comma-separated (kill-rank:R@S, kill-host:I@S, cut-host:I@S).") \
     MM_ENV(LAUNCH_FAULT_LOG, "MEGAMOE_LAUNCH_FAULT_LOG", STRING, "", 0, 0, "", \
-           "Set by megamoe launch --fault: a file where the launcher writes each fault's real injection time (\"spec ns\" lines, CLOCK_MONOTONIC).")
+           "Set by megamoe launch --fault: a file where the launcher writes each fault's real injection time (\"spec ns\" lines, CLOCK_MONOTONIC).") \
+    MM_ENV(SERVE_SCHEDULE, "MEGAMOE_SERVE_SCHEDULE", ENUM, "auto", 0, 0, "auto|o1|host", \
+           "mega_moe: auto runs a call on the O1 executor's inference plan when it can (a token bound, no rank masked, not an MX scene), else host-scheduled phases; o1 / host force one (o1 falls back where it cannot run); every rank the same (docs/serve.md).") \
+    MM_ENV(GMM_PACK, "MEGAMOE_GMM_PACK", ENUM, "on", 0, 0, "on|off", \
+           "megamoe.ops.npu_grouped_matmul (and the companion operators on it): keep a packed copy of each weight tensor for later calls, re-packed when the tensor changes and freed with it (on); off: use the weights as they are on every call (no extra memory, slower).")
 /* clang-format on */

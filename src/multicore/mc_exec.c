@@ -30,7 +30,7 @@
 const char *const mm_mc_stage_names[MM_MC_STAGES] = {
     "dispatch", "gmm1",   "swiglu",      "gmm2",    "combine", "done",      "reduce",
     "dispatch_grad", "gmm_da", "swiglu_grad", "gmm_dx",  "combine_grad", "dw2", "dw1",
-    "done_grad", "reduce_grad", "fetch", "fetch_grad", "slot_done", "wsum",
+    "done_grad", "reduce_grad", "fetch", "fetch_grad", "slot_done", "wsum", "expert", "local",
 };
 
 void (*mm_mc_test_task_hook)(int64_t tasks_run);
@@ -279,6 +279,8 @@ static int mm_mc_stage_of(const mm_mc_exec_t *x, const mm_mc_task_t *t)
     case MM_MC_FETCH: return bwd ? MM_MC_ST_FETCH_GRAD : MM_MC_ST_FETCH;
     case MM_MC_SLOT_DONE: return MM_MC_ST_SLOT_DONE;
     case MM_MC_WSUM: return MM_MC_ST_WSUM;
+    case MM_MC_EXPERT_ALL: return MM_MC_ST_EXPERT;
+    case MM_MC_LOCAL: return MM_MC_ST_LOCAL;
     default: return bwd ? MM_MC_ST_REDUCE_GRAD : MM_MC_ST_REDUCE;
     }
 }
@@ -294,6 +296,7 @@ static int64_t mm_mc_owner_of(const mm_mc_exec_t *x, const mm_mc_task_t *t)
         if (t->j >= L) return r ? r->slot_expert[(int64_t)t->peer * S + t->j] : -1;
         return (int64_t)t->peer * L + t->j;
     case MM_MC_EXPERT:
+    case MM_MC_EXPERT_ALL:
     case MM_MC_WGRAD2:
     case MM_MC_WGRAD1:
     case MM_MC_FETCH:
@@ -364,6 +367,23 @@ static int mm_mc_ready(mm_mc_exec_t *x, const mm_mc_task_t *t, mm_mc_tile_t *tl,
             return 0; /* a guest slot's weights are not there yet */
         return mm_mc_load(mm_mc_arrival(x, t->j, t->peer)) >= x->arrival_target;
     }
+    case MM_MC_EXPERT_ALL: { /* tile k of slot j over every source's rows (receive order) */
+        *amount = 1;
+        if (x->null_mode) return 1;
+        const int64_t R = r->group_off[t->j + 1] - r->group_off[t->j], r0 = (int64_t)t->k * MM_MC_TILE;
+        tl->j = t->j;
+        tl->peer = -1;
+        tl->e = r->slot_expert[(int64_t)x->me * p->S + t->j];
+        tl->row0 = r->group_off[t->j] + r0;
+        tl->rows = R - r0 <= 0 ? 0 : (R - r0 < MM_MC_TILE ? R - r0 : MM_MC_TILE);
+        tl->ret_row = -1;
+        if (tl->rows == 0) return 1;
+        for (int s = 0; s < x->ep; s++)
+            if (mm_mc_load(mm_mc_arrival(x, t->j, s)) < x->arrival_target) return 0;
+        return 1;
+    }
+    case MM_MC_LOCAL:
+        return 1;
     case MM_MC_FETCH: {
         if (x->null_mode || x->launch.dir == MM_MC_BWD) return 1;
         if (r->slot_expert[(int64_t)x->me * p->S + t->j] < 0) return 1; /* unused slot */
@@ -404,6 +424,7 @@ static void mm_mc_describe_wait(mm_mc_exec_t *x, const mm_mc_task_t *t, char *bu
 {
     switch (t->type) {
     case MM_MC_EXPERT:
+    case MM_MC_EXPERT_ALL:
     case MM_MC_WGRAD2: {
         if (t->type == MM_MC_WGRAD2 && x->launch.pull) {
             snprintf(buf, len, "the data-gradient tiles of local expert %d (they fetch its rows)",
@@ -411,7 +432,7 @@ static void mm_mc_describe_wait(mm_mc_exec_t *x, const mm_mc_task_t *t, char *bu
             return;
         }
         int s = t->type == MM_MC_EXPERT ? t->peer : 0;
-        for (int q = 0; t->type == MM_MC_WGRAD2 && q < x->ep; q++)
+        for (int q = 0; t->type != MM_MC_EXPERT && q < x->ep; q++)
             if (mm_mc_load(mm_mc_arrival(x, t->j, q)) < x->arrival_target) {
                 s = q;
                 break;
@@ -541,9 +562,16 @@ static void mm_mc_execute(mm_mc_exec_t *x, mm_mc_worker_t *w, int32_t id, const 
             mm_mc_signal(x, w, mm_mc_arrival(x, t->j, x->me), amount, t->peer, stage, owner);
         break;
     case MM_MC_EXPERT:
+    case MM_MC_EXPERT_ALL:
         if (tl->rows > 0 && !skip) st = b->expert(b->ctx, w, tl); /* records its sub-stages */
         if (amount > 0)
             __atomic_fetch_add(mm_mc_line(x->priv, MM_PV_EXPERT + t->j), amount, __ATOMIC_RELEASE);
+        break;
+    case MM_MC_LOCAL:
+        if (!skip && b->local) {
+            st = b->local(b->ctx, w, t->k);
+            if (w->ring) mm_mc_trace(w, stage, owner, -1, t0, mm_now_ns());
+        }
         break;
     case MM_MC_WGRAD2:
     case MM_MC_WGRAD1: {
@@ -697,11 +725,14 @@ megamoe_status_t mm_mc_run(mm_mc_exec_t *x, const mm_mc_launch_t *l)
                         "this MegaMoeExperts resource group failed in an earlier call (a peer was "
                         "lost or timed out) and can only be closed");
     const mm_mc_plan_t *p = x->plan;
+    if ((l->dir == MM_MC_INF) != (p->infer != 0) || l->dir < 0 || l->dir > MM_MC_INF)
+        return mm_error(MEGAMOE_INTERNAL, "O1 launch of direction %d on a plan built %s", l->dir,
+                        p->infer ? "for inference" : "for training");
     x->launch = *l;
     /* The tier: every rank picks the same one from the gathered counts (the largest block of
      * the call), so every counter moves by the same amount everywhere; targets accumulate. */
     const int tier = l->route ? mm_mc_plan_tier(p, l->route->max_block_rows) : 0;
-    x->graph = &p->tiers[tier][l->dir == MM_MC_BWD];
+    x->graph = &p->tiers[tier][l->dir];
     x->nt = p->tier_nt[tier];
     x->tokens = l->route ? l->route->T : 0;
     const int64_t n_reduce = x->tokens > 0 ? (x->tokens + MM_MC_TILE - 1) / MM_MC_TILE : 1;
@@ -737,7 +768,10 @@ megamoe_status_t mm_mc_run(mm_mc_exec_t *x, const mm_mc_launch_t *l)
         }
     }
     const int on = mm_prof_on(x->prof);
-    uint32_t inv = on ? mm_prof_begin(x->prof, l->dir == MM_MC_BWD ? "backward" : "forward") : 0;
+    uint32_t inv = on ? mm_prof_begin(x->prof, l->dir == MM_MC_BWD   ? "backward"
+                                               : l->dir == MM_MC_INF ? "inference"
+                                                                     : "forward")
+                      : 0;
     if (on && l->note) mm_prof_note(x->prof, l->note);
     for (int i = 0; i < x->n_workers; i++) {
         mm_mc_worker_t *w = &x->workers[i];

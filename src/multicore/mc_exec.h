@@ -104,10 +104,13 @@ typedef struct mm_mc_body {
      * chunk `chunk` of `chunks`; guests[n] are the slots (d*R + g) that served j */
     megamoe_status_t (*wsum)(void *ctx, mm_mc_worker_t *w, int64_t j, int64_t chunk,
                              int64_t chunks, const int32_t *guests, int n);
+    /* inference (MM_MC_INF): LOCAL task k (work on this rank's own tokens; may be NULL).
+     * EXPERT_ALL tiles go to `expert` with peer -1 (rows of every source, receive order). */
+    megamoe_status_t (*local)(void *ctx, mm_mc_worker_t *w, int64_t k);
 } mm_mc_body_t;
 
 typedef struct mm_mc_launch {
-    int dir;                   /* MM_MC_FWD / MM_MC_BWD */
+    int dir;                   /* MM_MC_FWD / MM_MC_BWD / MM_MC_INF (an inference plan) */
     const mm_ep_plan_t *route; /* routing plan of the call; ignored when local != OK */
     megamoe_status_t local;    /* failure on this rank before the launch (text: last error) */
     uint64_t tag;              /* must be equal on every rank (backward: forward generation) */
@@ -167,6 +170,8 @@ enum {
     MM_MC_ST_FETCH_GRAD,
     MM_MC_ST_SLOT_DONE,
     MM_MC_ST_WSUM,
+    MM_MC_ST_EXPERT, /* inference: an expert tile over every source's rows (bodies stamp gmm1 ...) */
+    MM_MC_ST_LOCAL,  /* inference: work on the rank's own tokens (shared experts) */
     MM_MC_STAGES
 };
 extern const char *const mm_mc_stage_names[MM_MC_STAGES];

@@ -97,6 +97,32 @@ static int mm_mc_rank_order(int ep, int me, const int *host, int *to, int *from)
     return 0;
 }
 
+/* The inference graph of a tier (mc_plan.h). */
+static megamoe_status_t mm_mc_build_infer(mm_mc_plan_t *p, int tier)
+{
+    const int ep = p->s.ep, me = p->s.me;
+    const int64_t S = p->S, NT = p->tier_nt[tier], tt = p->TT;
+    mm_mc_graph_t *g = &p->tiers[tier][MM_MC_INF];
+    MM_CHECK(mm_mc_graph_alloc(g, p->local_tasks + S * ep * NT, S * ep * NT + 1 + tt));
+    int *to = malloc(sizeof(int) * (size_t)ep), *from = malloc(sizeof(int) * (size_t)ep);
+    if (!to || !from || mm_mc_rank_order(ep, me, p->s.host, to, from) != 0) {
+        free(to), free(from);
+        mm_mc_graph_free(g);
+        return mm_error(MEGAMOE_OUT_OF_MEMORY, "cannot allocate the O1 plan's rank order");
+    }
+    for (int64_t j = 0; j < S; j++)
+        for (int64_t k = 0; k < NT; k++)
+            for (int i = 0; i < ep; i++) mm_mc_push(g, MM_MC_DISPATCH, MM_MC_VECTOR, to[i], j, k);
+    mm_mc_push(g, MM_MC_DONE, MM_MC_VECTOR, -1, -1, 0);
+    for (int64_t k = 0; k < tt; k++) mm_mc_push(g, MM_MC_REDUCE, MM_MC_VECTOR, -1, -1, k);
+    for (int64_t k = 0; k < p->local_tasks; k++) mm_mc_push(g, MM_MC_LOCAL, MM_MC_CUBE, -1, -1, k);
+    for (int64_t j = 0; j < S; j++)
+        for (int64_t k = 0; k < ep * NT; k++) mm_mc_push(g, MM_MC_EXPERT_ALL, MM_MC_CUBE, -1, j, k);
+    free(to);
+    free(from);
+    return MEGAMOE_OK;
+}
+
 static megamoe_status_t mm_mc_build(mm_mc_plan_t *p, int tier, int dir)
 {
     const int ep = p->s.ep, me = p->s.me, R = p->s.R, bwd = dir == MM_MC_BWD;
@@ -150,7 +176,25 @@ static megamoe_status_t mm_mc_build(mm_mc_plan_t *p, int tier, int dir)
     return MEGAMOE_OK;
 }
 
+static megamoe_status_t mm_mc_plan_make(const mm_mc_shape_t *s, int infer, int64_t local_tasks,
+                                        mm_mc_plan_t **plan_p);
+
 megamoe_status_t mm_mc_plan_create(const mm_mc_shape_t *s, mm_mc_plan_t **plan_p)
+{
+    return mm_mc_plan_make(s, 0, 0, plan_p);
+}
+
+megamoe_status_t mm_mc_plan_create_infer(const mm_mc_shape_t *s, int64_t local_tasks,
+                                         mm_mc_plan_t **plan_p)
+{
+    if (s->R != 0 || local_tasks < 0 || local_tasks >= INT32_MAX)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "O1 inference plan: %d guest slots and %lld "
+                        "local tasks (0 and [0, 2^31) expected)", s->R, (long long)local_tasks);
+    return mm_mc_plan_make(s, 1, local_tasks, plan_p);
+}
+
+static megamoe_status_t mm_mc_plan_make(const mm_mc_shape_t *s, int infer, int64_t local_tasks,
+                                        mm_mc_plan_t **plan_p)
 {
     if (s->ep < 1 || s->ep > INT16_MAX || s->me < 0 || s->me >= s->ep || s->T < 1 ||
         s->T >= INT32_MAX || s->H < 1 || s->I < 1 || s->K < 1 || s->K >= INT32_MAX / s->T ||
@@ -164,6 +208,8 @@ megamoe_status_t mm_mc_plan_create(const mm_mc_shape_t *s, mm_mc_plan_t **plan_p
     mm_mc_plan_t *p = calloc(1, sizeof *p);
     if (p == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "cannot allocate an O1 plan");
     p->s = *s;
+    p->infer = infer;
+    p->local_tasks = local_tasks;
     p->s.host = s->host; /* used by the build below only */
     p->L = s->E / s->ep;
     p->S = p->L + s->R;
@@ -179,6 +225,10 @@ megamoe_status_t mm_mc_plan_create(const mm_mc_shape_t *s, mm_mc_plan_t **plan_p
     p->graph = p->tiers[p->n_tiers - 1];
     megamoe_status_t st = MEGAMOE_OK;
     for (int t = 0; t < p->n_tiers && st == MEGAMOE_OK; t++) {
+        if (p->infer) {
+            st = mm_mc_build_infer(p, t);
+            continue;
+        }
         st = mm_mc_build(p, t, MM_MC_FWD);
         if (st == MEGAMOE_OK) st = mm_mc_build(p, t, MM_MC_BWD);
     }
@@ -197,6 +247,7 @@ void mm_mc_plan_destroy(mm_mc_plan_t *p)
     for (int t = 0; t < p->n_tiers; t++) {
         mm_mc_graph_free(&p->tiers[t][0]);
         mm_mc_graph_free(&p->tiers[t][1]);
+        mm_mc_graph_free(&p->tiers[t][2]);
     }
     free(p);
 }

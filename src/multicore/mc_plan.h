@@ -51,6 +51,17 @@
  * partial is then ready early), and the backward ends with the WSUM chunks; the backward
  * vector queue has the R SLOT_DONE tasks between the dispatch and DONE.
  */
+/* The inference plan (shape.infer; the serving MegaMoE, src/serve/): forward only, nothing
+ * saved, and each expert computed over every source's rows at once, so a decode step reads each
+ * expert weight once (the training plan's tiles are one source's block each: W passes over a
+ * weight per call). Per tier, direction MM_MC_INF:
+ *   vector: the DISPATCH tiles (as forward), DONE, REDUCE (its body may do nothing: the
+ *           caller reduces after the launch; REDUCE is where a rank waits for every DONE)
+ *   cube:   LOCAL k (k < local_tasks; no dependency: work on this rank's own tokens that
+ *           overlaps the dispatch, e.g. shared experts), then EXPERT_ALL (j, k) for every slot
+ *           j and k < EP * nt: tile k of slot j's rows in receive order (every source's block,
+ *           contiguous), ready when every source's rows of slot j arrived.
+ */
 #ifndef MM_MULTICORE_MC_PLAN_H
 #define MM_MULTICORE_MC_PLAN_H
 
@@ -61,7 +72,7 @@
 
 #define MM_MC_TILE 128
 
-enum { MM_MC_FWD = 0, MM_MC_BWD = 1 };
+enum { MM_MC_FWD = 0, MM_MC_BWD = 1, MM_MC_INF = 2 /* inference (shape.infer) */ };
 enum { MM_MC_CUBE = 0, MM_MC_VECTOR = 1 };
 
 typedef enum mm_mc_type {
@@ -74,6 +85,8 @@ typedef enum mm_mc_type {
     MM_MC_FETCH,
     MM_MC_SLOT_DONE,
     MM_MC_WSUM,
+    MM_MC_EXPERT_ALL,
+    MM_MC_LOCAL,
     MM_MC_TYPES
 } mm_mc_type_t;
 
@@ -114,11 +127,17 @@ typedef struct mm_mc_plan {
     int64_t wchunks; /* weight-gradient chunks per expert and product */
     int n_tiers;
     int64_t tier_nt[MM_MC_MAX_TIERS];        /* tile slots per block: 1, 2, 4, ..., NT */
-    mm_mc_graph_t tiers[MM_MC_MAX_TIERS][2]; /* [tier][MM_MC_FWD / MM_MC_BWD] */
+    mm_mc_graph_t tiers[MM_MC_MAX_TIERS][3]; /* [tier][MM_MC_FWD / MM_MC_BWD / MM_MC_INF] */
     mm_mc_graph_t *graph; /* the largest tier's pair (tiers[n_tiers - 1]) */
+    int infer;            /* an inference plan: only MM_MC_INF graphs (mm_mc_plan_create_infer) */
+    int64_t local_tasks;  /* its LOCAL tasks per graph */
 } mm_mc_plan_t;
 
 megamoe_status_t mm_mc_plan_create(const mm_mc_shape_t *shape, mm_mc_plan_t **plan_p);
+/* The inference plan (above; shape.R must be 0): MM_MC_INF graphs per tier with local_tasks
+ * LOCAL tasks each. */
+megamoe_status_t mm_mc_plan_create_infer(const mm_mc_shape_t *shape, int64_t local_tasks,
+                                         mm_mc_plan_t **plan_p);
 void mm_mc_plan_destroy(mm_mc_plan_t *plan);
 
 /* The tier of a call whose largest block holds block_rows rows: the smallest nt with

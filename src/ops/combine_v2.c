@@ -241,9 +241,11 @@ static megamoe_status_t mm_v2c_local(mm_v2_combine_t *c, mm_v2_op_t op)
                    "exceed expand_x's %lld rows", (long long)(1 - g->tp_rank),
                    (long long)c->n_peer, (long long)c->n_own, (long long)rows);
     }
-    if (a->assist_info_for_combine.shape[0] < 3 * c->n_own)
-        MM_BAD("assist_info_for_combine has fewer than 3 * %lld entries", (long long)c->n_own);
-    const int32_t *tr = a->assist_info_for_combine.data;
+    if (a->assist_info_for_combine.shape[0] < g->assist_off + 3 * c->n_own)
+        MM_BAD("assist_info_for_combine has fewer than %lld entries (3 per received row%s)",
+               (long long)(g->assist_off + 3 * c->n_own),
+               g->assist_off ? ", after comm_alg fullmesh's BS * K slots" : "");
+    const int32_t *tr = (const int32_t *)a->assist_info_for_combine.data + g->assist_off;
     for (int64_t i = 0; i < c->n_own; i++) {
         int32_t s = tr[3 * i], t = tr[3 * i + 1], k = tr[3 * i + 2];
         if (s < 0 || s >= g->eW || t < 0 || t >= g->max_bs || k < 0 || k >= c->KS)
@@ -308,7 +310,7 @@ static void mm_v2c_poison(const mm_v2_combine_t *c, megamoe_status_t st)
 static megamoe_status_t mm_v2c_send(mm_v2_combine_t *c)
 {
     const mm_v2_cfg_t *g = &c->c;
-    const int32_t *tr = c->a->assist_info_for_combine.data;
+    const int32_t *tr = (const int32_t *)c->a->assist_info_for_combine.data + g->assist_off;
     int plain_self = !g->comm_quant && c->y == NULL;
     uint8_t *tmp = mm_v2_scratch_take(&c->scratch, c->cstride);
     size_t stamp_off = c->cstride - 8;

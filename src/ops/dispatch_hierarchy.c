@@ -149,7 +149,7 @@ megamoe_status_t mm_v2d_hier_send(mm_v2_dispatch_t *d)
             int n = mm_v2h_targets(d, t, g, tg);
             for (int u = 0; u < n; u += per_token ? n : 1) {
                 int nt = per_token ? n : 1;
-                if (c->quant) {
+                if (c->quant || c->scale_bytes) {
                     if (!(per_token && cached)) mm_v2d_make_row(d, t, mm_v2d_scale_row(d, tg[u].k, t), unit);
                     cached = 1;
                 } else if (!cached) {

@@ -26,7 +26,7 @@ static void mm_v2d_free(mm_v2_dispatch_t *d)
 int mm_v2d_payload_per_token(const mm_v2_dispatch_t *d)
 {
     const megamoe_tensor_t *s = &d->a->scales;
-    return s->data == NULL || s->ndim == 1;
+    return d->c.pass || s->data == NULL || s->ndim == 1;
 }
 
 /* Row of the scales tensor for slot k' of token t (-1: no scales; 0 for 1-D scales). */
@@ -34,6 +34,7 @@ int64_t mm_v2d_scale_row(const mm_v2_dispatch_t *d, int64_t k_slot, int64_t t)
 {
     const megamoe_tensor_t *s = &d->a->scales;
     if (s->data == NULL) return -1;
+    if (d->c.pass) return t; /* a pre-quantised x: its own scales row */
     if (s->ndim == 1) return 0;
     if (k_slot >= d->c.K) return k_slot - d->c.K; /* shared expert j */
     const int32_t *ids = d->a->expert_ids.data;
@@ -47,7 +48,10 @@ void mm_v2d_make_row(const mm_v2_dispatch_t *d, int64_t t, int64_t srow, uint8_t
     const megamoe_tensor_t *s = &d->a->scales;
     const float *smooth = NULL;
     int64_t slen = 0;
-    if (srow >= 0) {
+    if (srow >= 0 && c->pass) { /* the token's scales travel as bytes */
+        slen = (int64_t)c->scale_bytes;
+        smooth = (const float *)((const uint8_t *)s->data + (size_t)srow * c->scale_bytes);
+    } else if (srow >= 0) {
         slen = s->ndim == 1 ? s->shape[0] : c->h;
         smooth = (const float *)s->data + (s->ndim == 1 ? 0 : srow * c->h);
     }
@@ -202,7 +206,7 @@ static void mm_v2d_self_token(mm_v2_dispatch_t *d, const mm_v2d_out_t *o, int64_
         int64_t le = (k < K && L > 1) ? ids[t * K + k] % c->eL : 0;
         int64_t row = o->off[le * c->eW + me] + (pos - d->blk[me * d->Lmax + le]);
         const uint8_t *payload = (const uint8_t *)d->a->x.data + (size_t)t * xrow;
-        if (c->quant) {
+        if (c->quant || c->scale_bytes) { /* quantised here, or a pre-quantised row with scales */
             if (!(per_token && *cached)) mm_v2d_make_row(d, t, mm_v2d_scale_row(d, k, t), rec);
             *cached = per_token;
             payload = rec;
@@ -241,7 +245,7 @@ static megamoe_status_t mm_v2d_put_unit(const mm_v2_dispatch_t *d, int pe, int64
                                         const mm_v2_unit_target_t *tg)
 {
     uint8_t *to = mm_v2_seg(&d->call, MM_V2D_RECV) + (size_t)slot * d->ustride;
-    size_t n = d->c.quant ? d->meta_off : d->c.row_bytes;
+    size_t n = d->c.quant || d->c.scale_bytes ? d->meta_off : d->c.row_bytes;
     size_t tb = (size_t)head->n * sizeof *tg;
     uint8_t *direct = mm_shmem_ptr(to,
         mm_v2_wpe(&d->call, pe)); /* same host: write straight into the peer */
@@ -296,7 +300,7 @@ static megamoe_status_t mm_v2d_send_rows(mm_v2_dispatch_t *d, const mm_v2d_out_t
                 n++;
             }
             const uint8_t *payload = x + (size_t)t * xrow;
-            if (c->quant) {
+            if (c->quant || c->scale_bytes) { /* quantised here, or a pre-quantised row with scales */
                 if (!(per_token && cached)) mm_v2d_make_row(d, t, mm_v2d_scale_row(d, k, t), rec);
                 cached = 1;
                 payload = rec;
@@ -522,13 +526,21 @@ static void mm_v2d_finish(mm_v2_dispatch_t *d, int64_t n_peer)
         int64_t *perf = a->performance_info.data;
         for (int64_t r = 0; r < c->W; r++) perf[r] += d->perf_us[r];
     }
+    if (c->alg == MM_V2_ALG_FULLMESH_A2) { /* A2's per-pair slot array ahead of the triples */
+        int32_t *slot = a->assist_info_for_combine.data;
+        const int32_t *ids = a->expert_ids.data;
+        for (int64_t i = 0; i < c->bs * c->K; i++) {
+            int64_t dst = c->erank >= 0 ? d->pdst[i] : -1;
+            slot[i] = dst < 0 ? 0 : d->ppos[i] - d->blk[dst * d->Lmax + ids[i] % c->eL];
+        }
+    }
     if (!a->zero_fill) return;
     int64_t rows = d->n_own + n_peer;
     mm_zero_tail(a->expand_x.data, c->row_bytes, rows, a->expand_x.shape[0]);
     int64_t sn = megamoe_tensor_numel(&a->dynamic_scales);
     size_t se = megamoe_dtype_size(a->dynamic_scales.dtype);
     mm_zero_tail(a->dynamic_scales.data, se, c->scale_elems ? rows * c->scale_elems : 0, sn);
-    mm_zero_tail(a->assist_info_for_combine.data, 4, 3 * d->n_own,
+    mm_zero_tail(a->assist_info_for_combine.data, 4, c->assist_off + 3 * d->n_own,
                  megamoe_tensor_numel(&a->assist_info_for_combine));
     mm_zero_tail(tok, 8, L, megamoe_tensor_numel(&a->expert_token_nums));
     int64_t cn = megamoe_tensor_numel(&a->ep_recv_counts);
@@ -552,7 +564,8 @@ static megamoe_status_t mm_v2d_local(mm_v2_dispatch_t *d)
     MM_CHECK(mm_v2_check_out(&a->expand_x, &want.expand_x, "expand_x", 1));
     MM_CHECK(mm_v2_check_out(&a->dynamic_scales, &want.dynamic_scales, "dynamic_scales", 1));
     megamoe_tensor_t assist = want.assist_info_for_combine;
-    assist.shape[0] = 3 * c->A;
+    if (c->alg == MM_V2_ALG_FULLMESH_A2) c->assist_off = c->bs * c->K;
+    assist.shape[0] = c->assist_off + 3 * c->A;
     MM_CHECK(mm_v2_check_out(&a->assist_info_for_combine, &assist, "assist_info_for_combine", 1));
     MM_CHECK(mm_v2_check_out(&a->expert_token_nums, &want.expert_token_nums, "expert_token_nums", 0));
     megamoe_tensor_t counts = want.ep_recv_counts;
@@ -655,7 +668,7 @@ megamoe_status_t megamoe_dispatch_v2(const megamoe_dispatch_v2_args_t *caller_ar
     /* data phase */
     const mm_v2_cfg_t *c = &d.c;
     mm_v2d_out_t o = {a->expand_x.data, c->scale_bytes ? a->dynamic_scales.data : NULL,
-                      a->assist_info_for_combine.data,
+                      (int32_t *)a->assist_info_for_combine.data + c->assist_off,
                       a->expert_scales.data ? a->expand_scales.data : NULL, NULL};
     int64_t n_peer = 0;
     uint8_t *rec = mm_v2_scratch_take(&d.scratch, d.stride);

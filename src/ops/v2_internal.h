@@ -27,11 +27,13 @@
 /* ---- configuration --------------------------------------------------------------------- */
 
 typedef enum mm_v2_op { MM_V2_OP_DISPATCH = 1, MM_V2_OP_COMBINE = 2, MM_V2_OP_ADD_RMS_NORM = 3 } mm_v2_op_t;
-/* comm_alg: "" and "fullmesh_v1", "fullmesh_v2", "hierarchy" */
+/* comm_alg: "" and "fullmesh_v1", "fullmesh_v2", "hierarchy"; "fullmesh" is A2's spelling:
+ * fullmesh with A2's assist_info layout (docs/ops.md "comm_alg fullmesh (A2)") */
 typedef enum mm_v2_alg {
     MM_V2_ALG_FULLMESH = 0,
     MM_V2_ALG_FULLMESH_V2 = 1,
-    MM_V2_ALG_HIERARCHY = 2
+    MM_V2_ALG_HIERARCHY = 2,
+    MM_V2_ALG_FULLMESH_A2 = 3
 } mm_v2_alg_t;
 
 /* Attributes that must be equal on every rank of an EP group (names in v2_validate.c). */
@@ -56,6 +58,7 @@ enum {
     MM_V2_ATTR_COMM_QUANT,
     MM_V2_ATTR_ELASTIC,
     MM_V2_ATTR_HIER_GROUP,
+    MM_V2_ATTR_PASS_SCALES,
     MM_V2_NATTR
 };
 
@@ -80,12 +83,27 @@ typedef struct mm_v2_cfg {
     int64_t eL, rpse;          /* local experts of this rank's role; ranks per shared expert */
     int shared_role;
     const int32_t *table1, *table2; /* physical -> compact, compact -> physical */
+    /* a pre-quantised x (int8 / fp8, quant_mode 0) travels as is, with its scales:
+     * MM_V2_PASS_* (0: x is bf16 / fp16) */
+    int pass;
+    /* first assist_info entry of the (source, token, k) triples: 0, or BS * K with A2's
+     * fullmesh (whose per-pair slot array comes first) */
+    int64_t assist_off;
     /* rows of the dispatch payload */
     int64_t scale_elems;     /* per-row dynamic scale elements (0, 1, ceil(H/128), align2(H/32)) */
     size_t scale_bytes;      /* bytes of those */
     size_t row_bytes;        /* H * ysize */
     uint64_t elastic_hash;
 } mm_v2_cfg_t;
+
+/* Layouts of a pre-quantised dispatch x's scales (cfg.pass). */
+enum {
+    MM_V2_PASS_OFF = 0,    /* x bf16 / fp16 */
+    MM_V2_PASS_BARE = 1,   /* no scales */
+    MM_V2_PASS_TOKEN = 2,  /* fp32 [BS] (or [BS, 1]): one per token */
+    MM_V2_PASS_GROUP = 3,  /* fp32 [BS, ceil(H / 128)] */
+    MM_V2_PASS_MX = 4      /* e8m0 [BS, align2(ceil(H / 32))] */
+};
 
 /* Derive the configuration from dispatch / combine arguments; INVALID_ARGUMENT naming the
  * parameter and the rule for every semantic rule of the spec (validation only, no

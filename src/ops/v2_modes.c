@@ -46,6 +46,15 @@ static void mm_v2_row_mx(const mm_v2_cfg_t *c, const void *x, const float *smoot
     (void)mm_quant_mx(x, c->xtype, c->h, c->ytype, out, scale_out);
 }
 
+/* a pre-quantised x: the row as is, its scales (the caller's row of the scales tensor, passed
+ * as `smooth` with smooth_len bytes) copied behind it */
+static void mm_v2_row_pass(const mm_v2_cfg_t *c, const void *x, const float *smooth,
+                           int64_t smooth_len, void *out, void *scale_out)
+{
+    memcpy(out, x, c->row_bytes);
+    if (smooth && smooth_len > 0) memcpy(scale_out, smooth, (size_t)smooth_len);
+}
+
 #define MM_I8 MM_V2_TYPE_BIT(MEGAMOE_DTYPE_INT8)
 
 static const mm_v2_quant_mode_t mm_v2_quant_modes[] = {
@@ -70,6 +79,24 @@ static const mm_v2_comm_quant_mode_t mm_v2_comm_quant_modes[] = {
     {4, "mx_fp8_e4m3fn", "MX fp8_e4m3fn", MEGAMOE_DTYPE_FP8_E4M3FN, MM_QUANT_MX_BLOCK, 1},
 };
 #define MM_V2_NCQ (sizeof mm_v2_comm_quant_modes / sizeof mm_v2_comm_quant_modes[0])
+
+/* quant_mode 0 with an int8 / fp8 x (op-plugin's x_dtype / scales_dtype): one row per scale
+ * layout (cfg.pass); not in the public table (they are quant_mode 0) */
+static const mm_v2_quant_mode_t mm_v2_pass_modes[] = {
+    {0, "none", 1, 0, MEGAMOE_DTYPE_COUNT_, MEGAMOE_SCALES_NONE, 0, 0, MEGAMOE_DTYPE_FP32, 0, 0,
+     mm_v2_row_pass},
+    {0, "none", 1, 0, MEGAMOE_DTYPE_COUNT_, MEGAMOE_SCALES_NONE, 0, -1, MEGAMOE_DTYPE_FP32, 0, 0,
+     mm_v2_row_pass},
+    {0, "none", 1, 0, MEGAMOE_DTYPE_COUNT_, MEGAMOE_SCALES_NONE, 0, MM_QUANT_GROUP,
+     MEGAMOE_DTYPE_FP32, 0, 1, mm_v2_row_pass},
+    {0, "none", 1, 0, MEGAMOE_DTYPE_COUNT_, MEGAMOE_SCALES_NONE, 0, MM_QUANT_MX_BLOCK,
+     MEGAMOE_DTYPE_E8M0, 1, 1, mm_v2_row_pass},
+};
+
+const mm_v2_quant_mode_t *mm_v2_pass_mode(int kind)
+{
+    return kind >= MM_V2_PASS_BARE && kind <= MM_V2_PASS_MX ? &mm_v2_pass_modes[kind - 1] : NULL;
+}
 
 const mm_v2_quant_mode_t *mm_v2_quant_mode_at(size_t i)
 {

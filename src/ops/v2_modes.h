@@ -46,6 +46,8 @@ typedef struct mm_v2_comm_quant_mode {
                                 the row type and y' is rounded to it first */
 } mm_v2_comm_quant_mode_t;
 
+/* The row that moves a pre-quantised x with its scales (kind MM_V2_PASS_*, not OFF). */
+const mm_v2_quant_mode_t *mm_v2_pass_mode(int kind);
 /* The row of a mode, NULL when it is not one. */
 const mm_v2_quant_mode_t *mm_v2_quant_mode(int64_t mode);
 const mm_v2_comm_quant_mode_t *mm_v2_comm_quant_mode(int64_t mode);

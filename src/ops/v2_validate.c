@@ -10,6 +10,7 @@
 
 #include "base/env.h"
 #include "base/error.h"
+#include "kernels/quant.h"
 #include "v2_internal.h"
 
 #define MM_BAD(...) return mm_error(MEGAMOE_INVALID_ARGUMENT, __VA_ARGS__)
@@ -197,7 +198,9 @@ static megamoe_status_t mm_v2_common(mm_v2_cfg_t *c, const mm_v2_common_t *in)
     if (alg[0] == '\0' || strcmp(alg, "fullmesh_v1") == 0) c->alg = MM_V2_ALG_FULLMESH;
     else if (strcmp(alg, "fullmesh_v2") == 0) c->alg = MM_V2_ALG_FULLMESH_V2;
     else if (strcmp(alg, "hierarchy") == 0) c->alg = MM_V2_ALG_HIERARCHY;
-    else MM_BAD("comm_alg \"%s\" must be \"\", \"fullmesh_v1\", \"fullmesh_v2\" or \"hierarchy\"", alg);
+    else if (strcmp(alg, "fullmesh") == 0) c->alg = MM_V2_ALG_FULLMESH_A2;
+    else MM_BAD("comm_alg \"%s\" must be \"\", \"fullmesh_v1\", \"fullmesh_v2\", \"hierarchy\" or "
+                "\"fullmesh\" (A2)", alg);
     c->hier_group = 0;
     int64_t hier_env = 0;
     if (c->alg == MM_V2_ALG_HIERARCHY) {
@@ -291,15 +294,24 @@ static megamoe_status_t mm_v2_common(mm_v2_cfg_t *c, const mm_v2_common_t *in)
     return MEGAMOE_OK;
 }
 
+static int mm_is_quantised_type(megamoe_dtype_t t)
+{
+    return t == MEGAMOE_DTYPE_INT8 || t == MEGAMOE_DTYPE_FP8_E4M3FN || t == MEGAMOE_DTYPE_FP8_E5M2;
+}
+
 static megamoe_status_t mm_v2_ids_k(mm_v2_cfg_t *c, const megamoe_tensor_t *x,
-                                    const megamoe_tensor_t *ids, const char *xname)
+                                    const megamoe_tensor_t *ids, const char *xname,
+                                    int quantised_ok)
 {
     if (x->data == NULL) MM_BAD("%s is required", xname);
     if (x->ndim != 2) MM_BAD("%s must be 2-D [BS, H], got %d-D", xname, x->ndim);
-    if (!mm_is_token_type(x->dtype))
-        MM_BAD("%s must be bf16 or fp16, got %s", xname, megamoe_dtype_name(x->dtype));
+    if (!mm_is_token_type(x->dtype) && !(quantised_ok && mm_is_quantised_type(x->dtype)))
+        MM_BAD("%s must be bf16 or fp16%s, got %s", xname,
+               quantised_ok ? " (or int8 / fp8_e4m3fn / fp8_e5m2 already quantised, with "
+                              "quant_mode 0: x_dtype)" : "",
+               megamoe_dtype_name(x->dtype));
     c->xtype = x->dtype;
-    c->xsize = 2;
+    c->xsize = megamoe_dtype_size(x->dtype);
     c->h = x->shape[1];
     if (c->h < 1) MM_BAD("%s: H must be >= 1, got %lld", xname, (long long)c->h);
     if (ids->data == NULL) MM_BAD("expert_ids is required");
@@ -318,11 +330,61 @@ static megamoe_status_t mm_v2_k_total(const mm_v2_cfg_t *c)
     return MEGAMOE_OK;
 }
 
+/* An x that arrives quantised (op-plugin's x_dtype: int8 / fp8, quant_mode 0) travels as is;
+ * `scales` are then its dequantisation scales, one row per token, passed through into
+ * dynamic_scales: fp32 [BS] per token, fp32 [BS, ceil(H/128)] per group, or e8m0 [BS,
+ * align2(ceil(H/32))] MX (scales_dtype); no scales: the rows alone. */
+static megamoe_status_t mm_v2_pass_config(const megamoe_dispatch_v2_args_t *a, mm_v2_cfg_t *c)
+{
+    if (c->quant != 0)
+        MM_BAD("x is already quantised (%s): pass quant_mode=0 so it travels as is with its "
+               "scales, or a bf16 / fp16 x to quantise with quant_mode %lld",
+               megamoe_dtype_name(c->xtype), (long long)c->quant);
+    if (a->expand_x.data != NULL && a->expand_x.dtype != c->xtype)
+        MM_BAD("expand_x dtype %s must be x's dtype %s (a pre-quantised x travels as is)",
+               megamoe_dtype_name(a->expand_x.dtype), megamoe_dtype_name(c->xtype));
+    const megamoe_tensor_t *s = &a->scales;
+    int64_t ng = mm_quant_group_count(c->h), nmx = mm_quant_mx_scale_count(c->h);
+    if (s->data == NULL) {
+        c->pass = MM_V2_PASS_BARE;
+    } else if (s->dtype == MEGAMOE_DTYPE_FP32 && s->shape[0] == c->bs &&
+               (s->ndim == 1 || (s->ndim == 2 && s->shape[1] == 1))) {
+        c->pass = MM_V2_PASS_TOKEN;
+    } else if (s->dtype == MEGAMOE_DTYPE_FP32 && s->ndim == 2 && s->shape[0] == c->bs &&
+               s->shape[1] == ng) {
+        c->pass = MM_V2_PASS_GROUP;
+    } else if (s->dtype == MEGAMOE_DTYPE_E8M0 && s->ndim == 2 && s->shape[0] == c->bs &&
+               s->shape[1] == nmx) {
+        c->pass = MM_V2_PASS_MX;
+    } else {
+        MM_BAD("scales of a pre-quantised x (%s) must be its per-token scales: fp32 [BS] = [%lld], "
+               "fp32 [BS, ceil(H/128)] = [%lld, %lld] or e8m0 [BS, align2(ceil(H/32))] = [%lld, "
+               "%lld] (scales_dtype); got %s with %d dims", megamoe_dtype_name(c->xtype),
+               (long long)c->bs, (long long)c->bs, (long long)ng, (long long)c->bs,
+               (long long)nmx, megamoe_dtype_name(s->dtype), s->ndim);
+    }
+    if (s->data != NULL && s->dtype == MEGAMOE_DTYPE_FP32 && mm_v2_has_nan(s->data, megamoe_tensor_numel(s)))
+        MM_BAD("scales contain NaN");
+    const mm_v2_quant_mode_t *q = c->qmode = mm_v2_pass_mode(c->pass);
+    c->ytype = c->xtype;
+    c->ysize = c->xsize;
+    c->row_bytes = (size_t)c->h * c->ysize;
+    c->scale_elems = mm_v2_quant_scale_count(q, c->h);
+    c->scale_bytes = (size_t)c->scale_elems * megamoe_dtype_size(q->scale_type);
+    if (a->expert_scales.data != NULL) {
+        MM_CHECK(mm_check_tensor(&a->expert_scales, "expert_scales", MEGAMOE_DTYPE_FP32, 2));
+        if (a->expert_scales.shape[0] != c->bs || a->expert_scales.shape[1] != c->K)
+            MM_BAD("expert_scales must be [BS, K] = [%lld, %lld]", (long long)c->bs, (long long)c->K);
+        if (mm_v2_has_nan(a->expert_scales.data, c->bs * c->K)) MM_BAD("expert_scales contain NaN");
+    }
+    return MEGAMOE_OK;
+}
+
 megamoe_status_t mm_v2_dispatch_config(const megamoe_dispatch_v2_args_t *a, mm_v2_cfg_t *c)
 {
     memset(c, 0, sizeof *c);
     c->op = MM_V2_OP_DISPATCH;
-    MM_CHECK(mm_v2_ids_k(c, &a->x, &a->expert_ids, "x"));
+    MM_CHECK(mm_v2_ids_k(c, &a->x, &a->expert_ids, "x", 1));
     if (a->x.shape[0] != c->bs)
         MM_BAD("x has %lld rows but expert_ids has %lld (both are BS)", (long long)a->x.shape[0],
                (long long)c->bs);
@@ -347,6 +409,7 @@ megamoe_status_t mm_v2_dispatch_config(const megamoe_dispatch_v2_args_t *a, mm_v
         MM_BAD("quant_mode %lld must be in [%lld, %lld]", (long long)c->quant,
                (long long)lo->mode, (long long)hi->mode);
     }
+    if (!mm_is_token_type(c->xtype)) return mm_v2_pass_config(a, c);
     megamoe_dtype_t y = a->expand_x.dtype;
     int y_ok = q->same_as_x ? y == c->xtype
                             : (unsigned)y < 32u && (q->out_types & MM_V2_TYPE_BIT(y)) != 0;
@@ -394,7 +457,7 @@ megamoe_status_t mm_v2_combine_config(const megamoe_combine_v2_args_t *a, mm_v2_
 {
     memset(c, 0, sizeof *c);
     c->op = op;
-    MM_CHECK(mm_v2_ids_k(c, &a->expand_x, &a->expert_ids, "expand_x"));
+    MM_CHECK(mm_v2_ids_k(c, &a->expand_x, &a->expert_ids, "expand_x", 0));
     c->ytype = c->xtype;
     c->ysize = c->xsize;
     mm_v2_common_t in = {a->group_ep, a->group_tp, a->ep_world_size, a->ep_rank_id,
@@ -422,6 +485,7 @@ megamoe_status_t mm_v2_combine_config(const megamoe_combine_v2_args_t *a, mm_v2_
     if (t->shape[0] < 128 * c->A)
         MM_BAD("assist_info_for_combine must have at least A * 128 = %lld elements, got %lld",
                (long long)(128 * c->A), (long long)t->shape[0]);
+    if (c->alg == MM_V2_ALG_FULLMESH_A2) c->assist_off = c->bs * c->K;
     t = &a->ep_send_counts;
     if (t->data == NULL) MM_BAD("ep_send_counts is required");
     MM_CHECK(mm_check_tensor(t, "ep_send_counts", MEGAMOE_DTYPE_INT32, 1));

@@ -29,7 +29,7 @@ static const char *const mm_v2_attr_names[MM_V2_NATTR] = {
     "token dtype",     "quant_mode",       "expand_x dtype",    "global_bs (BS * ep_world_size when 0)",
     "tp_world_size",   "comm_alg",         "zero_expert_num",   "copy_expert_num",
     "const_expert_num", "comm_quant_mode", "elastic_info",
-    "MEGAMOE_RANKS_PER_NODE"};
+    "MEGAMOE_RANKS_PER_NODE", "the scales layout of a pre-quantised x (scales / scales_dtype)"};
 
 megamoe_status_t mm_v2_call_begin(mm_v2_call_t *call, mm_v2_ws_kind_t kind, megamoe_comm_t *ep,
                                   megamoe_comm_t *tp, int uses_tp)
@@ -188,6 +188,7 @@ void mm_v2_record_attrs(const mm_v2_cfg_t *c, mm_v2_record_t *r)
     a[MM_V2_ATTR_COMM_QUANT] = c->comm_quant;
     a[MM_V2_ATTR_ELASTIC] = (int64_t)(c->elastic_hash >> 1);
     a[MM_V2_ATTR_HIER_GROUP] = c->hier_group;
+    a[MM_V2_ATTR_PASS_SCALES] = c->pass;
     r->tp_attrs[0] = c->h;
     r->tp_attrs[1] = c->ytype;
     r->tp_attrs[2] = c->quant;

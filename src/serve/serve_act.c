@@ -8,7 +8,13 @@
  * SiLU(z) = z / (1 + exp(-z)), sigmoid(z) = 1 / (1 + exp(-z)); NaN propagates. */
 #include <math.h>
 
+#include "base/arch.h"
+#include "kernels/simd.h"
 #include "serve/serve_impl.h"
+
+#if MM_X86
+#include <immintrin.h>
+#endif
 
 static const char *const mm_sv_act_names[] = {"swiglu", "swiglustep", "swigluoai", "situglu"};
 
@@ -26,9 +32,114 @@ static inline float mm_sv_clip(float u, float c)
     return u;
 }
 
+/* ---- AVX-512: the same formulas, 16 lanes, exp by a polynomial (within 2 ulps of expf; the
+ * same construction as kernels/swiglu.c's), so vector and scalar results may differ in the last
+ * bits; every call on a machine takes the same path. ---- */
+#if MM_X86
+MM_TARGET_AVX512 static inline __m512 mm_sv_exp_ps(__m512 x)
+{
+    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+    const __m512 ln2_hi = _mm512_set1_ps(0.693359375f), ln2_lo = _mm512_set1_ps(-2.12194440e-4f);
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    __m512 xc = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(89.0f)), _mm512_set1_ps(-104.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, log2e),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, ln2_hi, xc);
+    r = _mm512_fnmadd_ps(n, ln2_lo, r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_mask_mov_ps(_mm512_scalef_ps(p, n), nan, x);
+}
+
+/* 1 / (1 + exp(-x)) */
+MM_TARGET_AVX512 static inline __m512 mm_sv_sigmoid_ps(__m512 x)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    return _mm512_div_ps(one, _mm512_add_ps(one, mm_sv_exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+}
+
+/* tanh(x) = sign(x) (1 - 2 / (exp(2|x|) + 1)) */
+MM_TARGET_AVX512 static inline __m512 mm_sv_tanh_ps(__m512 x)
+{
+    const __m512 one = _mm512_set1_ps(1.0f), two = _mm512_set1_ps(2.0f);
+    __m512 ax = _mm512_abs_ps(x);
+    __m512 t = _mm512_sub_ps(one, _mm512_div_ps(two, _mm512_add_ps(mm_sv_exp_ps(_mm512_mul_ps(two, ax)), one)));
+    __mmask16 neg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    t = _mm512_mask_sub_ps(t, neg, _mm512_setzero_ps(), t);
+    return _mm512_mask_mov_ps(t, nan, x);
+}
+
+MM_TARGET_AVX512 static inline __m512 mm_sv_min_ps(__m512 v, __m512 c) /* NaN v stays */
+{
+    return _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, c, _CMP_GT_OQ), c);
+}
+
+MM_TARGET_AVX512 static inline __m512 mm_sv_clip_ps(__m512 u, __m512 c)
+{
+    __m512 nc = _mm512_sub_ps(_mm512_setzero_ps(), c);
+    u = _mm512_mask_mov_ps(u, _mm512_cmp_ps_mask(u, c, _CMP_GT_OQ), c);
+    return _mm512_mask_mov_ps(u, _mm512_cmp_ps_mask(u, nc, _CMP_LT_OQ), nc);
+}
+
+MM_TARGET_AVX512 static void mm_sv_act_row_avx512(const mm_sv_act_t *act, int64_t I, const float *g,
+                                                 const float *u, float *o)
+{
+    const __m512 c = _mm512_set1_ps(act->clamp), one = _mm512_set1_ps(1.0f);
+    const __m512 al = _mm512_set1_ps(act->alpha), be = _mm512_set1_ps(act->beta);
+    const __m512 lb = _mm512_set1_ps(act->linear_beta);
+    for (int64_t i = 0; i < I; i += 16) {
+        const __mmask16 m = I - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (I - i)) - 1);
+        __m512 gv = _mm512_maskz_loadu_ps(m, g + i), uv = _mm512_maskz_loadu_ps(m, u + i), r;
+        switch (act->kind) {
+        case MM_SV_ACT_SWIGLU: {
+            __m512 gc = mm_sv_min_ps(gv, c);
+            __m512 e = mm_sv_exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gc));
+            r = _mm512_mul_ps(_mm512_div_ps(gc, _mm512_add_ps(one, e)), mm_sv_clip_ps(uv, c));
+            break;
+        }
+        case MM_SV_ACT_SWIGLUSTEP: {
+            __m512 e = mm_sv_exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+            __m512 s = _mm512_div_ps(gv, _mm512_add_ps(one, e));
+            r = _mm512_mul_ps(mm_sv_min_ps(s, c), mm_sv_clip_ps(uv, c));
+            break;
+        }
+        case MM_SV_ACT_SWIGLUOAI: {
+            __m512 gc = mm_sv_min_ps(gv, c);
+            r = _mm512_mul_ps(_mm512_mul_ps(gc, mm_sv_sigmoid_ps(_mm512_mul_ps(al, gc))),
+                              _mm512_add_ps(mm_sv_clip_ps(uv, c), be));
+            break;
+        }
+        default: { /* situglu */
+            __m512 l = act->linear_beta > 0.0f
+                           ? _mm512_mul_ps(lb, mm_sv_tanh_ps(_mm512_div_ps(uv, lb)))
+                           : uv;
+            r = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(be, mm_sv_tanh_ps(_mm512_div_ps(gv, be))),
+                                            mm_sv_sigmoid_ps(gv)),
+                              l);
+            break;
+        }
+        }
+        _mm512_mask_storeu_ps(o + i, m, r);
+    }
+}
+#endif
+
 void mm_sv_activation(const mm_sv_act_t *act, int64_t rows, int64_t I, const float *h,
                       int64_t ldh, float *a, int64_t lda)
 {
+#if MM_X86
+    if (mm_kernels_use_avx512()) { /* (mm_kernels_set_vector(0) forces the scalar twin) */
+        for (int64_t r = 0; r < rows; r++)
+            mm_sv_act_row_avx512(act, I, h + r * ldh, h + r * ldh + I, a + r * lda);
+        return;
+    }
+#endif
     const float c = act->clamp;
     for (int64_t r = 0; r < rows; r++) {
         const float *g = h + r * ldh, *u = g + I;

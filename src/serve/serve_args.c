@@ -645,6 +645,7 @@ megamoe_status_t mm_sv_settings_agree(const mm_sv_settings_t *const *all, const 
         MM_SV_DIFF(sh_I, "the shared experts' intermediate size", "%lld", MM_SV_I)
         MM_SV_DIFF(sh_atype, "shared_expert_quant_out_dtype", "%s", megamoe_serve_type_name)
         MM_SV_DIFF(combine_quant_mode, "combine_quant_mode", "%lld", MM_SV_I)
+        MM_SV_DIFF(schedule, "MEGAMOE_SERVE_SCHEDULE (0 auto, 1 o1, 2 host)", "%lld", MM_SV_I)
 #undef MM_SV_DIFF
 #undef MM_SV_I
 #undef MM_SV_D

@@ -10,7 +10,7 @@
 #include "base/abi.h"
 #include "base/alloc.h"
 #include "base/error.h"
-#include "serve/serve_impl.h"
+#include "serve/serve_o1.h"
 #include "shmem/comm_impl.h"
 
 static const char *const mm_sv_type_names[MEGAMOE_SERVE_TYPE_COUNT_] = {
@@ -74,8 +74,12 @@ static megamoe_status_t mm_sv_drop(megamoe_symm_buffer_t *b, int collective)
     if (!b->alive) return MEGAMOE_OK;
     b->alive = 0;
     mm_sv_register(b, 0);
+    if (b->o1) st = mm_sv_o1_destroy(b, collective);
     if (collective && mm_shmem_is_running()) {
-        if (b->sig) st = mm_shmem_team_free(b->team, b->sig);
+        if (b->sig) {
+            megamoe_status_t f = mm_shmem_team_free(b->team, b->sig);
+            if (st == MEGAMOE_OK) st = f;
+        }
         if (b->recv) {
             megamoe_status_t s = mm_shmem_team_free(b->team, b->recv);
             if (st == MEGAMOE_OK) st = s;
@@ -148,7 +152,8 @@ static megamoe_status_t mm_sv_retire(mm_shmem_team_t *team, void *ptr)
 static megamoe_status_t mm_sv_team_hook(mm_shmem_team_t *team, void *arg)
 {
     (void)arg;
-    megamoe_status_t st = mm_sv_free_retired(team);
+    megamoe_status_t st = mm_sv_free_retired(team), s0 = mm_sv_o1_free_retired(team);
+    if (st == MEGAMOE_OK) st = s0;
     for (int i = 0; i < 256; i++) {
         pthread_mutex_lock(&mm_sv_lock);
         megamoe_symm_buffer_t *b = mm_sv_live[i];
@@ -164,7 +169,8 @@ static megamoe_status_t mm_sv_team_hook(mm_shmem_team_t *team, void *arg)
 static megamoe_status_t mm_sv_release_hook(void *arg)
 {
     (void)arg;
-    megamoe_status_t st = mm_sv_free_retired(NULL);
+    megamoe_status_t st = mm_sv_free_retired(NULL), s0 = mm_sv_o1_free_retired(NULL);
+    if (st == MEGAMOE_OK) st = s0;
     for (int i = 0; i < 256; i++) {
         pthread_mutex_lock(&mm_sv_lock);
         megamoe_symm_buffer_t *b = mm_sv_live[i];
@@ -345,6 +351,7 @@ megamoe_status_t megamoe_symm_buffer_create(megamoe_comm_t *group,
     if (st == MEGAMOE_OK) params = &copy;
     if (st == MEGAMOE_OK) st = mm_sv_check_params(params, W);
     megamoe_symm_buffer_t *b = NULL;
+    int cube = 1, vector = 0;
     if (st == MEGAMOE_OK) {
         b = calloc(1, sizeof *b);
         int *pes = calloc((size_t)W, sizeof *pes), *prev = calloc((size_t)W, sizeof *prev);
@@ -359,8 +366,9 @@ megamoe_status_t megamoe_symm_buffer_create(megamoe_comm_t *group,
             b->pes = pes;
             b->prev = prev;
             st = mm_pool_default_workers(&workers);
-            if (st == MEGAMOE_OK) st = mm_pool_create(workers, &b->pool);
-            b->workers = workers;
+            if (st == MEGAMOE_OK) st = mm_mc_workers(workers, 0, 0, 0, &cube, &vector);
+            if (st == MEGAMOE_OK) st = mm_pool_create(cube + vector, &b->pool);
+            b->workers = cube + vector;
         }
     }
     /* every member learns every member's failure, then the parameters are compared */
@@ -404,6 +412,14 @@ megamoe_status_t megamoe_symm_buffer_create(megamoe_comm_t *group,
         b->last_recv_rows = -1;
         mm_sv_bind(b, group, team);
         st = mm_sv_alloc(b, team);
+        /* the O1 path needs a token bound (its graphs are sized by it) */
+        if (st == MEGAMOE_OK && params->num_max_tokens_per_rank > 0) {
+            st = mm_sv_o1_create(b, cube, vector);
+            if (st != MEGAMOE_OK) { /* every member failed the same collective step */
+                mm_shmem_team_free(team, b->sig);
+                mm_shmem_team_free(team, b->recv);
+            }
+        }
     }
     if (st == MEGAMOE_OK && !mm_sv_hooked) {
         st = mm_shmem_add_team_destroy_hook(mm_sv_team_hook, NULL);
@@ -445,6 +461,7 @@ void megamoe_symm_buffer_free(megamoe_symm_buffer_t *b)
     if (b == NULL || b->magic != MM_SV_MAGIC) return;
     if (b->alive) mm_sv_drop(b, 0); /* not destroyed: the memory stays until the team goes */
     b->magic = 0;
+    if (b->o1) mm_sv_o1_destroy(b, 0); /* not destroyed: its memory stays until exit */
     for (int i = 0; i < 16; i++) mm_aligned_free(b->scr[i]);
     mm_pool_destroy(b->pool);
     free(b->mask);
@@ -487,6 +504,7 @@ megamoe_status_t megamoe_symm_buffer_update_group(megamoe_symm_buffer_t *b, mega
      * are not all part of this call) — until then it stays allocated on the old team */
     void *old_recv = b->recv, *old_sig = b->sig;
     mm_shmem_team_t *old_team = b->team;
+    mm_sv_o1_retire(b); /* its signal area is the old team's: calls take the host path */
     mm_sv_register(b, 0);
     for (int i = 0; i < MM_SV_MAX_MASK_GROUPS; i++) mm_call_group_unregister(&b->orders[i].calls);
     memset(b->orders, 0, sizeof b->orders);
@@ -527,6 +545,7 @@ megamoe_status_t megamoe_symm_buffer_get_info_sized(const megamoe_symm_buffer_t 
     info->calls = b->calls;
     info->last_recv_rows = b->last_recv_rows;
     info->id = b->id;
+    info->o1_calls = b->o1_calls;
     return mm_abi_copy_out(caller_info, info_size, info, sizeof *info, "megamoe_symm_buffer_info_t");
 }
 

@@ -12,6 +12,7 @@
 #include "base/error.h"
 #include "kernels/qgemm.h"
 #include "kernels/quant.h"
+#include "kernels/rows.h"
 #include "megamoe/dtype.h"
 #include "serve/serve_impl.h"
 
@@ -315,7 +316,7 @@ megamoe_status_t mm_sv_ffn_tile(const mm_sv_experts_t *set, const mm_sv_prepared
         uint16_t *o = t.a2 + r * I;
         switch (set->atype2) {
         case MEGAMOE_SERVE_TYPE_BF16:
-            for (int64_t i = 0; i < I; i++) o[i] = megamoe_fp32_to_bf16(a[i]);
+            megamoe_convert(o, MEGAMOE_DTYPE_BF16, a, MEGAMOE_DTYPE_FP32, (size_t)I);
             break;
         case MEGAMOE_SERVE_TYPE_INT8: {
             int8_t *q = (int8_t *)t.qrow;
@@ -324,7 +325,7 @@ megamoe_status_t mm_sv_ffn_tile(const mm_sv_experts_t *set, const mm_sv_prepared
             break;
         }
         default: /* MX: the activation in bf16, then its MX blocks */
-            for (int64_t i = 0; i < I; i++) t.brow[i] = megamoe_fp32_to_bf16(a[i]);
+            megamoe_convert(t.brow, MEGAMOE_DTYPE_BF16, a, MEGAMOE_DTYPE_FP32, (size_t)I);
             mm_sv_row_quant(t.brow, set->atype2, I, t.qrow);
             mm_sv_row_to_bf16(t.qrow, set->atype2, I, o, NULL);
             break;
@@ -335,13 +336,9 @@ megamoe_status_t mm_sv_ffn_tile(const mm_sv_experts_t *set, const mm_sv_prepared
 out:
     for (int64_t r = 0; r < rows; r++) {
         const float *f = t.c2 + r * H;
-        if (acc) {
-            float *d = acc + r * H;
-            for (int64_t i = 0; i < H; i++) d[i] = d[i] + f[i];
-        } else {
-            uint16_t *d = (uint16_t *)(void *)((char *)out + (size_t)r * ldo);
-            for (int64_t i = 0; i < H; i++) d[i] = megamoe_fp32_to_bf16(f[i]);
-        }
+        if (acc) mm_rows_axpy_f32(acc + r * H, f, 1.0f, H);
+        else megamoe_convert((char *)out + (size_t)r * ldo, MEGAMOE_DTYPE_BF16, f,
+                             MEGAMOE_DTYPE_FP32, (size_t)H);
     }
     return MEGAMOE_OK;
 }

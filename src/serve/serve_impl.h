@@ -81,7 +81,8 @@ typedef struct mm_sv_settings {
     int64_t H, I;
     int32_t sh_scene, sh_wtype, sh_count, sh_atype;
     int64_t sh_I;
-    int32_t combine_quant_mode, pad;
+    int32_t combine_quant_mode;
+    int32_t schedule;            /* MEGAMOE_SERVE_SCHEDULE: the path must be the same everywhere */
 } mm_sv_settings_t;
 
 enum { MM_SV_ACT_SWIGLU = 0, MM_SV_ACT_SWIGLUSTEP, MM_SV_ACT_SWIGLUOAI, MM_SV_ACT_SITUGLU };
@@ -110,6 +111,8 @@ typedef struct mm_sv_call {
     int32_t *expert_token_nums; /* [L] */
     mm_sv_settings_t set;
 } mm_sv_call_t;
+
+typedef struct mm_sv_o1 mm_sv_o1_t; /* serve_o1.c: the executor and its inference plan */
 
 /* A call-order group of the buffer for one set of participants (the unmasked ranks). */
 typedef struct mm_sv_order {
@@ -145,7 +148,8 @@ struct megamoe_symm_buffer {
     mm_sv_order_t orders[MM_SV_MAX_MASK_GROUPS];
     mm_pool_t *pool;
     int workers;
-    uint64_t calls;
+    mm_sv_o1_t *o1;           /* the O1 path (NULL without a token bound) */
+    uint64_t calls, o1_calls;
     int64_t last_recv_rows;
     atomic_int busy;
     /* per-call scratch, grown to the largest call (serve_call.c) */

@@ -17,6 +17,7 @@
 
 #include "base/error.h"
 #include "serve/serve_impl.h"
+#include "serve/serve_o1.h"
 
 megamoe_status_t mm_sv_runtime_mask(megamoe_symm_buffer_t *b)
 {
@@ -24,6 +25,9 @@ megamoe_status_t mm_sv_runtime_mask(megamoe_symm_buffer_t *b)
     int lost = 0;
     for (int i = 0; i < b->W; i++) lost |= !mm_shmem_pe_alive(b->pes[i]);
     if (!lost) return MEGAMOE_OK;
+    /* the O1 executor's team holds a lost rank: its signal area is freed locally (the loss is
+     * acknowledged), every survivor the same; masked calls take the host path anyway */
+    if (mm_sv_o1_lost(b)) (void)mm_sv_o1_destroy(b, 1);
     int32_t *mask = NULL;
     MM_CHECK(megamoe_symm_buffer_mask(b, &mask));
     for (int i = 0; i < b->W; i++)

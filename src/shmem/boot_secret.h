@@ -35,8 +35,12 @@ megamoe_status_t mm_boot_secret_resolve(const char *param, const mm_endpoint_t *
                                         char *out, size_t cap, mm_secret_source_t *src_p);
 
 /* Under mpirun (Open MPI's OMPI_COMM_WORLD_SIZE set): a fresh random secret from MPI rank 0,
- * broadcast over MPI_COMM_WORLD (MPI is initialised here when the program has not done it;
- * then it is finalised at exit). NOT_FOUND when not under mpirun or built without MPI. */
+ * broadcast to every rank (boot_mpi.c: on a duplicate of the program's MPI_COMM_WORLD; when the
+ * program has not initialised MPI, MPI is initialised for the broadcast and finalised at once,
+ * and later lifecycles reuse that secret). IO on every rank when rank 0 cannot draw one.
+ * NOT_FOUND when not under mpirun, after the program finalised MPI, or built without MPI. */
 megamoe_status_t mm_boot_mpi_secret(char *out, size_t cap);
+/* Test seam: nonzero makes rank 0's draw of the secret fail (as a failing getrandom). */
+extern int mm_boot_mpi_test_fail_random;
 
 #endif /* MM_SHMEM_BOOT_SECRET_H */

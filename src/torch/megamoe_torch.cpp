@@ -217,7 +217,8 @@ Tensors8 dispatch_v2(const Opt &x, const Opt &expert_ids, c10::string_view group
                      int64_t shared_expert_rank_num, int64_t quant_mode, int64_t global_bs,
                      int64_t expert_token_nums_type, c10::string_view comm_alg,
                      int64_t zero_expert_num, int64_t copy_expert_num, int64_t const_expert_num,
-                     optional<int64_t> y_dtype)
+                     optional<int64_t> y_dtype, optional<int64_t> x_dtype,
+                     optional<int64_t> scales_dtype)
 {
     megamoe_dispatch_v2_args_t a = megamoe_dispatch_v2_args_default();
     Call call;
@@ -248,6 +249,14 @@ Tensors8 dispatch_v2(const Opt &x, const Opt &expert_ids, c10::string_view group
     a.const_expert_num = const_expert_num;
     const megamoe_dtype_t y = y_dtype.has_value() ? from_npu_code(*y_dtype) : MEGAMOE_DTYPE_FP32;
     if (y_dtype.has_value()) a.expand_x.dtype = y;
+    // a pre-quantised x (int8 / fp8 bytes) and its scales' type (fp32 / e8m0 bytes): torch_npu
+    // integer dtype codes like y_dtype
+    if (x_dtype.has_value() && a.x.data) a.x.dtype = from_npu_code(*x_dtype);
+    if (scales_dtype.has_value() && a.scales.data) {
+        a.scales.dtype = from_npu_code(*scales_dtype);
+        if (a.scales.dtype == MEGAMOE_DTYPE_UINT8) a.scales.dtype = MEGAMOE_DTYPE_E8M0;
+    } else if (a.scales.data && a.scales.dtype == MEGAMOE_DTYPE_UINT8)
+        a.scales.dtype = MEGAMOE_DTYPE_E8M0; // MX scales arrive as their bytes
 
     megamoe_tensor_t *outs[] = {&a.expand_x, &a.dynamic_scales, &a.assist_info_for_combine,
                                 &a.expert_token_nums, &a.ep_recv_counts, &a.tp_recv_counts,

@@ -8,7 +8,8 @@ DISPATCH = ("x, expert_ids, group_ep, ep_world_size, ep_rank_id, moe_expert_num,
             "x_active_mask=None, expert_scales=None, elastic_info=None, performance_info=None, "
             "group_tp='', tp_world_size=0, tp_rank_id=0, expert_shard_type=0, shared_expert_num=1, "
             "shared_expert_rank_num=0, quant_mode=0, global_bs=0, expert_token_nums_type=1, "
-            "comm_alg='', zero_expert_num=0, copy_expert_num=0, const_expert_num=0, y_dtype=None")
+            "comm_alg='', zero_expert_num=0, copy_expert_num=0, const_expert_num=0, y_dtype=None, "
+            "x_dtype=None, scales_dtype=None")
 COMBINE = ("expand_x, expert_ids, assist_info_for_combine, ep_send_counts, expert_scales, group_ep, "
            "ep_world_size, ep_rank_id, moe_expert_num, *, tp_send_counts=None, x_active_mask=None, "
            "expand_scales=None, shared_expert_x=None, elastic_info=None, ori_x=None, "

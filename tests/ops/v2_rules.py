@@ -235,7 +235,7 @@ RULES = [
     _rule("arn_comm_quant_mode", "arn", _set(comm_quant_mode=6), INV, "comm_quant_mode must be 0, 2"),
     _rule("arn_mismatch_comm_quant_mx", "arn", _set(comm_quant_mode=3), MIS, "comm_quant_mode differs"),
     _rule("arn_comm_alg_unknown", "arn", _set(comm_alg="ring"), INV,
-          'comm_alg "ring" must be "", "fullmesh_v1", "fullmesh_v2" or "hierarchy"'),
+          'comm_alg "ring" must be "", "fullmesh_v1", "fullmesh_v2", "hierarchy" or "fullmesh" (A2)'),
     _rule("arn_mismatch_comm_alg", "arn", _set(comm_alg="hierarchy"), MIS, "comm_alg differs"),
     # ---- TP (2 EP x 2 TP)
     _rule("tp_rank_range", "dispatch", _set(tp_rank_id=2), INV, "tp_rank_id 2 must be 0 or 1", world=4),

@@ -459,6 +459,82 @@ def run_api():
     return out
 
 
+# ---- the O1 executor and the host-scheduled path give the same bits -------------------------
+
+def run_paths():
+    """Each config called on the O1 path (MEGAMOE_SERVE_SCHEDULE=auto) and on the host path
+    (=host): y and expert_token_nums bit for bit; info() counts the O1 calls."""
+    out = {}
+    buf = ops.get_symm_buffer_for_mega_moe(None, E, 24, 3, H, 2 * I)
+    for name, scene, n, shared, active in (
+            ("bf16", "bf16", (9, 13, 5, 11), None, None), ("int8", "int8", (9, 13, 5, 11), None, None),
+            ("int4_zero_rank", "int4", (0, 7, 12, 3), None, None),
+            ("bf16_shared_mask", "bf16", (9, 13, 5, 11), "int8", "random"),
+            ("int8_prefill_tiles", "int8", (24, 24, 24, 24), "bf16", None)):
+        c = dict(wtype=scene, K=3, n=n, dup=False, ids="int32", w="fp32", active=active)
+        L = E // WORLD
+        seed = zlib.crc32(name.encode())
+        mode, qout = quant_attrs(scene, False)
+        buf.dispatch_quant_mode, buf.dispatch_quant_out_dtype = mode, qout
+        ex = gen_experts(E, scene, seed, "int8" if scene == "int4" else "int32")
+        x, ids, w, mask = make_inputs(c, WORLD, seed + 1)[RANK]
+        mine = [ex[e] for e in range(RANK * L, (RANK + 1) * L)]
+        kw = dict(l1_weights_sf=as_list(mine, "sf1", "list"), l2_weights_sf=as_list(mine, "sf2", "list"),
+                  l1_bias=as_list(mine, "b1", "list"), l2_bias=as_list(mine, "b2", "list"),
+                  x_active_mask=mask, weight1_type=weight_type(scene, "int8"),
+                  weight2_type=weight_type(scene, "int8"))
+        if shared:
+            sexp = gen_experts(2, shared, seed + 9 + RANK, canonical=True)
+            kw.update(shared_l1_weights=[s["l1"] for s in sexp], shared_l2_weights=[s["l2"] for s in sexp],
+                      shared_l1_weights_sf=as_list(sexp, "sf1", "list"),
+                      shared_l2_weights_sf=as_list(sexp, "sf2", "list"))
+        res = []
+        for sched in ("auto", "host"):
+            os.environ["MEGAMOE_SERVE_SCHEDULE"] = sched
+            before = buf.info()["o1_calls"]
+            y, etn = ops.mega_moe(x, ids, w, [m["l1"] for m in mine], [m["l2"] for m in mine],
+                                  buf, **kw)
+            res.append((y, etn, buf.info()["o1_calls"] - before))
+        os.environ.pop("MEGAMOE_SERVE_SCHEDULE")
+        out[name] = {"same": bool(torch.equal(res[0][0], res[1][0]) and
+                                  torch.equal(res[0][1], res[1][1])),
+                     "o1": res[0][2], "host_o1": res[1][2]}
+    buf.destroy()
+    return out
+
+
+# ---- torch.ops.megamoe.mega_moe (the torch.library registration) -------------------------
+
+def run_torch():
+    out = {}
+    buf = ops.get_symm_buffer_for_mega_moe(None, E, 8, 2, H, 2 * I)
+    args, kw = _valid_call(buf, "int8")
+    L = E // WORLD
+    out["registered"] = hasattr(torch.ops.megamoe, "mega_moe") and ops.mega_moe.op.name == "mega_moe"
+
+    def meta(t):
+        if isinstance(t, torch.Tensor):
+            return t.to("meta")
+        return [meta(u) for u in t] if isinstance(t, list) else t
+    y, etn = ops.mega_moe(*[meta(a) for a in args[:5]], buf, **{k: meta(v) for k, v in kw.items()})
+    out["meta_shapes"] = (y.device.type == "meta" and tuple(y.shape) == (args[0].shape[0], H) and
+                          y.dtype == torch.bfloat16 and tuple(etn.shape) == (L,) and
+                          etn.dtype == torch.int32)
+    y1, e1 = ops.mega_moe(*args, **kw)
+    y2, e2 = torch.ops.megamoe.mega_moe(*args[:5], buf.context, **kw)
+    y3, e3 = ops.mega_moe.op.ctypes_path(*args[:5], buf, **kw)
+    out["torch_ops_same"] = bool(torch.equal(y1, y2) and torch.equal(e1, e2) and
+                                 torch.equal(y1, y3) and torch.equal(e1, e3))
+    if hasattr(torch.library, "opcheck"):  # torch >= 2.4 (make test-debian13)
+        res = torch.library.opcheck(torch.ops.megamoe.mega_moe.default,
+                                    tuple(args[:5]) + (buf.context,), kw)
+        out["opcheck"] = {k: v for k, v in res.items() if v != "SUCCESS"} or "ok"
+    else:
+        out["opcheck"] = "ok"  # (not in this torch)
+    buf.destroy()
+    return out
+
+
 def main():
     prefix = sys.argv[1]
     what = sys.argv[2] if len(sys.argv) > 2 else "all"
@@ -481,6 +557,16 @@ def main():
                 results["rule:" + r["name"]] = {"error": {"cls": "crash", "message":
                                                           traceback.format_exc()[-2000:]}}
         base.destroy()
+    if what in ("paths", "all"):
+        try:
+            results["paths"] = run_paths()
+        except Exception:  # noqa: BLE001
+            results["paths"] = {"crash": traceback.format_exc()[-3000:]}
+    if what in ("torch", "all"):
+        try:
+            results["torch"] = run_torch()
+        except Exception:  # noqa: BLE001
+            results["torch"] = {"crash": traceback.format_exc()[-3000:]}
     if what in ("api", "all"):
         try:
             results["api"] = run_api()

@@ -18,25 +18,27 @@ from serve_cases import CASES, RULES  # noqa: E402
 _results = {}
 
 
-def _run(world, tmp_dir):
-    if world not in _results:
-        prefix = os.path.join(tmp_dir, f"serve{world}")
+def _run(world, tmp_dir, threads=1):
+    key = (world, threads)
+    if key not in _results:
+        prefix = os.path.join(tmp_dir, f"serve{world}t{threads}")
         env = {"PYTHONPATH": os.path.join(HERE, "..", "..", "python"),
                "HYPER_PARALLEL_SHMEM_HEAP_SIZE": "256M", "MEGAMOE_LOG_LEVEL": "off",
-               "MEGAMOE_THREADS": "1"}
+               "MEGAMOE_THREADS": str(threads)}
         r = run_megamoe(["launch", "-n", str(world), "--timeout", "500", "--", "/usr/bin/python3",
-                         os.path.join(HERE, "serve_worker.py"), prefix, "all"],
+                         os.path.join(HERE, "serve_worker.py"), prefix,
+                         "all" if threads == 1 else "cases"],
                         env_extra=env, timeout=540)
         per_rank = []
         for rank in range(world):
             path = f"{prefix}.{rank}.json"
             per_rank.append(json.load(open(path)) if os.path.exists(path) else None)
-        _results[world] = (r, per_rank)
-    return _results[world]
+        _results[key] = (r, per_rank)
+    return _results[key]
 
 
-def _per_rank(world, tmp_path_factory):
-    r, per_rank = _run(world, str(tmp_path_factory.getbasetemp()))
+def _per_rank(world, tmp_path_factory, threads=1):
+    r, per_rank = _run(world, str(tmp_path_factory.getbasetemp()), threads)
     for rank, res in enumerate(per_rank):
         assert res is not None, (f"rank {rank} wrote no results (rc {r.returncode}):\n"
                                  f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
@@ -54,6 +56,17 @@ def test_case(world, case, tmp_path_factory):
         assert got.get("ok"), f"rank {rank}: {got.get('problems')}"
         if got.get("skipped") == "masked":
             assert rank in case["rank_mask"]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if 2 in c["worlds"]],
+                         ids=[f"ep2-two-workers-{c['name']}" for c in CASES if 2 in c["worlds"]])
+def test_case_two_workers(case, tmp_path_factory):
+    """The cases at EP 2 with two workers per rank: the O1 executor with a cube and a vector
+    worker, the host path's phases and the reduce split over two threads."""
+    for rank, res in enumerate(_per_rank(2, tmp_path_factory, threads=2)):
+        got = res.get(case["name"])
+        assert got is not None, f"rank {rank} did not run {case['name']}"
+        assert got.get("ok"), f"rank {rank}: {got.get('problems')}"
 
 
 _RULE_IDS = [(w, r) for w in (2, 4) for r in RULES]
@@ -93,3 +106,28 @@ def test_buffer_api(world, tmp_path_factory):
         a = api["attrs"]
         assert a["rank_id"] == rank and a["ep_world_size"] == world and a["topo_type"] == 0
         assert a["rank_num_per_server"] == world and a["ccl_buffer_size"] > 0
+
+
+@pytest.mark.parametrize("world", (2, 4))
+def test_o1_and_host_paths_same_bits(world, tmp_path_factory):
+    """The O1 executor's inference plan and the host-scheduled path: the same bits (y and
+    expert_token_nums) for bf16, int8, int4, zero-token ranks, shared experts with a token mask,
+    several tiles per expert; auto takes the O1 path, host does not."""
+    for rank, res in enumerate(_per_rank(world, tmp_path_factory)):
+        paths = res["paths"]
+        assert "crash" not in paths, paths.get("crash")
+        for name, got in paths.items():
+            assert got["same"], f"rank {rank} {name}: the paths differ"
+            assert got["o1"] == 1 and got["host_o1"] == 0, f"rank {rank} {name}: {got}"
+
+
+@pytest.mark.parametrize("world", (2, 4))
+def test_torch_operator(world, tmp_path_factory):
+    """torch.ops.megamoe.mega_moe (torch.library, python/megamoe/_library.py): registered, the
+    entry point of megamoe.ops.mega_moe, its fake kernel's shapes on meta tensors, the same
+    bits through torch.ops, the Python entry and the body; opcheck where torch has it."""
+    for rank, res in enumerate(_per_rank(world, tmp_path_factory)):
+        t = res["torch"]
+        assert "crash" not in t, t.get("crash")
+        assert t["registered"] and t["meta_shapes"] and t["torch_ops_same"], t
+        assert t["opcheck"] == "ok", t["opcheck"]
