@@ -552,10 +552,18 @@ static void mm_mc_execute(mm_mc_exec_t *x, mm_mc_worker_t *w, int32_t id, const 
     megamoe_status_t st = MEGAMOE_OK;
     w->task = id;
     uint64_t t0 = w->ring ? mm_now_ns() : 0;
+    /* A body's failure is recorded before the task's completion is published: a dependent task
+     * another worker starts on that completion must see the skip flag, never the half-made
+     * state (a failed FETCH leaves its guest slot without weights). */
+#define MM_MC_BODY(call)                                                                           \
+    do {                                                                                           \
+        st = (call);                                                                               \
+        if (st != MEGAMOE_OK) mm_mc_local_fail(x, st, megamoe_last_error());                       \
+    } while (0)
     switch (t->type) {
     case MM_MC_DISPATCH:
         if (tl->rows > 0 && !skip) {
-            st = b->dispatch(b->ctx, w, tl);
+            MM_MC_BODY(b->dispatch(b->ctx, w, tl));
             if (w->ring) mm_mc_trace(w, stage, owner, t->peer, t0, mm_now_ns());
         }
         if (amount > 0)
@@ -563,13 +571,13 @@ static void mm_mc_execute(mm_mc_exec_t *x, mm_mc_worker_t *w, int32_t id, const 
         break;
     case MM_MC_EXPERT:
     case MM_MC_EXPERT_ALL:
-        if (tl->rows > 0 && !skip) st = b->expert(b->ctx, w, tl); /* records its sub-stages */
+        if (tl->rows > 0 && !skip) MM_MC_BODY(b->expert(b->ctx, w, tl)); /* records its sub-stages */
         if (amount > 0)
             __atomic_fetch_add(mm_mc_line(x->priv, MM_PV_EXPERT + t->j), amount, __ATOMIC_RELEASE);
         break;
     case MM_MC_LOCAL:
         if (!skip && b->local) {
-            st = b->local(b->ctx, w, t->k);
+            MM_MC_BODY(b->local(b->ctx, w, t->k));
             if (w->ring) mm_mc_trace(w, stage, owner, -1, t0, mm_now_ns());
         }
         break;
@@ -579,7 +587,7 @@ static void mm_mc_execute(mm_mc_exec_t *x, mm_mc_worker_t *w, int32_t id, const 
         int64_t m0, m1;
         mm_pool_split(which == 1 ? p->s.H : p->s.I, t->k, (int)p->wchunks, 16, &m0, &m1);
         if (m1 > m0 && !skip && owner >= 0) { /* an unused guest slot has no partial */
-            st = b->wgrad(b->ctx, w, which, t->j, m0, m1);
+            MM_MC_BODY(b->wgrad(b->ctx, w, which, t->j, m0, m1));
             if (w->ring) mm_mc_trace(w, stage, owner, -1, t0, mm_now_ns());
         }
         __atomic_fetch_add(mm_mc_wgrad_line(x, t->j), 1, __ATOMIC_RELEASE);
@@ -587,7 +595,7 @@ static void mm_mc_execute(mm_mc_exec_t *x, mm_mc_worker_t *w, int32_t id, const 
     }
     case MM_MC_FETCH:
         if (!skip && owner >= 0 && b->fetch) {
-            st = b->fetch(b->ctx, w, t->k, owner);
+            MM_MC_BODY(b->fetch(b->ctx, w, t->k, owner));
             if (w->ring) mm_mc_trace(w, stage, owner, (int)(owner / p->L), t0, mm_now_ns());
         }
         __atomic_store_n(mm_mc_fetched_line(x, t->k), x->gen, __ATOMIC_RELEASE);
@@ -614,7 +622,7 @@ static void mm_mc_execute(mm_mc_exec_t *x, mm_mc_worker_t *w, int32_t id, const 
             for (int q = 0; q < x->ep * p->s.R && n < MM_MC_MAX_GUESTS; q++)
                 if (rp->slot_expert[q] == owner) guests[n++] = q;
             if (n > 0) {
-                st = b->wsum(b->ctx, w, t->j, t->k, p->wchunks, guests, n);
+                MM_MC_BODY(b->wsum(b->ctx, w, t->j, t->k, p->wchunks, guests, n));
                 if (w->ring) mm_mc_trace(w, stage, owner, -1, t0, mm_now_ns());
             }
         }
@@ -628,13 +636,14 @@ static void mm_mc_execute(mm_mc_exec_t *x, mm_mc_worker_t *w, int32_t id, const 
         int failed_rank;
         if (!x->null_mode && a < x->tokens &&
             mm_mc_decide(x, text, sizeof text, &failed_rank) == MEGAMOE_OK) {
-            st = b->reduce(b->ctx, w, a, e < x->tokens ? e : x->tokens);
+            MM_MC_BODY(b->reduce(b->ctx, w, a, e < x->tokens ? e : x->tokens));
             if (w->ring) mm_mc_trace(w, stage, owner, -1, t0, mm_now_ns());
         }
         break;
     }
     }
-    if (st != MEGAMOE_OK) mm_mc_local_fail(x, st, megamoe_last_error());
+#undef MM_MC_BODY
+    (void)st;
     if (t->type != MM_MC_DONE && t->type != MM_MC_REDUCE)
         __atomic_fetch_add(mm_mc_line(x->priv, MM_PV_WORK), 1, __ATOMIC_RELEASE);
     uint64_t n = __atomic_add_fetch(mm_mc_line(x->priv, MM_PV_RUN), 1, __ATOMIC_RELAXED);

@@ -566,6 +566,7 @@ def test_gmm_packed_weight_cache_follows_the_tensor():
     counts = [4, 4, 4]
     x = torch.randn(m, k).to(BF)
     w = torch.randn(e, n, k).to(BF)  # vLLM's [E, N, K] tensor, passed as a transposed view
+    gc.collect()  # packs of earlier tests' weights that only a collection frees
     before = companion.packed_weight_bytes()
     gl = torch.tensor(counts)
 
