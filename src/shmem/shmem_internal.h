@@ -278,8 +278,6 @@ void mm_shmem_team_drop_all(void);
 int mm_shmem_team_live_count(void);
 /* Forget a team on this PE only (no synchronisation). */
 void mm_shmem_team_destroy_local(mm_shmem_team_t *t);
-/* A member of t known lost here, acknowledged or not (-1: none). */
-int mm_shmem_team_known_lost(const mm_shmem_team_t *t);
 /* Live symmetric allocations owned by team t on this PE. */
 int mm_shmem_team_live_allocations(const mm_shmem_team_t *t);
 

@@ -243,7 +243,8 @@ megamoe_status_t mm_shmem_team_free(mm_shmem_team_t *t, void *ptr)
     if (!b) snprintf(mine.site, sizeof mine.site, "%s", ptr ? why : "(NULL)");
     /* A team with a lost member (or on a rank that stopped) frees locally: the survivors each
      * do the same, and the allocator copes with heaps that differ. */
-    if (mm_surv_stopped() || mm_shmem_team_known_lost(t) >= 0) {
+    (void)mm_surv_recover("mm_shmem_free");
+    if (mm_surv_stopped() || mm_shmem_team_lost_member(t) >= 0) {
         if (ptr == NULL) return MEGAMOE_OK;
         if (!b)
             return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_free: %p is not a live symmetric "

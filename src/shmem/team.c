@@ -33,7 +33,6 @@ static megamoe_status_t mm_team_handle_check(const mm_shmem_team_t *t, const cha
 
 static int mm_team_pe(const mm_shmem_team_t *t, int i);
 
-
 int mm_shmem_team_lost_member(const mm_shmem_team_t *t)
 {
     for (int i = 0; i < t->n; i++)
@@ -41,24 +40,13 @@ int mm_shmem_team_lost_member(const mm_shmem_team_t *t)
     return -1;
 }
 
-/* A member of t known lost here, acknowledged or not (-1: none): t is broken either way. */
-int mm_shmem_team_known_lost(const mm_shmem_team_t *t)
-{
-    for (int i = 0; i < t->n; i++)
-        if (mm_surv_kind(mm_team_pe(t, i)) != MM_LOSS_NONE) return mm_team_pe(t, i);
-    return -1;
-}
-
-/* A collective may start on t: t has no member known lost (that fails at once), and every
- * loss known here is acknowledged first (survive.h: this waits for the survivors' agreement). */
+/* A collective may start on t: every loss known here is acknowledged first (survive.h: this
+ * waits for the survivors' agreement), and t has no lost member. */
 static megamoe_status_t mm_team_check(const mm_shmem_team_t *t, const char *op)
 {
     MM_CHECK(mm_team_handle_check(t, op));
-    int q = mm_shmem_team_known_lost(t);
-    if (q < 0) {
-        MM_CHECK(mm_surv_recover(op));
-        q = mm_shmem_team_lost_member(t);
-    }
+    MM_CHECK(mm_surv_recover(op));
+    int q = mm_shmem_team_lost_member(t);
     if (q < 0) return MEGAMOE_OK;
     return mm_error(MEGAMOE_PEER_LOST, "%s: rank %d of this team was lost; the team cannot be "
                     "used any more: destroy it (frees of what was allocated on it are local "
@@ -586,9 +574,10 @@ megamoe_status_t mm_shmem_team_destroy(mm_shmem_team_t *t)
     if (live > 0)
         own = mm_error(MEGAMOE_INVALID_STATE, "mm_shmem_team_destroy: the team still owns %d "
                        "symmetric allocation(s); free them (mm_shmem_team_free) first", live);
-    /* A team with a member known lost (or on a rank that stopped) ends here alone: nobody
-     * else can take part in its last collective (and nothing waits for the agreement). */
-    if (mm_surv_stopped() || mm_shmem_team_known_lost(t) >= 0) {
+    /* A team with a lost member (or on a rank that stopped) ends here alone: nobody else
+     * can take part in its last collective. */
+    (void)mm_surv_recover("mm_shmem_team_destroy"); /* so the lost members are known */
+    if (mm_surv_stopped() || mm_shmem_team_lost_member(t) >= 0) {
         if (own != MEGAMOE_OK) return own; /* free them (locally) and destroy again */
         mm_team_forget(t, 1);
         return MEGAMOE_OK;
