@@ -17,7 +17,7 @@ from conftest import MEGAMOE  # noqa: E402
 PEER_TIMEOUT_MS = 3000
 
 
-def run_loop(tmp_path, ranks, faults, seconds, hosts=0, timeout=120):
+def run_loop(tmp_path, ranks, faults, seconds, hosts=0, timeout=120, env_extra=None):
     """One job; returns (launcher result, {rank: row}) with a row for every rank that exited by
     itself (a killed rank has none)."""
     out = os.path.join(str(tmp_path), "rows.jsonl")
@@ -34,6 +34,7 @@ def run_loop(tmp_path, ranks, faults, seconds, hosts=0, timeout=120):
         env.pop(k, None)
     env.update({"MEGAMOE_SHMEM_PEER_TIMEOUT_MS": str(PEER_TIMEOUT_MS), "MEGAMOE_THREADS": "1",
                 "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC": "60"})
+    env.update(env_extra or {})
     r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
     rows = {}
     if os.path.exists(out):
@@ -43,7 +44,7 @@ def run_loop(tmp_path, ranks, faults, seconds, hosts=0, timeout=120):
     return r, rows
 
 
-def check_survivors(r, rows, victims, stopped=(), losses=1, min_after=5):
+def check_survivors(r, rows, victims, stopped=(), losses=1, min_after=5, rss_slack_mb=2.0):
     """Every rank not killed has a row; the stopped ones are out, the others served on."""
     assert r.returncode == 0, r.stderr[-6000:]
     summary = json.loads([l for l in r.stdout.splitlines() if l.startswith('{"launch"')][0])
@@ -69,7 +70,7 @@ def check_survivors(r, rows, victims, stopped=(), losses=1, min_after=5):
             assert 0 <= loss["recover_ms"] <= (1000 + (PEER_TIMEOUT_MS * 7 / 6 if loss["kind"] == "cut" else 0)), row
         # nothing kept per loss: no descriptor more than at the first call, RSS flat
         assert row["fds_end"] <= row["fds_start"], row
-        assert row["rss_mb_end"] - row["rss_mb_start"] < 2.0, row
+        assert row["rss_mb_end"] - row["rss_mb_start"] < rss_slack_mb, row
     # the ranks serving on made the same number of good calls after the last loss
     assert len({row["calls_after"] for row in serving}) == 1, [row["calls_after"] for row in serving]
     return serving
