@@ -13,7 +13,11 @@ APT_PACKAGES := cmake make gcc g++ libdnnl-dev libopenmpi-dev openmpi-bin libucx
 # simulated-host tests (label hosts) are left out there: entering a host's mount namespace
 # (setns) needs a single-threaded process, and TSan's runtime keeps a thread of its own; the
 # engine's data path still runs under TSan in the *_engine tests (UCX between ranks of one host).
-TSAN_LABELS ?= shmem|multicore|tsan
+# The ops and kernels labels too (the shipped synchronisation, annotated: src/base/tsan.h), less
+# test_kernels_gemm, the single-thread GEMM sweep, too slow instrumented (>150 s) and with no
+# threads of its own (test_kernels_gemm_concurrency covers the kernels' threading).
+TSAN_LABELS ?= shmem|multicore|tsan|ops|kernels
+TSAN_EXCLUDE ?= ^test_kernels_gemm$$
 # `make fuzz`: seconds per libFuzzer target (docs/reliability.md).
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?=
@@ -78,7 +82,7 @@ test-asan: deps
 test-tsan: deps
 	cmake --preset tsan >/dev/null
 	cmake --build --preset tsan -j $(JOBS)
-	$(call mm_ctest,tsan,-j $(JOBS) -L "$(TSAN_LABELS)" -LE hosts)
+	$(call mm_ctest,tsan,-j $(JOBS) -L "$(TSAN_LABELS)" -LE hosts -E "$(TSAN_EXCLUDE)")
 
 fuzz: deps
 	cmake --preset fuzz >/dev/null

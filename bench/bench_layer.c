@@ -9,7 +9,15 @@
  * instead of its own (the token sweep of `megamoe bench report`); rows carry "tokens".
  * --gemm amx,onednn runs every job once per listed MEGAMOE_GEMM word (the ranks inherit it)
  * and compares the fwd+bwd times per schedule; rows carry "gemm" (the word, "auto" when the
- * variable is unset). Public headers only. */
+ * variable is unset). Every schedule is also timed as a training step ("O1+step",
+ * training_step: true): each step passes changed weights (a new version), so the forward
+ * re-packs them as after an optimizer step; frozen rows carry training_step: false. Rows carry
+ * pct_peak: TFLOP/s against the GEMM bench's probed per-core peak times the cores the job uses
+ * (the target: the large shape's training step >= 85 %). The PyTorch baseline's output is
+ * compared with megamoe's on every rank (rule 2 of moe_verify.h; same_output_as_megamoe; a
+ * difference fails the run). Internal headers: the peak probe. */
+#include <dirent.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +31,9 @@
 #include "bench_mem.h"
 #include "bench_util.h"
 #include "bench_wire.h"
+#include "kernels/peak.h"
 #include "moe_job.h"
+#include "moe_verify.h"
 
 typedef struct {
     const char *name;
@@ -41,9 +51,10 @@ static int mm_torch_script(char *out, size_t len)
     return mm_bench_script("torch_moe_layer.py", out, len);
 }
 
-/* Run the PyTorch baseline on 2 ranks; fills ms (fwd+bwd) and checksum. 0 on success. */
+/* Run the PyTorch baseline on 2 ranks; fills ms (fwd+bwd) and checksum; with dump_dir every
+ * rank writes its first output there (torch_out<rank>.bin). 0 on success. */
 static int mm_run_torch(const mm_moe_job_opts_t *o, int threads, const char *script,
-                        double *ms, double *checksum)
+                        const char *dump_dir, double *ms, double *checksum)
 {
     char dir[] = "/tmp/megamoe-torch-XXXXXX";
     if (mkdtemp(dir) == NULL) return -1;
@@ -64,7 +75,7 @@ static int mm_run_torch(const mm_moe_job_opts_t *o, int threads, const char *scr
     char *tail[] = {"--timeout", "1800", "--", (char *)mm_bench_python(), (char *)script, "--tokens",
                     a[1], "--hidden", a[2], "--intermediate", a[3], "--experts", a[4], "--top-k",
                     a[5], "--seed", a[6], "--iters", a[7], "--warmup", a[8], "--threads", a[9],
-                    "--out", outp, NULL};
+                    "--out", outp, dump_dir ? "--dump-dir" : NULL, (char *)dump_dir, NULL};
     char *argv[48] = {(char *)self, "launch", "-n", a[0]};
     int k = 4;
     if (o->hosts > 0) { /* the same simulated hosts as the megamoe side */
@@ -96,6 +107,57 @@ static int mm_run_torch(const mm_moe_job_opts_t *o, int threads, const char *scr
     unlink(outp);
     rmdir(dir);
     return rc;
+}
+
+/* Remove a scratch directory of plain files. */
+static void mm_bench_rmdir_files(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    while (d && (de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '.') continue;
+        char p[512];
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        unlink(p);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
+/* The PyTorch baseline's first output against megamoe's (the same problem, balanced routing),
+ * rank by rank, by rule 2 of bench/moe_verify.h (relative L2 <= 1 %, max |err| <= 2 % of max
+ * |ref|): PyTorch's bf16 layer rounds at other places (its SwiGLU runs in bf16), so rule 1,
+ * made for the reference with megamoe's bf16 intermediates, does not apply. Fills the worst
+ * rank's relative L2 and max error; 1 when every rank passes, 0 when one does not, -1 when an
+ * output is missing. */
+static int mm_torch_compare(const char *dir, int ranks, size_t n, double *rel_l2, double *rel_max)
+{
+    uint16_t *a = malloc(n * 2), *b = malloc(n * 2);
+    float *want = malloc(n * 4);
+    int ok = a && b && want ? 1 : -1;
+    *rel_l2 = *rel_max = 0;
+    for (int r = 0; r < ranks && ok >= 0; r++) {
+        char pm[512], pt[512];
+        snprintf(pm, sizeof pm, "%s/megamoe_out%d.bin", dir, r);
+        snprintf(pt, sizeof pt, "%s/torch_out%d.bin", dir, r);
+        FILE *fm = fopen(pm, "rb"), *ft = fopen(pt, "rb");
+        if (!fm || !ft || fread(a, 2, n, fm) != n || fread(b, 2, n, ft) != n) ok = -1;
+        if (fm) fclose(fm);
+        if (ft) fclose(ft);
+        unlink(pm);
+        unlink(pt);
+        if (ok < 0) break;
+        for (size_t i = 0; i < n; i++) want[i] = megamoe_bf16_to_fp32(b[i]);
+        mm_verify_t v;
+        mm_verify(a, 1, want, want, n, 0, &v);
+        if (v.rel_l2 > *rel_l2) *rel_l2 = v.rel_l2;
+        if (v.rel_max > *rel_max) *rel_max = v.rel_max;
+        if (!v.finite || !v.oracle_ok) ok = 0;
+    }
+    free(a);
+    free(b);
+    free(want);
+    return ok;
 }
 
 /* Split a comma list into at most n items (in place); returns the count. */
@@ -153,6 +215,8 @@ static int mm_bench_layer_main(int argc, char **argv)
     o.iters = 3;
     o.verify = 0;
     o.profile_variant = 1;
+    o.training_step = 1; /* also "O1+step": weights changed every step (--training-step no) */
+    int probe = 1;
     snprintf(o.schedule, sizeof o.schedule, "O0,O1");
     const char *job_dir = NULL, *shapes = "seed,large", *torch = "yes";
     char workers_list[64] = "1,2", routing_list[96] = "balanced,zero,skew,single";
@@ -168,12 +232,18 @@ static int mm_bench_layer_main(int argc, char **argv)
                    "       [--workers 1,2] [--routing balanced,zero,skew,single] [--torch yes|no]\n"
                    "       [--iters N] [--warmup N] [--profile-variant yes|no] [--hosts H]\n"
                    "       [--ranks N] [--tokens T1,T2,...] [--gemm amx,onednn]\n"
-                   "       [--tokens-dist D [--tokens-dist D2 ...]]\n"
+                   "       [--tokens-dist D [--tokens-dist D2 ...]] [--training-step yes|no]\n"
+                   "       [--no-probe]\n"
                    "MegaMoE forward+backward on 2 ranks, same data: each listed schedule in one\n"
                    "job per (shape, workers, routing) with interleaved iterations, the O1/O0\n"
                    "speed ratio, each O1 worker's wait share (from the trace), the profiling\n"
                    "overhead (O1+prof), and a pure-PyTorch EP layer per shape (balanced).\n"
                    "--tokens runs every listed shape at each token count per rank (a sweep).\n"
+                   "Every schedule also runs as a training step (\"O1+step\": changed weights\n"
+                   "every step, re-pack included; rows carry training_step) unless\n"
+                   "--training-step no; pct_peak is against the probed per-core peak of the\n"
+                   "cores used (--no-probe: null). The PyTorch row's output is compared with\n"
+                   "megamoe's on every rank (same_output_as_megamoe).\n"
                    "--gemm runs every job once per listed MEGAMOE_GEMM word and compares them\n"
                    "(rows carry \"gemm\"; the AMX target: amx >= 1.3x faster than onednn).\n"
                    "--hosts H runs both sides on H simulated hosts (megamoe launch --hosts; root);\n"
@@ -202,6 +272,7 @@ static int mm_bench_layer_main(int argc, char **argv)
             snprintf(routing_list, sizeof routing_list, "%s", argv[++i]);
         else if (!job_dir && !strcmp(argv[i], "--tokens") && i + 1 < argc)
             snprintf(tokens_list, sizeof tokens_list, "%s", argv[++i]);
+        else if (!job_dir && !strcmp(argv[i], "--no-probe")) probe = 0;
         else if (!job_dir && !strcmp(argv[i], "--gemm") && i + 1 < argc)
             snprintf(gemm_list, sizeof gemm_list, "%s", argv[++i]);
         else if (!job_dir && !strcmp(argv[i], "--tokens-dist") && i + 1 < argc && n_dists < 16)
@@ -282,6 +353,11 @@ static int mm_bench_layer_main(int argc, char **argv)
                         "repository or pass --torch no)\n");
         return 2;
     }
+    /* the compute peak per core (the GEMM bench's probe), for pct_peak */
+    mm_peak_t peak;
+    memset(&peak, 0, sizeof peak);
+    if (probe && mm_kernels_peak_probe(0.3, &peak) != MEGAMOE_OK) peak.gflops = 0;
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
     mm_bench_begin("layer");
     const int n_shapes = (int)(sizeof mm_layer_shapes / sizeof mm_layer_shapes[0]);
     int total = 0, step = 0, rc = 0;
@@ -300,6 +376,8 @@ static int mm_bench_layer_main(int argc, char **argv)
     int n_balanced = 0;
     mm_target_row_t rep_targets[64];
     int n_rep_targets = 0;
+    mm_target_row_t peak_targets[16]; /* the training-step rows of the large shape */
+    int n_peak_targets = 0;
     const int n_host_runs = o.hosts > 1 ? 2 : 1; /* across hosts: also the single-host job */
     double single[MM_JOB_MAX_VARIANTS];
     /* across hosts: the engine's own put rate and round trip, for the wire floor (issue 31) */
@@ -315,6 +393,10 @@ static int mm_bench_layer_main(int argc, char **argv)
         const mm_layer_shape_t *sh = &mm_layer_shapes[sp / n_points];
         const int64_t T = n_tokens ? tokens[sp % n_points] : sh->T;
         if (!strstr(shapes, sh->name)) continue;
+        /* the first balanced megamoe job of the pair leaves its outputs for the PyTorch
+         * comparison */
+        char dump[] = "/tmp/megamoe-cmp-XXXXXX";
+        int dumped = 0, dump_ok = with_torch && mkdtemp(dump) != NULL;
         for (int wi = 0; wi < n_workers; wi++)
             for (int ri = 0; ri < n_routes; ri++)
                 for (int gi = 0; gi < n_gemms; gi++) /* the GEMM backends, one job each */
@@ -330,6 +412,9 @@ static int mm_bench_layer_main(int argc, char **argv)
                         jo.K = sh->K;
                         jo.workers = atoi(workers[wi]);
                         jo.route = (mm_route_pattern_t)mm_route_parse(routes[ri]);
+                        const int dump_here = dump_ok && !dumped && jo.route == MM_ROUTE_BALANCED &&
+                                              jo.hosts <= 1;
+                        if (dump_here) snprintf(jo.dump_dir, sizeof jo.dump_dir, "%s", dump);
                         double flops = mm_moe_flops(jo.ranks, jo.T, jo.H, jo.I, jo.K);
                         char label[128];
                         snprintf(label, sizeof label, "megamoe %s shape T=%lld, %s workers, %s, %d host%s, gemm %s",
@@ -338,6 +423,7 @@ static int mm_bench_layer_main(int argc, char **argv)
                         mm_bench_progress(++step, total, label);
                         mm_moe_job_result_t res[64];
                         const char *sub[] = {"bench", "layer", NULL};
+                        if (dump_here) dumped = 1;
                         if (jo.ranks > 64 || mm_moe_job_launch(&jo, sub, res) != 0) {
                             fprintf(stderr, "megamoe bench layer: the job failed for %s:", label);
                             for (int r = 0; r < jo.ranks && r < 64; r++)
@@ -371,6 +457,28 @@ static int mm_bench_layer_main(int argc, char **argv)
                             mm_bench_num("fwd_ms", mm_job_time(res, jo.ranks, v, 1) * 1e3);
                             mm_bench_num("bwd_ms", mm_job_time(res, jo.ranks, v, 2) * 1e3);
                             mm_bench_num("tflops", flops / t * 1e-12);
+                            {
+                                /* against the probed peak of the cores the job used */
+                                long cores = (long)jo.ranks * (res[0].workers > 0 ? res[0].workers : 1);
+                                if (online > 0 && cores > online) cores = online;
+                                const double pct = peak.gflops > 0
+                                                       ? 100.0 * flops / t / (peak.gflops * 1e9 * (double)cores)
+                                                       : NAN;
+                                mm_bench_num("pct_peak", pct);
+                                mm_bench_str("peak_unit", peak.gflops > 0 ? peak.unit : "none");
+                                /* the target row: the large shape's training step (bf16) */
+                                if (strstr(res[0].variant[v].name, "+step") && n_peak_targets < 16 &&
+                                    !strcmp(sh->name, "large") && jo.route == MM_ROUTE_BALANCED) {
+                                    mm_target_row_t *tr = &peak_targets[n_peak_targets++];
+                                    snprintf(tr->label, sizeof tr->label, "large T=%lld %s, %d worker%s/rank",
+                                             (long long)T, res[0].variant[v].name, res[0].workers,
+                                             res[0].workers == 1 ? "" : "s");
+                                    tr->ratio = pct;
+                                    tr->target = 85;
+                                }
+                            }
+                            mm_bench_bool("training_step",
+                                          strstr(res[0].variant[v].name, "+step") != NULL);
                             double cpu = 0; /* the busiest rank's CPU time per iteration */
                             for (int r = 0; r < jo.ranks; r++)
                                 if (res[r].variant[v].cpu_median_s > cpu) cpu = res[r].variant[v].cpu_median_s;
@@ -525,11 +633,24 @@ static int mm_bench_layer_main(int argc, char **argv)
             snprintf(label, sizeof label, "torch %s shape T=%lld", sh->name, (long long)T);
             mm_bench_progress(++step, total, label);
             double t_torch = 0, checksum = 0;
-            if (mm_run_torch(&jo, threads, script, &t_torch, &checksum) != 0) {
+            if (mm_run_torch(&jo, threads, script, dumped ? dump : NULL, &t_torch, &checksum) != 0) {
                 fprintf(stderr, "megamoe bench layer: the PyTorch baseline failed for shape %s\n",
                         sh->name);
                 rc = 1;
+                if (dump_ok) mm_bench_rmdir_files(dump);
                 continue;
+            }
+            /* its output against megamoe's, on every rank (the same problem) */
+            double cmp_l2 = NAN, cmp_max = NAN;
+            int same = dumped ? mm_torch_compare(dump, jo.ranks, (size_t)(jo.T * jo.H), &cmp_l2,
+                                                 &cmp_max)
+                              : -1;
+            if (dump_ok) mm_bench_rmdir_files(dump);
+            if (same == 0) {
+                fprintf(stderr, "megamoe bench layer: shape %s: the PyTorch baseline's output "
+                        "differs from megamoe's (relative L2 %.3g, max %.3g of max |ref|)\n",
+                        sh->name, cmp_l2, cmp_max);
+                rc = 1;
             }
             mm_bench_row();
             mm_bench_str("impl", "torch");
@@ -545,6 +666,11 @@ static int mm_bench_layer_main(int argc, char **argv)
             mm_bench_num("tflops", mm_moe_flops(jo.ranks, jo.T, jo.H, jo.I, jo.K) /
                                        (t_torch * 1e-3) * 1e-12);
             mm_bench_num("out_sum_torch", checksum);
+            if (same >= 0) {
+                mm_bench_bool("same_output_as_megamoe", same == 1);
+                mm_bench_num("output_rel_l2_vs_megamoe", cmp_l2);
+                mm_bench_num("output_rel_max_vs_megamoe", cmp_max);
+            }
         }
     }
     mm_bench_end();
@@ -579,6 +705,16 @@ static int mm_bench_layer_main(int argc, char **argv)
                         t->target, t->ratio <= t->target ? "met" : "NOT met");
             else
                 fprintf(stderr, "  %-52s %5.2fx\n", t->label, t->ratio);
+        }
+    }
+    if (n_peak_targets) {
+        fprintf(stderr, "\ntraining step (weights changed every step, re-pack included), large shape, "
+                        "against the probed %s peak of the cores used (target >= 85 %%):\n",
+                peak.gflops > 0 ? peak.unit : "(no probe)");
+        for (int i = 0; i < n_peak_targets; i++) {
+            const mm_target_row_t *t = &peak_targets[i];
+            fprintf(stderr, "  %-40s %5.1f %%  %s\n", t->label, t->ratio,
+                    t->ratio >= t->target ? "met" : "NOT met");
         }
     }
     if (n_targets) {

@@ -1,5 +1,6 @@
 /* bench serve: the serving MegaMoE (`mega_moe`) against the unfused path a CPU user would write
- * today (DispatchV2 -> per-expert torch matmuls + SwiGLU -> CombineV2), in the same job on the
+ * today (DispatchV2 -> per-expert torch matmuls + SwiGLU -> CombineV2; `unfused_gmm`: the same
+ * through the companion npu_grouped_matmul operators), in the same job on the
  * same weights, tokens and routing (bench/serve_bench.py on every rank), for decode (1, 8, 32,
  * 128 tokens per rank) and prefill (2048, 4096) on a DeepSeek-like shape sized to this machine
  * (H 4096, I 1024, E 64, K 8: 0.8 GB of bf16 expert weights per rank, far beyond the last-level
@@ -19,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -51,11 +53,22 @@ typedef struct {
     uint64_t sink;
 } mm_bw_job_t;
 
+static void *mm_bw_alloc(size_t bytes)
+{
+    void *p = aligned_alloc((size_t)2 << 20, bytes);
+#ifdef MADV_HUGEPAGE
+    if (p) (void)madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
 static void *mm_bw_thread(void *arg)
 {
     mm_bw_job_t *j = arg;
     const size_t n = j->bytes / sizeof(uint64_t);
-    uint64_t *a = malloc(j->bytes), *b = j->copy ? malloc(j->bytes) : NULL;
+    /* on 2 MiB pages where the kernel gives them, as the weight caches are (on 4 KiB pages
+     * the TLB misses held this probe below what the decode GEMMs stream: floors too high) */
+    uint64_t *a = mm_bw_alloc(j->bytes), *b = j->copy ? mm_bw_alloc(j->bytes) : NULL;
     if (a == NULL || (j->copy && b == NULL)) {
         free(a);
         free(b);
@@ -118,7 +131,7 @@ static double mm_bw_probe(int threads, int copy)
 
 /* The rows a job wrote (flat JSON objects), kept to add fields before they are printed. */
 #define MM_SERVE_MAX_ROWS 256
-#define MM_SERVE_MAX_FIELDS 24
+#define MM_SERVE_MAX_FIELDS 32
 typedef struct {
     char key[48], str[64];
     double num;
@@ -258,6 +271,73 @@ static int mm_serve_job(const mm_serve_shape_t *sh, const char *tokens, const ch
 
 int mm_bench_serve_loop(int argc, char **argv); /* bench_serve_loop.c */
 
+/* One job (and, across hosts, its one-host twin first): its rows, with the wire fields. */
+typedef struct {
+    int ranks, hosts, threads;
+    double read_gbs, copy_gbs, peak_gflops;
+    const char *script;
+    const mm_bench_wire_engine_t *eng;
+} mm_serve_env_t;
+
+static int mm_serve_run(const mm_serve_env_t *env, const mm_serve_shape_t *sh, const char *tokens,
+                        const char *quant, const char *impl, int iters, int warmup, int step,
+                        int total)
+{
+    const int ranks = env->ranks, hosts = env->hosts, threads = env->threads;
+    const double read_gbs = env->read_gbs, copy_gbs = env->copy_gbs, peak_gflops = env->peak_gflops;
+    const char *script = env->script;
+    const mm_bench_wire_engine_t eng = *env->eng;
+    int rc = 0;
+    char label[200];
+    snprintf(label, sizeof label, "serve %s (H %lld, I %lld, E %lld, K %lld), tokens %s, %d "
+             "ranks, %d host%s", sh->name, (long long)sh->H, (long long)sh->I, (long long)sh->E,
+             (long long)sh->K, tokens, ranks, hosts, hosts > 1 ? "s" : "");
+    mm_bench_progress(step, total, label);
+    static mm_serve_rows_t one, many;
+    one.n = many.n = 0;
+    /* across hosts: the same job on one host first, the reference of the wire's share */
+    if (hosts > 1 && mm_serve_job(sh, tokens, quant, impl, ranks, 1, threads, iters, warmup,
+                                  read_gbs, copy_gbs, peak_gflops, script, &one) != 0) {
+        fprintf(stderr, "megamoe bench serve: the one-host job failed for %s\n", label);
+        rc = 1;
+    }
+    if (mm_serve_job(sh, tokens, quant, impl, ranks, hosts, threads, iters, warmup, read_gbs,
+                     copy_gbs, peak_gflops, script, &many) != 0) {
+        fprintf(stderr, "megamoe bench serve: the job failed for %s\n", label);
+        rc = 1;
+    }
+    for (int i = 0; i < one.n; i++) { /* the one-host rows too (hosts = 1) */
+        mm_bench_row();
+        mm_serve_emit(&one.rows[i]);
+    }
+    for (int i = 0; i < many.n; i++) {
+        const mm_serve_row_t *r = &many.rows[i];
+        mm_bench_row();
+        mm_serve_emit(r);
+        if (hosts <= 1) continue;
+        /* over_wire_floor = (ms here - ms on one host) / the wire floor (issue 31's: the
+         * bytes at the engine's put rate plus 4 engine round trips, as dispatch+combine) */
+        const mm_serve_field_t *ms = mm_serve_get(r, "ms"), *by = mm_serve_get(r, "bytes_to_other_hosts");
+        double ms1 = -1;
+        for (int k = 0; k < one.n; k++) {
+            const mm_serve_row_t *o = &one.rows[k];
+            const mm_serve_field_t *a = mm_serve_get(o, "impl"), *b = mm_serve_get(r, "impl");
+            const mm_serve_field_t *qa = mm_serve_get(o, "quant"), *qb = mm_serve_get(r, "quant");
+            const mm_serve_field_t *ta = mm_serve_get(o, "tokens"), *tb = mm_serve_get(r, "tokens");
+            if (a && b && qa && qb && ta && tb && !strcmp(a->str, b->str) &&
+                !strcmp(qa->str, qb->str) && ta->num == tb->num)
+                ms1 = mm_serve_get(o, "ms")->num;
+        }
+        if (eng.ok && ms && by && ms1 >= 0) {
+            const double floor = mm_bench_wire_floor_ms(&eng, by->num, 4);
+            mm_bench_num("ms_one_host", ms1);
+            mm_bench_num("wire_floor_ms", floor);
+            mm_bench_num("over_wire_floor", floor > 0 ? (ms->num - ms1) / floor : 0);
+        }
+    }
+    return rc;
+}
+
 static int mm_bench_serve_main(int argc, char **argv)
 {
     if (mm_bench_opt(argc, argv, "--loop", NULL) && !mm_bench_flag(argc, argv, "--help"))
@@ -265,6 +345,7 @@ static int mm_bench_serve_main(int argc, char **argv)
     if (mm_bench_flag(argc, argv, "--help")) {
         fprintf(stderr,
                 "megamoe bench serve [--shapes deepseek,seed] [--tokens 1,8,32,128,2048,4096]\n"
+<<<<<<< HEAD
                 "    [--quant bf16,w8a8,w4a8] [--impl mega_moe,unfused] [--ranks 2] [--hosts 1]\n"
                 "    [--threads T] [--iters 5] [--warmup 1] [--small]\n"
                 "  the serving MegaMoE against the unfused path, rows with floor_ms, over_floor,\n"
@@ -274,13 +355,26 @@ static int mm_bench_serve_main(int argc, char **argv)
                 "  one rank of a serving loop through lost ranks (bench/bench_serve_loop.c): a\n"
                 "  JSON row per surviving rank (calls_before, failed_calls, recover_ms,\n"
                 "  calls_after, wrong_outputs; docs/reliability.md)\n");
+=======
+                "    [--quant bf16,w8a8,w4a8] [--impl mega_moe,unfused,unfused_gmm] [--ranks 2]\n"
+                "    [--hosts 1]\n"
+                "    [--threads T] [--iters 5] [--warmup 1] [--small] [--acceptance]\n"
+                "    [--prefill-iters 3]\n"
+                "  the serving MegaMoE against the unfused paths, rows with floor_ms, over_floor,\n"
+                "  cpu_ms, speedup_vs_*, pct_peak (prefill); --small: a tiny shape, decode sizes\n"
+                "  (checks the bench works); --acceptance: only the rows issue 27's targets read\n"
+                "  (deepseek decode 1,8,32 every impl + prefill 4096 mega_moe; with --hosts 2 the\n"
+                "  decode rows of mega_moe)\n");
+>>>>>>> main
         return 0;
     }
     const int small = mm_bench_flag(argc, argv, "--small");
+    const int acceptance = mm_bench_flag(argc, argv, "--acceptance");
+    const int prefill_iters = atoi(mm_bench_opt(argc, argv, "--prefill-iters", "3"));
     const char *shapes = mm_bench_opt(argc, argv, "--shapes", small ? "small" : "deepseek,seed");
     const char *tokens = mm_bench_opt(argc, argv, "--tokens", small ? "1,8,32" : "1,8,32,128,2048,4096");
     const char *quant = mm_bench_opt(argc, argv, "--quant", "bf16,w8a8,w4a8");
-    const char *impl = mm_bench_opt(argc, argv, "--impl", "mega_moe,unfused");
+    const char *impl = mm_bench_opt(argc, argv, "--impl", "mega_moe,unfused,unfused_gmm");
     const int ranks = atoi(mm_bench_opt(argc, argv, "--ranks", "2"));
     const int hosts = atoi(mm_bench_opt(argc, argv, "--hosts", "1"));
     const int iters = atoi(mm_bench_opt(argc, argv, "--iters", small ? "3" : "5"));
@@ -309,60 +403,27 @@ static int mm_bench_serve_main(int argc, char **argv)
     memset(&eng, 0, sizeof eng);
     if (hosts > 1) mm_bench_wire_engine_measure(hosts, &eng); /* UCX's own put rate and RTT */
     mm_bench_begin("serve");
-    int rc = 0, step = 0;
+    const mm_serve_env_t env = {ranks, hosts, threads, read_gbs, copy_gbs, peak_gflops, script,
+                                &eng};
+    int rc = 0;
     const int n_shapes = (int)(sizeof mm_serve_shapes / sizeof mm_serve_shapes[0]);
-    int total = 0;
-    for (int s = 0; s < n_shapes; s++) total += strstr(shapes, mm_serve_shapes[s].name) != NULL;
-    for (int s = 0; s < n_shapes; s++) {
-        const mm_serve_shape_t *sh = &mm_serve_shapes[s];
-        if (!strstr(shapes, sh->name)) continue;
-        char label[160];
-        snprintf(label, sizeof label, "serve %s (H %lld, I %lld, E %lld, K %lld), %d ranks, %d "
-                 "host%s", sh->name, (long long)sh->H, (long long)sh->I, (long long)sh->E,
-                 (long long)sh->K, ranks, hosts, hosts > 1 ? "s" : "");
-        mm_bench_progress(++step, total, label);
-        static mm_serve_rows_t one, many;
-        one.n = many.n = 0;
-        /* across hosts: the same job on one host first, the reference of the wire's share */
-        if (hosts > 1 && mm_serve_job(sh, tokens, quant, impl, ranks, 1, threads, iters, warmup,
-                                      read_gbs, copy_gbs, peak_gflops, script, &one) != 0) {
-            fprintf(stderr, "megamoe bench serve: the one-host job failed for %s\n", label);
-            rc = 1;
-        }
-        if (mm_serve_job(sh, tokens, quant, impl, ranks, hosts, threads, iters, warmup, read_gbs,
-                         copy_gbs, peak_gflops, script, &many) != 0) {
-            fprintf(stderr, "megamoe bench serve: the job failed for %s\n", label);
-            rc = 1;
-        }
-        for (int i = 0; i < one.n; i++) { /* the one-host rows too (hosts = 1) */
-            mm_bench_row();
-            mm_serve_emit(&one.rows[i]);
-        }
-        for (int i = 0; i < many.n; i++) {
-            const mm_serve_row_t *r = &many.rows[i];
-            mm_bench_row();
-            mm_serve_emit(r);
-            if (hosts <= 1) continue;
-            /* over_wire_floor = (ms here - ms on one host) / the wire floor (issue 31's: the
-             * bytes at the engine's put rate plus 4 engine round trips, as dispatch+combine) */
-            const mm_serve_field_t *ms = mm_serve_get(r, "ms"), *by = mm_serve_get(r, "bytes_to_other_hosts");
-            double ms1 = -1;
-            for (int k = 0; k < one.n; k++) {
-                const mm_serve_row_t *o = &one.rows[k];
-                const mm_serve_field_t *a = mm_serve_get(o, "impl"), *b = mm_serve_get(r, "impl");
-                const mm_serve_field_t *qa = mm_serve_get(o, "quant"), *qb = mm_serve_get(r, "quant");
-                const mm_serve_field_t *ta = mm_serve_get(o, "tokens"), *tb = mm_serve_get(r, "tokens");
-                if (a && b && qa && qb && ta && tb && !strcmp(a->str, b->str) &&
-                    !strcmp(qa->str, qb->str) && ta->num == tb->num)
-                    ms1 = mm_serve_get(o, "ms")->num;
-            }
-            if (eng.ok && ms && by && ms1 >= 0) {
-                const double floor = mm_bench_wire_floor_ms(&eng, by->num, 4);
-                mm_bench_num("ms_one_host", ms1);
-                mm_bench_num("wire_floor_ms", floor);
-                mm_bench_num("over_wire_floor", floor > 0 ? (ms->num - ms1) / floor : 0);
-            }
-        }
+    if (acceptance) {
+        /* the rows issue 27's targets read, nothing else: the DeepSeek-like shape's decode
+         * (1, 8, 32 per rank; every implementation on one host, the fused call across hosts)
+         * and, on one host, its prefill at 4096 (the fused call: pct_peak, w8a8 vs bf16) */
+        const mm_serve_shape_t *ds = &mm_serve_shapes[0];
+        const int total = hosts > 1 ? 1 : 2;
+        rc |= mm_serve_run(&env, ds, "1,8,32", quant, hosts > 1 ? "mega_moe" : impl, iters,
+                           warmup, 1, total);
+        if (hosts <= 1)
+            rc |= mm_serve_run(&env, ds, "4096", quant, "mega_moe", prefill_iters, 1, 2, total);
+    } else {
+        int step = 0, total = 0;
+        for (int s = 0; s < n_shapes; s++) total += strstr(shapes, mm_serve_shapes[s].name) != NULL;
+        for (int s = 0; s < n_shapes; s++)
+            if (strstr(shapes, mm_serve_shapes[s].name))
+                rc |= mm_serve_run(&env, &mm_serve_shapes[s], tokens, quant, impl, iters, warmup,
+                                   ++step, total);
     }
     mm_bench_row();
     mm_bench_str("impl", "probe");

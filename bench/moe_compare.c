@@ -1,6 +1,10 @@
 /* Comparison jobs (moe_job.h): several schedules of MegaMoeExperts on the same data in one
  * process per rank, iterations interleaved, plus the O1 workers' wait shares from the trace
- * and the rank's memory figures. Public headers only (and bench_mem.h). */
+ * and the rank's memory figures. With o->training_step every schedule is timed again as a
+ * training step ("O1+step", a layer of its own): each step passes other weights (two buffers
+ * of slightly different values, taken in turn, and a new version), so every forward re-packs
+ * them, as the first forward after an optimizer step does. Public headers only (and
+ * bench_mem.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +37,9 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
     megamoe_comm_t *comm = NULL;
     megamoe_experts_t *layer[MM_JOB_MAX_VARIANTS] = {NULL};
     int layer_of[MM_JOB_MAX_VARIANTS], profiled[MM_JOB_MAX_VARIANTS] = {0};
+    int stepped[MM_JOB_MAX_VARIANTS] = {0}; /* a training-step variant */
+    uint16_t *alt1 = NULL, *alt2 = NULL;     /* the other weights of the training steps */
+    uint64_t step_version = 1;
     int n_layers = 0, nv = 0, o1 = -1;
     mm_moe_problem_t P;
     memset(&P, 0, sizeof P);
@@ -67,6 +74,15 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
         prm[n_layers++] = p;
         heap += megamoe_experts_heap_bytes(&p, o->ranks);
     }
+    const int n_plain = n_layers;
+    for (int i = 0; o->training_step && i < n_plain && n_layers < MM_JOB_MAX_VARIANTS - 1; i++) {
+        prm[n_layers] = prm[i]; /* the same schedule as a training step, in a layer of its own */
+        char base[sizeof names[0]]; /* a copy: GCC cannot tell names[i] from names[n_layers] */
+        memcpy(base, names[i], sizeof base);
+        snprintf(names[n_layers], sizeof names[0], "%.10s+step", base);
+        heap += megamoe_experts_heap_bytes(&prm[i], o->ranks);
+        n_layers++;
+    }
     megamoe_comm_params_t cp = megamoe_comm_params_default();
     mm_moe_job_size_heap(&cp, heap);
     if ((st = megamoe_comm_create(&cp, &comm)) != MEGAMOE_OK)
@@ -80,6 +96,7 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
         if ((st = megamoe_experts_create(comm, &prm[i], &layer[i])) != MEGAMOE_OK)
             MM_CMP_FAIL("%s: %s", prm[i].schedule, megamoe_last_error());
         snprintf(r->variant[nv].name, sizeof r->variant[0].name, "%s", names[i]);
+        stepped[nv] = i >= n_plain;
         layer_of[nv++] = i;
     }
     if (o1 >= 0 && o->profile_variant) {
@@ -108,6 +125,14 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
     in.topk_weights = P.probs + (size_t)(me * T * K);
     megamoe_experts_weights_t w = {P.gate_up + (size_t)(me * L * H * 2 * I),
                                    P.down + (size_t)(me * L * I * H), 1};
+    const size_t W1 = (size_t)(L * H * 2 * I), W2 = (size_t)(L * I * H);
+    if (n_layers > n_plain) { /* the lowest mantissa bit flipped: other values, same scale */
+        alt1 = malloc(W1 * 2);
+        alt2 = malloc(W2 * 2);
+        if (!alt1 || !alt2) MM_CMP_FAIL("out of memory");
+        for (size_t i = 0; i < W1; i++) alt1[i] = ((const uint16_t *)w.gate_up)[i] ^ 1u;
+        for (size_t i = 0; i < W2; i++) alt2[i] = ((const uint16_t *)w.down)[i] ^ 1u;
+    }
     megamoe_experts_grads_t g = {gh, gp, g1, g2, MEGAMOE_DTYPE_BF16};
     const uint16_t *dout = P.grad_out + (size_t)me * TH;
 
@@ -117,14 +142,21 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
         for (int q = 0; q < nv; q++) {
             int v = (q + it) % nv; /* rotating order */
             megamoe_experts_t *x = layer[layer_of[v]];
+            megamoe_experts_weights_t wv = w; /* frozen: the same weights, version 1 */
+            if (stepped[v]) { /* the weights an optimizer step left: re-packed in the forward */
+                const int odd = (int)(++step_version & 1);
+                wv.gate_up = odd ? alt1 : w.gate_up;
+                wv.down = odd ? alt2 : w.down;
+                wv.version = step_version;
+            }
             if (profiled[v]) megamoe_profiler_start();
             megamoe_experts_saved_t *sv = NULL;
             mm_shmem_engine_stats_t e0, e1;
             mm_shmem_engine_stats(&e0);
             double c0 = mm_cmp_cpu(), t0 = mm_moe_job_now();
-            st = megamoe_experts_forward(x, &w, &in, out, &sv);
+            st = megamoe_experts_forward(x, &wv, &in, out, &sv);
             double t1 = mm_moe_job_now();
-            if (st == MEGAMOE_OK) st = megamoe_experts_backward(x, sv, &w, dout, &g);
+            if (st == MEGAMOE_OK) st = megamoe_experts_backward(x, sv, &wv, dout, &g);
             double t2 = mm_moe_job_now(), c2 = mm_cmp_cpu();
             mm_shmem_engine_stats(&e1);
             megamoe_experts_saved_destroy(sv);
@@ -133,6 +165,16 @@ int mm_moe_job_compare_rank(const mm_moe_job_opts_t *o, mm_moe_job_result_t *r)
                 MM_CMP_FAIL("%s: %s", r->variant[v].name, megamoe_last_error());
             if (it == 0)
                 for (size_t i = 0; i < TH; i++) r->variant[v].checksum += megamoe_bf16_to_fp32(out[i]);
+            if (it == 0 && v == 0 && o->dump_dir[0]) { /* for the comparison with PyTorch */
+                char path[256];
+                snprintf(path, sizeof path, "%s/megamoe_out%d.bin", o->dump_dir, me);
+                FILE *f = fopen(path, "wb");
+                if (f == NULL || fwrite(out, 2, TH, f) != TH) {
+                    if (f) fclose(f);
+                    MM_CMP_FAIL("cannot write %s", path);
+                }
+                fclose(f);
+            }
             if (it >= o->warmup) {
                 size_t k = (size_t)(v * o->iters + it - o->warmup);
                 t_it[k] = t2 - t0;
@@ -224,5 +266,7 @@ out:
     free(t_fw);
     free(t_bw);
     free(t_cpu);
+    free(alt1);
+    free(alt2);
     return r->error[0] ? 1 : 0;
 }

@@ -72,6 +72,8 @@ void mm_moe_job_to_args(const mm_moe_job_opts_t *o, char **argv, int *argc_p, ch
     MM_ARG("--replicas", "%s", o->replicas[0] ? o->replicas : "0");
     if (o->max_tokens > 0) MM_ARG("--max-tokens", "%lld", (long long)o->max_tokens);
     if (o->tokens_dist[0]) MM_ARG("--tokens-dist", "%s", o->tokens_dist);
+    MM_ARG("--training-step", "%s", o->training_step ? "yes" : "no");
+    if (o->dump_dir[0]) MM_ARG("--dump-dir", "%s", o->dump_dir);
 #undef MM_ARG
     *argc_p = n;
 }
@@ -117,7 +119,7 @@ int mm_moe_job_parse_arg(mm_moe_job_opts_t *o, int argc, char **argv, int *i)
         "--capacity-factor", "--swiglu-limit", "--schedule", "--workers", "--routing", "--seed",
         "--iters", "--warmup", "--verify", "--progress-fd", "--timeout", "--profile-variant",
         "--hosts", "--dispatch-mode", "--initial-capacity-factor", "--capacity-growth-factor",
-        "--replicas", "--max-tokens", "--tokens-dist"};
+        "--replicas", "--max-tokens", "--tokens-dist", "--training-step", "--dump-dir"};
     int found = 0;
     for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) found |= strcmp(opt, known[k]) == 0;
     if (!found) return 0;
@@ -200,6 +202,12 @@ int mm_moe_job_parse_arg(mm_moe_job_opts_t *o, int argc, char **argv, int *i)
         else o->timeout_s = d;
     } else if (!strcmp(opt, "--schedule")) {
         snprintf(o->schedule, sizeof o->schedule, "%s", val);
+    } else if (!strcmp(opt, "--dump-dir")) {
+        if (strlen(val) >= sizeof o->dump_dir) {
+            fprintf(stderr, "megamoe: --dump-dir is longer than %zu bytes\n", sizeof o->dump_dir - 1);
+            return -1;
+        }
+        snprintf(o->dump_dir, sizeof o->dump_dir, "%s", val);
     } else if (!strcmp(opt, "--routing")) {
         int r = mm_route_parse(val);
         if (r < 0 || r == MM_ROUTE_FLOOD) {
@@ -208,8 +216,11 @@ int mm_moe_job_parse_arg(mm_moe_job_opts_t *o, int argc, char **argv, int *i)
             return -1;
         }
         o->route = (mm_route_pattern_t)r;
-    } else if (!strcmp(opt, "--verify") || !strcmp(opt, "--profile-variant")) {
-        int *flag = !strcmp(opt, "--verify") ? &o->verify : &o->profile_variant;
+    } else if (!strcmp(opt, "--verify") || !strcmp(opt, "--profile-variant") ||
+               !strcmp(opt, "--training-step")) {
+        int *flag = !strcmp(opt, "--verify")          ? &o->verify
+                    : !strcmp(opt, "--training-step") ? &o->training_step
+                                                      : &o->profile_variant;
         if (!strcmp(val, "yes") || !strcmp(val, "1")) *flag = 1;
         else if (!strcmp(val, "no") || !strcmp(val, "0")) *flag = 0;
         else {

@@ -39,6 +39,13 @@ typedef struct mm_moe_job_opts {
      * rank) and each call's counts come from tokens_dist (moe_tokens.h; "" = uniform:0-T_cap) */
     int64_t max_tokens;
     char tokens_dist[96];
+    /* comparison jobs: also time every schedule as a training step ("O1+step": its own layer,
+     * the weights change every step, so each forward re-packs them, as after an optimizer
+     * step) */
+    int training_step;
+    /* comparison jobs: this rank writes the first schedule's first output (bf16 [T, H]) to
+     * <dump_dir>/megamoe_out<rank>.bin ("" = not) */
+    char dump_dir[200];
 } mm_moe_job_opts_t;
 
 /* Defaults: 2 ranks, the seed's example shapes (T=1024, H=512, I=128, E=4, K=2), lossless,
@@ -46,7 +53,7 @@ typedef struct mm_moe_job_opts {
 void mm_moe_job_defaults(mm_moe_job_opts_t *o);
 
 /* Append "--name value" options describing o (for the child command line) to argv[*argc_p];
- * argv must have room for 46 more entries; strings live in store (>= 1024 bytes). */
+ * argv must have room for 50 more entries; strings live in store (>= 1024 bytes). */
 void mm_moe_job_to_args(const mm_moe_job_opts_t *o, char **argv, int *argc_p, char *store,
                         size_t store_len);
 /* Parse one "--name value" option at argv[*i] into o; 1 if consumed (and *i advanced past the
@@ -64,7 +71,7 @@ typedef struct mm_moe_job_check {
     int pass;
 } mm_moe_job_check_t;
 
-#define MM_JOB_MAX_VARIANTS 8
+#define MM_JOB_MAX_VARIANTS 12
 #define MM_JOB_MAX_WAIT 16
 
 /* One schedule of a comparison job ("O0", "O1", "O1+prof" = O1 while the profiler records). */

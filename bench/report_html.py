@@ -105,7 +105,7 @@ def page(out_dir, machine, secs, figs, failures, note):
                 "experts and the last rank's get nothing; skew: 3/4 of first choices to expert "
                 "0; single: every token to rank 0's experts), time relative to balanced, and "
                 "expert replicas when <code>bench layer --replicas</code> is available.",
-                img_html(out_dir, figs.get("skew"), "skew"), [k["table"]],
+                img_html(out_dir, figs.get("skew"), "skew"), [k["table"], k["steps"]],
                 [("expert replicas: " + k["replicas_note"]) if k["replicas_note"] else ""]),
         section("decode", "Decode sizes",
                 "DispatchV2 + CombineV2 at BS = 8 … 4096 tokens per rank (H 7168, K 8 of E 64, "

@@ -38,10 +38,14 @@ def base_schedule(r):
     return re.sub(r"\+r\d+", "", str(r.get("schedule", "")))
 
 
-def rows(docs, name):
+def rows(docs, name, training_step=False):
+    """The rows of a benchmark; bench layer's training-step rows (weights changed every step)
+    only with training_step=True, the frozen ones otherwise."""
     out = []
     for d in docs.get(name, []):
         for r in d.get("rows", []):
+            if bool(r.get("training_step", False)) != training_step:
+                continue
             r = {k: float(v) if k in MEASURED and isinstance(v, int) else v
                  for k, v in r.items()}
             r["_step"] = d.get("report_step", name)
@@ -200,7 +204,7 @@ def roofline_section(docs, machine):
         pts.append({"kind": "gemm", "label": label, "cores": t, "ai": ai, "gflops": r["gflops"]})
         body.append(["GEMM " + label, shape, t, ai, r["gflops"], _pct_roof(rf, t, ai, r["gflops"])])
     for step in ("layer", "tokens", "scaling"):
-        for r in rows(docs, step):
+        for r in rows(docs, step) + rows(docs, step, training_step=True):
             if "prof" in str(r.get("schedule", "")) or "tflops" not in r:
                 continue
             flops, nbytes = layer_flops_bytes(r)
@@ -333,10 +337,25 @@ def skew_section(docs, machine):
     any_replicas = any(k[1] is not None for g in groups.values() for k in g)
     note = None if any_replicas else (machine.get("replicas") or
                                       "not available: no rows with \"replicas\" in the data")
+    frozen = {(r.get("shape"), layer_dims(r)[0], r.get("routing"), int(r.get("workers", 1)),
+               base_schedule(r)): r for r in rows(docs, "layer") if r["impl"] == "megamoe"}
+    steps = []
+    for r in rows(docs, "layer", training_step=True):
+        sched = base_schedule(r).replace("+step", "")
+        key = (r.get("shape"), layer_dims(r)[0], r.get("routing"), int(r.get("workers", 1)), sched)
+        f = frozen.get(key)
+        steps.append([f"{key[0]} T={key[1]}, {key[3]} worker{'s' if key[3] != 1 else ''}",
+                      key[2], sched, r["fwd_bwd_ms"], r.get("pct_peak"),
+                      r["fwd_bwd_ms"] / f["fwd_bwd_ms"] if f else None])
     return {"bars": bars, "replicas_note": note, "any_replicas": any_replicas,
             "table": table("fwd+bwd of the slowest rank and its ratio to balanced routing "
                            "(same shape, workers and schedule)",
-                           ["job", "routing", "fwd+bwd ms", "vs balanced"], body)}
+                           ["job", "routing", "fwd+bwd ms", "vs balanced"], body),
+            "steps": table("training steps: the weights change every step, so every forward "
+                           "re-packs them (bench layer \"+step\" rows); % of the probed peak "
+                           "of the cores used, and the time against the frozen-weights row",
+                           ["job", "routing", "schedule", "fwd+bwd ms", "% peak", "vs frozen"],
+                           steps)}
 
 
 # ---- decode --------------------------------------------------------------------------------

@@ -120,6 +120,72 @@ class Unfused:
                                                  self.rank, self.E)
 
 
+class UnfusedGmm:
+    """The same path through the companion operators (torch_npu's): DispatchV2 ->
+    npu_grouped_matmul_swiglu_quant (int8 x int8/int4 GEMM, dequantised, SwiGLU, re-quantised
+    per row) -> npu_grouped_matmul with the per-token scales -> CombineV2 for w8a8 / w4a8;
+    npu_grouped_matmul -> npu_swiglu -> npu_grouped_matmul for bf16: what vLLM-Ascend's
+    unfused MC2 path does."""
+
+    def __init__(self, W, rank, E, experts, quant):
+        self.W, self.rank, self.E, self.quant = W, rank, E, quant
+        self.group = mcomm.group_name(None)
+        if quant == "bf16":
+            self.w13 = torch.stack([e["l1"] for e in experts])
+            self.w2 = torch.stack([e["l2"] for e in experts])
+            return
+        if quant == "w8a8":
+            self.w13 = torch.stack([e["l1"] for e in experts])
+            self.w2 = torch.stack([e["l2"] for e in experts])
+        else:  # int4 in int32 carriers (8 per element), npu_grouped_matmul's W4A8 weight
+            self.w13 = torch.stack([R.pack_int4(e["v1"].numpy(), "int32") for e in experts])
+            self.w2 = torch.stack([R.pack_int4(e["v2"].numpy(), "int32") for e in experts])
+        self.s13 = torch.stack([e["sf1"] for e in experts])
+        self.s2 = torch.stack([e["sf2"] for e in experts])
+        # A8W4 (the device's formula ((X - 8)(W s) + bias) p): vLLM's w_scale_bias 8 colsum(W s)
+        self.b13 = torch.stack([e["b1"] for e in experts]) if quant == "w4a8" else None
+        self.b2 = [torch.stack([e["b2"] for e in experts])] if quant == "w4a8" else None
+
+    def __call__(self, x, ids, wts):
+        q = self.quant != "bf16"
+        (expand_x, scale, assist, group_list, ep_recv, _, _) = ops.npu_moe_distribute_dispatch_v2(
+            x, ids, self.group, self.W, self.rank, self.E, quant_mode=2 if q else 0,
+            expert_token_nums_type=0)
+        if q:
+            hs, s, _ = ops.npu_grouped_matmul_swiglu_quant(expand_x, self.w13, group_list,
+                                                           self.s13, scale, bias=self.b13)
+            hs = ops.npu_grouped_matmul(x=[hs], weight=[self.w2], scale=[self.s2], bias=self.b2,
+                                        per_token_scale=[s], split_item=2, group_list_type=0,
+                                        group_type=0, group_list=group_list,
+                                        output_dtype=torch.bfloat16)[0]
+        else:
+            hs = ops.npu_grouped_matmul(x=[expand_x], weight=[self.w13], split_item=2,
+                                        group_list_type=0, group_type=0,
+                                        group_list=group_list)[0]
+            hs = ops.npu_swiglu(hs)
+            hs = ops.npu_grouped_matmul(x=[hs], weight=[self.w2], split_item=2,
+                                        group_list_type=0, group_type=0,
+                                        group_list=group_list)[0]
+        return ops.npu_moe_distribute_combine_v2(hs, ids, assist, ep_recv, wts, self.group,
+                                                 self.W, self.rank, self.E)
+
+
+def add_speedups(rows):
+    """The issue's ratios on the fused rows, from the same job: `speedup_vs_bf16` (ms of the
+    bf16 call / ms of this quantisation's, same shape and tokens) and `speedup_vs_<impl>` (ms of
+    that unfused path of the same quantisation / ms of the fused call)."""
+    ms = {(r["impl"], r["quant"], r["shape"], r["tokens"]): r["ms"] for r in rows}
+    for r in rows:
+        if r["impl"] != "mega_moe" or not r["ms"]:
+            continue
+        key = (r["shape"], r["tokens"])
+        if r["quant"] != "bf16" and ("mega_moe", "bf16") + key in ms:
+            r["speedup_vs_bf16"] = round(ms[("mega_moe", "bf16") + key] / r["ms"], 3)
+        for other in ("unfused", "unfused_gmm"):
+            if (other, r["quant"]) + key in ms:
+                r["speedup_vs_" + other] = round(ms[(other, r["quant"]) + key] / r["ms"], 3)
+
+
 def main():
     a = parse()
     torch.set_num_threads(max(1, a.threads))
@@ -149,23 +215,28 @@ def main():
         w1 = [e["l1"] for e in experts]
         w2 = [e["l2"] for e in experts]
         unfused = Unfused(W, rank, E, I, experts, quant)
+        gmm = UnfusedGmm(W, rank, E, experts, quant) if "unfused_gmm" in impls else None
         for n in tokens:
             g = torch.Generator().manual_seed(a.seed * 7 + rank * 1000 + n)
             x = (torch.randn(n, H, generator=g)).to(torch.bfloat16)
             ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(n)]).int()
             wts = torch.softmax(torch.randn(n, K, generator=g), -1)
             runs = {"mega_moe": lambda: ops.mega_moe(x, ids, wts, w1, w2, buf, **kw)[0],
-                    "unfused": lambda: unfused(x, ids, wts)}
+                    "unfused": lambda: unfused(x, ids, wts),
+                    "unfused_gmm": lambda: gmm(x, ids, wts)}
             times = {i: [] for i in impls}
+            cpus = {i: [] for i in impls}
             outs = {}
             for it in range(a.warmup + a.iters):
                 for impl in impls:  # interleaved, iteration by iteration
                     world.barrier()
+                    c0 = time.process_time()
                     t0 = time.perf_counter()
                     outs[impl] = runs[impl]()
                     dt = time.perf_counter() - t0
                     if it >= a.warmup:
                         times[impl].append(dt)
+                        cpus[impl].append(time.process_time() - c0)
             _, etn = ops.mega_moe(x, ids, wts, w1, w2, buf, **kw)
             touched = int((etn > 0).sum()) * weight_bytes(H, I, quant)
             recv = int(etn.sum())
@@ -184,12 +255,14 @@ def main():
                       (copy / (a.copy_gbs * 1e9) if a.copy_gbs else 0.0)
             flops = recv * 6 * H * I
             gathered = [None] * W
-            dist.all_gather_object(gathered, {"times": times, "floor": floor_s, "flops": flops,
-                                              "wire_bytes": wire_bytes})
-            diff = None
-            if a.check and "unfused" in outs and "mega_moe" in outs and n:
-                ref, got = outs["unfused"].float(), outs["mega_moe"].float()
-                diff = float((got - ref).norm() / max(ref.norm(), 1e-30))
+            dist.all_gather_object(gathered, {"times": times, "cpus": cpus, "floor": floor_s,
+                                              "flops": flops, "wire_bytes": wire_bytes})
+            diff = {}
+            if a.check and "mega_moe" in outs and n:
+                for other in ("unfused", "unfused_gmm"):
+                    if other in outs:
+                        ref, got = outs[other].float(), outs["mega_moe"].float()
+                        diff[other] = float((got - ref).norm() / max(ref.norm(), 1e-30))
             diffs = [None] * W
             dist.all_gather_object(diffs, diff)
             if rank == 0:
@@ -199,21 +272,30 @@ def main():
                     per_iter = [max(gr["times"][impl][i] for gr in gathered)
                                 for i in range(a.iters)]
                     ms = 1e3 * statistics.median(per_iter)
+                    # CPU time of the process per call (every thread; waits that spin count):
+                    # a figure that a loaded machine disturbs less than ms
+                    cpu = 1e3 * statistics.median([max(gr["cpus"][impl][i] for gr in gathered)
+                                                   for i in range(a.iters)])
                     r = {"impl": impl, "quant": quant, "shape": name, "tokens": n,
                          "hosts": a.hosts, "ranks": W, "H": H, "I": I, "E": E, "K": K,
                          "ms": round(ms, 4), "floor_ms": round(floor_ms, 4),
-                         "over_floor": round(ms / floor_ms, 3) if floor_ms > 0 else None}
+                         "over_floor": round(ms / floor_ms, 3) if floor_ms > 0 else None,
+                         "cpu_ms": round(cpu, 4)}
                     if a.hosts > 1:
                         r["bytes_to_other_hosts"] = max(gr["wire_bytes"] for gr in gathered)
                     if n >= 1024 and a.peak_gflops:
                         r["pct_peak"] = round(100 * job_flops / (ms * 1e-3) /
                                               (a.peak_gflops * 1e9 * W * a.threads), 2)
-                    if impl == "mega_moe" and any(d is not None for d in diffs):
-                        r["vs_unfused_rel_l2"] = round(max(d for d in diffs if d is not None), 5)
+                    if impl == "mega_moe":
+                        for other in ("unfused", "unfused_gmm"):
+                            ds = [d[other] for d in diffs if other in d]
+                            if ds:
+                                r["vs_" + other + "_rel_l2"] = round(max(ds), 5)
                     rows_out.append(r)
                     print(json.dumps(r), flush=True)
     buf.destroy()
     if rank == 0:
+        add_speedups(rows_out)
         with open(a.out, "w") as f:
             for r in rows_out:
                 f.write(json.dumps(r) + "\n")

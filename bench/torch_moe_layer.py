@@ -4,7 +4,9 @@ One rank of an EP job started by `megamoe launch -n EP -- /usr/bin/python3 bench
 torch 1.13 bf16 matmuls per local expert, gloo all_to_all_single on uint8 views for dispatch
 and combine (gloo cannot all-to-all bf16), autograd for the backward. The problem is built by
 the same generator as bench/moe_data.c (splitmix64 per element), so both implementations see
-bit-identical inputs. Rank 0 writes {"fwd_bwd_ms", "fwd_ms", "checksum"} as JSON to --out.
+bit-identical inputs. Rank 0 writes {"fwd_bwd_ms", "fwd_ms", "checksum"} as JSON to --out;
+with --dump-dir every rank writes its first output (bf16 [T, H], raw) to
+<dir>/torch_out<rank>.bin, which `megamoe bench layer` compares with megamoe's on every rank.
 """
 import argparse
 import json
@@ -134,6 +136,7 @@ def main():
         ap.add_argument("--" + name, type=int, default=default)
     ap.add_argument("--routing", default="balanced")
     ap.add_argument("--out", default="")
+    ap.add_argument("--dump-dir", default="")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     dist.init_process_group("gloo")
@@ -160,6 +163,9 @@ def main():
             fwd_times.append(t1 - t0)
         if it == 0:
             checksum = float(out.double().sum())
+            if a.dump_dir:
+                out.detach().contiguous().view(torch.int16).numpy().tofile(
+                    os.path.join(a.dump_dir, f"torch_out{rank}.bin"))
     # the job is as slow as its slowest rank
     t = torch.tensor([float(np.median(times)), float(np.median(fwd_times))])
     dist.all_reduce(t, op=dist.ReduceOp.MAX)

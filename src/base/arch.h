@@ -37,14 +37,46 @@ static inline void mm_store_fence(void)
 #endif
 }
 
-/* A thread fence of the given __ATOMIC_* order. ThreadSanitizer does not model fences; an
- * atomic read-modify-write on a dummy word gives it the same ordering (the word is per file,
- * so under TSan such fences pair only within one file, as the RMA layer's do). */
-#if defined(__SANITIZE_THREAD__)
+/* A thread fence of the given __ATOMIC_* order: the same fence in every build. ThreadSanitizer
+ * does not model fences (GCC says so with -Wtsan, silenced here: the fence is still emitted), so
+ * its builds also annotate one (release and/or acquire on a per-file word: under TSan such
+ * fences pair only within one file, as the RMA layer's do). */
+#include "base/tsan.h"
 static unsigned long mm_arch_fence_word __attribute__((unused));
-#define mm_thread_fence(order) ((void)__atomic_fetch_add(&mm_arch_fence_word, 0, (order)))
-#else
-#define mm_thread_fence(order) __atomic_thread_fence(order)
+#if defined(MM_TSAN) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wtsan"
+#define MM_ARCH_FENCE_POP 1
+#endif
+static inline void mm_thread_fence(int order)
+{
+    switch (order) {
+    case __ATOMIC_RELAXED:
+        break;
+    case __ATOMIC_CONSUME:
+    case __ATOMIC_ACQUIRE:
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        MM_TSAN_ACQUIRE(&mm_arch_fence_word);
+        break;
+    case __ATOMIC_RELEASE:
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+        MM_TSAN_RELEASE(&mm_arch_fence_word);
+        break;
+    case __ATOMIC_ACQ_REL:
+        __atomic_thread_fence(__ATOMIC_ACQ_REL);
+        MM_TSAN_RELEASE(&mm_arch_fence_word);
+        MM_TSAN_ACQUIRE(&mm_arch_fence_word);
+        break;
+    default:
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        MM_TSAN_RELEASE(&mm_arch_fence_word);
+        MM_TSAN_ACQUIRE(&mm_arch_fence_word);
+        break;
+    }
+}
+#ifdef MM_ARCH_FENCE_POP
+#pragma GCC diagnostic pop
+#undef MM_ARCH_FENCE_POP
 #endif
 
 #endif /* MM_BASE_ARCH_H */

@@ -28,21 +28,6 @@ static uint64_t mm_wait_timeout_ns(void)
     return (uint64_t)sec * 1000000000ull;
 }
 
-#if defined(__SANITIZE_THREAD__)
-/* ThreadSanitizer cannot see UCX's ordering (Debian's UCX is not instrumented): the engine's
- * progress thread copies an incoming put into the heap inside UCX, under the engine's lock, and
- * UCX makes the covering signal visible only after that. A waiter that saw a word change takes
- * the lock once (the engine's progress blocks on it in TSan builds), which gives TSan the edge
- * the real ordering already guarantees; otherwise every byte read after the signal is reported
- * as a race with UCX's memcpy (and checking them one by one takes minutes per MiB). */
-static void mm_tsan_order_after_engine(void)
-{
-    if (mm_shmem_running_now() && mm_shmem_g.engine)
-        mm_shmem_g.engine_ops->progress(mm_shmem_g.engine);
-}
-#else
-#define mm_tsan_order_after_engine() ((void)0)
-#endif
 
 megamoe_status_t mm_shmem_wait_impl(const uint64_t *addr, int cmp, uint64_t value,
                                     uint64_t *value_p, const char *what)
@@ -53,7 +38,6 @@ megamoe_status_t mm_shmem_wait_impl(const uint64_t *addr, int cmp, uint64_t valu
                         "MM_SHMEM_CMP_EQ..MM_SHMEM_CMP_LE", what, cmp);
     uint64_t v = __atomic_load_n(addr, __ATOMIC_ACQUIRE);
     if (mm_shmem_cmp(v, cmp, value)) {
-        mm_tsan_order_after_engine();
         if (value_p) *value_p = v;
         return MEGAMOE_OK;
     }
@@ -90,7 +74,6 @@ megamoe_status_t mm_shmem_wait_impl(const uint64_t *addr, int cmp, uint64_t valu
                             (unsigned long long)v);
         mm_backoff_wait(&b, elapsed, timeout - elapsed);
     }
-    mm_tsan_order_after_engine();
     if (value_p) *value_p = v;
     return MEGAMOE_OK;
 }
@@ -109,9 +92,7 @@ megamoe_status_t mm_shmem_signal_wait_until(uint64_t *sig, int cmp, uint64_t val
 
 int mm_shmem_test_u64(const uint64_t *addr, int cmp, uint64_t value)
 {
-    int ok = mm_shmem_cmp(__atomic_load_n(addr, __ATOMIC_ACQUIRE), cmp, value);
-    if (ok) mm_tsan_order_after_engine();
-    return ok;
+    return mm_shmem_cmp(__atomic_load_n(addr, __ATOMIC_ACQUIRE), cmp, value);
 }
 
 megamoe_status_t mm_shmem_check_liveness(void)

@@ -1,4 +1,4 @@
-"""`megamoe bench serve --small` runs (both implementations, every quantisation, decode sizes)
+"""`megamoe bench serve --small` runs (the three implementations, every quantisation, decode sizes)
 and prints rows with the fields the issue asks for: impl, quant, shape, tokens, hosts, ms,
 floor_ms, over_floor; the fused and the unfused outputs agree."""
 import json
@@ -13,12 +13,17 @@ def test_bench_serve_small(megamoe_bin):
     rows = json.loads(r.stdout)["rows"]
     probe = [x for x in rows if x["impl"] == "probe"]
     assert len(probe) == 1 and probe[0]["read_gbs_per_core"] > 0
-    runs = [x for x in rows if x["impl"] in ("mega_moe", "unfused")]
+    impls = ("mega_moe", "unfused", "unfused_gmm")
+    runs = [x for x in rows if x["impl"] in impls]
     assert {(x["impl"], x["quant"], x["tokens"]) for x in runs} == {
-        (i, q, t) for i in ("mega_moe", "unfused") for q in ("bf16", "w8a8", "w4a8") for t in (1, 8)}
+        (i, q, t) for i in impls for q in ("bf16", "w8a8", "w4a8") for t in (1, 8)}
     for x in runs:
         for key in ("shape", "hosts", "ms", "floor_ms", "over_floor"):
             assert key in x, x
         assert x["ms"] > 0 and x["floor_ms"] > 0 and x["hosts"] == 1
+        assert x["cpu_ms"] > 0, x
         if x["impl"] == "mega_moe":
-            assert x["vs_unfused_rel_l2"] < (0.01 if x["quant"] == "bf16" else 0.04), x
+            for other in ("unfused", "unfused_gmm") + (("bf16",) if x["quant"] != "bf16" else ()):
+                assert x["speedup_vs_" + other] > 0, x
+            for other in ("unfused", "unfused_gmm"):
+                assert x["vs_" + other + "_rel_l2"] < (0.01 if x["quant"] == "bf16" else 0.04), x
