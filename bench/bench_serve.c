@@ -345,17 +345,6 @@ static int mm_bench_serve_main(int argc, char **argv)
     if (mm_bench_flag(argc, argv, "--help")) {
         fprintf(stderr,
                 "megamoe bench serve [--shapes deepseek,seed] [--tokens 1,8,32,128,2048,4096]\n"
-<<<<<<< HEAD
-                "    [--quant bf16,w8a8,w4a8] [--impl mega_moe,unfused] [--ranks 2] [--hosts 1]\n"
-                "    [--threads T] [--iters 5] [--warmup 1] [--small]\n"
-                "  the serving MegaMoE against the unfused path, rows with floor_ms, over_floor,\n"
-                "  pct_peak (prefill); --small: a tiny shape, decode sizes (checks the bench works)\n"
-                "megamoe launch -n N [--fault kill-rank:R@S] --timeout T -- megamoe bench serve\n"
-                "    --loop SECONDS [--shape tiny|small|H:I:E:K] [--tokens 8] [--out FILE]\n"
-                "  one rank of a serving loop through lost ranks (bench/bench_serve_loop.c): a\n"
-                "  JSON row per surviving rank (calls_before, failed_calls, recover_ms,\n"
-                "  calls_after, wrong_outputs; docs/reliability.md)\n");
-=======
                 "    [--quant bf16,w8a8,w4a8] [--impl mega_moe,unfused,unfused_gmm] [--ranks 2]\n"
                 "    [--hosts 1]\n"
                 "    [--threads T] [--iters 5] [--warmup 1] [--small] [--acceptance]\n"
@@ -364,8 +353,12 @@ static int mm_bench_serve_main(int argc, char **argv)
                 "  cpu_ms, speedup_vs_*, pct_peak (prefill); --small: a tiny shape, decode sizes\n"
                 "  (checks the bench works); --acceptance: only the rows issue 27's targets read\n"
                 "  (deepseek decode 1,8,32 every impl + prefill 4096 mega_moe; with --hosts 2 the\n"
-                "  decode rows of mega_moe)\n");
->>>>>>> main
+                "  decode rows of mega_moe)\n"
+                "megamoe launch -n N [--fault kill-rank:R@S] --timeout T -- megamoe bench serve\n"
+                "    --loop SECONDS [--shape tiny|small|H:I:E:K] [--tokens 8] [--out FILE]\n"
+                "  one rank of a serving loop through lost ranks (bench/bench_serve_loop.c): a\n"
+                "  JSON row per surviving rank (calls_before, failed_calls, recover_ms,\n"
+                "  calls_after, wrong_outputs; docs/reliability.md)\n");
         return 0;
     }
     const int small = mm_bench_flag(argc, argv, "--small");
