@@ -8,7 +8,7 @@ APT_PACKAGES := cmake make gcc g++ libdnnl-dev libopenmpi-dev openmpi-bin libucx
                 python3-torch python3-numpy python3-pytest iproute2 \
                 libtorch-dev python3-pip python3-venv python3-setuptools python3-wheel \
                 python3-matplotlib clang libclang-rt-14-dev \
-                python3-tqdm
+                python3-tqdm debootstrap
 # Labels of the C tests that also run under ThreadSanitizer (runtime and executor). The
 # simulated-host tests (label hosts) are left out there: entering a host's mount namespace
 # (setns) needs a single-threaded process, and TSan's runtime keeps a thread of its own; the
