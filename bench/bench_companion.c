@@ -71,8 +71,8 @@ static int mm_cb_run(const char *script, const char *block, int argc, char **arg
                 {"--impls", "megamoe,torch,torch_gloo", "megamoe,torch,torch_gloo"},
                 {"--phases", "decode,prefill", "decode,prefill"}};
     char *av[64] = {(char *)mm_bench_self_exe(), "launch", "-n", (char *)ranks, "--timeout",
-                    "3000", "--", "/usr/bin/python3", (char *)script, "--block", (char *)block,
-                    "--threads", (char *)threads, "--out", outp};
+                    "3000", "--", (char *)mm_bench_python(), (char *)script, "--block",
+                    (char *)block, "--threads", (char *)threads, "--out", outp};
     int k = 15;
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
         av[k++] = (char *)opts[i].flag;

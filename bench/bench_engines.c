@@ -621,17 +621,23 @@ static int mm_be_run_job(const char *hosts, const char *osc, const char *cands, 
                          const char *gemm_ms, const char *out_path)
 {
     const char *self = mm_bench_self_exe();
-    char *av[56] = {(char *)self, "launch", "--hosts", (char *)hosts, "--mpirun", "-n", "2",
+    char *av[64] = {(char *)self, "launch", "--hosts", (char *)hosts, "--mpirun", "-n", "2",
                     "--mpi-arg", "--bind-to", "--mpi-arg", "core", "--mpi-arg", "--mca",
                     "--mpi-arg", "osc", "--mpi-arg", (char *)osc,
                     /* UCX (osc ucx, and ours) on the network, not its shared-memory transports,
                      * with megamoe's TCP segment sizes for every UCX user (engine_ucx.c) */
                     "--mpi-arg", "-x", "--mpi-arg", "UCX_TLS=^sm", "--mpi-arg", "-x", "--mpi-arg",
                     "UCX_TCP_TX_SEG_SIZE=64k", "--mpi-arg", "-x", "--mpi-arg",
-                    "UCX_TCP_RX_SEG_SIZE=256k", "--timeout", "1200", "--",
+                    "UCX_TCP_RX_SEG_SIZE=256k",
+                    /* UCX >= 1.16's protocols v2 have no software atomics over TCP (engine_ucx.c) */
+                    "--mpi-arg", "-x", "--mpi-arg", "UCX_PROTO_ENABLE=n",
+                    /* Open MPI 5's osc ucx declines devices other than mlx* unless told */
+                    "--mpi-arg", "--mca", "--mpi-arg", "osc_ucx_tls", "--mpi-arg", "any",
+                    "--mpi-arg", "--mca", "--mpi-arg", "osc_ucx_devices", "--mpi-arg", "any",
+                    "--timeout", "1200", "--",
                     (char *)self, "bench", "engines", "--worker", (char *)cands, "--gemm-ms",
                     (char *)gemm_ms};
-    int n = 39;
+    int n = 55;
     if (quick) av[n++] = "--quick";
     av[n] = NULL;
     fflush(stdout);

@@ -204,10 +204,11 @@ static int mm_serve_job(const mm_serve_shape_t *sh, const char *tokens, const ch
         argv[k++] = "--hosts";
         argv[k++] = a[8];
     }
-    char *tail[] = {"--timeout", "3600", "--", "/usr/bin/python3", (char *)script, "--shape", a[1],
-                    "--tokens", (char *)tokens, "--quant", (char *)quant, "--impl", (char *)impl,
-                    "--iters", a[2], "--warmup", a[3], "--read-gbs", a[4], "--copy-gbs", a[5],
-                    "--peak-gflops", a[6], "--threads", a[7], "--hosts", a[8], "--out", outp, NULL};
+    char *tail[] = {"--timeout", "3600", "--", (char *)mm_bench_python(), (char *)script,
+                    "--shape", a[1], "--tokens", (char *)tokens, "--quant", (char *)quant,
+                    "--impl", (char *)impl, "--iters", a[2], "--warmup", a[3], "--read-gbs", a[4],
+                    "--copy-gbs", a[5], "--peak-gflops", a[6], "--threads", a[7], "--hosts", a[8],
+                    "--out", outp, NULL};
     memcpy(argv + k, tail, sizeof tail);
     fflush(stdout);
     fflush(stderr);

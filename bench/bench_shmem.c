@@ -618,7 +618,13 @@ static int mm_bench_shmem_main(int argc, char **argv)
                             * TCP segment sizes (engine_ucx.c) for osc ucx too */
                            "--mpi-arg", "-x", "--mpi-arg", "UCX_TLS=^sm", "--mpi-arg", "-x",
                            "--mpi-arg", "UCX_TCP_TX_SEG_SIZE=64k", "--mpi-arg", "-x", "--mpi-arg",
-                           "UCX_TCP_RX_SEG_SIZE=256k"};
+                           "UCX_TCP_RX_SEG_SIZE=256k",
+                           /* UCX >= 1.16's protocols v2 have no software atomics over TCP,
+                            * which osc ucx needs as well (engine_ucx.c) */
+                           "--mpi-arg", "-x", "--mpi-arg", "UCX_PROTO_ENABLE=n",
+                           /* Open MPI 5's osc ucx declines devices other than mlx* unless told */
+                           "--mpi-arg", "--mca", "--mpi-arg", "osc_ucx_tls", "--mpi-arg", "any",
+                           "--mpi-arg", "--mca", "--mpi-arg", "osc_ucx_devices", "--mpi-arg", "any"};
             memcpy(av + na, mca, sizeof mca);
             na += (int)(sizeof mca / sizeof mca[0]);
         }

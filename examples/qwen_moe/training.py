@@ -5,6 +5,7 @@ routed-experts call inside the step; per-rank checkpoints; process-group setup.
 import argparse
 import math
 import os
+import re
 import socket
 import sys
 import time
@@ -21,6 +22,9 @@ except ImportError:  # run from a source checkout without PYTHONPATH=python
 sys.path.insert(0, HERE)
 from common_experts import CommonEPExperts  # noqa: E402
 from model import QwenMoeConfig, QwenMoeModel  # noqa: E402
+
+# torch >= 2.1's AdamW updates the first moment with lerp_ (1.13: mul_ + add_)
+_ADAM_LERP = tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2]) >= (2, 1)
 
 
 def _free_port():
@@ -260,9 +264,13 @@ class MasterWeightAdamW:
                 g = self._grad[:b - a].zero_()
             else:
                 g = self._grad[:b - a].copy_(grad[a:b])
-            # torch.optim.AdamW, single-tensor form (torch/optim/adamw.py, 1.13)
+            # torch.optim.AdamW, single-tensor form (torch/optim/adamw.py): 1.13 moves exp_avg by
+            # mul_ + add_, torch 2.x by lerp_ (not the same bits)
             param.mul_(decay)
-            exp_avg.mul_(beta1).add_(g, alpha=1 - beta1)
+            if _ADAM_LERP:
+                exp_avg.lerp_(g, 1 - beta1)
+            else:
+                exp_avg.mul_(beta1).add_(g, alpha=1 - beta1)
             exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
             denom = torch.sqrt(exp_avg_sq, out=self._denom[:b - a])
             denom.div_(bias_correction2_sqrt).add_(eps)

@@ -26,7 +26,7 @@ def test_seed_sample_under_torchrun_on_two_hosts():
            "HYPER_PARALLEL_SHMEM_LOG_LEVEL": "1"}
     # plain torchrun carries no MEGAMOE_JOB_TOKEN: drop the launcher's from the host process
     r = Launch(["--hosts", "2", "--per-host", "--timeout", "200", "--", "env",
-                "-u", "MEGAMOE_JOB_TOKEN", PY, "-m", "torch.distributed.run", "--nnodes", "2",
+                "-u", "MEGAMOE_JOB_TOKEN", PY, "-m", "megamoe.torchrun", "--nnodes", "2",
                 "--node_rank", "{NODE_RANK}", "--nproc_per_node", "1", "--master_addr",
                 "{MASTER_ADDR}", "--master_port", "{MASTER_PORT}", "--redirects", "2", "--tee",
                 "2", SAMPLE], env_extra=env, timeout=260)

@@ -24,7 +24,7 @@ def test_training_with_replicas_tracks_without():
     env["HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT"] = f"tcp://127.0.0.1:{_free_port()}"
     env.setdefault("OMP_NUM_THREADS", "1")
     # --redirects/--tee 2: see test_experts_torch.py (torch 1.13 on Python 3.11)
-    cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--redirects", "2",
+    cmd = [PY, "-m", "megamoe.torchrun", "--nproc_per_node", "2", "--redirects", "2",
            "--tee", "2", "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
            os.path.join(HERE, "replicas_train_worker.py")]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240, cwd=REPO)

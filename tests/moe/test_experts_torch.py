@@ -28,7 +28,7 @@ def torchrun(nproc, script, *args, timeout=240):
     # --redirects/--tee 2: Debian's torch 1.13 on Python 3.11 cannot parse the default "0"
     # (IntFlag iteration skips NONE, so Std.from_str returns None and torchrun crashes);
     # redirecting stderr to a file that is tee'd back is a no-op for us and parses fine.
-    cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+    cmd = [PY, "-m", "megamoe.torchrun", "--nproc_per_node", str(nproc),
            "--redirects", "2", "--tee", "2",
            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), script, *args]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)

@@ -23,7 +23,7 @@ def _run(world, tmp_dir):
         env = {"PYTHONPATH": os.path.join(HERE, "..", "..", "python"),
                "HYPER_PARALLEL_SHMEM_HEAP_SIZE": "128M", "MEGAMOE_LOG_LEVEL": "off",
                "OMP_NUM_THREADS": "1"}
-        r = run_megamoe(["launch", "-n", str(world), "--timeout", "400", "--", "/usr/bin/python3",
+        r = run_megamoe(["launch", "-n", str(world), "--timeout", "400", "--", sys.executable,
                          os.path.join(HERE, "companion_worker.py"), prefix], env_extra=env,
                         timeout=430)
         per_rank = []

@@ -36,8 +36,9 @@ def tensor_bits(t):
         return t.contiguous().view(torch.int16).numpy().view(np.uint16)
     if t.dtype == torch.float32:
         return t.contiguous().numpy().view(np.uint32)
-    if t.dtype == torch.int8:
-        return t.contiguous().numpy().view(np.uint8)
+    if t.dtype == torch.int8 or t.element_size() == 1 and t.dtype.is_floating_point:
+        # int8, and torch >= 2.1's float8 outputs: their bytes
+        return t.contiguous().view(torch.uint8).numpy()
     return t.contiguous().numpy()
 
 

@@ -27,7 +27,7 @@ def test_profiled_training_steps_on_two_ranks(tmp_path, megamoe_bin):
     env["HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT"] = f"tcp://127.0.0.1:{_free_port()}"
     env["OMP_NUM_THREADS"] = "1"
     env.pop("MEGAMOE_PROFILE", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+    cmd = [sys.executable, "-m", "megamoe.torchrun", "--nproc_per_node", "2",
            "--redirects", "2", "--tee", "2", "--master_addr", "127.0.0.1",
            "--master_port", str(_free_port()), os.path.join(HERE, "profile_layer_worker.py"),
            str(tmp_path)]

@@ -25,7 +25,7 @@ def _run(world, tmp_dir, threads=1):
         env = {"PYTHONPATH": os.path.join(HERE, "..", "..", "python"),
                "HYPER_PARALLEL_SHMEM_HEAP_SIZE": "256M", "MEGAMOE_LOG_LEVEL": "off",
                "MEGAMOE_THREADS": str(threads)}
-        r = run_megamoe(["launch", "-n", str(world), "--timeout", "500", "--", "/usr/bin/python3",
+        r = run_megamoe(["launch", "-n", str(world), "--timeout", "500", "--", sys.executable,
                          os.path.join(HERE, "serve_worker.py"), prefix,
                          "all" if threads == 1 else "cases"],
                         env_extra=env, timeout=540)

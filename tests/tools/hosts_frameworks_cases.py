@@ -11,6 +11,8 @@ import pytest
 
 from hosts_util import BUILD, MEGAMOE, PY, RANK, Launch, assert_nothing_left, needs_root, probe_rows
 
+_PYTHON_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
+
 GLOO = """
 import os, socket, torch, torch.distributed as dist
 dist.init_process_group("gloo", init_method="env://")
@@ -49,11 +51,13 @@ def test_unchanged_gloo_script_all_reduces_across_two_hosts():
 def test_torchrun_per_host_all_reduces_across_two_hosts(tmp_path):
     script = tmp_path / "gloo_all_reduce.py"
     script.write_text(GLOO)
-    # --redirects/--tee 2: torch 1.13's torchrun cannot parse the default on Python 3.11
+    # --redirects/--tee 2: torch 1.13's torchrun cannot parse the default on Python 3.11;
+    # megamoe.torchrun is torchrun that also runs on torch without libuv (Debian 13's 2.6)
     r = Launch(["--hosts", "2", "--per-host", "--timeout", "150", "--", PY, "-m",
-                "torch.distributed.run", "--nnodes", "2", "--node_rank", "{NODE_RANK}",
+                "megamoe.torchrun", "--nnodes", "2", "--node_rank", "{NODE_RANK}",
                 "--nproc_per_node", "1", "--master_addr", "{MASTER_ADDR}", "--master_port",
-                "{MASTER_PORT}", "--redirects", "2", "--tee", "2", str(script)], timeout=200)
+                "{MASTER_PORT}", "--redirects", "2", "--tee", "2", str(script)], timeout=200,
+               env_extra={"PYTHONPATH": _PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", "")})
     assert r.rc == 0, r.err
     rows = _allreduce_lines(r.out)
     assert [(x[0], x[1], x[3]) for x in rows] == [("0", "2", "3"), ("1", "2", "3")], r.out

@@ -24,10 +24,10 @@ ROOT="$STATE/root"
 MIRROR="${DEBIAN13_MIRROR:-http://deb.debian.org/debian}"
 # What the root holds. A change of this list (or of this script's ROOT_FORMAT) rebuilds it.
 # (libtorch-dev and python3-dev: torch.compile's inductor compiles C++ against them, and the
-# Torch adapter builds against libtorch-dev.)
+# Torch adapter builds against libtorch-dev; clang: tests/install/test_abi_layout.py.)
 PACKAGES="python3-torch libtorch-dev python3-dev python3-numpy python3-pytest python3-venv
   python3-pip python3-setuptools python3-wheel python3-matplotlib python3-tqdm cmake make gcc g++
-  pkg-config ccache libdnnl-dev libucx-dev libopenmpi-dev openmpi-bin iproute2 procps
+  pkg-config ccache clang libdnnl-dev libucx-dev libopenmpi-dev openmpi-bin iproute2 procps
   ca-certificates"
 ROOT_FORMAT=1
 STAMP_TEXT="format=$ROOT_FORMAT mirror=$MIRROR packages=$(echo $PACKAGES)"
@@ -45,23 +45,26 @@ root_current() {
   [ -f "$ROOT/.megamoe-root" ] && [ "$(cat "$ROOT/.megamoe-root")" = "$STAMP_TEXT" ]
 }
 
-# The root's shell: a private mount namespace with /proc, /sys, /dev, /dev/shm and the
-# checkout (at the same path) mounted, then chroot. Arguments: the command to run inside.
+# The root's shell: a private mount namespace with /proc, /sys, /dev, /dev/shm, /run and the
+# checkout (at the same path) mounted, then pivot_root into it (not chroot: the simulated hosts
+# of `megamoe launch --hosts` enter mount namespaces with setns, which would leave a chroot for
+# the namespace's real root). Arguments: the command to run inside.
 enter() {
   unshare --mount --propagation private -- /bin/bash -euc '
     root=$1; checkout=$2; shift 2
-    # the root a mount point of its own, so `/` inside is one (the simulated hosts make it
-    # private in their namespaces); the other mounts go on top of it
-    mount --bind "$root" "$root"
+    mount --bind "$root" "$root"  # a mount point of its own, for pivot_root
     mount -t proc proc "$root/proc"
     mount --rbind /sys "$root/sys"
     mount --rbind /dev "$root/dev"
     mount -t tmpfs -o mode=1777 tmpfs "$root/dev/shm"
-    mkdir -p "$root/run" "$root$checkout"
+    mkdir -p "$root/run" "$root$checkout" "$root/.host-root"
     mount -t tmpfs tmpfs "$root/run"
     mount --bind "$checkout" "$root$checkout"
-    exec chroot "$root" /usr/bin/env -i HOME=/root TERM="${TERM:-dumb}" LANG=C.UTF-8 \
-      PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin USE_LIBUV=0 "$@"
+    cd "$root"
+    pivot_root . .host-root
+    exec /usr/bin/env -i HOME=/root TERM="${TERM:-dumb}" LANG=C.UTF-8 \
+      PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin USE_LIBUV=0 \
+      /bin/sh -c "umount -l /.host-root && cd / && exec \"\$@\"" enter "$@"
   ' enter "$ROOT" "$CHECKOUT" "$@"
 }
 

@@ -1,0 +1,1 @@
+"""The worker-side part of megamoe.torchrun (sitecustomize.py: see megamoe/torchrun.py)."""
