@@ -270,6 +270,8 @@ static int mm_serve_job(const mm_serve_shape_t *sh, const char *tokens, const ch
     return rc;
 }
 
+int mm_bench_serve_loop(int argc, char **argv); /* bench_serve_loop.c */
+
 /* One job (and, across hosts, its one-host twin first): its rows, with the wire fields. */
 typedef struct {
     int ranks, hosts, threads;
@@ -339,6 +341,8 @@ static int mm_serve_run(const mm_serve_env_t *env, const mm_serve_shape_t *sh, c
 
 static int mm_bench_serve_main(int argc, char **argv)
 {
+    if (mm_bench_opt(argc, argv, "--loop", NULL) && !mm_bench_flag(argc, argv, "--help"))
+        return mm_bench_serve_loop(argc, argv);
     if (mm_bench_flag(argc, argv, "--help")) {
         fprintf(stderr,
                 "megamoe bench serve [--shapes deepseek,seed] [--tokens 1,8,32,128,2048,4096]\n"
@@ -350,7 +354,12 @@ static int mm_bench_serve_main(int argc, char **argv)
                 "  cpu_ms, speedup_vs_*, pct_peak (prefill); --small: a tiny shape, decode sizes\n"
                 "  (checks the bench works); --acceptance: only the rows issue 27's targets read\n"
                 "  (deepseek decode 1,8,32 every impl + prefill 4096 mega_moe; with --hosts 2 the\n"
-                "  decode rows of mega_moe)\n");
+                "  decode rows of mega_moe)\n"
+                "megamoe launch -n N [--fault kill-rank:R@S] --timeout T -- megamoe bench serve\n"
+                "    --loop SECONDS [--shape tiny|small|H:I:E:K] [--tokens 8] [--out FILE]\n"
+                "  one rank of a serving loop through lost ranks (bench/bench_serve_loop.c): a\n"
+                "  JSON row per surviving rank (calls_before, failed_calls, recover_ms,\n"
+                "  calls_after, wrong_outputs; docs/reliability.md)\n");
         return 0;
     }
     const int small = mm_bench_flag(argc, argv, "--small");

@@ -26,10 +26,11 @@ typedef struct mm_bench_wire_engine {
     double put_gbps;      /* ucp_put_nbx + flush at 1 MiB, both ranks writing, per rank */
     double signal_rtt_us; /* an 8-byte ucp_put_nbx each way, the waiter progressing */
     int ok;
+    int exit_status; /* the sub-run's wait status (diagnostics) */
 } mm_bench_wire_engine_t;
 
 /* Run `<self> bench shmem --hosts hosts --sizes 1M --impls engine` and read its engine rows
- * (about 10 s). ok = 0 (message printed) when the run failed. */
+ * (about 10 s; up to 3 tries). ok = 0 (message printed) when every try failed. */
 void mm_bench_wire_engine_measure(int hosts, mm_bench_wire_engine_t *out);
 
 /* bytes at the engine's put rate plus round_trips engine signal round trips, in ms. */

@@ -376,9 +376,12 @@ static void mm_launch_usage(FILE *out)
             "  --per-host      start CMD once per host (torchrun --nnodes H style launchers)\n"
             "  --mpirun        run 'mpirun -np N --host <hosts>' from host 0, ranks in blocks\n"
             "  --mpi-arg ARG   one more mpirun argument (repeatable), e.g. --mpi-arg --bind-to\n"
-            "  --fault F       kill-host:I@S (SIGKILL every process of host I at S seconds) or\n"
-            "                  cut-host:I@S (host I's link down); repeatable; needs --hosts and\n"
-            "                  --timeout; survivors are not stopped, a summary is printed\n"
+            "  --fault F       kill-rank:R@S (SIGKILL rank R and its children at S seconds),\n"
+            "                  kill-host:I@S (SIGKILL every process of host I) or cut-host:I@S\n"
+            "                  (host I's link down; the host faults need --hosts); repeatable;\n"
+            "                  needs --timeout; survivors are not stopped, a summary is printed;\n"
+            "                  the ranks get MEGAMOE_LAUNCH_T0_NS (CLOCK_MONOTONIC at the start)\n"
+            "                  and MEGAMOE_LAUNCH_FAULTS (the specs)\n"
             "  --json          print a JSON summary line on stdout at the end\n"
             "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MEGAMOE_JOB_TOKEN,\n"
             "HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT, MASTER_ADDR and MASTER_PORT (a token or\n"
@@ -403,6 +406,14 @@ static int mm_parse_count(const char *opt, const char *text, int max, int *out)
     }
     *out = (int)v;
     return 0;
+}
+
+/* Faults that need simulated hosts (kill-host, cut-host). */
+static int mm_host_faults(const mm_launch_cfg_t *c)
+{
+    int n = 0;
+    for (int f = 0; f < c->n_faults; f++) n += c->faults[f].kind != MM_FAULT_KILL_RANK;
+    return n;
 }
 
 /* 0 parsed, 1 --help printed, 2 bad usage (message printed). */
@@ -465,9 +476,12 @@ static int mm_launch_parse(int argc, char **argv, mm_launch_cfg_t *c)
     const char *bad = NULL;
     char msg[200];
     if (c->cmd_argc <= 0) bad = "no command given";
-    else if ((c->per_host || c->mpirun || c->n_faults) && c->hosts == 0)
-        bad = c->n_faults ? "--fault needs --hosts" : c->per_host ? "--per-host needs --hosts"
-                                                                  : "--mpirun needs --hosts";
+    else if ((c->per_host || c->mpirun || mm_host_faults(c)) && c->hosts == 0)
+        bad = mm_host_faults(c) ? "--fault kill-host / cut-host needs --hosts"
+              : c->per_host     ? "--per-host needs --hosts"
+                                : "--mpirun needs --hosts";
+    else if (c->n_faults > mm_host_faults(c) && (c->per_host || c->mpirun))
+        bad = "--fault kill-rank needs the launcher's own ranks (not --per-host or --mpirun)";
     else if (c->per_host && c->mpirun) bad = "--per-host and --mpirun exclude each other";
     else if (c->per_host && c->n)
         bad = "--per-host starts one process per host; give the ranks per host to the command "
@@ -482,7 +496,11 @@ static int mm_launch_parse(int argc, char **argv, mm_launch_cfg_t *c)
         bad = msg;
     }
     for (int f = 0; !bad && f < c->n_faults; f++)
-        if (c->faults[f].host >= c->hosts) {
+        if (c->faults[f].kind == MM_FAULT_KILL_RANK && c->faults[f].host >= c->n) {
+            snprintf(msg, sizeof msg, "--fault %s names rank %d, but there are %d ranks (0..%d)",
+                     c->faults[f].spec, c->faults[f].host, c->n, c->n - 1);
+            bad = msg;
+        } else if (c->faults[f].kind != MM_FAULT_KILL_RANK && c->faults[f].host >= c->hosts) {
             snprintf(msg, sizeof msg, "--fault %s names host %d, but there are %d hosts (0..%d)",
                      c->faults[f].spec, c->faults[f].host, c->hosts, c->hosts - 1);
             bad = msg;
@@ -519,13 +537,40 @@ static int mm_check_user_endpoint(const char *ep, const mm_sim_hosts_t *s)
 
 /* ---- faults ------------------------------------------------------------------------------- */
 
+/* Where the injection times go (MEGAMOE_LAUNCH_FAULT_LOG: "spec ns" lines, CLOCK_MONOTONIC),
+ * so a rank measures from the real injection even when the launcher ran late. */
+static char mm_fault_log[64];
+
+static void mm_fault_logged(const mm_launch_fault_t *f)
+{
+    if (!mm_fault_log[0]) return;
+    FILE *fp = fopen(mm_fault_log, "a");
+    if (fp == NULL) return;
+    fprintf(fp, "%s %.0f\n", f->spec, mm_launch_now() * 1e9);
+    fclose(fp);
+}
+
 static void mm_inject_due(mm_launch_cfg_t *c, mm_launch_proc_t *procs, int n, double t)
 {
     for (int i = 0; i < c->n_faults; i++) {
         mm_launch_fault_t *f = &c->faults[i];
         if (f->injected || t < f->at_s || mm_all_exited(procs, n)) continue;
-        mm_sim_host_t *h = &mm_launch_hosts.host[f->host];
         f->injected_s = t;
+        if (f->kind == MM_FAULT_KILL_RANK) {
+            mm_launch_proc_t *p = &procs[f->host];
+            f->injected = 1;
+            f->processes = 0;
+            if (!p->exited) { /* the rank and its children (its own process group) */
+                kill(-p->pid, SIGKILL);
+                p->victim = 1;
+                f->processes = 1;
+            }
+            mm_fault_logged(f);
+            fprintf(stderr, "megamoe launch: fault %s: SIGKILL to rank %d%s at %.3f s\n", f->spec,
+                    f->host, p->exited ? " (already exited)" : "", t);
+            continue;
+        }
+        mm_sim_host_t *h = &mm_launch_hosts.host[f->host];
         if (f->kind == MM_FAULT_KILL_HOST) {
             /* everything in the host's namespace (ranks and their children), then the ranks'
              * process groups in case one was between fork and joining the host */
@@ -536,10 +581,12 @@ static void mm_inject_due(mm_launch_cfg_t *c, mm_launch_proc_t *procs, int n, do
                     procs[r].victim = 1;
                 }
             f->injected = 1;
+            mm_fault_logged(f);
             fprintf(stderr, "megamoe launch: fault %s: SIGKILL to %d process(es) of %s at %.2f s\n",
                     f->spec, f->processes, h->name, t);
         } else if (mm_sim_host_cut(&mm_launch_hosts, f->host) == 0) {
             f->injected = 1;
+            mm_fault_logged(f);
             fprintf(stderr, "megamoe launch: fault %s: link %s of %s (%s) set down at %.2f s\n",
                     f->spec, h->veth, h->name, h->ip, t);
         } else {
@@ -622,6 +669,18 @@ int mm_cmd_launch(int argc, char **argv)
     static mm_launch_proc_t procs[MM_LAUNCH_MAX_PROCS];
     memset(procs, 0, sizeof procs);
     int started = 0, spawn_failed = 0;
+    /* the faults' clock starts here; the ranks get it (and the faults) to measure from it */
+    const double t0 = mm_launch_now();
+    if (c.n_faults) { /* the injection times, for the ranks (removed at the end) */
+        snprintf(mm_fault_log, sizeof mm_fault_log, "/tmp/megamoe-faults-XXXXXX");
+        int fd = mkstemp(mm_fault_log);
+        if (fd >= 0) close(fd);
+        else mm_fault_log[0] = '\0';
+    }
+    char fault_list[160] = "";
+    for (int f = 0; f < c.n_faults; f++)
+        snprintf(fault_list + strlen(fault_list), sizeof fault_list - strlen(fault_list), "%s%s",
+                 f ? "," : "", c.faults[f].spec);
     for (int r = 0; r < n && !spawn_failed && !mm_launch_interrupted; r++) {
         mm_launch_proc_t *p = &procs[r];
         mm_env_list_t env;
@@ -649,6 +708,9 @@ int mm_cmd_launch(int argc, char **argv)
         mm_env_add(&env, "HYPER_PARALLEL_SHMEM_BOOTSTRAP_ENDPOINT", "%s", endpoint);
         mm_env_add(&env, "MASTER_ADDR", "%s", master_addr);
         mm_env_add(&env, "MASTER_PORT", "%s", master_port);
+        mm_env_add(&env, "MEGAMOE_LAUNCH_T0_NS", "%.0f", t0 * 1e9);
+        if (c.n_faults) mm_env_add(&env, "MEGAMOE_LAUNCH_FAULTS", "%s", fault_list);
+        if (mm_fault_log[0]) mm_env_add(&env, "MEGAMOE_LAUNCH_FAULT_LOG", "%s", mm_fault_log);
 
         char **args = NULL;
         int nargs = c.cmd_argc;
@@ -691,7 +753,7 @@ int mm_cmd_launch(int argc, char **argv)
     }
     n = started;
 
-    double start = mm_launch_now(), stop_at = 0;
+    double start = t0, stop_at = 0;
     int failed_rank = -1, timed_out = 0, killed_hard = 0;
     char why[160] = "";
     if (spawn_failed || mm_launch_interrupted) { /* stop what was started */
@@ -702,7 +764,13 @@ int mm_cmd_launch(int argc, char **argv)
     }
     const int fault_mode = c.n_faults > 0;
     while (!mm_all_exited(procs, n)) {
-        mm_pump_output(procs, n, 50);
+        /* wake for the next fault on time (a 50 ms poll would shift it by up to 50 ms) */
+        int wait_ms = 50;
+        for (int f = 0; f < c.n_faults && stop_at == 0; f++) {
+            double due = (c.faults[f].at_s - (mm_launch_now() - start)) * 1e3;
+            if (!c.faults[f].injected && due < wait_ms) wait_ms = due < 0 ? 0 : (int)due;
+        }
+        mm_pump_output(procs, n, wait_ms);
         mm_reap(procs, n, start);
         double t = mm_launch_now() - start;
         if (stop_at == 0 && fault_mode) mm_inject_due(&c, procs, n, t);
@@ -738,6 +806,7 @@ int mm_cmd_launch(int argc, char **argv)
         }
     }
     double elapsed = mm_launch_now() - start;
+    if (mm_fault_log[0]) unlink(mm_fault_log);
     /* Ranks are gone; collect what is left in the pipes (descendants that kept them open
      * belong to the rank's process group and were signalled with it). */
     for (int r = 0; r < n; r++) {

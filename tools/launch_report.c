@@ -17,6 +17,9 @@ int mm_launch_parse_fault(const char *text, mm_launch_fault_t *f)
     } else if (strncmp(text, "cut-host:", 9) == 0) {
         f->kind = MM_FAULT_CUT_HOST;
         rest = text + 9;
+    } else if (strncmp(text, "kill-rank:", 10) == 0) {
+        f->kind = MM_FAULT_KILL_RANK;
+        rest = text + 10;
     }
     char *end = NULL;
     long host = rest ? strtol(rest, &end, 10) : -1;
@@ -26,10 +29,11 @@ int mm_launch_parse_fault(const char *text, mm_launch_fault_t *f)
         at = strtod(t, &end);
         if (end == t || *end || !isfinite(at)) at = -1;
     }
-    if (!rest || host < 0 || host >= MM_SIM_HOSTS_MAX || at < 0) {
-        fprintf(stderr, "megamoe launch: --fault '%s': expected kill-host:I@S or cut-host:I@S "
-                        "(host index I, S seconds after the start, e.g. kill-host:1@2.5)\n",
-                text);
+    const long max = f->kind == MM_FAULT_KILL_RANK ? MM_LAUNCH_MAX_PROCS : MM_SIM_HOSTS_MAX;
+    if (!rest || host < 0 || host >= max || at < 0) {
+        fprintf(stderr, "megamoe launch: --fault '%s': expected kill-host:I@S, cut-host:I@S or "
+                        "kill-rank:R@S (host index I or rank R, S seconds after the start, e.g. "
+                        "kill-host:1@2.5)\n", text);
         return -1;
     }
     f->host = (int)host;
@@ -138,11 +142,15 @@ void mm_launch_json(FILE *to, const mm_launch_proc_t *procs, int n,
         const mm_launch_fault_t *f = &faults[i];
         fprintf(to, "%s{\"spec\": ", i ? ", " : "");
         mm_json_str(to, f->spec);
-        fprintf(to, ", \"kind\": \"%s\", \"host\": %d, \"at_s\": %g, \"injected\": %s",
-                f->kind == MM_FAULT_KILL_HOST ? "kill-host" : "cut-host", f->host, f->at_s,
-                f->injected ? "true" : "false");
+        if (f->kind == MM_FAULT_KILL_RANK)
+            fprintf(to, ", \"kind\": \"kill-rank\", \"rank\": %d, \"at_s\": %g, \"injected\": %s",
+                    f->host, f->at_s, f->injected ? "true" : "false");
+        else
+            fprintf(to, ", \"kind\": \"%s\", \"host\": %d, \"at_s\": %g, \"injected\": %s",
+                    f->kind == MM_FAULT_KILL_HOST ? "kill-host" : "cut-host", f->host, f->at_s,
+                    f->injected ? "true" : "false");
         if (f->injected) fprintf(to, ", \"injected_at_s\": %.3f", f->injected_s);
-        if (f->kind == MM_FAULT_KILL_HOST) fprintf(to, ", \"processes_killed\": %d", f->processes);
+        if (f->kind != MM_FAULT_CUT_HOST) fprintf(to, ", \"processes_killed\": %d", f->processes);
         fprintf(to, "}");
     }
     fprintf(to, "], \"procs\": [");

@@ -21,7 +21,7 @@ typedef struct mm_launch_proc {
     int exited, status;
     int rank;    /* -1 in --per-host and --mpirun mode */
     int host;    /* -1 without --hosts */
-    int victim;  /* killed by a kill-host fault */
+    int victim;  /* killed by a kill-host or kill-rank fault */
     int stopped; /* signalled by the launcher (a failure elsewhere, the timeout, an interrupt) */
     double exit_s; /* seconds after the start when it was reaped */
     char prefix[48];   /* "[rank 2 @mm7-host1] " */
@@ -30,11 +30,11 @@ typedef struct mm_launch_proc {
     size_t out_len, err_len;
 } mm_launch_proc_t;
 
-typedef enum { MM_FAULT_KILL_HOST, MM_FAULT_CUT_HOST } mm_fault_kind_t;
+typedef enum { MM_FAULT_KILL_HOST, MM_FAULT_CUT_HOST, MM_FAULT_KILL_RANK } mm_fault_kind_t;
 
 typedef struct mm_launch_fault {
     mm_fault_kind_t kind;
-    int host;
+    int host; /* kill-host, cut-host: the host; kill-rank: the rank */
     double at_s;
     char spec[48]; /* as given: kill-host:1@2.5 */
     int injected;
@@ -42,7 +42,7 @@ typedef struct mm_launch_fault {
     int processes; /* kill-host: processes signalled */
 } mm_launch_fault_t;
 
-/* Parse "kill-host:I@S" or "cut-host:I@S"; 0, or -1 with a message printed. */
+/* Parse "kill-host:I@S", "cut-host:I@S" or "kill-rank:R@S"; 0, or -1 with a message printed. */
 int mm_launch_parse_fault(const char *text, mm_launch_fault_t *f);
 
 typedef struct mm_launch_outcome {

@@ -89,6 +89,21 @@ megamoe_status_t megamoe_comm_barrier(megamoe_comm_t *comm);
  * can free them and call destroy again. NULL is a no-op. */
 megamoe_status_t megamoe_comm_destroy(megamoe_comm_t *comm);
 
+/* ---- surviving a lost rank (docs/reliability.md) ------------------------------------------
+ * When a rank dies or its host is cut off, the calls in flight fail with PEER_LOST on every
+ * survivor, and the survivors agree among themselves (no rank is special) on who is gone. A
+ * communicator holding a lost rank is broken: its collectives fail with PEER_LOST; destroy it
+ * (local) and go on with the survivors. */
+
+/* 1 while rank i of comm is not known lost here, 0 once it is (or for a bad i). Local. */
+int megamoe_comm_rank_alive(const megamoe_comm_t *comm, int i);
+
+/* A communicator of the ranks of comm still alive, in comm's order, collective over them (the
+ * lost ones cannot take part). It waits until the survivors agreed on who is gone; PEER_LOST
+ * on a rank that is out (declared lost by the others, or on the smaller side of a partition:
+ * that side stops). comm itself stays broken. */
+megamoe_status_t megamoe_comm_survivors(megamoe_comm_t *comm, megamoe_comm_t **survivors_p);
+
 MEGAMOE_API_END
 #ifdef __cplusplus
 }

@@ -45,6 +45,7 @@ _world = None
 _by_name = {}
 _by_group = {}
 _order = []  # creation order, destroyed in reverse
+_survivor_comms = 0
 
 
 @_lib.mirror("megamoe_comm_params_t")
@@ -71,6 +72,10 @@ _L.megamoe_comm_barrier.restype = ctypes.c_int
 _L.megamoe_comm_barrier.argtypes = [ctypes.c_void_p]
 _L.megamoe_comm_destroy.restype = ctypes.c_int
 _L.megamoe_comm_destroy.argtypes = [ctypes.c_void_p]
+_L.megamoe_comm_rank_alive.restype = ctypes.c_int
+_L.megamoe_comm_rank_alive.argtypes = [ctypes.c_void_p, ctypes.c_int]
+_L.megamoe_comm_survivors.restype = ctypes.c_int
+_L.megamoe_comm_survivors.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
 
 
 class Comm:
@@ -101,6 +106,31 @@ class Comm:
 
     def barrier(self):
         check(_L.megamoe_comm_barrier(self.handle))
+
+    # -- through a lost rank (docs/reliability.md "Surviving a lost rank")
+    def rank_alive(self, i):
+        """False once rank i of this communicator was lost (a killed process, a host gone or
+        cut off); local. A communicator holding a lost rank is broken: its collectives raise
+        PEER_LOST; go on with :meth:`survivors`."""
+        return bool(_L.megamoe_comm_rank_alive(self.handle, int(i)))
+
+    def survivors(self):
+        """A communicator of this one's ranks still alive, in its order; collective over them
+        (waits until the survivors agreed on who is gone; raises PEER_LOST on a rank that is
+        out: declared lost, or on the smaller side of a cut). Kept until :func:`shutdown`."""
+        with _lock:
+            handle = ctypes.c_void_p()
+            check(_L.megamoe_comm_survivors(self.handle, ctypes.byref(handle)))
+            ranks = [r for i, r in enumerate(self.world_ranks) if self.rank_alive(i)]
+            global _survivor_comms
+            _survivor_comms += 1  # the same on every survivor: they make these in one order
+            name = (f"megamoe:survivors{_survivor_comms}:" +
+                    ",".join(str(r) for r in ranks))
+            comm = Comm(handle, name, ranks)
+            comm._user = True
+            _by_name[name] = comm
+            _order.append(comm)
+            return comm
 
     def destroy(self):
         """Collective; the last destroy in the process stops the runtime."""

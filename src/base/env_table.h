@@ -83,6 +83,16 @@
            "torch's own: 0 = TCPStores without libuv; python3 -m megamoe.torchrun sets it to 0 on a torch built without libuv (Debian 13's 2.6) and makes its rendezvous stores follow it (docs/torch.md).") \
     MM_ENV(SERVE_WEIGHT_CACHE, "MEGAMOE_SERVE_WEIGHT_CACHE", SIZE, "0", 0, 1099511627776LL, "", \
            "mega_moe: bytes of packed expert-weight copies kept between calls (process-wide, least recently used dropped first); 0 = no bound (docs/serve.md).") \
+    MM_ENV(SHMEM_PEER_TIMEOUT_MS, "MEGAMOE_SHMEM_PEER_TIMEOUT_MS", INT, "10000", 100, 3600000, "", \
+           "A rank on another host whose heartbeats stop this long is declared unreachable (its host is cut off or down); also the bootstrap connections' keepalive bound. A killed process is seen at once (docs/reliability.md).") \
+    MM_ENV(SHMEM_ON_LOSS, "MEGAMOE_SHMEM_ON_LOSS", ENUM, "survive", 0, 0, "survive|stop", \
+           "After a rank is lost: survive (the survivors agree on who is gone, the calls in flight fail with PEER_LOST, later calls run among the survivors) or stop (every rank stops with PEER_LOST).") \
+    MM_ENV(LAUNCH_T0_NS, "MEGAMOE_LAUNCH_T0_NS", STRING, "", 0, 0, "", \
+           "Set by megamoe launch: CLOCK_MONOTONIC nanoseconds at the job's start, the clock of --fault times (read by megamoe bench serve --loop).") \
+    MM_ENV(LAUNCH_FAULTS, "MEGAMOE_LAUNCH_FAULTS", STRING, "", 0, 0, "", \
+           "Set by megamoe launch --fault: the fault specs, comma-separated (kill-rank:R@S, kill-host:I@S, cut-host:I@S).") \
+    MM_ENV(LAUNCH_FAULT_LOG, "MEGAMOE_LAUNCH_FAULT_LOG", STRING, "", 0, 0, "", \
+           "Set by megamoe launch --fault: a file where the launcher writes each fault's real injection time (\"spec ns\" lines, CLOCK_MONOTONIC).") \
     MM_ENV(SERVE_SCHEDULE, "MEGAMOE_SERVE_SCHEDULE", ENUM, "auto", 0, 0, "auto|o1|host", \
            "mega_moe: auto runs a call on the O1 executor's inference plan when it can (a token bound, no rank masked, not an MX scene), else host-scheduled phases; o1 / host force one (o1 falls back where it cannot run); every rank the same (docs/serve.md).") \
     MM_ENV(GMM_PACK, "MEGAMOE_GMM_PACK", ENUM, "on", 0, 0, "on|off", \

@@ -298,7 +298,8 @@ static void mm_v2c_poison(const mm_v2_combine_t *c, megamoe_status_t st)
     (void)mm_shmem_quiet();
     if (g->erank >= 0) {
         for (int64_t s = 0; s < g->eW; s++) /* rows (fullmesh), partials (hierarchy leader) */
-            if (s != g->erank) mm_v2_poison_line(&c->call, MM_V2C_SIG, c->call.me, mm_v2c_pe(c, s), st);
+            if (s != g->erank && !mm_v2_lost(&c->call, mm_v2c_pe(c, s)))
+                mm_v2_poison_line(&c->call, MM_V2C_SIG, c->call.me, mm_v2c_pe(c, s), st);
         if (g->alg == MM_V2_ALG_HIERARCHY) mm_v2c_hier_poison(c, st);
     }
     if (g->tp == 2)
@@ -330,6 +331,7 @@ static megamoe_status_t mm_v2c_send(mm_v2_combine_t *c)
             continue;
         }
         int pe = mm_v2c_pe(c, s);
+        if (mm_v2_lost(&c->call, pe)) continue; /* a lost source takes nothing back */
         uint8_t *direct = mm_shmem_ptr(to,
             mm_v2_wpe(&c->call, pe)); /* same host: write straight into the peer */
         if (direct) {
@@ -342,7 +344,7 @@ static megamoe_status_t mm_v2c_send(mm_v2_combine_t *c)
     }
     MM_CHECK(mm_shmem_fence());
     for (int64_t s = 0; s < g->eW; s++)
-        if (s != g->erank)
+        if (s != g->erank && !mm_v2_lost(&c->call, mm_v2c_pe(c, s)))
             MM_CHECK(mm_shmem_signal_op(mm_v2_sig(&c->call, MM_V2C_SIG, c->call.me),
                                         mm_v2_sigval(&c->call, MEGAMOE_OK), MM_SHMEM_SIGNAL_SET,
                                         mm_v2_wpe(&c->call, mm_v2c_pe(c, s))));
@@ -357,6 +359,7 @@ static megamoe_status_t mm_v2c_reduce(mm_v2_combine_t *c, const uint8_t *process
     for (int64_t d = 0; d < g->eW; d++) {
         if (d == g->erank) continue;
         int pe = mm_v2c_pe(c, d);
+        if (mm_v2_lost(&c->call, pe)) continue; /* a lost expert rank: its pairs add nothing */
         MM_CHECK(mm_v2_wait(&c->call, mm_v2_sig(&c->call, MM_V2C_SIG, pe), "combine rows", pe, NULL));
         c->perf_us[mm_v2_phys(g, d)] += (int64_t)((mm_now_ns() - t0) / 1000);
     }
@@ -384,6 +387,9 @@ static megamoe_status_t mm_v2c_reduce(mm_v2_combine_t *c, const uint8_t *process
                     if (tm.kind >= 0) terms[nt++] = tm;
                     continue;
                 }
+                if (mm_v2_lost(&c->call, mm_v2c_pe(c, mm_v2_moe_dst(g, e)))) continue;
+            } else if (mm_v2_lost(&c->call, mm_v2c_pe(c, mm_v2_shared_dst(g, g->erank, k - K)))) {
+                continue; /* a lost shared-expert rank */
             }
             mm_v2c_term_t tm = {NULL, NULL, k < K ? w[t * K + k] : 1.0f, 0, 0, 0};
             if (c->selfrow && c->selfrow[slot] >= 0) {
@@ -443,6 +449,10 @@ static megamoe_status_t mm_v2c_run(mm_v2_combine_t *c, mm_v2_op_t op)
     MM_CHECK(mm_v2_call_begin(&c->call, MM_V2_WS_COMBINE, a->group_ep, tp2 ? a->group_tp : NULL,
                               uses_tp));
     c->n = c->call.n_world;
+    MM_CHECK(mm_v2_survivors(&c->call)); /* the lost members (the runtime's mask) */
+    if (local == MEGAMOE_OK)
+        local = mm_v2_lost_unsupported(&c->call, g, op == MM_V2_OP_COMBINE ? "combine_v2"
+                                                                          : "combine_add_rms_norm");
     if (local == MEGAMOE_OK) {
         c->pay = g->comm_quant ? mm_v2_cq_bytes(g->cqmode, g->h, g->xsize) : (size_t)g->h * g->xsize;
         c->cstride = mm_align_up(mm_align_up(c->pay, 8) + 8, 64);

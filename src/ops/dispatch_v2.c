@@ -102,11 +102,13 @@ static megamoe_status_t mm_v2d_plan(mm_v2_dispatch_t *d)
             if (c->mask_dim == 2 && !mask[i]) continue;
             if (e >= c->eE) continue;
             int64_t dst = mm_v2_moe_dst(c, e);
+            if (mm_v2_lost(&d->call, mm_v2d_pe(d, dst))) continue; /* a lost rank's expert */
             d->pdst[i] = (int32_t)dst;
             d->cnt[dst * L + e % c->eL]++;
         }
         for (int64_t j = 0; j < NS; j++) {
             int64_t dst = mm_v2_shared_dst(c, c->erank, j);
+            if (mm_v2_lost(&d->call, mm_v2d_pe(d, dst))) continue;
             d->sdst[t * NS + j] = (int32_t)dst;
             d->cnt[dst * L]++;
         }
@@ -227,7 +229,7 @@ static megamoe_status_t mm_v2d_send_counts(mm_v2_dispatch_t *d)
     int me = d->call.me;
     int32_t *box = (int32_t *)mm_v2_seg(&d->call, MM_V2D_MAILBOX) + (size_t)me * d->Lmax;
     for (int64_t dst = 0; dst < c->eW; dst++) {
-        if (dst == c->erank) continue;
+        if (dst == c->erank || mm_v2_lost(&d->call, mm_v2d_pe(d, dst))) continue;
         /* a failed transfer marks its peer lost (shmem.h): every rank's wait fails with it */
         MM_CHECK(mm_shmem_put_signal(box, d->cnt + dst * d->Lmax,
                                      (size_t)mm_v2_local_experts(c, dst) * 4, mm_v2d_sig(d, me),
@@ -310,7 +312,7 @@ static megamoe_status_t mm_v2d_send_rows(mm_v2_dispatch_t *d, const mm_v2d_out_t
     MM_CHECK(mm_shmem_fence());
     int me = d->call.me;
     for (int64_t dst = 0; dst < c->eW; dst++)
-        if (dst != c->erank)
+        if (dst != c->erank && !mm_v2_lost(&d->call, pes[dst]))
             MM_CHECK(mm_shmem_signal_op(mm_v2d_sig(d, d->n + me), mm_v2_sigval(&d->call, MEGAMOE_OK),
                                         MM_SHMEM_SIGNAL_SET, mm_v2_wpe(&d->call, pes[dst])));
     return MEGAMOE_OK;
@@ -370,10 +372,14 @@ static megamoe_status_t mm_v2d_layout(mm_v2_dispatch_t *d, const mm_v2d_out_t *o
             continue;
         }
         int pe = mm_v2d_pe(d, s);
+        d->src_region[s] = mm_v2d_region(d, s, me);
+        if (mm_v2_lost(&d->call, pe)) { /* a lost source: nothing comes */
+            for (int64_t le = 0; le < L; le++) d->rcnt[s * d->Lmax + le] = 0;
+            continue;
+        }
         MM_CHECK(mm_v2_wait(&d->call, mm_v2d_sig(d, pe), "dispatch counts", pe, NULL));
         for (int64_t le = 0; le < L; le++)
             d->rcnt[s * d->Lmax + le] = box[(size_t)pe * d->Lmax + le];
-        d->src_region[s] = mm_v2d_region(d, s, me);
     }
     int32_t *counts = a->ep_recv_counts.data;
     int64_t acc = 0;
@@ -398,7 +404,7 @@ static megamoe_status_t mm_v2d_collect(mm_v2_dispatch_t *d, const mm_v2d_out_t *
     uint8_t *done = mm_v2_scratch_take(&d->scratch, (size_t)eW);
     int64_t *blk = mm_v2_scratch_take(&d->scratch, (size_t)d->Lmax * 8);
     for (int64_t s = 0; s < eW; s++) {
-        if (s == me) done[s] = 1;
+        if (s == me || mm_v2_lost(&d->call, mm_v2d_pe(d, s))) done[s] = 1;
         else pending++;
     }
     megamoe_status_t st = MEGAMOE_OK;
@@ -438,7 +444,7 @@ static void mm_v2d_poison(const mm_v2_dispatch_t *d, megamoe_status_t st)
     (void)mm_shmem_quiet();
     if (c->erank >= 0) {
         for (int64_t dst = 0; dst < c->eW; dst++) {
-            if (dst == c->erank) continue;
+            if (dst == c->erank || mm_v2_lost(&d->call, mm_v2d_pe(d, dst))) continue;
             mm_v2_poison_line(&d->call, MM_V2D_SIG, d->call.me, mm_v2d_pe(d, dst), st); /* counts */
             if (c->alg != MM_V2_ALG_HIERARCHY) /* data */
                 mm_v2_poison_line(&d->call, MM_V2D_SIG, d->n + d->call.me, mm_v2d_pe(d, dst), st);
@@ -581,8 +587,7 @@ static megamoe_status_t mm_v2d_local(mm_v2_dispatch_t *d)
                   mm_v2_piece(eW * sizeof(int)) + mm_v2_piece(eW);
     if (c->alg == MM_V2_ALG_HIERARCHY)
         need += 2 * mm_v2_piece(ng * 8) + mm_v2_piece((size_t)mm_v2d_hier_stride(d));
-    MM_CHECK(mm_v2_scratch_init(&d->scratch, MM_V2_WS_DISPATCH, need));
-    return mm_v2d_plan(d);
+    return mm_v2_scratch_init(&d->scratch, MM_V2_WS_DISPATCH, need);
 }
 
 megamoe_status_t megamoe_dispatch_v2(const megamoe_dispatch_v2_args_t *caller_args)
@@ -614,6 +619,14 @@ megamoe_status_t megamoe_dispatch_v2(const megamoe_dispatch_v2_args_t *caller_ar
         return st;
     }
     d.n = d.call.n_world;
+    /* the lost members of the group (the runtime's mask), then the plan around them */
+    st = mm_v2_survivors(&d.call);
+    if (st != MEGAMOE_OK) {
+        mm_v2d_free(&d);
+        return st; /* this rank is out */
+    }
+    if (local == MEGAMOE_OK) local = mm_v2_lost_unsupported(&d.call, &d.c, "dispatch_v2");
+    if (local == MEGAMOE_OK) local = mm_v2d_plan(&d);
     mm_v2_record_t *r = mm_v2_rec(&d.call, d.call.me);
     r->status = local;
     if (local == MEGAMOE_OK) {

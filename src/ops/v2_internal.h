@@ -165,6 +165,12 @@ typedef struct mm_v2_scope {
     void *base[MM_V2_WS_COUNT];  /* workspace pools (symmetric over the scope's team) */
     uint64_t size[MM_V2_WS_COUNT];
     uint64_t gen[MM_V2_WS_COUNT];
+    /* after a lost member (v2_survive.c): the survivors' team, its call order, the lost
+     * members (by member index) and the team each pool was allocated on */
+    mm_shmem_team_t *live;
+    mm_call_group_t live_calls;
+    uint8_t *lost;
+    mm_shmem_team_t *pool_team[MM_V2_WS_COUNT];
 } mm_v2_scope_t;
 
 /* The scope of a team (the EP communicator's, or the world's for TP calls): cached; local. */
@@ -188,6 +194,8 @@ typedef struct mm_v2_record {
     int64_t tp_attrs[4]; /* H, ytype, quant, A: must match between TP peers */
     int64_t bs;
     uint64_t ws_size;    /* this rank's current pool size (lockstep check) */
+    uint64_t gen;        /* this rank's last call generation of the pool (the call takes the
+                            maximum + 1: members that failed different calls realign) */
     uint64_t seg[MM_V2_MAX_SEGS];
     int64_t aux[4];      /* operator-specific small values */
     /* followed by int32 counts[2 * n_world]: rows to each member, hop-1 units to each */
@@ -205,7 +213,29 @@ typedef struct mm_v2_call {
     uint64_t gen;               /* this call's generation (>= 1) */
     uint8_t *base;              /* my symmetric pool */
     uint64_t seg_off[MM_V2_MAX_SEGS];
+    const uint8_t *lost;        /* [n_world] members the survivors found lost; NULL: none */
 } mm_v2_call_t;
+
+/* ---- a lost rank in the scope (v2_survive.c) ---- */
+/* 1 when scope member pe of the call is lost (its rows are neither sent nor waited for; pairs
+ * routed to its experts contribute nothing and are not counted). */
+static inline int mm_v2_lost(const mm_v2_call_t *call, int pe)
+{
+    return call->lost != NULL && call->lost[pe];
+}
+/* Acknowledge the runtime's losses and mark the scope's lost members in call->lost (the call
+ * then runs among the survivors). PEER_LOST when this rank is out. */
+megamoe_status_t mm_v2_survivors(mm_v2_call_t *call);
+/* The team and call order of the call's exchange: the scope's, or its survivors' team (made on
+ * first use, collective over them). */
+megamoe_status_t mm_v2_exchange_team(mm_v2_call_t *call, mm_shmem_team_t **team_p,
+                                     mm_call_group_t **order_p);
+/* Why a call with a lost member cannot run (TP, hierarchy, fullmesh_v2, scaled elastic_info),
+ * as the local status; OK otherwise. */
+megamoe_status_t mm_v2_lost_unsupported(const mm_v2_call_t *call, const mm_v2_cfg_t *cfg,
+                                        const char *op_name);
+/* Forget the survivors' team of a scope (its drop). */
+megamoe_status_t mm_v2_scope_live_drop(mm_v2_scope_t *s);
 
 static inline mm_v2_record_t *mm_v2_rec(const mm_v2_call_t *call, int pe)
 {

@@ -27,6 +27,7 @@ static void mm_v2_scope_forget(mm_v2_scope_t *s)
     if (s->order == &s->calls) mm_call_group_unregister(&s->calls);
     free(s->wpe);
     free(s->idx);
+    free(s->lost);
     memset(s, 0, sizeof *s);
 }
 
@@ -104,11 +105,14 @@ static megamoe_status_t mm_v2_scope_drop(mm_v2_scope_t *s)
     megamoe_status_t st = MEGAMOE_OK;
     for (int k = 0; k < MM_V2_WS_COUNT; k++) {
         if (s->base[k] && mm_shmem_is_running()) {
-            megamoe_status_t f = mm_shmem_team_free(s->team, s->base[k]);
+            megamoe_status_t f =
+                mm_shmem_team_free(s->pool_team[k] ? s->pool_team[k] : s->team, s->base[k]);
             if (st == MEGAMOE_OK) st = f;
         }
         s->base[k] = NULL;
     }
+    megamoe_status_t l = mm_v2_scope_live_drop(s); /* the survivors' team, after its pools */
+    if (st == MEGAMOE_OK) st = l;
     if (mm_v2_last_scope == s) mm_v2_last_scope = NULL;
     mm_v2_scope_forget(s);
     return st;

@@ -86,17 +86,36 @@ megamoe_status_t mm_v2_call_agree(mm_v2_call_t *call, int call_kind)
     mm_v2_record_t *mine = mm_v2_rec(call, call->me);
     int kind = call->kind;
     mine->ws_size = call->scope->size[kind];
+    mine->gen = call->scope->gen[kind];
     /* 1. the call order and every rank's local status, in the one scope exchange of the
      *    records (the descriptor travels with them): a failing rank keeps its own message,
-     *    the others get "rank R: <its message>", before data moves */
+     *    the others get "rank R: <its message>", before data moves. After a loss the exchange
+     *    runs among the survivors and the lost members get stand-in records: this rank's
+     *    attributes and workspace, no rows (v2_survive.c) */
+    mm_shmem_team_t *xteam = NULL;
+    mm_call_group_t *order = NULL;
+    MM_CHECK(mm_v2_exchange_team(call, &xteam, &order));
     mm_call_t c;
-    mm_call_begin(&c, call->scope->order, call_kind, 0, 0);
+    mm_call_begin(&c, order, call_kind, 0, 0);
     c.keep_own_error = 1;
-    megamoe_status_t st = mm_call_exchange(&c, call->scope->team,
-                                           (megamoe_status_t)mine->status, mine, call->rec_bytes);
-    for (int p = 0; st == MEGAMOE_OK && p < call->n_world; p++)
-        memcpy(call->records + (size_t)p * call->rec_bytes, mm_call_payload(&c, p),
-               call->rec_bytes);
+    megamoe_status_t st = mm_call_exchange(&c, xteam, (megamoe_status_t)mine->status, mine,
+                                           call->rec_bytes);
+    for (int p = 0, m = 0; st == MEGAMOE_OK && p < call->n_world; p++) {
+        uint8_t *rec = call->records + (size_t)p * call->rec_bytes;
+        if (p == call->me) {
+            m++;
+            continue; /* mine stays (the exchange returned the same bytes) */
+        }
+        if (!mm_v2_lost(call, p)) {
+            memcpy(rec, mm_call_payload(&c, m++), call->rec_bytes);
+            continue;
+        }
+        memcpy(rec, mine, call->rec_bytes);
+        mm_v2_record_t *r = (mm_v2_record_t *)(void *)rec;
+        r->status = MEGAMOE_OK;
+        memset(r->seg, 0, sizeof r->seg);
+        memset(mm_v2_rec_counts(call, p), 0, sizeof(int32_t) * 2 * (size_t)call->n_world);
+    }
     mm_call_end(&c);
     MM_CHECK(st);
     int n = call->n_world;
@@ -194,31 +213,40 @@ megamoe_status_t mm_v2_call_layout(mm_v2_call_t *call, int nseg, const uint64_t 
         off += mm_align_up(seg_bytes[s] ? seg_bytes[s] : 64, 4096);
     }
     mm_v2_scope_t *sc = call->scope;
+    /* after a loss the pool grows on the survivors' team (the scope's cannot allocate) */
+    mm_shmem_team_t *team = call->lost ? sc->live : sc->team;
     if (off > sc->size[kind]) {
         /* grow: same decision on every member (the scope's maxima, same history) */
         uint64_t want = sc->size[kind] + sc->size[kind] / 2;
         if (want < off) want = off;
         want = mm_align_up(want, 2u << 20);
         if (sc->base[kind]) {
-            MM_CHECK(mm_shmem_team_free(sc->team, sc->base[kind]));
+            MM_CHECK(mm_shmem_team_free(sc->pool_team[kind] ? sc->pool_team[kind] : sc->team,
+                                        sc->base[kind]));
             sc->base[kind] = NULL;
             sc->size[kind] = 0;
         }
         void *p = NULL;
-        megamoe_status_t st = mm_shmem_team_malloc(sc->team, want, 4096, &p);
+        megamoe_status_t st = mm_shmem_team_malloc(team, want, 4096, &p);
         if (st != MEGAMOE_OK)
             return mm_error(st, "%s; the dispatch/combine workspace needs %llu bytes of symmetric "
                             "heap: raise HYPER_PARALLEL_SHMEM_HEAP_SIZE", megamoe_last_error(),
                             (unsigned long long)want);
         sc->base[kind] = p;
         sc->size[kind] = want;
+        sc->pool_team[kind] = team;
         /* The last SHMEM release frees the workspaces itself (no explicit call needed). */
         MM_CHECK(mm_shmem_add_release_hook(mm_v2_release_hook, NULL));
         memset(p, 0, call->seg_off[1] ? call->seg_off[1] : 4096); /* signal lines */
-        MM_CHECK(mm_shmem_team_barrier(sc->team));
+        MM_CHECK(mm_shmem_team_barrier(team));
     }
     call->base = sc->base[kind];
-    call->gen = ++sc->gen[kind];
+    /* the largest generation of any member, plus one: equal to the previous call's + 1 on
+     * every member, also after members failed different calls at a loss */
+    uint64_t gen = 0;
+    for (int p = 0; p < call->n_world; p++)
+        if (!mm_v2_lost(call, p) && mm_v2_rec(call, p)->gen > gen) gen = mm_v2_rec(call, p)->gen;
+    call->gen = sc->gen[kind] = gen + 1;
     return MEGAMOE_OK;
 }
 
@@ -291,7 +319,11 @@ megamoe_status_t mm_v2_call_refuse(int call_kind, megamoe_status_t st)
     snprintf(text, sizeof text, "%s", megamoe_last_error());
     mm_v2_call_t call;
     megamoe_status_t bs = mm_v2_call_begin(&call, MM_V2_WS_DISPATCH, NULL, NULL, 0);
-    if (bs != MEGAMOE_OK) return bs;
+    if (bs == MEGAMOE_OK) bs = mm_v2_survivors(&call); /* to the survivors after a loss */
+    if (bs != MEGAMOE_OK) {
+        mm_v2_call_end(&call);
+        return bs;
+    }
     mm_set_last_error(text);
     mm_v2_rec(&call, call.me)->status = st;
     megamoe_status_t agreed = mm_v2_call_agree(&call, call_kind);

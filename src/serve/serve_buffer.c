@@ -624,7 +624,7 @@ megamoe_status_t mm_sv_order(megamoe_symm_buffer_t *b, mm_sv_order_t **order_p)
     mm_shmem_team_t *team = b->team;
     int own = 0;
     if (n != b->W) { /* collective over the participants */
-        MM_CHECK(mm_shmem_team_create(pes, n, &team));
+        MM_CHECK(mm_shmem_team_create_keyed(pes, n, (1ull << 62) | b->id, &team));
         own = 1;
     }
     memset(slot, 0, sizeof *slot);

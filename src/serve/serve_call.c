@@ -274,7 +274,7 @@ static megamoe_status_t mm_sv_wait(megamoe_symm_buffer_t *b, const mm_sv_plan_t 
         megamoe_status_t st = mm_shmem_signal_wait_until(mm_sv_line(b, dir, s), MM_SHMEM_CMP_GE,
                                                          gen << 8, &v);
         if (st != MEGAMOE_OK) {
-            b->broken = 1;
+            b->broken = st != MEGAMOE_PEER_LOST; /* a loss: the survivors go on */
             return st;
         }
         if ((v & 0xFF) && *failed < 0) {
@@ -705,16 +705,17 @@ static megamoe_status_t mm_sv_call_o1(megamoe_symm_buffer_t *b, const mm_sv_call
 }
 
 /* Before this rank's rows take new data: every participant of its last call finished reading
- * them (a lost peer reads nothing more). */
+ * them. A lost peer reads nothing more; a participant of this call too enters this call's
+ * exchange only after it finished the last one (nobody writes before the exchange). */
 static megamoe_status_t mm_sv_wait_readers(megamoe_symm_buffer_t *b)
 {
     for (int i = 0; i < b->prev_n; i++) {
         const int s = b->prev[i];
-        if (!mm_shmem_pe_alive(b->pes[s])) continue;
+        if (!mm_shmem_pe_alive(b->pes[s]) || !(b->mask && b->mask[s])) continue;
         megamoe_status_t st = mm_shmem_signal_wait_until(mm_sv_line(b, MM_SV_READ, s),
                                                          MM_SHMEM_CMP_GE, b->prev_gen, NULL);
         if (st != MEGAMOE_OK) {
-            b->broken = 1;
+            b->broken = st != MEGAMOE_PEER_LOST;
             return st;
         }
     }
@@ -736,6 +737,7 @@ static void mm_sv_done_reading(megamoe_symm_buffer_t *b, const mm_sv_plan_t *pl,
 
 static megamoe_status_t mm_sv_body(megamoe_symm_buffer_t *b, const megamoe_mega_moe_args_t *a)
 {
+    MM_CHECK(mm_sv_runtime_mask(b)); /* lost ranks (serve_survive.c) */
     mm_sv_order_t *order = NULL;
     MM_CHECK(mm_sv_order(b, &order)); /* a masked rank's own mistake: local */
     MM_CHECK(mm_sv_wait_readers(b));
@@ -768,7 +770,7 @@ static megamoe_status_t mm_sv_body(megamoe_symm_buffer_t *b, const megamoe_mega_
     mm_call_t call;
     mm_call_begin(&call, &order->calls, MM_CALL_MEGA_MOE, b->id, 0);
     megamoe_status_t st = mm_call_exchange(&call, order->team, local, mine, pbytes);
-    if (st == MEGAMOE_PEER_LOST || st == MEGAMOE_TIMEOUT) b->broken = 1;
+    if (st == MEGAMOE_TIMEOUT) b->broken = 1; /* a loss: the next call runs among the survivors */
     if (st != MEGAMOE_OK) {
         mm_call_end(&call);
         return st;
@@ -817,7 +819,9 @@ static megamoe_status_t mm_sv_body(megamoe_symm_buffer_t *b, const megamoe_mega_
                              &stage, &shared, &waited);
     }
     if (st == MEGAMOE_OK) st = mm_sv_reduce(b, &c, &pl, pair_row, pair_pos, prefix, stage, shared);
-    if (waited) mm_sv_done_reading(b, &pl, gen);
+    /* it reads nothing more of this call, also after a failure (a lost peer included: the
+     * survivors go on); not after a timeout (the buffer is broken) */
+    if (waited || !b->broken) mm_sv_done_reading(b, &pl, gen);
     if (st == MEGAMOE_OK) {
         b->calls++;
         b->o1_calls += (uint64_t)use_o1;

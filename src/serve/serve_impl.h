@@ -164,6 +164,9 @@ megamoe_status_t mm_sv_scratch(megamoe_symm_buffer_t *b, int which, size_t bytes
 /* The call-order group and team of the current participants (the unmasked members). Creating
  * a new one for a new mask is collective over the participants. */
 megamoe_status_t mm_sv_order(megamoe_symm_buffer_t *b, mm_sv_order_t **order_p);
+/* ---- serve_survive.c ---- */
+/* Acknowledge the runtime's losses and mask the buffer's lost members (every call, first). */
+megamoe_status_t mm_sv_runtime_mask(megamoe_symm_buffer_t *b);
 /* Bytes per receive row for hidden size H (large enough for every scene's row). */
 size_t mm_sv_row_bytes(int64_t H);
 

@@ -135,7 +135,15 @@ megamoe_status_t mm_sv_o1_free_retired(mm_shmem_team_t *team)
     return st;
 }
 
-int mm_sv_o1_usable(const megamoe_symm_buffer_t *b) { return b->o1 != NULL; }
+int mm_sv_o1_usable(const megamoe_symm_buffer_t *b)
+{
+    return b->o1 != NULL && !mm_mc_broken(b->o1->exec);
+}
+
+int mm_sv_o1_lost(const megamoe_symm_buffer_t *b)
+{
+    return b->o1 != NULL && mm_shmem_team_lost_member(b->o1->team) >= 0;
+}
 
 /* ---- the bodies ------------------------------------------------------------------------- */
 
@@ -224,6 +232,8 @@ megamoe_status_t mm_sv_o1_run(megamoe_symm_buffer_t *b, const mm_sv_o1_call_t *k
     l.body.reduce = mm_sv_o1_reduce;
     l.body.local = mm_sv_o1_local;
     megamoe_status_t st = mm_mc_run(o->exec, &l);
-    if (mm_mc_broken(o->exec)) b->broken = 1;
+    /* a lost peer breaks the executor, not the buffer: the next call masks the lost rank
+     * and drops the executor (serve_survive.c); the host path serves from then on */
+    if (mm_mc_broken(o->exec) && st != MEGAMOE_PEER_LOST) b->broken = 1;
     return st;
 }

@@ -55,6 +55,8 @@ megamoe_status_t mm_sv_o1_destroy(megamoe_symm_buffer_t *b, int collective);
 void mm_sv_o1_retire(megamoe_symm_buffer_t *b);
 megamoe_status_t mm_sv_o1_free_retired(mm_shmem_team_t *team); /* NULL: every one */
 int mm_sv_o1_usable(const megamoe_symm_buffer_t *b);
+/* The executor's team holds a rank the survivors agreed is lost (drop it: mm_sv_o1_destroy). */
+int mm_sv_o1_lost(const megamoe_symm_buffer_t *b);
 /* The launch (local: this rank's failure so far, every rank then returns it). */
 megamoe_status_t mm_sv_o1_run(megamoe_symm_buffer_t *b, const mm_sv_o1_call_t *k,
                               megamoe_status_t local);

@@ -516,6 +516,20 @@ int mm_boot_fd(const mm_boot_t *b, int pe)
     return pe == 0 ? b->fds[0] : -1;
 }
 
+void mm_boot_drop_fd(mm_boot_t *b, int pe)
+{
+    if (b == NULL || pe < 0 || pe >= b->world || pe == b->rank) return;
+    int i = b->rank == 0 ? pe : pe == 0 ? 0 : -1;
+    if (i < 0 || b->fds[i] < 0) return;
+    close(b->fds[i]);
+    b->fds[i] = -1;
+    if (b->broken == MEGAMOE_OK) {
+        b->broken = MEGAMOE_PEER_LOST;
+        snprintf(b->broken_text, sizeof b->broken_text, "rank %d was lost: the bootstrap "
+                 "collectives need every rank", pe);
+    }
+}
+
 /* ---- control collectives: contributions go to rank 0, the result comes back ---- */
 
 static megamoe_status_t mm_boot_fail(mm_boot_t *b, megamoe_status_t st, const char *text)

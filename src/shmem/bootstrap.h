@@ -60,6 +60,9 @@ int mm_boot_world(const mm_boot_t *boot);
 /* Socket that tells when world rank pe goes away (rank 0: every peer; others: rank 0 only),
  * -1 when none. For poll(POLLRDHUP) by the liveness monitor. */
 int mm_boot_fd(const mm_boot_t *boot, int pe);
+/* Close the connection to a lost pe (the liveness monitor; nothing more comes from it). The
+ * control collectives then fail with PEER_LOST: after a loss the survivors use the heap. */
+void mm_boot_drop_fd(mm_boot_t *boot, int pe);
 
 /* Control collectives (every rank calls them in the same order). */
 megamoe_status_t mm_boot_barrier(mm_boot_t *boot);

@@ -188,3 +188,48 @@ megamoe_status_t megamoe_comm_destroy(megamoe_comm_t *c)
     free(c);
     return st != MEGAMOE_OK ? st : rs;
 }
+
+int megamoe_comm_rank_alive(const megamoe_comm_t *c, int i)
+{
+    int pe = megamoe_comm_world_rank(c, i);
+    return pe >= 0 && mm_shmem_pe_alive(pe);
+}
+
+megamoe_status_t megamoe_comm_survivors(megamoe_comm_t *c, megamoe_comm_t **out)
+{
+    if (!mm_comm_valid(c) || c->team == NULL || out == NULL)
+        return mm_error(MEGAMOE_INVALID_ARGUMENT, "megamoe_comm_survivors: invalid communicator or "
+                        "NULL survivors_p");
+    MM_CHECK(mm_shmem_recover());
+    int n = mm_shmem_team_n_pes(c->team), k = 0;
+    int *pes = malloc(sizeof(int) * (size_t)n);
+    if (pes == NULL) return mm_error(MEGAMOE_OUT_OF_MEMORY, "megamoe_comm_survivors: out of memory");
+    for (int i = 0; i < n; i++) {
+        int pe = mm_shmem_team_world_pe(c->team, i);
+        if (mm_shmem_pe_alive(pe)) pes[k++] = pe;
+    }
+    megamoe_status_t st = mm_shmem_acquire(NULL);
+    megamoe_comm_t *s = st == MEGAMOE_OK ? calloc(1, sizeof *s) : NULL;
+    if (st == MEGAMOE_OK && s == NULL)
+        st = mm_error(MEGAMOE_OUT_OF_MEMORY, "megamoe_comm_survivors: out of memory");
+    mm_shmem_team_t *team = NULL;
+    /* keyed by the communicator it comes from (its members, in order): not confused with
+     * another team of the same survivors a peer may be creating at this point */
+    uint64_t key = 0x5355525669564f52ull; /* "SURVIVOR" */
+    for (int i = 0; i < n; i++)
+        key = (key ^ (uint64_t)(uint32_t)mm_shmem_team_world_pe(c->team, i)) * 1099511628211ull;
+    if (st == MEGAMOE_OK) st = mm_shmem_team_create_keyed(pes, k, key, &team);
+    free(pes);
+    if (st != MEGAMOE_OK) {
+        if (s) {
+            free(s);
+            mm_shmem_release();
+        }
+        return st;
+    }
+    s->magic = MM_COMM_MAGIC;
+    s->team = team;
+    s->owns_team = 1;
+    *out = s;
+    return MEGAMOE_OK;
+}

@@ -35,6 +35,7 @@
 #include "base/env.h"
 #include "base/tsan.h"
 #include "engine_ucx.h"
+#include "survive.h"
 
 /* A PE's engine record: segment address and size (u64 each), worker address and remote key
  * lengths (u32 each), protocol (u32), then the address and the key. */
@@ -63,7 +64,13 @@ int mm_ucx_progress_locked(mm_ucx_engine_t *e)
      * (an endpoint to a cut-off host being discarded); an unbounded loop here would hold
      * the lock and never reach the caller's timeout */
     for (int i = 0; i < MM_UCX_PROGRESS_STEPS; i++) {
-        if (mm_shmem_lost_pe() >= 0) mm_ucx_close_lost_start_locked(e);
+        /* a PE lost since the last close (whether the survivors acknowledged it or not): its
+         * endpoint goes, the survivors' stay (survive.h) */
+        int losses = mm_surv_lost_count();
+        if (losses != e->losses_closed) {
+            e->losses_closed = losses;
+            mm_ucx_close_lost_start_locked(e);
+        }
         if (e->closes_open) mm_ucx_close_lost_finish_locked(e);
         /* the rma protocol's incoming puts are copied into the heap inside uninstrumented UCX,
          * ordered before their signal by UCX alone: TSan would see the copy but not the order,
@@ -115,8 +122,10 @@ megamoe_status_t mm_ucx_wait_until(mm_ucx_engine_t *e, int (*done_fn)(mm_ucx_eng
             return mm_error(MEGAMOE_PEER_LOST, "%s: rank %d was lost", what, pe);
         if (mm_shmem_lost_pe() >= 0) {
             if (loss_seen == 0) loss_seen = mm_now_ns();
-            else if (mm_now_ns() - loss_seen > MM_UCX_LOSS_GRACE_NS)
-                return mm_shmem_check_peers(what);
+            else if (mm_now_ns() - loss_seen > MM_UCX_LOSS_GRACE_NS) {
+                megamoe_status_t st = mm_shmem_check_peers(what);
+                if (st != MEGAMOE_OK) return st; /* (acknowledged meanwhile: wait on) */
+            }
         }
         uint64_t el = mm_now_ns() - start;
         if (el >= timeout)

@@ -95,6 +95,7 @@ typedef struct mm_ucx_engine_s {
     mm_ucx_atomic_t *atomics, *free_atomics;
     int queued_atomics; /* in PE queues */
     int closes_open;              /* lost PEs' endpoint closes not yet completed */
+    int losses_closed;            /* losses (mm_surv_lost_count) whose endpoints were closed */
     ucs_status_ptr_t *close_reqs; /* per PE: the close request of a lost PE's endpoint */
     struct mm_ucx_done *dones, *free_dones; /* completion records of waits */
     /* progress thread */

@@ -783,8 +783,8 @@ typedef struct mm_am_quiet {
 static int mm_am_quiet_done(mm_ucx_engine_t *e, void *arg)
 {
     const mm_am_quiet_t *q = arg;
-    for (int pe = 0; pe < e->n_pes; pe++)
-        if (q->want[pe] && e->peers[pe].acked < q->want[pe]) return 0;
+    for (int pe = 0; pe < e->n_pes; pe++) /* a lost PE acknowledges nothing more */
+        if (q->want[pe] && e->peers[pe].acked < q->want[pe] && !mm_ucx_pe_lost(pe)) return 0;
     return 1;
 }
 
@@ -805,7 +805,8 @@ megamoe_status_t mm_ucx_am_quiet(mm_ucx_engine_t *e)
         uint64_t need = p->quiet_seq, acked = p->acked, asked = p->ackreq_seq;
         pthread_mutex_unlock(&e->lock);
         want[pe] = 0;
-        if (need <= acked) continue;
+        /* a lost PE: what was sent to it is gone with it (the survivors go on without it) */
+        if (need <= acked || mm_ucx_pe_lost(pe)) continue;
         if (asked < need) { /* something was sent after the last request: ask again */
             megamoe_status_t s = mm_am_send_flags(e, pe, 0, NULL, 0, 0, 0, -1, MM_AM_F_ACKREQ);
             if (s != MEGAMOE_OK) {

@@ -1,16 +1,15 @@
-/* Peer liveness: a monitor thread watches every peer and records the first loss.
+/* Peer liveness: a monitor thread watches every peer; what it and the engine see feeds the
+ * survivors' agreement (survive.c).
  *
  * Sources, all event-driven through one poll(): a pidfd per same-host peer (readable when the
- * process exits, even before it is reaped), the bootstrap socket (POLLRDHUP when the peer's
- * end closes, which the kernel does when a process dies; an error after a few seconds of
- * unanswered keepalive probes when a whole host vanishes, boot_net.c) and, where pidfd_open
- * is missing, a /proc/<pid>/stat check every 100 ms (state and start time, so a reused pid is
- * no alive peer). Pids mean nothing on another host, so peers there are watched through the
- * sockets (rank 0 sees every rank's) and the engine's connection errors only.
- * A loss is published three ways: the per-PE `dead` flag, `lost_pe` with its reason, and the
- * job-lost word in the heap header, which this PE writes into its own header and pushes into
- * every peer's (a store on this host, an engine atomic across hosts), and which every PE's
- * waiters read locally: a loss seen by one PE (rank 0 sees every bootstrap socket) reaches all.
+ * process exits, even before it is reaped: the peer is dead), the bootstrap socket (POLLRDHUP
+ * when the peer's end closes, which the kernel does when a process dies: dead; an error after
+ * unanswered keepalive probes when a whole host vanishes: unreachable, boot_net.c) and, where
+ * pidfd_open is missing, a /proc/<pid>/stat check every 100 ms (state and start time, so a
+ * reused pid is no alive peer). Pids mean nothing on another host, so peers there are watched
+ * through the sockets (rank 0 sees every rank's), the engine's connection errors and the
+ * heartbeats of survive.c. The monitor also runs survive.c's periodic work (reports of other
+ * PEs, heartbeats, the agreement), woken by an eventfd when a loss is seen anywhere here.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -20,16 +19,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include "shmem_internal.h"
+#include "survive.h"
 
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
 #endif
-
-static atomic_int mm_lost_claim = -1;
 
 /* 1 when /proc says process pid (started at start_time) is gone or a zombie. */
 static int mm_proc_gone(int pid, uint64_t start_time)
@@ -55,51 +54,14 @@ static int mm_proc_gone(int pid, uint64_t start_time)
     return 0;
 }
 
-/* Record the loss of pe here; publish != 0 also writes it into the job-lost word. */
-static void mm_mark_lost(int pe, const char *why, int publish)
-{
-    mm_shmem_global_t *g = &mm_shmem_g;
-    if (pe < 0 || pe >= g->n_pes || atomic_load(&g->closing)) return;
-    if (atomic_exchange(&g->dead[pe], 1)) return;
-    /* A loss another PE already published in the job-lost word came first: report that one
-     * (the root cause), not what it led to here, e.g. rank 0 going away after it saw the
-     * first loss — which a loaded monitor thread may notice in the same poll round. A claim
-     * that names this PE is not taken: it comes from a PE that lost sight of us (its own
-     * connection broke), and what we see ourselves is the better report. */
-    int first = pe;
-    const char *first_why = why;
-    if (g->my_base) {
-        uint64_t w = __atomic_load_n(&mm_shmem_header(g->my_base)->lost, __ATOMIC_ACQUIRE);
-        int q = (int)w - 1;
-        if (w != 0 && q != pe && q != g->my_pe && q < g->n_pes) {
-            first = q;
-            first_why = "reported by another rank";
-        }
-    }
-    int expected = -1;
-    if (atomic_compare_exchange_strong(&mm_lost_claim, &expected, first)) {
-        snprintf(g->lost_why, sizeof g->lost_why, "%s", first_why);
-        atomic_store_explicit(&g->lost_pe, first, memory_order_release);
-        MM_LOG(MEGAMOE_LOG_ERROR, "shmem: rank %d lost: %s", first, first_why);
-    }
-    if (publish && g->my_base) {
-        /* first claim wins in every header; peers on other hosts get it through the engine
-         * (non-blocking; a peer that cannot be reached any more learns of it otherwise) */
-        const uint64_t off = offsetof(mm_shmem_header_t, lost);
-        for (int q = 0; q < g->n_pes; q++) {
-            if (q == pe || (q != g->my_pe && atomic_load(&g->dead[q]))) continue;
-            if (g->bases[q] || (g->engine && g->remote[q]))
-                mm_shmem_word_op(q, off, (uint64_t)pe + 1, MM_ENGINE_CAS0);
-        }
-    }
-}
-
-void mm_shmem_mark_lost(int pe, const char *why) { mm_mark_lost(pe, why, 1); }
+/* A loss seen by this PE (the engine, the test seam, a failed control signal): unreachable
+ * unless proven dead. Every PE learns it through survive.c. */
+void mm_shmem_mark_lost(int pe, const char *why) { mm_surv_observe(pe, MM_LOSS_UNREACHABLE, why); }
 
 void mm_shmem_declare_lost(int pe, const char *why)
 {
     if (mm_shmem_running_now() && pe >= 0 && pe < mm_shmem_g.n_pes && pe != mm_shmem_g.my_pe)
-        mm_mark_lost(pe, why, 1);
+        mm_surv_observe(pe, MM_LOSS_UNREACHABLE, why);
 }
 
 /* 1 when peer pe's process is known to be running (pidfd not readable, or /proc says so). */
@@ -113,32 +75,45 @@ static int mm_peer_running(int pe)
     return g->peers[pe].pid > 0 && !mm_proc_gone(g->peers[pe].pid, g->peers[pe].start_time);
 }
 
-int mm_shmem_lost_pe(void)
+int mm_shmem_lost_pe(void) { return mm_surv_pending_pe(); }
+
+megamoe_status_t mm_shmem_recover(void)
 {
-    mm_shmem_global_t *g = &mm_shmem_g;
-    int pe = atomic_load_explicit(&g->lost_pe, memory_order_acquire);
-    if (pe >= 0) return pe;
-    if (g->my_base) {
-        uint64_t w = __atomic_load_n(&mm_shmem_header(g->my_base)->lost, __ATOMIC_ACQUIRE);
-        if (w) return (int)(w - 1);
-    }
-    return -1;
+    if (!mm_shmem_running_now()) return mm_shmem_not_running("mm_shmem_recover");
+    return mm_surv_recover("mm_shmem_recover");
 }
 
-megamoe_status_t mm_shmem_check_peers(const char *what)
+int mm_shmem_pe_lost(int pe) { return mm_shmem_running_now() && mm_surv_retired(pe); }
+
+megamoe_status_t mm_shmem_check_peers(const char *what) { return mm_surv_check(what); }
+
+static void mm_monitor_kick(void)
 {
-    int pe = mm_shmem_lost_pe();
-    if (pe < 0) return MEGAMOE_OK;
-    mm_shmem_global_t *g = &mm_shmem_g;
-    if (pe == g->my_pe) /* another PE lost sight of this one (e.g. our connection broke) */
-        return mm_error(MEGAMOE_PEER_LOST, "rank %d (this process) was declared lost by another "
-                        "rank during %s; the job cannot continue: release SHMEM and restart "
-                        "every rank", pe, what);
-    const char *why = atomic_load_explicit(&g->lost_pe, memory_order_acquire) == pe
-                          ? g->lost_why
-                          : "reported by another rank";
-    return mm_error(MEGAMOE_PEER_LOST, "rank %d was lost (%s) during %s; the job cannot "
-                    "continue: release SHMEM and restart every rank", pe, why, what);
+    int fd = mm_shmem_g.wake_fd;
+    uint64_t one = 1;
+    if (fd >= 0 && write(fd, &one, sizeof one) < 0) { /* full: a wake-up is pending anyway */
+    }
+}
+
+/* A bootstrap connection to pe ended: how sure is the loss? The peer's kernel closing it (an
+ * orderly close or a reset) means its process is gone; silence (keepalive or user timeout)
+ * means unreachable. A same-host PE whose pidfd says it runs cut the connection itself:
+ * unreachable — except rank 0 seen from another rank (rank 0 sees the same close and reports
+ * this PE, the one cut off; blaming the live root could reach the job first). Returns
+ * MM_LOSS_NONE when there is nothing to report. */
+static int mm_boot_close_kind(int pe, int fd, char *why, size_t len)
+{
+    int err = 0;
+    socklen_t el = sizeof err;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
+    snprintf(why, len, "its bootstrap connection closed");
+    if (mm_shmem_same_host(pe) && mm_peer_running(pe))
+        return pe == 0 && mm_shmem_g.my_pe != 0 ? MM_LOSS_NONE : MM_LOSS_UNREACHABLE;
+    if (err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH || err == EHOSTDOWN) {
+        snprintf(why, len, "its bootstrap connection timed out (%s)", strerror(err));
+        return MM_LOSS_UNREACHABLE;
+    }
+    return MM_LOSS_DEAD;
 }
 
 static void *mm_monitor_main(void *arg)
@@ -148,8 +123,9 @@ static void *mm_monitor_main(void *arg)
     int n = g->n_pes;
     struct pollfd *pfd = calloc((size_t)(2 * n + 1), sizeof *pfd);
     int *who = calloc((size_t)(2 * n + 1), sizeof *who);
-    if (!pfd || !who) {
-        free(pfd), free(who);
+    unsigned char *boot_done = calloc((size_t)n, 1);
+    if (!pfd || !who || !boot_done) {
+        free(pfd), free(who), free(boot_done);
         return NULL;
     }
     for (;;) {
@@ -157,39 +133,48 @@ static void *mm_monitor_main(void *arg)
         pfd[k] = (struct pollfd){g->wake_fd, POLLIN, 0};
         who[k++] = -1;
         for (int pe = 0; pe < n; pe++) {
-            if (pe == g->my_pe || atomic_load(&g->dead[pe])) continue;
+            if (pe == g->my_pe) continue;
+            if (atomic_load(&g->dead[pe])) {
+                /* nothing more to learn from a lost peer's descriptors: release them now */
+                if (g->peers[pe].pidfd >= 0) close(g->peers[pe].pidfd);
+                g->peers[pe].pidfd = -1;
+                if (!boot_done[pe]) mm_boot_drop_fd(g->boot, pe);
+                boot_done[pe] = 1;
+                continue;
+            }
             if (g->peers[pe].pidfd >= 0) {
                 pfd[k] = (struct pollfd){g->peers[pe].pidfd, POLLIN, 0};
                 who[k++] = pe;
             } else if (g->peers[pe].pid > 0) {
                 need_proc = 1;
             }
-            int fd = mm_boot_fd(g->boot, pe);
+            int fd = boot_done[pe] ? -1 : mm_boot_fd(g->boot, pe);
             if (fd >= 0) {
                 pfd[k] = (struct pollfd){fd, POLLRDHUP, 0};
                 who[k++] = -2 - pe;
             }
         }
-        int rc = poll(pfd, (nfds_t)k, need_proc ? 100 : 1000);
+        int tick = mm_surv_tick_ms();
+        int rc = poll(pfd, (nfds_t)k, need_proc && tick > 100 ? 100 : tick);
         if (atomic_load(&g->closing)) break;
         if (rc < 0 && errno != EINTR) break;
-        if (pfd[0].revents) break;
-        for (int i = 1; i < k; i++) {
+        if (pfd[0].revents) {
+            uint64_t v;
+            if (read(g->wake_fd, &v, sizeof v) < 0) { /* drained by a concurrent read */
+            }
+        }
+        for (int i = 1; i < k && rc > 0; i++) {
             if (!pfd[i].revents) continue;
             char why[128];
             if (who[i] >= 0) {
                 snprintf(why, sizeof why, "process %d exited", g->peers[who[i]].pid);
-                mm_shmem_mark_lost(who[i], why);
+                mm_surv_observe(who[i], MM_LOSS_DEAD, why);
             } else {
-                /* A non-root PE whose connection to a rank 0 that still runs closed: rank 0
-                 * sees the same close and publishes the verdict (this PE, the one cut off).
-                 * Publishing "rank 0 lost" here could reach the job before rank 0's own
-                 * report and blame the live root (seen under TSan); the loss still fails this
-                 * PE's waiters. */
                 int pe = -2 - who[i];
-                int publish = !(pe == 0 && g->my_pe != 0 && mm_shmem_same_host(0) &&
-                                mm_peer_running(0));
-                mm_mark_lost(pe, "its bootstrap connection closed", publish);
+                int kind = mm_boot_close_kind(pe, pfd[i].fd, why, sizeof why);
+                /* a closed connection stays readable: watch it no more */
+                boot_done[pe] = 1;
+                if (kind != MM_LOSS_NONE) mm_surv_observe(pe, kind, why);
             }
         }
         if (need_proc)
@@ -199,18 +184,19 @@ static void *mm_monitor_main(void *arg)
                     mm_proc_gone(g->peers[pe].pid, g->peers[pe].start_time)) {
                     char why[128];
                     snprintf(why, sizeof why, "process %d is gone", g->peers[pe].pid);
-                    mm_shmem_mark_lost(pe, why);
+                    mm_surv_observe(pe, MM_LOSS_DEAD, why);
                 }
+        mm_surv_tick();
     }
     free(pfd);
     free(who);
+    free(boot_done);
     return NULL;
 }
 
 void mm_shmem_liveness_reset(void)
 {
     mm_shmem_global_t *g = &mm_shmem_g;
-    atomic_store(&mm_lost_claim, -1);
     atomic_store(&g->lost_pe, -1);
     atomic_store(&g->closing, 0);
     g->lost_why[0] = '\0';
@@ -219,7 +205,12 @@ void mm_shmem_liveness_reset(void)
 megamoe_status_t mm_shmem_liveness_start(void)
 {
     mm_shmem_global_t *g = &mm_shmem_g;
-    mm_shmem_liveness_reset();
+    atomic_store(&g->closing, 0);
+    g->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (g->wake_fd < 0)
+        return mm_error(MEGAMOE_IO, "cannot create the liveness monitor's eventfd: %s",
+                        strerror(errno));
+    mm_surv_set_kick(mm_monitor_kick);
     for (int pe = 0; pe < g->n_pes; pe++) {
         g->peers[pe].pidfd = -1;
         if (pe == g->my_pe || g->peers[pe].pid <= 0) continue;
@@ -228,15 +219,12 @@ megamoe_status_t mm_shmem_liveness_start(void)
             fcntl((int)fd, F_SETFD, FD_CLOEXEC);
             g->peers[pe].pidfd = (int)fd;
         } else if (errno == ESRCH) {
-            mm_shmem_mark_lost(pe, "process already gone at start");
+            mm_surv_observe(pe, MM_LOSS_DEAD, "process already gone at start");
         }
     }
-    g->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (g->wake_fd < 0)
-        return mm_error(MEGAMOE_IO, "cannot create the liveness monitor's eventfd: %s",
-                        strerror(errno));
     int rc = pthread_create(&g->monitor, NULL, mm_monitor_main, NULL);
     if (rc != 0) {
+        mm_surv_set_kick(NULL);
         close(g->wake_fd);
         g->wake_fd = -1;
         return mm_error(MEGAMOE_IO, "cannot start the liveness monitor thread: %s", strerror(rc));
@@ -250,12 +238,11 @@ void mm_shmem_liveness_stop(void)
     mm_shmem_global_t *g = &mm_shmem_g;
     atomic_store(&g->closing, 1);
     if (g->monitor_started) {
-        uint64_t one = 1;
-        if (write(g->wake_fd, &one, sizeof one) < 0) { /* the join below still ends it */
-        }
+        mm_monitor_kick(); /* the join below still ends it if the write failed */
         pthread_join(g->monitor, NULL);
         g->monitor_started = 0;
     }
+    mm_surv_set_kick(NULL);
     if (g->wake_fd >= 0) close(g->wake_fd);
     g->wake_fd = -1;
     for (int pe = 0; g->peers && pe < g->n_pes; pe++) {
@@ -268,9 +255,6 @@ int mm_shmem_pe_alive(int pe)
 {
     mm_shmem_global_t *g = &mm_shmem_g;
     if (!mm_shmem_running_now() || pe < 0 || pe >= g->n_pes) return 0;
-    if (atomic_load_explicit(&g->dead[pe], memory_order_acquire)) return 0;
-    if (g->my_base &&
-        __atomic_load_n(&mm_shmem_header(g->my_base)->lost, __ATOMIC_ACQUIRE) == (uint64_t)pe + 1)
-        return 0;
-    return 1;
+    if (pe == g->my_pe) return !mm_surv_stopped(); /* out: declared lost, or the smaller side */
+    return !atomic_load_explicit(&g->dead[pe], memory_order_acquire);
 }

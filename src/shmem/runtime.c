@@ -22,6 +22,7 @@
 #include "boot_secret.h"
 #include "sha256.h"
 #include "shmem_internal.h"
+#include "survive.h"
 
 mm_shmem_global_t mm_shmem_g = {.lock = PTHREAD_MUTEX_INITIALIZER, .lost_pe = -1, .wake_fd = -1};
 
@@ -171,6 +172,7 @@ static void mm_shmem_cleanup(void)
     g->remote = NULL;
     g->n_hosts = 0;
     g->my_base = g->heap_base = NULL;
+    mm_surv_fini();
     free(g->mail_sent);
     free(g->mail_recv);
     g->mail_sent = g->mail_recv = NULL;
@@ -298,6 +300,7 @@ static megamoe_status_t mm_shmem_start(const mm_shmem_params_t *params)
         mm_heap_alloc_init(&g->alloc, g->heap_size))
         st = mm_error(MEGAMOE_OUT_OF_MEMORY, "SHMEM start-up: out of host memory for %d PEs",
                       g->n_pes);
+    if (st == MEGAMOE_OK) st = mm_surv_init(g->n_pes, g->my_pe);
     for (int pe = 0; g->peers && pe < g->n_pes; pe++) g->peers[pe].pidfd = -1;
     if (st == MEGAMOE_OK) st = g->transport->seg_create(g->seg_size, &g->peers[g->my_pe].seg);
     st = mm_boot_agree(g->boot, st);
@@ -447,7 +450,7 @@ megamoe_status_t mm_shmem_release(void)
          * (it is unmapped below) even though their collective frees fail at once then. */
         pthread_mutex_unlock(&g->lock);
         megamoe_status_t hs = mm_shmem_run_release_hooks();
-        if (hs != MEGAMOE_OK && mm_shmem_lost_pe() < 0)
+        if (hs != MEGAMOE_OK && !mm_surv_any_lost())
             return hs; /* logged by the hook; the reference is kept */
         pthread_mutex_lock(&g->lock);
     }
@@ -461,7 +464,7 @@ megamoe_status_t mm_shmem_release(void)
         pthread_mutex_unlock(&g->lock);
         return MEGAMOE_OK;
     }
-    int lost = mm_shmem_lost_pe() >= 0;
+    int lost = mm_surv_any_lost();
     if (!lost && (g->alloc.live > 0 || mm_shmem_team_live_count() > 0)) {
         char table[2048];
         mm_shmem_live_table(table, sizeof table, 8);
@@ -481,7 +484,11 @@ megamoe_status_t mm_shmem_release(void)
     atomic_store(&g->closing, 1);
     megamoe_status_t st;
     if (lost) {
+        /* a loss the survivors acknowledged: they synchronise among themselves (the bootstrap
+         * needs every rank); else (this rank stopped, or a loss nobody acknowledged yet)
+         * teardown is local */
         st = mm_shmem_check_peers("the last mm_shmem_release (torn down locally)");
+        if (st == MEGAMOE_OK) st = mm_shmem_survivors_barrier("the last mm_shmem_release");
     } else {
         /* Nobody unmaps while a peer may still write into its heap. */
         st = mm_boot_barrier(g->boot);

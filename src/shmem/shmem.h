@@ -209,6 +209,13 @@ megamoe_status_t mm_shmem_team_split(mm_shmem_team_t *parent, int color, int key
  * those PEs: the others never take part. Every member must pass the same list (else
  * CONFIG_MISMATCH on every member); the calling PE must be in it. */
 megamoe_status_t mm_shmem_team_create(const int *world_pes, int n, mm_shmem_team_t **team_p);
+/* The same with a purpose key (equal on every member, e.g. the object the team is for): two
+ * creations among the same PEs for different purposes fail on every member instead of pairing
+ * up (after a loss the survivors may be at different points of their programs: one rebuilding
+ * a group, another already in its next call). PEER_LOST when a loss was acknowledged in this
+ * lifecycle (retry after the current call), CONFIG_MISMATCH otherwise. */
+megamoe_status_t mm_shmem_team_create_keyed(const int *world_pes, int n, uint64_t key,
+                                            mm_shmem_team_t **team_p);
 /* Collective over the members; INVALID_STATE on every member (the team stays) while it still
  * owns symmetric allocations. The team-destroy hooks run first (below). */
 megamoe_status_t mm_shmem_team_destroy(mm_shmem_team_t *team);
@@ -264,5 +271,19 @@ void mm_shmem_engine_stats(mm_shmem_engine_stats_t *stats);
 
 /* 1 while world PE pe is believed alive. */
 int mm_shmem_pe_alive(int pe);
+
+/* ---- surviving a lost rank (survive.h; docs/shmem.md "Surviving a lost rank") ---- */
+
+/* Acknowledge every loss known here: waits until the survivors agreed on who is gone (fast when
+ * nothing is pending), then waits stop failing for those ranks and teams that hold one are
+ * broken. OK: this rank serves on; PEER_LOST: it stopped (declared lost, or on the smaller
+ * side of a partition); TIMEOUT: no agreement within the timeout. Every team collective calls
+ * it first, so the callers of the upper layers rarely need to. */
+megamoe_status_t mm_shmem_recover(void);
+/* 1 when world PE pe is in the agreed (acknowledged) lost set. */
+int mm_shmem_pe_lost(int pe);
+/* A lost (agreed) member of team, -1 when none; a team with one is broken: its collectives
+ * fail with PEER_LOST, its frees are local, it can only be destroyed. */
+int mm_shmem_team_lost_member(const mm_shmem_team_t *team);
 
 #endif /* MM_SHMEM_SHMEM_H */

@@ -16,6 +16,8 @@
  *   mailboxes     per source PE an inbox line (sequence + 48-byte payload), then per
  *                   destination PE an ack line: small messages between any two PEs, used to
  *                   create a team among a subset of the world without the others
+ *   survivors     per PE a loss-report word, a heartbeat word and a proposal word, written
+ *                   by the other PEs' monitors (survive.h)
  */
 #ifndef MM_SHMEM_INTERNAL_H
 #define MM_SHMEM_INTERNAL_H
@@ -44,7 +46,10 @@
 #define MM_SHMEM_MAIL_OFF (MM_SHMEM_HEADER_BYTES + (uint64_t)MM_SHMEM_MAX_TEAMS * MM_SHMEM_SLOT_STRIDE)
 #define MM_SHMEM_MAIL_BYTES (2u * 64u * (uint64_t)MM_SHMEM_MAX_PES)
 #define MM_SHMEM_MAIL_PAYLOAD 48
-#define MM_SHMEM_RESERVE_RAW (MM_SHMEM_MAIL_OFF + MM_SHMEM_MAIL_BYTES)
+/* Survivor words (survive.c): per PE a loss-report word, a heartbeat word, a proposal word. */
+#define MM_SHMEM_SURV_OFF (MM_SHMEM_MAIL_OFF + MM_SHMEM_MAIL_BYTES)
+#define MM_SHMEM_SURV_BYTES (3u * 8u * (uint64_t)MM_SHMEM_MAX_PES)
+#define MM_SHMEM_RESERVE_RAW (MM_SHMEM_SURV_OFF + MM_SHMEM_SURV_BYTES)
 /* Rounded to 2 MiB so the user heap starts on a huge-page boundary. */
 #define MM_SHMEM_RESERVE ((MM_SHMEM_RESERVE_RAW + (2u << 20) - 1) / (2u << 20) * (2u << 20))
 #define MM_SHMEM_HEADER_MAGIC 0x6d6567616d6f6531ull /* "megamoe1" */
@@ -237,6 +242,9 @@ megamoe_status_t mm_shmem_seg_read(int pe, uint64_t off, void *dst, size_t n);
  * every other member; out receives n payloads in member order. Only the members take part. */
 megamoe_status_t mm_shmem_mail_exchange(const int *pes, int n, int me, const void *payload,
                                         void *out, const char *what);
+/* The last release's barrier of every PE not lost (over the mailboxes: the bootstrap needs
+ * every rank); no mailbox message may follow it in this lifecycle. */
+megamoe_status_t mm_shmem_survivors_barrier(const char *what);
 
 /* ---- wait.c ---- */
 /* The spin -> pause -> yield -> sleep wait with timeout and liveness checks. what: for

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "shmem_internal.h"
+#include "survive.h"
 
 #define MM_SITE_WIRE MM_HEAP_SITE_MAX
 #define MM_FREE_NULL UINT64_MAX
@@ -240,6 +241,21 @@ megamoe_status_t mm_shmem_team_free(mm_shmem_team_t *t, void *ptr)
         if (!b) MM_SHMEM_DEBUG("mm_shmem_free(%p): not a live allocation of this team", ptr);
     }
     if (!b) snprintf(mine.site, sizeof mine.site, "%s", ptr ? why : "(NULL)");
+    /* A team with a lost member (or on a rank that stopped) frees locally: the survivors each
+     * do the same, and the allocator copes with heaps that differ. */
+    (void)mm_surv_recover("mm_shmem_free");
+    if (mm_surv_stopped() || mm_shmem_team_lost_member(t) >= 0) {
+        if (ptr == NULL) return MEGAMOE_OK;
+        if (!b)
+            return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_free: %p is not a live symmetric "
+                            "allocation of this team %s", ptr, why);
+        pthread_mutex_lock(&g->lock);
+        mm_heap_alloc_give(&g->alloc, mine.off);
+        pthread_mutex_unlock(&g->lock);
+        MM_SHMEM_DEBUG("free (local, team with a lost member): heap offset 0x%" PRIx64 " (%s)",
+                       mine.off, mine.site);
+        return MEGAMOE_OK;
+    }
     mm_alloc_entry_t *all = NULL;
     MM_CHECK(mm_team_gather(t, &mine, sizeof mine, (void **)&all));
     t->alloc_seq++;

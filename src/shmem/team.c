@@ -18,15 +18,61 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "shmem_internal.h"
+#include "survive.h"
 
-static megamoe_status_t mm_team_check(const mm_shmem_team_t *t, const char *op)
+static megamoe_status_t mm_team_handle_check(const mm_shmem_team_t *t, const char *op)
 {
     if (!mm_shmem_running_now()) return mm_shmem_not_running(op);
     if (t == NULL || t->magic != MM_SHMEM_TEAM_MAGIC)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: not a live team handle (destroyed, or "
                         "from an earlier SHMEM lifecycle)", op);
     return MEGAMOE_OK;
+}
+
+static int mm_team_pe(const mm_shmem_team_t *t, int i);
+
+int mm_shmem_team_lost_member(const mm_shmem_team_t *t)
+{
+    for (int i = 0; i < t->n; i++)
+        if (mm_surv_retired(mm_team_pe(t, i))) return mm_team_pe(t, i);
+    return -1;
+}
+
+/* A collective may start on t: every loss known here is acknowledged first (survive.h: this
+ * waits for the survivors' agreement), and t has no lost member. */
+static megamoe_status_t mm_team_check(const mm_shmem_team_t *t, const char *op)
+{
+    MM_CHECK(mm_team_handle_check(t, op));
+    MM_CHECK(mm_surv_recover(op));
+    int q = mm_shmem_team_lost_member(t);
+    if (q < 0) return MEGAMOE_OK;
+    return mm_error(MEGAMOE_PEER_LOST, "%s: rank %d of this team was lost; the team cannot be "
+                    "used any more: destroy it (frees of what was allocated on it are local "
+                    "now) and go on with a team of the survivors (megamoe_comm_survivors)", op, q);
+}
+
+/* Slots of teams that ended without their final barrier (a lost member, a failed collective):
+ * a member that has not noticed yet may still write into this PE's lines, so the slot is
+ * zeroed and kept out of use until every survivor is past that (several peer timeouts). */
+static uint64_t mm_team_quarantine[MM_SHMEM_MAX_TEAMS];
+
+static void mm_team_zero_lines(int slot) /* barrier lines and push arrival words */
+{
+    memset(mm_shmem_slot_line(mm_shmem_g.my_base, slot, 0), 0, MM_SHMEM_SLOT_WORDS);
+}
+
+static void mm_team_quarantine_expire(void)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    uint64_t now = mm_now_ns();
+    for (int s = 1; s < MM_SHMEM_MAX_TEAMS; s++) {
+        if (mm_team_quarantine[s] == 0 || now < mm_team_quarantine[s]) continue;
+        mm_team_zero_lines(s);
+        mm_team_quarantine[s] = 0;
+        g->slots_used &= ~(1ull << s);
+    }
 }
 
 static atomic_ullong mm_team_uids;
@@ -51,6 +97,7 @@ void mm_shmem_team_world_init(void)
                                       .uid = mm_shmem_team_next_uid()};
     g->teams = NULL;
     g->slots_used = 1;
+    memset(mm_team_quarantine, 0, sizeof mm_team_quarantine);
 }
 
 void mm_shmem_team_drop_all(void)
@@ -110,8 +157,8 @@ static megamoe_status_t mm_team_failed(const mm_shmem_team_t *t, const char *wha
     megamoe_status_t st = mm_shmem_check_peers(what);
     if (st != MEGAMOE_OK) return st;
     return mm_error(t->failed, "%s: an earlier collective of this team did not complete (%s), so "
-                    "its members are out of step: release SHMEM and restart every rank", what,
-                    megamoe_status_name(t->failed));
+                    "its members are out of step: destroy the team and create a new one (or "
+                    "release SHMEM and restart every rank)", what, megamoe_status_name(t->failed));
 }
 
 /* ---- push collectives (teams that span hosts) ----
@@ -244,6 +291,7 @@ megamoe_status_t mm_shmem_team_barrier(mm_shmem_team_t *t)
 megamoe_status_t mm_shmem_barrier_all(void)
 {
     if (!mm_shmem_running_now()) return mm_shmem_not_running("mm_shmem_barrier_all");
+    MM_CHECK(mm_team_check(&mm_shmem_g.world, "mm_shmem_barrier_all"));
     return mm_team_barrier_raw(&mm_shmem_g.world, "barrier");
 }
 
@@ -381,6 +429,7 @@ megamoe_status_t mm_shmem_team_split(mm_shmem_team_t *parent, int color, int key
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_team_split: team_p is NULL");
     mm_shmem_global_t *g = &mm_shmem_g;
     int n = parent->n;
+    mm_team_quarantine_expire();
     mm_split_entry_t mine = {color < 0 ? -1 : color, key, g->slots_used};
     mm_split_entry_t *all = malloc(sizeof mine * (size_t)n);
     int *members = malloc(sizeof(int) * (size_t)n);
@@ -455,7 +504,8 @@ megamoe_status_t mm_shmem_team_split(mm_shmem_team_t *parent, int color, int key
     return MEGAMOE_OK;
 }
 
-void mm_shmem_team_destroy_local(mm_shmem_team_t *t)
+/* Forget t here; quarantine: keep its slot out of use for a while (file comment). */
+static void mm_team_forget(mm_shmem_team_t *t, int quarantine)
 {
     mm_shmem_global_t *g = &mm_shmem_g;
     for (struct mm_shmem_team **p = &g->teams; *p; p = &(*p)->next)
@@ -463,13 +513,22 @@ void mm_shmem_team_destroy_local(mm_shmem_team_t *t)
             *p = t->next;
             break;
         }
-    g->slots_used &= ~(1ull << t->slot);
+    if (quarantine) {
+        uint64_t hold = 2 * mm_surv_peer_timeout_ns();
+        if (hold < 2000000000ull) hold = 2000000000ull;
+        mm_team_zero_lines(t->slot);
+        mm_team_quarantine[t->slot] = mm_now_ns() + hold;
+    } else {
+        g->slots_used &= ~(1ull << t->slot);
+    }
     t->magic = 0;
     free(t->pes);
     free(t->agree_buf);
     free(t->push_buf);
     free(t);
 }
+
+void mm_shmem_team_destroy_local(mm_shmem_team_t *t) { mm_team_forget(t, 0); }
 
 #define MM_TEAM_MAX_HOOKS 8
 typedef struct mm_team_hook {
@@ -498,7 +557,7 @@ megamoe_status_t mm_shmem_add_team_destroy_hook(mm_shmem_team_hook_t fn, void *a
 
 megamoe_status_t mm_shmem_team_destroy(mm_shmem_team_t *t)
 {
-    MM_CHECK(mm_team_check(t, "mm_shmem_team_destroy"));
+    MM_CHECK(mm_team_handle_check(t, "mm_shmem_team_destroy"));
     if (t->is_world)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_team_destroy: the world team lives "
                         "as long as the runtime");
@@ -515,21 +574,29 @@ megamoe_status_t mm_shmem_team_destroy(mm_shmem_team_t *t)
     if (live > 0)
         own = mm_error(MEGAMOE_INVALID_STATE, "mm_shmem_team_destroy: the team still owns %d "
                        "symmetric allocation(s); free them (mm_shmem_team_free) first", live);
+    /* A team with a lost member (or on a rank that stopped) ends here alone: nobody else
+     * can take part in its last collective. */
+    (void)mm_surv_recover("mm_shmem_team_destroy"); /* so the lost members are known */
+    if (mm_surv_stopped() || mm_shmem_team_lost_member(t) >= 0) {
+        if (own != MEGAMOE_OK) return own; /* free them (locally) and destroy again */
+        mm_team_forget(t, 1);
+        return MEGAMOE_OK;
+    }
     megamoe_status_t st = t->failed != MEGAMOE_OK ? MEGAMOE_OK : mm_shmem_team_agree(t, own);
     if (st == MEGAMOE_INVALID_STATE) return st; /* the team stays */
     /* After this barrier no member writes into this PE's slot or reads its outboxes. */
     if (st == MEGAMOE_OK) st = mm_team_barrier_raw(t, "team destroy");
     if (st == MEGAMOE_OK) /* a later team taking the slot starts from zero lines */
-        memset(mm_shmem_slot_line(mm_shmem_g.my_base, t->slot, 0), 0, MM_SHMEM_SLOT_WORDS);
-    mm_shmem_team_destroy_local(t);
+        mm_team_zero_lines(t->slot);
+    mm_team_forget(t, st != MEGAMOE_OK);
     return st;
 }
 
 /* ---- a team among a subset, without the rest of the world (mailbox.c) ---- */
 
 typedef struct mm_create_msg {
-    uint64_t list_hash, slots_used, n;
-    uint8_t pad[MM_SHMEM_MAIL_PAYLOAD - 24];
+    uint64_t list_hash, slots_used, n, key;
+    uint8_t pad[MM_SHMEM_MAIL_PAYLOAD - 32];
 } mm_create_msg_t;
 
 _Static_assert(sizeof(mm_create_msg_t) == MM_SHMEM_MAIL_PAYLOAD, "one mailbox payload");
@@ -546,6 +613,12 @@ static uint64_t mm_list_hash(const int *pes, int n)
 }
 
 megamoe_status_t mm_shmem_team_create(const int *world_pes, int n, mm_shmem_team_t **team_p)
+{
+    return mm_shmem_team_create_keyed(world_pes, n, 0, team_p);
+}
+
+megamoe_status_t mm_shmem_team_create_keyed(const int *world_pes, int n, uint64_t key,
+                                            mm_shmem_team_t **team_p)
 {
     if (!mm_shmem_running_now()) return mm_shmem_not_running("mm_shmem_team_create");
     mm_shmem_global_t *g = &mm_shmem_g;
@@ -566,6 +639,12 @@ megamoe_status_t mm_shmem_team_create(const int *world_pes, int n, mm_shmem_team
     if (me < 0)
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_shmem_team_create: the calling rank %d is "
                         "not in the member list (only members call it)", g->my_pe);
+    MM_CHECK(mm_surv_recover("mm_shmem_team_create"));
+    for (int i = 0; i < n; i++)
+        if (mm_surv_kind(world_pes[i]) != MM_LOSS_NONE)
+            return mm_error(MEGAMOE_PEER_LOST, "mm_shmem_team_create: world rank %d in the member "
+                            "list was lost; list the survivors only", world_pes[i]);
+    mm_team_quarantine_expire();
     mm_create_msg_t mine, *all = malloc(sizeof mine * (size_t)n);
     struct mm_shmem_team *t = calloc(1, sizeof *t);
     int *pes = malloc(sizeof(int) * (size_t)n);
@@ -577,13 +656,24 @@ megamoe_status_t mm_shmem_team_create(const int *world_pes, int n, mm_shmem_team
     mine.list_hash = mm_list_hash(world_pes, n);
     mine.slots_used = g->slots_used;
     mine.n = (uint64_t)n;
+    mine.key = key;
     megamoe_status_t st = mm_shmem_mail_exchange(world_pes, n, me, &mine, all, "team creation");
-    /* every member decides from the same messages */
+    /* every member decides from the same messages (any two that differ: each member received
+     * the message of one that differs from its own) */
     for (int i = 0; i < n && st == MEGAMOE_OK; i++)
         if (all[i].list_hash != mine.list_hash || all[i].n != mine.n)
             st = mm_error(MEGAMOE_CONFIG_MISMATCH, "mm_shmem_team_create: world rank %d passed "
                           "a different member list than world rank %d; every member must list "
                           "the same ranks in the same order", world_pes[i], world_pes[0]);
+        else if (all[i].key != key)
+            st = mm_error(mm_surv_any_lost() ? MEGAMOE_PEER_LOST : MEGAMOE_CONFIG_MISMATCH,
+                          "mm_shmem_team_create: world rank %d creates a team of the same ranks "
+                          "for another purpose (key %#llx, here %#llx)%s", world_pes[i],
+                          (unsigned long long)all[i].key, (unsigned long long)key,
+                          mm_surv_any_lost() ? ": after a loss the survivors were at different "
+                                               "calls; this call fails, the next one realigns"
+                                             : "; every member must create its teams in the "
+                                               "same order");
     int slot = -1;
     if (st == MEGAMOE_OK) {
         uint64_t used = 0;

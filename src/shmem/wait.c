@@ -12,6 +12,7 @@
 #include "base/backoff.h"
 #include "base/env.h"
 #include "shmem_internal.h"
+#include "survive.h"
 
 #define MM_WAIT_SPIN_NS 50000ull
 #define MM_WAIT_YIELD_NS 2000000ull
@@ -45,6 +46,9 @@ megamoe_status_t mm_shmem_wait_impl(const uint64_t *addr, int cmp, uint64_t valu
     /* with peers on other hosts the word may be written by the engine: drive it (the progress
      * thread does too, but a waiter that progresses sees a signal sooner) */
     mm_shmem_engine_t *engine = live ? mm_shmem_g.engine : NULL;
+    /* a wait that started before the survivors installed a new view may wait for a rank that
+     * is gone now: it fails like the calls in flight at the loss */
+    const uint64_t view = live ? mm_surv_view_gen() : 0;
     mm_backoff_t b;
     mm_backoff_init(&b, MM_WAIT_SPIN_NS, MM_WAIT_YIELD_NS, MM_WAIT_SLEEP_MAX_NS);
     for (;;) {
@@ -56,6 +60,10 @@ megamoe_status_t mm_shmem_wait_impl(const uint64_t *addr, int cmp, uint64_t valu
         if (live) {
             megamoe_status_t st = mm_shmem_check_peers(what);
             if (st != MEGAMOE_OK) return st;
+            if (mm_surv_view_gen() != view)
+                return mm_error(MEGAMOE_PEER_LOST, "%s: the survivors of a lost rank moved on "
+                                "while this wait ran (it may wait for a lost rank); the call "
+                                "fails and the next one runs among the survivors", what);
         }
         if (elapsed >= timeout)
             return mm_error(MEGAMOE_TIMEOUT, "%s timed out after %.1f s waiting for the word at "

@@ -241,3 +241,26 @@ void mm_shmem_declare_lost(int pe, const char *why)
     mm_fake_unreachable("mm_shmem_declare_lost");
 }
 megamoe_status_t mm_shmem_quiet(void) { return MEGAMOE_OK; }
+
+/* Surviving a lost rank (shmem.h): in the fake every peer is alive, so the operators never
+ * take the survivors' path. */
+megamoe_status_t mm_shmem_recover(void) { return MEGAMOE_OK; }
+int mm_shmem_pe_alive(int pe) { return pe >= 0 && pe < mm_fake.world.n; }
+int mm_shmem_team_lost_member(const mm_shmem_team_t *team)
+{
+    (void)team;
+    return -1;
+}
+megamoe_status_t mm_shmem_team_create_keyed(const int *world_pes, int n, uint64_t key,
+                                            mm_shmem_team_t **team_p)
+{
+    (void)world_pes, (void)n, (void)key, (void)team_p;
+    mm_fake_unreachable("mm_shmem_team_create_keyed");
+    return MEGAMOE_INTERNAL;
+}
+megamoe_status_t mm_shmem_team_destroy(mm_shmem_team_t *team)
+{
+    (void)team;
+    mm_fake_unreachable("mm_shmem_team_destroy");
+    return MEGAMOE_INTERNAL;
+}

@@ -5,8 +5,8 @@
  * kill_child: the victim is PE 2. Case kill_root: the victim is PE 0, the one that listens
  * and whose heap header holds the job-lost word. The survivors wait on a signal nobody sends
  * and must get PEER_LOST within 2 s of the death (the victim writes its death time into their
- * heaps just before raising SIGKILL), no heap segment name may remain in /dev/shm, and the
- * runtime must still tear down.
+ * heaps just before raising SIGKILL), no heap segment name may remain in /dev/shm; the world
+ * team is broken, a team of the survivors works, and the runtime tears down (survive.h).
  */
 #include <signal.h>
 #include <stdio.h>
@@ -90,13 +90,31 @@ static void mm_survive(int victim, int spawner)
     ASSERT_TRUE(mm_now_s() - t0 > 0.2); /* it died while we waited */
     ASSERT_FALSE(mm_shmem_pe_alive(victim));
     ASSERT_TRUE(mm_shmem_pe_alive(me));
-    /* the job is broken: collectives fail fast instead of hanging */
+    /* the world team holds the lost PE: its collectives fail fast instead of hanging (after
+     * the survivors agreed on who is gone), and what it allocated is freed locally */
     double t1 = mm_now_s();
     ASSERT_STATUS(mm_shmem_barrier_all(), MEGAMOE_PEER_LOST);
-    ASSERT_STATUS(mm_shmem_free(o.sig), MEGAMOE_PEER_LOST);
+    ASSERT_CONTAINS(megamoe_last_error(), "of this team was lost");
+    ASSERT_TRUE(mm_shmem_pe_lost(victim));
+    ASSERT_OK(mm_shmem_free(o.sig));
+    ASSERT_OK(mm_shmem_free(o.death));
     ASSERT_TRUE(mm_now_s() - t1 < 1.0);
-    /* the last release still tears down (allocations cannot be freed collectively any more) */
-    ASSERT_STATUS(mm_shmem_release(), MEGAMOE_PEER_LOST);
+    /* the survivors go on: a team of them works */
+    int pes[MM_WORLD - 1], k = 0, mine = -1;
+    for (int q = 0; q < MM_WORLD; q++)
+        if (q != victim) {
+            if (q == me) mine = k;
+            pes[k++] = q;
+        }
+    mm_shmem_team_t *team = NULL;
+    ASSERT_OK(mm_shmem_team_create(pes, k, &team));
+    int v = me * 10, got[MM_WORLD - 1];
+    ASSERT_OK(mm_shmem_team_allgather(team, got, &v, sizeof v));
+    for (int i = 0; i < k; i++) ASSERT_EQ_INT(got[i], pes[i] * 10);
+    ASSERT_EQ_INT(mm_shmem_team_my_pe(team), mine);
+    ASSERT_OK(mm_shmem_team_destroy(team));
+    /* the last release synchronises the survivors and tears down */
+    ASSERT_OK(mm_shmem_release());
     ASSERT_EQ_INT(mm_shmem_refcount(), 0);
     ASSERT_FALSE(mm_shmem_is_running());
     for (int q = 0; q < MM_WORLD; q++) ASSERT_FALSE(mm_t_shm_exists(names[q]));

@@ -122,7 +122,8 @@ def _bench_rows(out):
 @needs_root
 def test_bench_layer_and_run_pass_hosts_to_the_launcher():
     args = ["bench", "layer", "--shapes", "seed", "--workers", "1", "--routing", "balanced",
-            "--iters", "1", "--warmup", "0", "--torch", "no", "--profile-variant", "no"]
+            "--iters", "1", "--warmup", "0", "--torch", "no", "--profile-variant", "no",
+            "--training-step", "no"]
     r = subprocess.run([MEGAMOE] + args + ["--hosts", "1"], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
