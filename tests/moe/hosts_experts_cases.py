@@ -203,9 +203,14 @@ def test_host_fault_in_the_middle_of_a_call(kind, phase, sched):
         assert status in ("PEER_LOST", "TIMEOUT"), m.group(0)
         assert p["exit_status"] == (3 if status == "PEER_LOST" else 4), p
         assert (ph, sc) == (word, sched) and calls >= 2, m.group(0)  # the fault hit the loop
-        # the error came within the timeout of the fault; close and destroy returned at once
+        # the error came within the timeout of the fault; destroy returned at once, and close
+        # too — but for the ranks on the side of a cut that learnt of one lost rank first: their
+        # close frees the layer's symmetric memory, which waits for the survivors to agree on
+        # who is gone (docs/reliability.md), i.e. until the cut host's other ranks are found
+        # lost too (the peer heartbeat: seconds, bounded by the runtime timeout)
         assert p["elapsed_s"] - f["injected_at_s"] <= TIMEOUT_SEC + 3, (p, f)
-        assert close_s <= 2 and destroy_s <= 2, m.group(0)
+        assert close_s <= (2 if kind == "kill-host" else TIMEOUT_SEC) and destroy_s <= 2, \
+            m.group(0)
         assert close_st in ("OK", "PEER_LOST", "TIMEOUT"), m.group(0)
     for p in s["procs"]:
         if p["victim"]:
