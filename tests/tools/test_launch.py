@@ -140,7 +140,8 @@ def test_hosts_options_are_checked_before_anything_is_created(megamoe_bin):
     cases = [
         (["--per-host", "--", "true"], "--per-host needs --hosts"),
         (["-n", "2", "--mpirun", "--", "true"], "--mpirun needs --hosts"),
-        (["-n", "2", "--fault", "kill-host:0@1", "--timeout", "5", "--", "true"], "--fault needs --hosts"),
+        (["-n", "2", "--fault", "kill-host:0@1", "--timeout", "5", "--", "true"],
+         "--fault kill-host / cut-host needs --hosts"),
         (["--hosts", "2", "-n", "3", "--", "true"], "multiple of --hosts 2"),
         (["--hosts", "2", "-n", "2", "--fault", "kill-host:0@1", "--", "true"], "--fault needs --timeout"),
         (["--hosts", "2", "-n", "2", "--timeout", "5", "--fault", "kill-host:2@1", "--", "true"],
