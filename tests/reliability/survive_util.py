@@ -70,7 +70,9 @@ def check_survivors(r, rows, victims, stopped=(), losses=1, min_after=5, rss_sla
             assert 0 <= loss["recover_ms"] <= (1000 + (PEER_TIMEOUT_MS * 7 / 6 if loss["kind"] == "cut" else 0)), row
         # nothing kept per loss: no descriptor more than at the first call, RSS flat
         assert row["fds_end"] <= row["fds_start"], row
-        assert row["rss_mb_end"] - row["rss_mb_start"] < rss_slack_mb, row
+        if not os.environ.get("MEGAMOE_BUILD_DIR", "").rstrip("/").endswith("asan"):
+            # (ASan's quarantine keeps freed memory resident: RSS is checked in make test)
+            assert row["rss_mb_end"] - row["rss_mb_start"] < rss_slack_mb, row
     # the ranks serving on made the same number of good calls after the last loss
     assert len({row["calls_after"] for row in serving}) == 1, [row["calls_after"] for row in serving]
     return serving

@@ -253,6 +253,8 @@ MM_TEST(losses_survived_over_lifecycles)
     /* flat over the losses: the first lifecycle may load what later ones reuse */
     for (int l = 2; l < n_jobs; l++) {
         ASSERT_EQ_INT(fds[l], fds[1]);
+#if !defined(__SANITIZE_ADDRESS__) /* ASan's quarantine keeps freed memory resident */
         ASSERT_TRUE(rss[l] - rss[1] < 4.0);
+#endif
     }
 }

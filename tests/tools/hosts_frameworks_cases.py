@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hosts_util import BUILD, MEGAMOE, PY, RANK, Launch, assert_nothing_left, needs_root, probe_rows
+from hosts_util import needs_python_library, BUILD, MEGAMOE, PY, RANK, Launch, assert_nothing_left, needs_root, probe_rows
 
 _PYTHON_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
 
@@ -48,6 +48,7 @@ def test_unchanged_gloo_script_all_reduces_across_two_hosts():
 
 @needs_root
 @needs_torch
+@needs_python_library  # megamoe.torchrun imports megamoe
 def test_torchrun_per_host_all_reduces_across_two_hosts(tmp_path):
     script = tmp_path / "gloo_all_reduce.py"
     script.write_text(GLOO)
