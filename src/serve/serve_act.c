@@ -10,6 +10,7 @@
 
 #include "base/arch.h"
 #include "kernels/simd.h"
+#include "kernels/vmath.h"
 #include "serve/serve_impl.h"
 
 #if MM_X86
@@ -36,39 +37,14 @@ static inline float mm_sv_clip(float u, float c)
  * same construction as kernels/swiglu.c's), so vector and scalar results may differ in the last
  * bits; every call on a machine takes the same path. ---- */
 #if MM_X86
-MM_TARGET_AVX512 static inline __m512 mm_sv_exp_ps(__m512 x)
-{
-    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
-    const __m512 ln2_hi = _mm512_set1_ps(0.693359375f), ln2_lo = _mm512_set1_ps(-2.12194440e-4f);
-    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    __m512 xc = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(89.0f)), _mm512_set1_ps(-104.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, log2e),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, ln2_hi, xc);
-    r = _mm512_fnmadd_ps(n, ln2_lo, r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_mask_mov_ps(_mm512_scalef_ps(p, n), nan, x);
-}
-
-/* 1 / (1 + exp(-x)) */
-MM_TARGET_AVX512 static inline __m512 mm_sv_sigmoid_ps(__m512 x)
-{
-    const __m512 one = _mm512_set1_ps(1.0f);
-    return _mm512_div_ps(one, _mm512_add_ps(one, mm_sv_exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), x))));
-}
+/* exp and sigmoid: kernels/vmath.h's (the SwiGLU kernels' own) */
 
 /* tanh(x) = sign(x) (1 - 2 / (exp(2|x|) + 1)) */
 MM_TARGET_AVX512 static inline __m512 mm_sv_tanh_ps(__m512 x)
 {
     const __m512 one = _mm512_set1_ps(1.0f), two = _mm512_set1_ps(2.0f);
     __m512 ax = _mm512_abs_ps(x);
-    __m512 t = _mm512_sub_ps(one, _mm512_div_ps(two, _mm512_add_ps(mm_sv_exp_ps(_mm512_mul_ps(two, ax)), one)));
+    __m512 t = _mm512_sub_ps(one, _mm512_div_ps(two, _mm512_add_ps(mm_exp_ps(_mm512_mul_ps(two, ax)), one)));
     __mmask16 neg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
     __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
     t = _mm512_mask_sub_ps(t, neg, _mm512_setzero_ps(), t);
@@ -99,19 +75,19 @@ MM_TARGET_AVX512 static void mm_sv_act_row_avx512(const mm_sv_act_t *act, int64_
         switch (act->kind) {
         case MM_SV_ACT_SWIGLU: {
             __m512 gc = mm_sv_min_ps(gv, c);
-            __m512 e = mm_sv_exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gc));
+            __m512 e = mm_exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gc));
             r = _mm512_mul_ps(_mm512_div_ps(gc, _mm512_add_ps(one, e)), mm_sv_clip_ps(uv, c));
             break;
         }
         case MM_SV_ACT_SWIGLUSTEP: {
-            __m512 e = mm_sv_exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+            __m512 e = mm_exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv));
             __m512 s = _mm512_div_ps(gv, _mm512_add_ps(one, e));
             r = _mm512_mul_ps(mm_sv_min_ps(s, c), mm_sv_clip_ps(uv, c));
             break;
         }
         case MM_SV_ACT_SWIGLUOAI: {
             __m512 gc = mm_sv_min_ps(gv, c);
-            r = _mm512_mul_ps(_mm512_mul_ps(gc, mm_sv_sigmoid_ps(_mm512_mul_ps(al, gc))),
+            r = _mm512_mul_ps(_mm512_mul_ps(gc, mm_sigmoid_ps(_mm512_mul_ps(al, gc))),
                               _mm512_add_ps(mm_sv_clip_ps(uv, c), be));
             break;
         }
@@ -120,7 +96,7 @@ MM_TARGET_AVX512 static void mm_sv_act_row_avx512(const mm_sv_act_t *act, int64_
                            ? _mm512_mul_ps(lb, mm_sv_tanh_ps(_mm512_div_ps(uv, lb)))
                            : uv;
             r = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(be, mm_sv_tanh_ps(_mm512_div_ps(gv, be))),
-                                            mm_sv_sigmoid_ps(gv)),
+                                            mm_sigmoid_ps(gv)),
                               l);
             break;
         }
