@@ -15,6 +15,7 @@
 
 #include "base/arch.h"
 #include "shmem_internal.h"
+#include "survive.h"
 
 /* ---- test seam: one injected failure (shmem.h, mm_shmem_test_fail_rma) ---- */
 static atomic_uint mm_rma_fail_ops;  /* MM_SHMEM_RMA_* bits armed; 0 = off (the fast path) */
@@ -102,6 +103,20 @@ static megamoe_status_t mm_shmem_route(int pe, const char *op)
                     "reachable through the inter-host engine", op, pe);
 }
 
+/* The route of a caller's operation: also PEER_LOST for a peer known lost here (its own
+ * detection or another rank's report), even while its endpoint is still being closed — a put
+ * or signal to it would otherwise "succeed" into a connection about to drop it. The runtime's
+ * own words (mm_shmem_word_op: loss reports, heartbeats) still go out: a PE declared lost
+ * while alive must learn it. */
+static megamoe_status_t mm_shmem_route_op(int pe, const char *op)
+{
+    MM_CHECK(mm_shmem_route(pe, op));
+    if (mm_surv_kind(pe) != MM_LOSS_NONE)
+        return mm_error(MEGAMOE_PEER_LOST, "%s: rank %d was lost (known on this rank); the "
+                        "survivors' next call runs without it", op, pe);
+    return MEGAMOE_OK;
+}
+
 megamoe_status_t mm_shmem_put(void *dest, const void *src, size_t nbytes, int pe)
 {
     uint64_t off;
@@ -113,7 +128,7 @@ megamoe_status_t mm_shmem_put(void *dest, const void *src, size_t nbytes, int pe
         return MEGAMOE_OK;
     }
     if (bad) return MEGAMOE_INVALID_ARGUMENT;
-    MM_CHECK(mm_shmem_route(pe, "mm_shmem_put"));
+    MM_CHECK(mm_shmem_route_op(pe, "mm_shmem_put"));
     return mm_shmem_g.engine_ops->put(mm_shmem_g.engine, pe, off, src, nbytes);
 }
 
@@ -128,7 +143,7 @@ megamoe_status_t mm_shmem_get(void *dest, const void *src, size_t nbytes, int pe
         return MEGAMOE_OK;
     }
     if (bad) return MEGAMOE_INVALID_ARGUMENT;
-    MM_CHECK(mm_shmem_route(pe, "mm_shmem_get"));
+    MM_CHECK(mm_shmem_route_op(pe, "mm_shmem_get"));
     return mm_shmem_g.engine_ops->get(mm_shmem_g.engine, pe, off, dest, nbytes);
 }
 
@@ -155,7 +170,7 @@ megamoe_status_t mm_shmem_signal_op(uint64_t *sig, uint64_t value, int sig_op, i
         return MEGAMOE_OK;
     }
     if (bad) return MEGAMOE_INVALID_ARGUMENT;
-    MM_CHECK(mm_shmem_route(pe, "mm_shmem_signal_op"));
+    MM_CHECK(mm_shmem_route_op(pe, "mm_shmem_signal_op"));
     return mm_shmem_g.engine_ops->atomic(mm_shmem_g.engine, pe, off, value,
                                          sig_op == MM_SHMEM_SIGNAL_ADD ? MM_ENGINE_ADD
                                                                        : MM_ENGINE_SET);
@@ -180,6 +195,7 @@ megamoe_status_t mm_shmem_put_signal(void *dest, const void *src, size_t nbytes,
             return MEGAMOE_INVALID_ARGUMENT;
         if (mm_shmem_xlate(sig, sizeof *sig, pe, "mm_shmem_put_signal", &soff, &bad) == NULL && bad)
             return MEGAMOE_INVALID_ARGUMENT;
+        MM_CHECK(mm_shmem_route_op(pe, "mm_shmem_put_signal"));
         return g->engine_ops->put_signal(g->engine, pe, off, src, nbytes, soff, value,
                                          sig_op == MM_SHMEM_SIGNAL_ADD ? MM_ENGINE_ADD
                                                                        : MM_ENGINE_SET);
