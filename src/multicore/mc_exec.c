@@ -194,6 +194,15 @@ megamoe_status_t mm_mc_exec_destroy(mm_mc_exec_t *x)
     return st;
 }
 
+void mm_mc_exec_destroy_local(mm_mc_exec_t *x)
+{
+    if (x == NULL) return;
+    if (x->sym && mm_shmem_is_running() && mm_shmem_team_lost_member(x->team) >= 0)
+        (void)mm_shmem_team_free(x->team, x->sym); /* local on a broken team */
+    x->sym = NULL;
+    (void)mm_mc_exec_destroy(x);
+}
+
 uint64_t mm_mc_generation(const mm_mc_exec_t *x) { return x->gen; }
 int mm_mc_broken(const mm_mc_exec_t *x) { return x->broken; }
 

@@ -132,6 +132,10 @@ megamoe_status_t mm_mc_exec_create(const mm_mc_plan_t *plan, mm_shmem_team_t *te
                                    mm_pool_t *pool, size_t worker_scratch, mm_mc_exec_t **exec_p);
 /* Collective (symmetric free); after a lost peer it only frees local memory. NULL: no-op. */
 megamoe_status_t mm_mc_exec_destroy(mm_mc_exec_t *exec);
+/* Without a collective (an owner torn down by one rank, e.g. after a loss): frees the host
+ * memory, and the symmetric signal area where that free is local (the team is broken, or the
+ * runtime is gone); on a healthy team the area stays until the heap goes. NULL: no-op. */
+void mm_mc_exec_destroy_local(mm_mc_exec_t *exec);
 
 /* Run one launch: returns when every task of this rank ran and every rank signalled DONE.
  * OK, the agreed failure (identical on every rank), or PEER_LOST / TIMEOUT (executor broken).

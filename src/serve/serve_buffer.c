@@ -461,7 +461,7 @@ void megamoe_symm_buffer_free(megamoe_symm_buffer_t *b)
     if (b == NULL || b->magic != MM_SV_MAGIC) return;
     if (b->alive) mm_sv_drop(b, 0); /* not destroyed: the memory stays until the team goes */
     b->magic = 0;
-    if (b->o1) mm_sv_o1_destroy(b, 0); /* not destroyed: its memory stays until exit */
+    if (b->o1) mm_sv_o1_destroy(b, 0); /* local: host memory freed (its signal area too on a broken team) */
     for (int i = 0; i < 16; i++) mm_aligned_free(b->scr[i]);
     mm_pool_destroy(b->pool);
     free(b->mask);

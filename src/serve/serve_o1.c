@@ -93,6 +93,7 @@ static megamoe_status_t mm_sv_o1_free(mm_sv_o1_t *o, int collective)
 {
     megamoe_status_t st = MEGAMOE_OK;
     if (collective && mm_shmem_is_running()) st = mm_mc_exec_destroy(o->exec);
+    else mm_mc_exec_destroy_local(o->exec); /* a survivor's local teardown leaks nothing */
     mm_ep_plan_destroy(o->route);
     mm_mc_plan_destroy(o->plan);
     free(o);
@@ -112,7 +113,7 @@ void mm_sv_o1_retire(megamoe_symm_buffer_t *b)
             kept = 1;
         }
     pthread_mutex_unlock(&mm_sv_o1_lock);
-    if (!kept) { /* its signal area stays allocated until exit */
+    if (!kept) { /* freed locally: its signal area stays allocated on the old team */
         MM_WARN("update_group: more than 64 executors wait for their old groups to go");
         mm_sv_o1_free(o, 0);
     }
