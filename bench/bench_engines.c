@@ -718,21 +718,35 @@ static int mm_be_main(int argc, char **argv)
     char *osc_names[4];
     int n_osc = 0;
     for (char *t = strtok(list, ","); t && n_osc < 4; t = strtok(NULL, ",")) osc_names[n_osc++] = t;
-    char texts[4][8192];
-    for (int i = 0; i < n_osc; i++) {
-        /* the first osc run measures every candidate; later ones MPI RMA alone (osc pt2pt
-         * refuses MPI_THREAD_MULTIPLE, which the agent needs) */
-        const char *cands = i == 0 ? impls : "mpi_rma";
+    /* The runs: [0] every candidate but two_sided with the first osc, [1, n_osc) MPI RMA alone
+     * with each other osc (osc pt2pt refuses MPI_THREAD_MULTIPLE), [n_osc] two_sided alone: its
+     * agent needs MPI_THREAD_MULTIPLE, with which Open MPI 5's osc ucx progresses UCX from the
+     * agent's thread and trips UCX 1.18's owner-thread assertion (Debian 13). */
+    char first[96] = "", texts[5][8192];
+    for (const char *p = impls; *p;) {
+        size_t len = strcspn(p, ",");
+        if (!(len == 9 && !strncmp(p, "two_sided", 9)) && len < sizeof first - strlen(first) - 1)
+            snprintf(first + strlen(first), sizeof first - strlen(first), "%s%.*s",
+                     first[0] ? "," : "", (int)len, p);
+        p += len + (p[len] == ',');
+    }
+    const int two_run = n_osc > 0 && (mm_be_mask(impls) & (1u << MM_BE_TWO)) ? n_osc : -1;
+    const int n_runs = n_osc + (two_run >= 0);
+    for (int i = 0; i < n_runs; i++) {
+        const char *cands = i == two_run ? "two_sided" : i == 0 ? first : "mpi_rma";
+        const char *osc = i == two_run ? osc_names[0] : osc_names[i];
+        texts[i][0] = '\0';
+        if (!cands[0]) continue;
         char label[96];
-        snprintf(label, sizeof label, "osc %s: %s", osc_names[i], cands);
-        mm_bench_progress(++step, n_osc, label);
+        snprintf(label, sizeof label, "osc %s: %s", osc, cands);
+        mm_bench_progress(++step, n_runs, label);
         unlink(out);
-        int r = mm_be_run_job(hosts, osc_names[i], cands, quick, gemm_ms, out);
+        int r = mm_be_run_job(hosts, osc, cands, quick, gemm_ms, out);
         if (r != 0) {
-            fprintf(stderr, "bench engines: the run with osc %s failed (status %d)\n", osc_names[i], r);
+            fprintf(stderr, "bench engines: the run of %s with osc %s failed (status %d)\n", cands,
+                    osc, r);
             rc = 1;
         }
-        texts[i][0] = '\0';
         FILE *f = fopen(out, "r");
         if (f) {
             size_t n = fread(texts[i], 1, sizeof texts[i] - 1, f);
@@ -746,10 +760,11 @@ static int mm_be_main(int argc, char **argv)
     const size_t *sizes = quick ? mm_be_sizes_quick : mm_be_sizes;
     int n_sizes = quick ? 2 : 6;
     static const char *const busy_names[] = {"none", "ucx", "ucx+thread", "mpi_rma", "two_sided", "megamoe"};
-    for (int i = 0; i < n_osc; i++) {
+    for (int i = 0; i < n_runs; i++) {
         const char *t = texts[i];
+        const char *osc = i == two_run ? osc_names[0] : osc_names[i];
         for (int c = 0; c < MM_BE_N; c++) {
-            if (i > 0 && c != MM_BE_RMA) continue;
+            if (i == two_run ? c != MM_BE_TWO : (i > 0 && c != MM_BE_RMA)) continue;
             char impl[48];
             snprintf(impl, sizeof impl, "%s", mm_be_names[c]);
             for (int s = 0; s < n_sizes; s++) {
@@ -763,7 +778,7 @@ static int mm_be_main(int argc, char **argv)
                 mm_bench_str("measure", "bandwidth");
                 mm_bench_str("impl", impl);
                 mm_bench_int("hosts", atoi(hosts));
-                if (c == MM_BE_RMA || c == MM_BE_TWO) mm_bench_str("osc", osc_names[i]);
+                if (c == MM_BE_RMA || c == MM_BE_TWO) mm_bench_str("osc", osc);
                 mm_bench_int("size_bytes", (long long)sizes[s]);
                 mm_bench_num("GBps", g);
                 mm_bench_num("GB_per_cpu_s", eff);
@@ -774,13 +789,15 @@ static int mm_be_main(int argc, char **argv)
                 mm_bench_str("measure", "signal_rtt");
                 mm_bench_str("impl", impl);
                 mm_bench_int("hosts", atoi(hosts));
-                if (c == MM_BE_RMA || c == MM_BE_TWO) mm_bench_str("osc", osc_names[i]);
+                if (c == MM_BE_RMA || c == MM_BE_TWO) mm_bench_str("osc", osc);
                 mm_bench_num("us", strtod(e, NULL));
             }
         }
         for (size_t k = 0; k < sizeof busy_names / sizeof busy_names[0]; k++) {
             const char *e;
-            if (i > 0 && strcmp(busy_names[k], "mpi_rma") != 0) continue;
+            if (i == two_run ? strcmp(busy_names[k], "two_sided") != 0
+                             : i > 0 && strcmp(busy_names[k], "mpi_rma") != 0)
+                continue;
             if (!mm_be_line(t, "busy", busy_names[k], &e)) continue;
             double ms = 0, gemms = 0, idle = 0;
             sscanf(e, "%lf %lf %lf", &ms, &gemms, &idle);
@@ -789,7 +806,7 @@ static int mm_be_main(int argc, char **argv)
             mm_bench_str("impl", busy_names[k]);
             mm_bench_int("hosts", atoi(hosts));
             if (!strcmp(busy_names[k], "mpi_rma") || !strcmp(busy_names[k], "two_sided"))
-                mm_bench_str("osc", osc_names[i]);
+                mm_bench_str("osc", osc);
             mm_bench_int("size_bytes", k == 0 ? 0 : MM_BE_BUSY_BYTES);
             mm_bench_num("put_done_ms", k == 0 ? 0.0 / 0.0 : ms);
             mm_bench_num("put_idle_ms", k == 0 ? 0.0 / 0.0 : idle);
