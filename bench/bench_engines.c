@@ -6,7 +6,7 @@
  *               registered region; megamoe's UCX configuration (bench_ucx.c);
  *   mpi_rma     MPI-3 RMA: MPI_Put (all posted) + MPI_Win_flush on a passive-target window
  *               (MPI_Win_allocate, MPI_Win_lock_all), with the osc component named by --osc
- *               (one mpirun per component: ucx and pt2pt);
+ *               (one mpirun per component: ucx and pt2pt; Open MPI 5 has no pt2pt: rdma);
  *   two_sided   MPI_Isend to an agent thread on the target that receives (MPI_Probe +
  *               MPI_Recv) into the target's memory and acknowledges a flush message: one-sided
  *               emulated by a progress agent (MPI_THREAD_MULTIPLE, pml ob1, btl tcp);
@@ -41,6 +41,13 @@
 
 #ifdef MEGAMOE_HAVE_MPI
 #include <mpi.h>
+
+/* The osc components compared by default: Open MPI 5 removed pt2pt; its rdma runs over TCP. */
+#if defined(OMPI_MAJOR_VERSION) && OMPI_MAJOR_VERSION >= 5
+#define MM_BE_OSCS "ucx,rdma"
+#else
+#define MM_BE_OSCS "ucx,pt2pt"
+#endif
 
 #define MM_BE_BIG (64u << 20)
 #define MM_BE_FLAGS 4096          /* flag lines after the data */
@@ -685,7 +692,7 @@ static int mm_be_main(int argc, char **argv)
     mm_be_gemm_ms = atof(mm_bench_opt(argc, argv, "--gemm-ms", "50"));
     if (worker) return mm_be_worker(mm_be_mask(worker), quick);
     const char *hosts = mm_bench_opt(argc, argv, "--hosts", "2");
-    const char *oscs = mm_bench_opt(argc, argv, "--osc", "ucx,pt2pt");
+    const char *oscs = mm_bench_opt(argc, argv, "--osc", MM_BE_OSCS);
     const char *impls = mm_bench_opt(argc, argv, "--impls", "ucx,mpi_rma,two_sided,megamoe");
     const char *gemm_ms = mm_bench_opt(argc, argv, "--gemm-ms", "50");
     if (atof(gemm_ms) < 1 || atof(gemm_ms) > 5000) {
@@ -693,7 +700,7 @@ static int mm_be_main(int argc, char **argv)
         return 2;
     }
     if (mm_bench_flag(argc, argv, "--help")) {
-        printf("usage: megamoe bench engines [--hosts 2] [--quick] [--osc ucx,pt2pt]\n"
+        printf("usage: megamoe bench engines [--hosts 2] [--quick] [--osc " MM_BE_OSCS "]\n"
                "       [--impls ucx,mpi_rma,two_sided,megamoe] [--gemm-ms 50]\n"
                "The inter-host engine study: UCX UCP put + flush, MPI-3 RMA (MPI_Put +\n"
                "MPI_Win_flush, passive target, one run per osc component), two-sided MPI with a\n"
