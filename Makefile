@@ -79,12 +79,13 @@ test-asan: deps
 	cmake --build --preset asan -j $(JOBS)
 	$(call mm_ctest,asan,-j $(JOBS))
 
-# The Python-driven operator and experts suites under ASan+UBSan (after `make test-asan`): the
+# The Python-driven operator (V2/V1, companion, serving) and experts suites under ASan+UBSan (after `make test-asan`): the
 # asan build's libmegamoe in Debian's interpreter, the sanitizer runtimes preloaded (Python and
 # torch are not built with them; leaks off: the interpreter's own are not ours). Sanitizer builds
-# have no C++ Torch adapter, so the ctypes path runs. ~2.5 min on the 2-core EPYC.
+# have no C++ Torch adapter, so the ctypes path runs. ~3 min on the 2-core EPYC.
 ASAN_PY_TESTS ?= tests/ops/test_ops_v2.py tests/ops/test_ops_v2_validation.py tests/ops/test_ops_v1.py \
-                 tests/ops/test_ops_api.py tests/moe/test_experts_autograd.py tests/moe/test_experts_torch.py
+                 tests/ops/test_ops_api.py tests/moe/test_experts_autograd.py tests/moe/test_experts_torch.py \
+                 tests/ops/test_companion_ops.py tests/ops/test_companion_blocks.py tests/serve/test_serve.py
 test-asan-python: deps
 	cmake --preset asan >/dev/null
 	cmake --build --preset asan -j $(JOBS)

@@ -744,7 +744,7 @@ static int mm_be_main(int argc, char **argv)
         const char *osc = i == two_run ? osc_names[0] : osc_names[i];
         texts[i][0] = '\0';
         if (!cands[0]) continue;
-        char label[96];
+        char label[192];
         snprintf(label, sizeof label, "osc %s: %s", osc, cands);
         mm_bench_progress(++step, n_runs, label);
         unlink(out);
