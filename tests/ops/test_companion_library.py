@@ -191,3 +191,22 @@ def test_opcheck(case):
         pos = [_map(p, lambda t: t.requires_grad_() if t.is_floating_point() else t)
                for p in pos]
     torch.library.opcheck(op.op, tuple(pos), kw)
+
+
+@pytest.mark.skipif(not (_library.HAS_AUTOGRAD and hasattr(torch.library, "opcheck")),
+                    reason=f"torch {torch.__version__}: torch.library.opcheck needs torch >= 2.4 "
+                           "(`make test-debian13` runs it on torch 2.6)")
+def test_opcheck_backward_operators():
+    """The operators the autograd formulas call are operators of their own: opcheck them too."""
+    mm = torch.ops.megamoe
+    x = torch.randn(5, 3, 16)
+    torch.library.opcheck(mm.npu_swiglu_backward.default, (torch.randn(5, 3, 8), x, -1))
+    tokens = torch.randn(6, 8)
+    idx = torch.randint(0, 4, (6, 2), dtype=torch.int32)
+    perm, si = ops.npu_moe_token_permute(tokens, idx)
+    torch.library.opcheck(mm.moe_token_permute_backward.default, (torch.randn_like(perm), si, 6))
+    probs = torch.rand(6, 2)
+    torch.library.opcheck(mm.moe_token_unpermute_backward.default,
+                          (perm, si, probs, torch.randn(6, 8)))
+    torch.library.opcheck(mm.moe_token_unpermute_backward.default,
+                          (perm, si, None, torch.randn(6, 8)))
