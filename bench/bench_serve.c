@@ -382,9 +382,11 @@ static int mm_bench_serve_main(int argc, char **argv)
                         "repository or an installed prefix)\n");
         return 2;
     }
-    /* probes: as many streaming cores as the job uses (ranks x threads, at most the cores) */
+    /* probes: as many streaming cores as the job uses (ranks x threads, at most the cores) —
+     * with --hosts too: the simulated hosts share this machine's memory system, and probing one
+     * host's cores alone gave a per-core rate twice what each rank gets while all stream (the
+     * one-host twin's floors then came out 2x too low) */
     int streams = ranks * threads < cores ? ranks * threads : cores;
-    if (hosts > 1) streams = (ranks / hosts) * threads < cores ? (ranks / hosts) * threads : cores;
     if (streams < 1) streams = 1;
     mm_bench_progress(0, 1, "probing read and copy bandwidth, BF16 peak");
     const double read_gbs = mm_bw_probe(streams, 0), copy_gbs = mm_bw_probe(streams, 1);

@@ -520,6 +520,9 @@ static megamoe_status_t mm_am_post(mm_ucx_engine_t *e, int pe, mm_am_hdr_t *h, c
     }
     h->seq = ++p->seq_sent;
     if (covered) p->quiet_seq = h->seq;
+    /* the request's own number: its acknowledgement carries it (a quiet that read seq_sent
+     * after the send could wait for a later message of another thread, never acknowledged) */
+    if (h->flags & MM_AM_F_ACKREQ) p->ackreq_seq = h->seq;
     e->stats.messages++;
     e->stats.put_bytes += n;
     e->stats.signals += (h->flags & MM_AM_F_SIG) != 0;
@@ -814,8 +817,7 @@ megamoe_status_t mm_ucx_am_quiet(mm_ucx_engine_t *e)
                 continue;
             }
             pthread_mutex_lock(&e->lock);
-            p->ackreq_seq = p->seq_sent;
-            asked = p->ackreq_seq;
+            asked = p->ackreq_seq; /* set by mm_am_post to the request's own number */
             pthread_mutex_unlock(&e->lock);
         }
         want[pe] = asked;
