@@ -349,32 +349,42 @@ MM_TEST(wait_times_out_without_burning_a_core)
 typedef struct {
     uint64_t *word;
     double delay_s;
+    double stored_at; /* when the store happened (the setter's own sleep may run long) */
 } mm_setter_t;
 
 static void *mm_setter(void *arg)
 {
     mm_setter_t *s = arg;
     mm_sleep_ns((uint64_t)(s->delay_s * 1e9));
+    s->stored_at = mm_now_s();
     __atomic_store_n(s->word, 7, __ATOMIC_RELEASE);
     return NULL;
 }
 
-/* A waiter deep in its sleep phase still wakes within about a millisecond. */
+/* A waiter deep in its sleep phase still wakes within about a millisecond of the store. The
+ * lateness is measured from the store itself, and each delay gets three tries (the best
+ * counts): on a loaded machine either thread can go unscheduled for tens of milliseconds, which
+ * says nothing about the wait's sleep phase, while a waiter that slept too long is late every
+ * time. */
 MM_TEST(wait_wakes_from_sleep_phase)
 {
     for (int i = 0; i < 3; i++) {
-        uint64_t word = 0;
-        mm_setter_t s = {&word, 0.05 * (i + 1)};
-        pthread_t th;
-        ASSERT_EQ_INT(pthread_create(&th, NULL, mm_setter, &s), 0);
-        double t0 = mm_now_s();
-        uint64_t got = 0;
-        ASSERT_OK(mm_shmem_wait_u64(&word, MM_SHMEM_CMP_EQ, 7, &got));
-        double late = mm_now_s() - t0 - s.delay_s;
-        pthread_join(th, NULL);
-        ASSERT_EQ_U64(got, 7);
-        fprintf(stderr, "woke %.3f ms after the store\n", late * 1e3);
-        ASSERT_TRUE(late < 0.02 * mm_test_timeout_multiplier());
+        double best = 1e9;
+        for (int attempt = 0; attempt < 3 && best >= 0.02 * mm_test_timeout_multiplier(); attempt++) {
+            uint64_t word = 0;
+            mm_setter_t s = {&word, 0.05 * (i + 1), 0.0};
+            pthread_t th;
+            ASSERT_EQ_INT(pthread_create(&th, NULL, mm_setter, &s), 0);
+            uint64_t got = 0;
+            ASSERT_OK(mm_shmem_wait_u64(&word, MM_SHMEM_CMP_EQ, 7, &got));
+            const double woke = mm_now_s();
+            pthread_join(th, NULL);
+            ASSERT_EQ_U64(got, 7);
+            const double late = woke - s.stored_at;
+            fprintf(stderr, "woke %.3f ms after the store\n", late * 1e3);
+            if (late < best) best = late;
+        }
+        ASSERT_TRUE(best < 0.02 * mm_test_timeout_multiplier());
     }
 }
 
