@@ -29,6 +29,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/alloc.h"
 #include "base/clock.h"
 #include "megamoe/comm.h"
 #include "megamoe/serve.h"
@@ -168,17 +169,6 @@ static int mm_loop_fds(void)
     while (readdir(d)) n++;
     closedir(d);
     return n - 3;
-}
-
-static double mm_loop_rss_mb(void)
-{
-    FILE *f = fopen("/proc/self/statm", "r");
-    long size = 0, rss = 0;
-    if (f) {
-        if (fscanf(f, "%ld %ld", &size, &rss) != 2) rss = 0;
-        fclose(f);
-    }
-    return (double)rss * (double)sysconf(_SC_PAGESIZE) / (1 << 20);
 }
 
 /* The real injection time (seconds after t0) of the fault with this spec, from the launcher's
@@ -415,7 +405,7 @@ int mm_bench_serve_loop(int argc, char **argv)
                 failing = 0;
             }
             if (good == 1) {
-                rss0 = mm_loop_rss_mb();
+                rss0 = mm_resident_mb();
                 fds0 = mm_loop_fds();
             }
         } else {
@@ -446,7 +436,7 @@ int mm_bench_serve_loop(int argc, char **argv)
         }
         if (v == 0) break;
     }
-    rss1 = mm_loop_rss_mb();
+    rss1 = mm_resident_mb();
     fds1 = mm_loop_fds();
     /* the launcher may have injected a fault late (a loaded machine): measure from when it did */
     for (int e = 0; e < episodes; e++)

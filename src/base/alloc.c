@@ -1,8 +1,10 @@
 /* Aligned allocation and sleeping. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "alloc.h"
 #include "clock.h"
@@ -38,4 +40,15 @@ void mm_sleep_ns(uint64_t ns)
     struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
+}
+
+double mm_resident_mb(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long size = 0, rss = 0;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &size, &rss) != 2) rss = 0;
+        fclose(f);
+    }
+    return (double)rss * (double)sysconf(_SC_PAGESIZE) / (1 << 20);
 }

@@ -14,6 +14,8 @@ megamoe_status_t mm_aligned_alloc(size_t size, size_t align, const char *what, v
 /* Same, zero-filled. */
 megamoe_status_t mm_aligned_calloc(size_t size, size_t align, const char *what, void **ptr_p);
 void mm_aligned_free(void *ptr);
+/* This process's resident set in MB (/proc/self/statm; 0 when it cannot be read). */
+double mm_resident_mb(void);
 
 static inline size_t mm_align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 
+#include "base/alloc.h"
 #include "shmem_test_util.h"
 
 #define MM_VICTIM_ENV "MM_SURVIVE_TEST_VICTIM"
@@ -38,17 +39,6 @@ static int mm_count_fds(void)
     while (readdir(d)) n++;
     closedir(d);
     return n - 3; /* ".", "..", the directory's own descriptor */
-}
-
-static double mm_rss_mb(void)
-{
-    FILE *f = fopen("/proc/self/statm", "r");
-    long size = 0, rss = 0;
-    if (f) {
-        if (fscanf(f, "%ld %ld", &size, &rss) != 2) rss = 0;
-        fclose(f);
-    }
-    return (double)rss * (double)sysconf(_SC_PAGESIZE) / (1 << 20);
 }
 
 static void mm_job_encode(const mm_job_t *j, int pe, char *out, size_t len)
@@ -246,7 +236,7 @@ MM_TEST(losses_survived_over_lifecycles)
         mm_run_t r;
         mm_lifecycle(&j, kids, &r);
         fds[l] = mm_count_fds();
-        rss[l] = mm_rss_mb();
+        rss[l] = mm_resident_mb();
         fprintf(stderr, "lifecycle %d: %d descriptors, %.1f MB resident after release\n", l,
                 fds[l], rss[l]);
     }

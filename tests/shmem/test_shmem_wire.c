@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "base/alloc.h"
 #include "shmem/engine_test.h"
 #include "shmem/shmem_internal.h"
 #include "shmem_test_util.h"
@@ -319,17 +320,6 @@ MM_TEST(an_idle_threads_coalesced_put_does_not_block_the_staging_ring)
     ASSERT_OK(mm_shmem_release());
 }
 
-static double mm_rss_mb(void)
-{
-    FILE *f = fopen("/proc/self/statm", "r");
-    long size = 0, rss = 0;
-    if (f) {
-        if (fscanf(f, "%ld %ld", &size, &rss) != 2) rss = 0;
-        fclose(f);
-    }
-    return (double)rss * (double)sysconf(_SC_PAGESIZE) / (1 << 20);
-}
-
 /* A serving loop's small calls, each drained by a quiet: the staging ring starts again at its
  * beginning whenever it is empty, so the resident set stays that of one call's burst. Before,
  * the head walked round the whole 32 MiB ring and every rank's RSS crept up by it. */
@@ -347,12 +337,12 @@ MM_TEST(a_drained_staging_ring_keeps_its_resident_set)
         ASSERT_OK(mm_shmem_put(recv, src, piece, next));
         ASSERT_OK(mm_shmem_quiet());
     }
-    const double rss0 = mm_rss_mb();
+    const double rss0 = mm_resident_mb();
     for (int c = 0; c < calls; c++) {
         ASSERT_OK(mm_shmem_put(recv, src, piece, next));
         ASSERT_OK(mm_shmem_quiet());
     }
-    const double grew = mm_rss_mb() - rss0;
+    const double grew = mm_resident_mb() - rss0;
     fprintf(stderr, "rank %d: resident set %+.1f MB over %d drained calls\n", me, grew, calls);
     ASSERT_TRUE(grew < 8.0);
     free(src);
