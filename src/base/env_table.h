@@ -84,7 +84,7 @@
     MM_ENV(SERVE_WEIGHT_CACHE, "MEGAMOE_SERVE_WEIGHT_CACHE", SIZE, "0", 0, 1099511627776LL, "", \
            "mega_moe: bytes of packed expert-weight copies kept between calls (process-wide, least recently used dropped first); 0 = no bound (docs/serve.md).") \
     MM_ENV(SHMEM_PEER_TIMEOUT_MS, "MEGAMOE_SHMEM_PEER_TIMEOUT_MS", INT, "10000", 100, 3600000, "", \
-           "A rank on another host whose heartbeats stop this long is declared unreachable (its host is cut off or down); also the bootstrap connections' keepalive bound. A killed process is seen at once (docs/reliability.md).") \
+           "A rank on another host from which nothing arrives this long (no heartbeat, no data, no acknowledgement) is declared unreachable (its host is cut off or down); also the bootstrap connections' keepalive bound. A killed process is seen at once (docs/reliability.md).") \
     MM_ENV(SHMEM_ON_LOSS, "MEGAMOE_SHMEM_ON_LOSS", ENUM, "survive", 0, 0, "survive|stop", \
            "After a rank is lost: survive (the survivors agree on who is gone, the calls in flight fail with PEER_LOST, later calls run among the survivors) or stop (every rank stops with PEER_LOST).") \
     MM_ENV(LAUNCH_T0_NS, "MEGAMOE_LAUNCH_T0_NS", STRING, "", 0, 0, "", \

@@ -837,6 +837,13 @@ static void mm_ucx_stats(mm_shmem_engine_t *se, mm_shmem_engine_stats_t *out)
     pthread_mutex_unlock(&e->lock);
 }
 
+static uint64_t mm_ucx_heard(mm_shmem_engine_t *se, int pe)
+{
+    mm_ucx_engine_t *e = &se->u;
+    if (e->heard == NULL || pe < 0 || pe >= e->n_pes) return 0;
+    return atomic_load_explicit(&e->heard[pe], memory_order_relaxed);
+}
+
 static void mm_ucx_describe(mm_shmem_engine_t *se, char *buf, size_t len)
 {
     snprintf(buf, len, "%s", se ? se->u.desc : "none");
@@ -856,5 +863,6 @@ const mm_shmem_engine_ops_t mm_shmem_engine_ucx = {
     .progress = mm_ucx_progress,
     .fini = mm_ucx_fini,
     .stats = mm_ucx_stats,
+    .heard = mm_ucx_heard,
     .describe = mm_ucx_describe,
 };

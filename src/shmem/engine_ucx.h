@@ -83,6 +83,10 @@ typedef struct mm_ucx_engine_s {
     mm_ucx_peer_t *peers;
     mm_ucx_flush_ctx_t *flush_ctxs; /* per PE: user data of its flush / error callbacks */
     struct mm_am_rx *rx;            /* per source PE (am protocol) */
+    /* per source PE: messages and acknowledgements that arrived from it (am protocol). The
+     * liveness monitor reads them without the lock: a peer whose data keeps arriving is alive
+     * even while its own heartbeats queue behind that data. */
+    _Atomic uint64_t *heard;
     struct mm_am_cork *corks;       /* per thread: small puts being coalesced (am protocol) */
     int n_corks;
     uint64_t uid;                   /* process-unique (threads find their cork by it) */

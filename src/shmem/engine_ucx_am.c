@@ -325,6 +325,7 @@ static ucs_status_t mm_am_msg_handler(void *arg, const void *header, size_t head
         return UCS_OK;
     }
     if (mm_ucx_pe_lost(h.src)) return UCS_OK; /* a lost peer's late message */
+    atomic_fetch_add_explicit(&e->heard[h.src], 1, memory_order_relaxed);
     struct mm_am_rx *rx = &e->rx[h.src];
     if (h.seq < rx->next) {
         MM_SHMEM_WARN("inter-host engine: dropped message %llu of rank %d: already applied",
@@ -402,6 +403,7 @@ static ucs_status_t mm_am_ack_handler(void *arg, const void *header, size_t head
     if (header_length != sizeof a) return UCS_OK;
     memcpy(&a, header, sizeof a);
     if (a.src < 0 || a.src >= e->n_pes) return UCS_OK;
+    atomic_fetch_add_explicit(&e->heard[a.src], 1, memory_order_relaxed);
     mm_ucx_peer_t *p = &e->peers[a.src];
     if (a.seq > p->acked && a.seq <= p->seq_sent) p->acked = a.seq;
     return UCS_OK;
@@ -430,10 +432,11 @@ static size_t mm_am_msg_max(void)
 megamoe_status_t mm_ucx_am_setup(mm_ucx_engine_t *e)
 {
     e->rx = calloc((size_t)e->n_pes, sizeof *e->rx);
+    e->heard = calloc((size_t)e->n_pes, sizeof *e->heard);
     e->corks = calloc(MM_AM_CORKS, sizeof *e->corks);
     e->uid = atomic_fetch_add(&mm_am_uids, 1) + 1;
     e->am_msg_max = mm_am_msg_max();
-    if (e->rx == NULL || e->corks == NULL)
+    if (e->rx == NULL || e->heard == NULL || e->corks == NULL)
         return mm_error(MEGAMOE_OUT_OF_MEMORY, "inter-host engine: out of memory for %d PEs",
                         e->n_pes);
     for (int pe = 0; pe < e->n_pes; pe++) e->rx[pe].next = 1;
@@ -863,6 +866,8 @@ void mm_ucx_am_forget(mm_ucx_engine_t *e, int pe)
 void mm_ucx_am_fini(mm_ucx_engine_t *e)
 {
     mm_am_deferred.stage = NULL; /* in the ring, which goes with the engine */
+    free((void *)e->heard);
+    e->heard = NULL;
     if (e->rx == NULL) return;
     for (int pe = 0; pe < e->n_pes; pe++) {
         mm_am_held_t *m = e->rx[pe].held;

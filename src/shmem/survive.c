@@ -17,6 +17,7 @@
 #include "base/clock.h"
 #include "base/env.h"
 #include "shmem_internal.h"
+#include "engine_test.h"
 #include "survive.h"
 
 #define MM_SURV_WHY 112
@@ -44,6 +45,7 @@ typedef struct mm_surv {
     uint64_t posted, decided_seen;
     uint64_t hb_count, hb_sent, last_tick;
     uint64_t *hb_seen, *hb_change;
+    uint64_t *heard_seen; /* per PE: the engine's count of its arrivals at the last tick */
 } mm_surv_t;
 
 static mm_surv_t S = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -67,10 +69,11 @@ static void mm_surv_free(void)
     free(S.told);
     free(S.hb_seen);
     free(S.hb_change);
+    free(S.heard_seen);
     S.kind = S.retired = NULL;
     S.why = NULL;
     S.dec_kind = S.told = NULL;
-    S.hb_seen = S.hb_change = NULL;
+    S.hb_seen = S.hb_change = S.heard_seen = NULL;
     S.n = 0;
 }
 
@@ -88,7 +91,9 @@ megamoe_status_t mm_surv_init(int n, int me)
     S.told = calloc((size_t)n, 1);
     S.hb_seen = calloc((size_t)n, sizeof *S.hb_seen);
     S.hb_change = calloc((size_t)n, sizeof *S.hb_change);
-    if (!S.kind || !S.retired || !S.why || !S.dec_kind || !S.told || !S.hb_seen || !S.hb_change) {
+    S.heard_seen = calloc((size_t)n, sizeof *S.heard_seen);
+    if (!S.kind || !S.retired || !S.why || !S.dec_kind || !S.told || !S.hb_seen || !S.hb_change ||
+        !S.heard_seen) {
         mm_surv_free();
         return mm_error(MEGAMOE_OUT_OF_MEMORY, "SHMEM start-up: out of host memory for the "
                         "liveness state of %d PEs", n);
@@ -116,6 +121,10 @@ megamoe_status_t mm_surv_init(int n, int me)
 }
 
 void mm_surv_fini(void) { mm_surv_free(); }
+
+static atomic_int mm_surv_hold_heartbeats; /* test seam */
+
+void mm_shmem_engine_test_hold_heartbeats(int on) { atomic_store(&mm_surv_hold_heartbeats, on); }
 
 void mm_surv_set_kick(void (*kick)(void)) { S.kick = kick; }
 
@@ -337,7 +346,7 @@ void mm_surv_tick(void)
         for (int p = 0; p < S.n; p++) S.hb_change[p] = now;
     S.last_tick = now;
     if (g->engine) {
-        if (now - S.hb_sent >= S.hb_interval_ns) {
+        if (now - S.hb_sent >= S.hb_interval_ns && !atomic_load(&mm_surv_hold_heartbeats)) {
             S.hb_count++;
             S.hb_sent = now;
             for (int p = 0; p < S.n; p++)
@@ -347,14 +356,18 @@ void mm_surv_tick(void)
         }
         for (int p = 0; p < S.n; p++) {
             if (p == S.me || !g->remote[p] || atomic_load(&S.kind[p])) continue;
+            /* a heartbeat or any message from p is life: a peer streaming data at this PE
+             * may hold its heartbeat behind that data (its staging ring full) for long */
             uint64_t v = mm_surv_word(mm_surv_heartbeat_off(p));
-            if (v != S.hb_seen[p]) {
+            uint64_t h = g->engine_ops->heard ? g->engine_ops->heard(g->engine, p) : 0;
+            if (v != S.hb_seen[p] || h != S.heard_seen[p]) {
                 S.hb_seen[p] = v;
+                S.heard_seen[p] = h;
                 S.hb_change[p] = now;
             } else if (now - S.hb_change[p] > S.peer_timeout_ns) {
                 char why[MM_SURV_WHY];
-                snprintf(why, sizeof why, "no heartbeat for %.1f s: its host is down or cut off",
-                         (double)(now - S.hb_change[p]) * 1e-9);
+                snprintf(why, sizeof why, "nothing heard for %.1f s (no heartbeat, data or "
+                         "acknowledgement): its host is down or cut off", (double)(now - S.hb_change[p]) * 1e-9);
                 mm_surv_observe(p, MM_LOSS_UNREACHABLE, why);
             }
         }

@@ -100,6 +100,10 @@ typedef struct mm_shmem_engine_ops {
     void (*fini)(mm_shmem_engine_t *e);
     /* Counters since init (shmem.h, mm_shmem_engine_stats_t); may be NULL. */
     void (*stats)(mm_shmem_engine_t *e, struct mm_shmem_engine_stats *out);
+    /* Messages of any kind that arrived from pe since init (data, acknowledgements): the
+     * liveness monitor counts a change as a sign of life. Callable from any thread without
+     * blocking; 0 where the engine cannot tell (one-sided protocols). May be NULL. */
+    uint64_t (*heard)(mm_shmem_engine_t *e, int pe);
     /* "UCX 1.13.1, tcp" style description for logs and benchmarks. */
     void (*describe)(mm_shmem_engine_t *e, char *buf, size_t len);
 } mm_shmem_engine_ops_t;

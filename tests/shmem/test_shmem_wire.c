@@ -7,9 +7,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <time.h>
+
 #include "base/alloc.h"
+#include "base/clock.h"
 #include "shmem/engine_test.h"
 #include "shmem/shmem_internal.h"
+#include "shmem/survive.h"
 #include "shmem_test_util.h"
 
 #define MM_ROWS 2000
@@ -347,6 +351,46 @@ MM_TEST(a_drained_staging_ring_keeps_its_resident_set)
     ASSERT_TRUE(grew < 8.0);
     free(src);
     ASSERT_OK(mm_shmem_barrier_all());
+    ASSERT_OK(mm_shmem_free(recv));
+    ASSERT_OK(mm_shmem_release());
+}
+
+/* Rank 0 sends no heartbeats (test seam) but streams data at the others for four peer
+ * timeouts: its arrivals are its signs of life, so no rank declares it lost. Before, a rank
+ * whose heartbeats waited behind its own stream (a full staging ring under load) was declared
+ * unreachable while its data kept arriving. */
+MM_TEST(a_peer_whose_data_keeps_arriving_is_alive_without_heartbeats)
+{
+    if (!mm_am_protocol()) return; /* one-sided puts raise nothing at the target to count */
+    setenv("MEGAMOE_SHMEM_PEER_TIMEOUT_MS", "1000", 1);
+    mm_shmem_params_t p = mm_t_params();
+    megamoe_status_t acq = mm_shmem_acquire(&p);
+    unsetenv("MEGAMOE_SHMEM_PEER_TIMEOUT_MS");
+    ASSERT_OK(acq);
+    int me = mm_shmem_my_pe(), n = mm_shmem_n_pes();
+    const size_t piece = 4u << 10;
+    uint8_t *recv = NULL, *src = malloc(piece);
+    ASSERT_OK(mm_shmem_calloc(piece, 64, (void **)&recv));
+    mm_t_fill(src, piece, me, 23);
+    ASSERT_OK(mm_shmem_barrier_all());
+    if (me == 0) {
+        mm_shmem_engine_test_hold_heartbeats(1);
+        const uint64_t t0 = mm_now_ns();
+        long sent = 0;
+        while (mm_now_ns() - t0 < 4000000000ull) { /* 4 timeouts */
+            for (int pe = 1; pe < n; pe++) ASSERT_OK(mm_shmem_put(recv, src, piece, pe));
+            ASSERT_OK(mm_shmem_quiet());
+            sent++;
+            struct timespec ts = {0, 2000000}; /* a stream, not a spin: 2 ms between rounds */
+            nanosleep(&ts, NULL);
+        }
+        mm_shmem_engine_test_hold_heartbeats(0);
+        fprintf(stderr, "rank 0: %ld rounds without heartbeats\n", sent);
+    }
+    ASSERT_OK(mm_shmem_barrier_all());
+    ASSERT_EQ_INT(mm_surv_lost_count(), 0);
+    if (me != 0) ASSERT_EQ_INT(mm_t_check(recv, piece, 0, 23), -1);
+    free(src);
     ASSERT_OK(mm_shmem_free(recv));
     ASSERT_OK(mm_shmem_release());
 }
