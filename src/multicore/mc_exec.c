@@ -47,7 +47,7 @@ _Static_assert(sizeof(mm_mc_slot_t) == MM_MC_SLOT_BYTES, "status slot size");
 
 /* Private counter lines. */
 enum { MM_PV_CURSOR = 0, MM_PV_WORK = 2, MM_PV_ABORT, MM_PV_RUN, MM_PV_LOCAL, MM_PV_EXPERT };
-/* after the S expert lines: S wgrad lines, then R fetched lines */
+/* after the S expert lines: S wgrad lines, R fetched lines, then EP * S block lines */
 
 struct mm_mc_exec {
     const mm_mc_plan_t *plan;
@@ -55,6 +55,7 @@ struct mm_mc_exec {
     mm_pool_t *pool;
     int ep, me, n_workers;
     int *pes;
+    uint8_t *remote;     /* [EP] 1: the peer is on another host (no mapping of its heap) */
     void *sym;           /* symmetric signal area */
     uint64_t *arrival;   /* [S * EP] lines */
     uint64_t *done;      /* [EP] lines */
@@ -100,6 +101,12 @@ static inline uint64_t *mm_mc_fetched_line(mm_mc_exec_t *x, int g)
 {
     return mm_mc_line(x->priv, MM_PV_EXPERT + 2 * x->plan->S + g);
 }
+/* DISPATCH tile slots of block (slot j of peer) run so far (peers on other hosts). */
+static inline uint64_t *mm_mc_block_line(mm_mc_exec_t *x, int peer, int64_t j)
+{
+    return mm_mc_line(x->priv, MM_PV_EXPERT + 2 * x->plan->S + x->plan->s.R +
+                                   (int64_t)peer * x->plan->S + j);
+}
 
 uint64_t *mm_mc_ready_line(mm_mc_exec_t *x, int g) { return mm_mc_line(x->ready, g); }
 
@@ -130,13 +137,15 @@ megamoe_status_t mm_mc_exec_create(const mm_mc_plan_t *plan, mm_shmem_team_t *te
         x->yield_ns = oversubscribed ? MM_MC_OVERSUB_SPIN_NS : MM_MC_YIELD_NS;
         st = mm_prof_control_init(); /* MEGAMOE_PROFILE */
         x->pes = calloc((size_t)ep, sizeof *x->pes);
+        x->remote = calloc((size_t)ep, sizeof *x->remote);
         x->workers = calloc((size_t)nw, sizeof *x->workers);
         size_t stride = mm_align_up(worker_scratch > 0 ? worker_scratch : 64, 4096);
-        if (x->pes == NULL || x->workers == NULL)
+        if (x->pes == NULL || x->remote == NULL || x->workers == NULL)
             st = mm_error(MEGAMOE_OUT_OF_MEMORY, "O1 executor tables");
         if (st == MEGAMOE_OK)
-            st = mm_aligned_calloc((size_t)(MM_PV_EXPERT + 2 * plan->S + plan->s.R) * 64, 64,
-                                   "O1 counters", (void **)&x->priv);
+            st = mm_aligned_calloc((size_t)(MM_PV_EXPERT + 2 * plan->S + plan->s.R +
+                                            (int64_t)ep * plan->S) * 64,
+                                   64, "O1 counters", (void **)&x->priv);
         if (st == MEGAMOE_OK)
             st = mm_aligned_alloc(stride * (size_t)nw, 4096, "O1 worker scratch", &x->scratch);
         for (int w = 0; st == MEGAMOE_OK && w < nw; w++) {
@@ -160,6 +169,8 @@ megamoe_status_t mm_mc_exec_create(const mm_mc_plan_t *plan, mm_shmem_team_t *te
             x->ready = mm_mc_line(x->done, ep);
             x->part = mm_mc_line(x->ready, plan->s.R);
             x->slots = (mm_mc_slot_t *)(void *)mm_mc_line(x->part, (int64_t)ep * plan->s.R);
+            for (int i = 0; i < ep; i++)
+                x->remote[i] = mm_shmem_ptr(x->arrival, x->pes[i]) == NULL;
             /* nobody signals before every rank zeroed its counters */
             st = mm_shmem_team_barrier(team);
         }
@@ -189,6 +200,7 @@ megamoe_status_t mm_mc_exec_destroy(mm_mc_exec_t *x)
     mm_aligned_free(x->priv);
     mm_aligned_free(x->scratch);
     free(x->workers);
+    free(x->remote);
     free(x->pes);
     free(x);
     return st;
@@ -575,8 +587,17 @@ static void mm_mc_execute(mm_mc_exec_t *x, mm_mc_worker_t *w, int32_t id, const 
             MM_MC_BODY(b->dispatch(b->ctx, w, tl));
             if (w->ring) mm_mc_trace(w, stage, owner, t->peer, t0, mm_now_ns());
         }
-        if (amount > 0)
+        if (x->remote[t->peer]) {
+            /* a peer on another host waits for whole blocks (EXPERT and WGRAD2 need the
+             * block's every tile), so the block's last tile slot signals them all at once: one
+             * message per block carries its rows and the signal, not one per tile */
+            if (__atomic_add_fetch(mm_mc_block_line(x, t->peer, t->j), 1, __ATOMIC_ACQ_REL) ==
+                x->arrival_target)
+                mm_mc_signal(x, w, mm_mc_arrival(x, t->j, x->me), (uint64_t)x->nt, t->peer,
+                             stage, owner);
+        } else if (amount > 0) {
             mm_mc_signal(x, w, mm_mc_arrival(x, t->j, x->me), amount, t->peer, stage, owner);
+        }
         break;
     case MM_MC_EXPERT:
     case MM_MC_EXPERT_ALL:
