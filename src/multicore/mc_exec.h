@@ -17,9 +17,8 @@
  * because launches are collective and in the same order. A DISPATCH tile slot adds its amount
  * to a same-host peer's arrival line at once; for a peer on another host the block's last tile
  * slot to run adds the whole block's (private block[peer][j] counts the slots), since the
- * owner's EXPERT and WGRAD2 tasks wait for whole blocks: the rows of a block and its signal
- * then cross the wire in full messages with the signal in the last (engine corks), instead of
- * a message per tile.
+ * owner's EXPERT and WGRAD2 tasks wait for whole blocks: one signal per block crosses the wire
+ * (riding in the last tile's coalesced message) instead of one per tile.
  *
  * End of a launch. DONE runs after every other task of the rank: it writes the rank's status
  * (OK, or the first local failure with its text) into a status slot on every rank, then adds
