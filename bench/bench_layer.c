@@ -260,7 +260,8 @@ static int mm_bench_layer_main(int argc, char **argv)
                    "(T_cap = the largest count) beside a fixed layer of the mean count rounded to\n"
                    "128, same job; rows carry tokens_dist, fwd_ms, floor_ms (memcpy of the busiest\n"
                    "rank's rows + 2 signal round trips), work_floor_ms and the time per token of\n"
-                   "both (schedule O1 and 20 iterations unless given).\n");
+                   "both (schedule O1 unless given; 200 iterations at the seed shape, 20 at the\n"
+                   "large one unless --iters is given).\n");
             return 0;
         }
         if (!strcmp(argv[i], "--job-dir") && i + 1 < argc) job_dir = argv[++i];
@@ -306,7 +307,7 @@ static int mm_bench_layer_main(int argc, char **argv)
                 fprintf(stderr, "megamoe bench layer: unknown routing '%s'\n", routes[i]);
                 return 2;
             }
-        if (!iters_given) o.iters = 20;
+        if (!iters_given) o.iters = 0; /* per shape (bench_layer_dyn.c) */
         if (!sched_given) snprintf(o.schedule, sizeof o.schedule, "O1");
         mm_dyn_shape_t dshapes[8];
         const int n_sh = (int)(sizeof mm_layer_shapes / sizeof mm_layer_shapes[0]);

@@ -69,6 +69,10 @@ int mm_bench_layer_dyn(const mm_moe_job_opts_t *base, const mm_dyn_shape_t *shap
                     jo.I = sh->I;
                     jo.E = sh->E;
                     jo.K = sh->K;
+                    /* unless given: enough calls for a stable median against a 10 % bound —
+                     * 20 calls of a ~5 ms seed-shape step read 1.07-1.13x where 200 read
+                     * 1.03-1.05x (docs/results/zen4-2026-12-06c/dyn_README.md) */
+                    if (jo.iters <= 0) jo.iters = sh->H * sh->I < ((int64_t)1 << 20) ? 200 : 20;
                     jo.workers = atoi(workers[wi]);
                     jo.route = (mm_route_pattern_t)mm_route_parse(routes[ri]);
                     char label[160];
