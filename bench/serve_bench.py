@@ -2,8 +2,8 @@
 
 For every (shape, quantisation, tokens per rank) it times the fused `mega_moe` call and the
 unfused path a CPU user would write today — megamoe's DispatchV2 -> per-expert torch matmuls and
-SwiGLU -> CombineV2 — on the same weights, tokens and routing, interleaved iteration by
-iteration. Per row: the median over iterations of the slowest rank's time, the physical floor
+SwiGLU -> CombineV2 — on the same weights, tokens and routing, every (quantisation,
+implementation) interleaved iteration by iteration. Per row: the median over iterations of the slowest rank's time, the physical floor
 (the expert weight bytes the call touches on the slowest rank at the measured per-core read
 bandwidth, plus its dispatch/combine bytes at the measured copy bandwidth) and, for prefill,
 the share of the job's BF16 peak. Rank 0 writes the rows as JSON lines to --out.
@@ -200,44 +200,65 @@ def main():
     nmax = max(tokens)
     buf = ops.get_symm_buffer_for_mega_moe(None, E, nmax, K, H, 2 * I)
     rows_out = []
+    # Every quantisation's weights at once, and their calls interleaved iteration by iteration
+    # with the implementations: speedup_vs_bf16 compares calls made side by side (this
+    # machine's memory bandwidth drifts by up to 2x within minutes; rows measured one
+    # quantisation after the other compared the drift as much as the kernels).
+    variants = []
     for quant in a.quant.split(","):
         experts = [expert_weights(H, I, rank * L + j, a.seed, quant) for j in range(L)]
         kw = {}
         if quant != "bf16":
-            buf.dispatch_quant_mode, buf.dispatch_quant_out_dtype = 2, torch.int8
             kw = {"l1_weights_sf": [torch.stack([e["sf1"] for e in experts])],
                   "l2_weights_sf": [torch.stack([e["sf2"] for e in experts])]}
             if quant == "w4a8":
                 kw.update(l1_bias=[e["b1"] for e in experts], l2_bias=[e["b2"] for e in experts],
                           weight1_type=285, weight2_type=285)
+        variants.append({
+            "quant": quant, "kw": kw,
+            "w1": [e["l1"] for e in experts], "w2": [e["l2"] for e in experts],
+            "unfused": Unfused(W, rank, E, I, experts, quant),
+            "gmm": UnfusedGmm(W, rank, E, experts, quant) if "unfused_gmm" in impls else None})
+
+    def use(v):  # the buffer's dispatch quantisation follows the weights
+        if v["quant"] != "bf16":
+            buf.dispatch_quant_mode, buf.dispatch_quant_out_dtype = 2, torch.int8
         else:
             buf.dispatch_quant_mode, buf.dispatch_quant_out_dtype = 0, None
-        w1 = [e["l1"] for e in experts]
-        w2 = [e["l2"] for e in experts]
-        unfused = Unfused(W, rank, E, I, experts, quant)
-        gmm = UnfusedGmm(W, rank, E, experts, quant) if "unfused_gmm" in impls else None
-        for n in tokens:
-            g = torch.Generator().manual_seed(a.seed * 7 + rank * 1000 + n)
-            x = (torch.randn(n, H, generator=g)).to(torch.bfloat16)
-            ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(n)]).int()
-            wts = torch.softmax(torch.randn(n, K, generator=g), -1)
-            runs = {"mega_moe": lambda: ops.mega_moe(x, ids, wts, w1, w2, buf, **kw)[0],
-                    "unfused": lambda: unfused(x, ids, wts),
-                    "unfused_gmm": lambda: gmm(x, ids, wts)}
-            times = {i: [] for i in impls}
-            cpus = {i: [] for i in impls}
-            outs = {}
-            for it in range(a.warmup + a.iters):
-                for impl in impls:  # interleaved, iteration by iteration
+
+    for n in tokens:
+        g = torch.Generator().manual_seed(a.seed * 7 + rank * 1000 + n)
+        x = (torch.randn(n, H, generator=g)).to(torch.bfloat16)
+        ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(n)]).int()
+        wts = torch.softmax(torch.randn(n, K, generator=g), -1)
+        runs = {}
+        for v in variants:
+            q = v["quant"]
+            runs[(q, "mega_moe")] = (lambda v=v: ops.mega_moe(x, ids, wts, v["w1"], v["w2"], buf,
+                                                               **v["kw"])[0])
+            runs[(q, "unfused")] = (lambda v=v: v["unfused"](x, ids, wts))
+            runs[(q, "unfused_gmm")] = (lambda v=v: v["gmm"](x, ids, wts))
+        keys = [(v["quant"], i) for v in variants for i in impls]
+        times = {k: [] for k in keys}
+        cpus = {k: [] for k in keys}
+        outs = {}
+        for it in range(a.warmup + a.iters):
+            for v in variants:  # interleaved, iteration by iteration
+                use(v)
+                for impl in impls:
+                    k = (v["quant"], impl)
                     world.barrier()
                     c0 = time.process_time()
                     t0 = time.perf_counter()
-                    outs[impl] = runs[impl]()
+                    outs[k] = runs[k]()
                     dt = time.perf_counter() - t0
                     if it >= a.warmup:
-                        times[impl].append(dt)
-                        cpus[impl].append(time.process_time() - c0)
-            _, etn = ops.mega_moe(x, ids, wts, w1, w2, buf, **kw)
+                        times[k].append(dt)
+                        cpus[k].append(time.process_time() - c0)
+        for v in variants:
+            quant = v["quant"]
+            use(v)
+            _, etn = ops.mega_moe(x, ids, wts, v["w1"], v["w2"], buf, **v["kw"])
             touched = int((etn > 0).sum()) * weight_bytes(H, I, quant)
             recv = int(etn.sum())
             row = 2 * H if quant == "bf16" else H + 4
@@ -255,13 +276,15 @@ def main():
                       (copy / (a.copy_gbs * 1e9) if a.copy_gbs else 0.0)
             flops = recv * 6 * H * I
             gathered = [None] * W
-            dist.all_gather_object(gathered, {"times": times, "cpus": cpus, "floor": floor_s,
-                                              "flops": flops, "wire_bytes": wire_bytes})
+            dist.all_gather_object(gathered, {"times": {i: times[(quant, i)] for i in impls},
+                                              "cpus": {i: cpus[(quant, i)] for i in impls},
+                                              "floor": floor_s, "flops": flops,
+                                              "wire_bytes": wire_bytes})
             diff = {}
-            if a.check and "mega_moe" in outs and n:
+            if a.check and "mega_moe" in impls and n:
                 for other in ("unfused", "unfused_gmm"):
-                    if other in outs:
-                        ref, got = outs[other].float(), outs["mega_moe"].float()
+                    if other in impls:
+                        ref, got = outs[(quant, other)].float(), outs[(quant, "mega_moe")].float()
                         diff[other] = float((got - ref).norm() / max(ref.norm(), 1e-30))
             diffs = [None] * W
             dist.all_gather_object(diffs, diff)
