@@ -163,11 +163,23 @@ static void mm_serve_emit(const mm_serve_row_t *r)
     }
 }
 
-static int mm_serve_job(const mm_serve_shape_t *sh, const char *tokens, const char *quant,
-                        const char *impl, int ranks, int hosts, int threads, int iters, int warmup,
-                        double read_gbs, double copy_gbs, double peak, const char *script,
-                        mm_serve_rows_t *out)
+/* What every job of the run shares: the placement and the probes behind the floors. */
+typedef struct {
+    int ranks, hosts, threads;
+    int streams;          /* cores the read probe ran on at once (ranks x threads, at most cores) */
+    double read_gbs;      /* per core, `streams` cores reading at once */
+    double read_one_gbs;  /* one core reading alone */
+    double copy_gbs, peak_gflops, int8_gops;
+    const char *script;
+    const mm_bench_wire_engine_t *eng;
+} mm_serve_env_t;
+
+static int mm_serve_job(const mm_serve_env_t *env, int hosts, const mm_serve_shape_t *sh,
+                        const char *tokens, const char *quant, const char *impl, int iters,
+                        int warmup, mm_serve_rows_t *out)
 {
+    const int ranks = env->ranks, threads = env->threads;
+    const char *script = env->script;
     char dir[] = "/tmp/megamoe-serve-XXXXXX";
     if (mkdtemp(dir) == NULL) return -1;
     char outp[256], a[16][64];
@@ -177,11 +189,14 @@ static int mm_serve_job(const mm_serve_shape_t *sh, const char *tokens, const ch
              (long long)sh->E, (long long)sh->K);
     snprintf(a[2], 64, "%d", iters);
     snprintf(a[3], 64, "%d", warmup);
-    snprintf(a[4], 64, "%.4f", read_gbs);
-    snprintf(a[5], 64, "%.4f", copy_gbs);
-    snprintf(a[6], 64, "%.4f", peak);
+    snprintf(a[4], 64, "%.4f", env->read_gbs);
+    snprintf(a[5], 64, "%.4f", env->copy_gbs);
+    snprintf(a[6], 64, "%.4f", env->peak_gflops);
     snprintf(a[7], 64, "%d", threads);
     snprintf(a[8], 64, "%d", hosts);
+    snprintf(a[9], 64, "%.4f", env->read_one_gbs);
+    snprintf(a[10], 64, "%d", env->streams);
+    snprintf(a[11], 64, "%.4f", env->int8_gops);
     /* the heap: the largest call's receive rows (tokens x ranks x min(K, L)) plus room */
     long long max_tok = 0;
     for (const char *p = tokens; *p;) {
@@ -208,6 +223,7 @@ static int mm_serve_job(const mm_serve_shape_t *sh, const char *tokens, const ch
                     "--shape", a[1], "--tokens", (char *)tokens, "--quant", (char *)quant,
                     "--impl", (char *)impl, "--iters", a[2], "--warmup", a[3], "--read-gbs", a[4],
                     "--copy-gbs", a[5], "--peak-gflops", a[6], "--threads", a[7], "--hosts", a[8],
+                    "--read-one-gbs", a[9], "--streams", a[10], "--peak-int8-gops", a[11],
                     "--out", outp, NULL};
     memcpy(argv + k, tail, sizeof tail);
     fflush(stdout);
@@ -273,20 +289,12 @@ static int mm_serve_job(const mm_serve_shape_t *sh, const char *tokens, const ch
 int mm_bench_serve_loop(int argc, char **argv); /* bench_serve_loop.c */
 
 /* One job (and, across hosts, its one-host twin first): its rows, with the wire fields. */
-typedef struct {
-    int ranks, hosts, threads;
-    double read_gbs, copy_gbs, peak_gflops;
-    const char *script;
-    const mm_bench_wire_engine_t *eng;
-} mm_serve_env_t;
 
 static int mm_serve_run(const mm_serve_env_t *env, const mm_serve_shape_t *sh, const char *tokens,
                         const char *quant, const char *impl, int iters, int warmup, int step,
                         int total)
 {
-    const int ranks = env->ranks, hosts = env->hosts, threads = env->threads;
-    const double read_gbs = env->read_gbs, copy_gbs = env->copy_gbs, peak_gflops = env->peak_gflops;
-    const char *script = env->script;
+    const int ranks = env->ranks, hosts = env->hosts;
     const mm_bench_wire_engine_t eng = *env->eng;
     int rc = 0;
     char label[200];
@@ -297,13 +305,11 @@ static int mm_serve_run(const mm_serve_env_t *env, const mm_serve_shape_t *sh, c
     static mm_serve_rows_t one, many;
     one.n = many.n = 0;
     /* across hosts: the same job on one host first, the reference of the wire's share */
-    if (hosts > 1 && mm_serve_job(sh, tokens, quant, impl, ranks, 1, threads, iters, warmup,
-                                  read_gbs, copy_gbs, peak_gflops, script, &one) != 0) {
+    if (hosts > 1 && mm_serve_job(env, 1, sh, tokens, quant, impl, iters, warmup, &one) != 0) {
         fprintf(stderr, "megamoe bench serve: the one-host job failed for %s\n", label);
         rc = 1;
     }
-    if (mm_serve_job(sh, tokens, quant, impl, ranks, hosts, threads, iters, warmup, read_gbs,
-                     copy_gbs, peak_gflops, script, &many) != 0) {
+    if (mm_serve_job(env, hosts, sh, tokens, quant, impl, iters, warmup, &many) != 0) {
         fprintf(stderr, "megamoe bench serve: the job failed for %s\n", label);
         rc = 1;
     }
@@ -390,16 +396,22 @@ static int mm_bench_serve_main(int argc, char **argv)
     if (streams < 1) streams = 1;
     mm_bench_progress(0, 1, "probing read and copy bandwidth, BF16 peak");
     const double read_gbs = mm_bw_probe(streams, 0), copy_gbs = mm_bw_probe(streams, 1);
+    /* one core alone: what the rank with the most weights gets once the others are done */
+    const double read_one_gbs = streams > 1 ? mm_bw_probe(1, 0) : read_gbs;
     mm_peak_t peak;
-    double peak_gflops = mm_kernels_peak_probe(0.2, &peak) == 0 ? peak.gflops : 0.0;
-    fprintf(stderr, "bench serve: %d streaming cores: read %.2f GB/s per core, copy %.2f GB/s per "
-            "core; BF16 peak %.1f GFLOP/s per core (%s)\n", streams, read_gbs, copy_gbs,
-            peak_gflops, peak.unit);
+    memset(&peak, 0, sizeof peak);
+    const int peak_ok = mm_kernels_peak_probe(0.2, &peak) == 0;
+    double peak_gflops = peak_ok ? peak.gflops : 0.0, int8_gops = peak_ok ? peak.int8_gops : 0.0;
+    fprintf(stderr, "bench serve: %d streaming cores: read %.2f GB/s per core (one core alone "
+            "%.2f), copy %.2f GB/s per core; BF16 peak %.1f GFLOP/s per core (%s), INT8 %.1f "
+            "GOP/s\n", streams, read_gbs, read_one_gbs, copy_gbs, peak_gflops, peak.unit,
+            int8_gops);
     mm_bench_wire_engine_t eng;
     memset(&eng, 0, sizeof eng);
     if (hosts > 1) mm_bench_wire_engine_measure(hosts, &eng); /* UCX's own put rate and RTT */
     mm_bench_begin("serve");
-    const mm_serve_env_t env = {ranks, hosts, threads, read_gbs, copy_gbs, peak_gflops, script,
+    const mm_serve_env_t env = {ranks,        hosts,    threads,     streams,   read_gbs,
+                                read_one_gbs, copy_gbs, peak_gflops, int8_gops, script,
                                 &eng};
     int rc = 0;
     const int n_shapes = (int)(sizeof mm_serve_shapes / sizeof mm_serve_shapes[0]);
@@ -429,8 +441,10 @@ static int mm_bench_serve_main(int argc, char **argv)
     }
     mm_bench_int("streaming_cores", streams);
     mm_bench_num("read_gbs_per_core", read_gbs);
+    mm_bench_num("read_gbs_one_core", read_one_gbs);
     mm_bench_num("copy_gbs_per_core", copy_gbs);
     mm_bench_num("bf16_peak_gflops_per_core", peak_gflops);
+    mm_bench_num("int8_peak_gops_per_core", int8_gops);
     mm_bench_str("peak_unit", peak.unit ? peak.unit : "none");
     mm_bench_end();
     return rc;

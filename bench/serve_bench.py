@@ -3,10 +3,11 @@
 For every (shape, quantisation, tokens per rank) it times the fused `mega_moe` call and the
 unfused path a CPU user would write today — megamoe's DispatchV2 -> per-expert torch matmuls and
 SwiGLU -> CombineV2 — on the same weights, tokens and routing, every (quantisation,
-implementation) interleaved iteration by iteration. Per row: the median over iterations of the slowest rank's time, the physical floor
-(the expert weight bytes the call touches on the slowest rank at the measured per-core read
-bandwidth, plus its dispatch/combine bytes at the measured copy bandwidth) and, for prefill,
-the share of the job's BF16 peak. Rank 0 writes the rows as JSON lines to --out.
+implementation) interleaved iteration by iteration. Per row: the median over iterations of the
+slowest rank's time, the physical floor (floor_parts: the expert weights the ranks touch at the
+read bandwidth the machine gives them, or the busiest rank's arithmetic at the probed peak,
+whichever is larger, plus the dispatch and combine copies) and, for prefill, the share of the
+job's BF16 peak. Rank 0 writes the rows as JSON lines to --out.
 
 Shapes: name:H:I:E:K. Quantisations: bf16 (A16W16), w8a8 (int8 per-channel weights, per-token
 int8 activations), w4a8 (int4 per-channel weights packed two per int8 with the canonical bias).
@@ -40,6 +41,9 @@ def parse():
     p.add_argument("--read-gbs", type=float, default=0.0)   # per core, all cores streaming
     p.add_argument("--copy-gbs", type=float, default=0.0)   # per core, bytes copied per second
     p.add_argument("--peak-gflops", type=float, default=0.0)  # BF16 peak per core
+    p.add_argument("--read-one-gbs", type=float, default=0.0)  # one core reading alone
+    p.add_argument("--streams", type=int, default=1)  # cores the --read-gbs probe ran on
+    p.add_argument("--peak-int8-gops", type=float, default=0.0)  # INT8 peak per core
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--hosts", type=int, default=1)
     p.add_argument("--seed", type=int, default=1)
@@ -170,6 +174,27 @@ class UnfusedGmm:
                                                  self.W, self.rank, self.E)
 
 
+def floor_parts(a, quant, gathered):
+    """The call's floor, in three parts (seconds): the weights, the arithmetic and the copies.
+    The weights: the ranks share the memory system (simulated hosts too), so the call takes at
+    least the time the machine needs for every rank's expert weights at once (per-core rate x
+    the cores the probe streamed on) and at least the time the rank with the most weights needs
+    at what one core alone reads (once the others are done it streams alone). The arithmetic:
+    the busiest rank's 6HI ops per received row at the probed peak of the unit the quantisation
+    runs on (BF16 for bf16, INT8 for w8a8 / w4a8). The call is bound by the larger of the two;
+    its dispatch and combine copies come on top (the busiest rank's bytes at the copy rate)."""
+    if not a.read_gbs:
+        return 0.0, 0.0, 0.0
+    all_bw = a.read_gbs * 1e9 * max(1, a.streams)
+    one_bw = min((a.read_one_gbs or a.read_gbs) * 1e9 * a.threads, all_bw)
+    touched = [gr["touched"] for gr in gathered]
+    mem_s = max(max(touched) / one_bw, sum(touched) / all_bw)
+    peak = a.peak_gflops if quant == "bf16" else a.peak_int8_gops
+    compute_s = max(gr["flops"] for gr in gathered) / (peak * 1e9 * a.threads) if peak else 0.0
+    copy_s = max(gr["copy"] for gr in gathered) / (a.copy_gbs * 1e9) if a.copy_gbs else 0.0
+    return mem_s, compute_s, copy_s
+
+
 def add_speedups(rows):
     """The issue's ratios on the fused rows, from the same job: `speedup_vs_bf16` (ms of the
     bf16 call / ms of this quantisation's, same shape and tokens) and `speedup_vs_<impl>` (ms of
@@ -272,13 +297,11 @@ def main():
             remote_pairs = int(sum(1 for e in ids.flatten().tolist()
                                    if host_of[e // L] != host_of[rank]))
             wire_bytes = 2 * remote_pairs * rb
-            floor_s = (touched / (a.read_gbs * 1e9) if a.read_gbs else 0.0) + \
-                      (copy / (a.copy_gbs * 1e9) if a.copy_gbs else 0.0)
             flops = recv * 6 * H * I
             gathered = [None] * W
             dist.all_gather_object(gathered, {"times": {i: times[(quant, i)] for i in impls},
                                               "cpus": {i: cpus[(quant, i)] for i in impls},
-                                              "floor": floor_s, "flops": flops,
+                                              "touched": touched, "copy": copy, "flops": flops,
                                               "wire_bytes": wire_bytes})
             diff = {}
             if a.check and "mega_moe" in impls and n:
@@ -289,7 +312,8 @@ def main():
             diffs = [None] * W
             dist.all_gather_object(diffs, diff)
             if rank == 0:
-                floor_ms = 1e3 * max(gr["floor"] for gr in gathered)
+                mem_s, compute_s, copy_s = floor_parts(a, quant, gathered)
+                floor_ms = 1e3 * (max(mem_s, compute_s) + copy_s)
                 job_flops = sum(gr["flops"] for gr in gathered)
                 for impl in impls:
                     per_iter = [max(gr["times"][impl][i] for gr in gathered)
@@ -302,6 +326,8 @@ def main():
                     r = {"impl": impl, "quant": quant, "shape": name, "tokens": n,
                          "hosts": a.hosts, "ranks": W, "H": H, "I": I, "E": E, "K": K,
                          "ms": round(ms, 4), "floor_ms": round(floor_ms, 4),
+                         "floor_mem_ms": round(1e3 * mem_s, 4),
+                         "floor_compute_ms": round(1e3 * compute_s, 4),
                          "over_floor": round(ms / floor_ms, 3) if floor_ms > 0 else None,
                          "cpu_ms": round(cpu, 4)}
                     if a.hosts > 1:
