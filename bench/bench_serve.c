@@ -174,9 +174,12 @@ typedef struct {
     const mm_bench_wire_engine_t *eng;
 } mm_serve_env_t;
 
-static int mm_serve_job(const mm_serve_env_t *env, int hosts, const mm_serve_shape_t *sh,
+/* One launch of bench/serve_bench.py. `paired` (hosts 2, 2 ranks): 4 ranks on the 2 hosts run
+ * the one-host and the two-host group call by call (bench/serve_bench_paired.py); its rows of
+ * hosts 1 go to `one`, the others to `out`. */
+static int mm_serve_job(const mm_serve_env_t *env, int hosts, int paired, const mm_serve_shape_t *sh,
                         const char *tokens, const char *quant, const char *impl, int iters,
-                        int warmup, mm_serve_rows_t *out)
+                        int warmup, mm_serve_rows_t *one, mm_serve_rows_t *out)
 {
     const int ranks = env->ranks, threads = env->threads;
     const char *script = env->script;
@@ -184,7 +187,7 @@ static int mm_serve_job(const mm_serve_env_t *env, int hosts, const mm_serve_sha
     if (mkdtemp(dir) == NULL) return -1;
     char outp[256], a[16][64];
     snprintf(outp, sizeof outp, "%s/rows.jsonl", dir);
-    snprintf(a[0], 64, "%d", ranks);
+    snprintf(a[0], 64, "%d", paired ? ranks * hosts : ranks);
     snprintf(a[1], 64, "%s:%lld:%lld:%lld:%lld", sh->name, (long long)sh->H, (long long)sh->I,
              (long long)sh->E, (long long)sh->K);
     snprintf(a[2], 64, "%d", iters);
@@ -209,6 +212,7 @@ static int mm_serve_job(const mm_serve_env_t *env, int hosts, const mm_serve_sha
     long long L = sh->E / ranks, mk = sh->K < L ? sh->K : L;
     long long row = ((sh->H * 2 + 63) / 64) * 64;
     long long heap = (max_tok * ranks * mk * row) + (256ll << 20);
+    if (paired) heap *= 2; /* rank 0 holds a buffer in each group */
     heap = (heap + (64ll << 20) - 1) / (64ll << 20) * (64ll << 20);
     char heap_s[32];
     snprintf(heap_s, sizeof heap_s, "%lld", heap);
@@ -224,7 +228,7 @@ static int mm_serve_job(const mm_serve_env_t *env, int hosts, const mm_serve_sha
                     "--impl", (char *)impl, "--iters", a[2], "--warmup", a[3], "--read-gbs", a[4],
                     "--copy-gbs", a[5], "--peak-gflops", a[6], "--threads", a[7], "--hosts", a[8],
                     "--read-one-gbs", a[9], "--streams", a[10], "--peak-int8-gops", a[11],
-                    "--out", outp, NULL};
+                    "--out", outp, paired ? "--paired-hosts" : NULL, NULL};
     memcpy(argv + k, tail, sizeof tail);
     fflush(stdout);
     fflush(stderr);
@@ -243,8 +247,9 @@ static int mm_serve_job(const mm_serve_env_t *env, int hosts, const mm_serve_sha
     if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
         FILE *f = fopen(outp, "r");
         char line[2048];
-        while (f && fgets(line, sizeof line, f) && out->n < MM_SERVE_MAX_ROWS) {
-            mm_serve_row_t *row = &out->rows[out->n++];
+        mm_serve_row_t scratch;
+        while (f && fgets(line, sizeof line, f)) {
+            mm_serve_row_t *row = &scratch;
             memset(row, 0, sizeof *row);
             /* flat JSON objects of strings and numbers, field by field */
             char *p = line;
@@ -277,6 +282,9 @@ static int mm_serve_job(const mm_serve_env_t *env, int hosts, const mm_serve_sha
                 }
                 row->nf++;
             }
+            const mm_serve_field_t *h = mm_serve_get(row, "hosts");
+            mm_serve_rows_t *to = paired && h && h->num == 1 ? one : out;
+            if (to->n < MM_SERVE_MAX_ROWS) to->rows[to->n++] = *row;
             rc = 0;
         }
         if (f) fclose(f);
@@ -304,12 +312,16 @@ static int mm_serve_run(const mm_serve_env_t *env, const mm_serve_shape_t *sh, c
     mm_bench_progress(step, total, label);
     static mm_serve_rows_t one, many;
     one.n = many.n = 0;
-    /* across hosts: the same job on one host first, the reference of the wire's share */
-    if (hosts > 1 && mm_serve_job(env, 1, sh, tokens, quant, impl, iters, warmup, &one) != 0) {
+    /* across hosts, the reference of the wire's share is the same job on one host: with 2 ranks
+     * on 2 hosts and only the fused call, both run in one job call by call (the drift of the
+     * memory bandwidth between two jobs outweighed the wire); else the one-host job first */
+    const int paired = hosts == 2 && ranks == 2 && !strcmp(impl, "mega_moe");
+    if (hosts > 1 && !paired &&
+        mm_serve_job(env, 1, 0, sh, tokens, quant, impl, iters, warmup, NULL, &one) != 0) {
         fprintf(stderr, "megamoe bench serve: the one-host job failed for %s\n", label);
         rc = 1;
     }
-    if (mm_serve_job(env, hosts, sh, tokens, quant, impl, iters, warmup, &many) != 0) {
+    if (mm_serve_job(env, hosts, paired, sh, tokens, quant, impl, iters, warmup, &one, &many) != 0) {
         fprintf(stderr, "megamoe bench serve: the job failed for %s\n", label);
         rc = 1;
     }

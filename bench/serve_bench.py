@@ -20,6 +20,7 @@ import statistics
 import sys
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -45,6 +46,9 @@ def parse():
     p.add_argument("--streams", type=int, default=1)  # cores the --read-gbs probe ran on
     p.add_argument("--peak-int8-gops", type=float, default=0.0)  # INT8 peak per core
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--no-probe", action="store_true")
+    # 4 ranks on 2 hosts: one host and two, call by call (bench/serve_bench_paired.py)
+    p.add_argument("--paired-hosts", action="store_true")  # floors from the run-start probe only
     p.add_argument("--hosts", type=int, default=1)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--check", type=int, default=1)
@@ -174,7 +178,7 @@ class UnfusedGmm:
                                                  self.W, self.rank, self.E)
 
 
-def floor_parts(a, quant, gathered):
+def floor_parts(a, quant, gathered, probe=None):
     """The call's floor, in three parts (seconds): the weights, the arithmetic and the copies.
     The weights: the ranks share the memory system (simulated hosts too), so the call takes at
     least the time the machine needs for every rank's expert weights at once (per-core rate x
@@ -183,10 +187,13 @@ def floor_parts(a, quant, gathered):
     the busiest rank's 6HI ops per received row at the probed peak of the unit the quantisation
     runs on (BF16 for bf16, INT8 for w8a8 / w4a8). The call is bound by the larger of the two;
     its dispatch and combine copies come on top (the busiest rank's bytes at the copy rate)."""
-    if not a.read_gbs:
+    read_gbs, read_one_gbs, streams = a.read_gbs, a.read_one_gbs, a.streams
+    if probe:  # taken beside the calls (one thread per rank): preferred to the run-start probe
+        read_gbs, read_one_gbs, streams = probe["all"], probe["one"], probe["streams"]
+    if not read_gbs:
         return 0.0, 0.0, 0.0
-    all_bw = a.read_gbs * 1e9 * max(1, a.streams)
-    one_bw = min((a.read_one_gbs or a.read_gbs) * 1e9 * a.threads, all_bw)
+    all_bw = read_gbs * 1e9 * max(1, streams)
+    one_bw = min((read_one_gbs or read_gbs) * 1e9 * a.threads, all_bw)
     touched = [gr["touched"] for gr in gathered]
     mem_s = max(max(touched) / one_bw, sum(touched) / all_bw)
     peak = a.peak_gflops if quant == "bf16" else a.peak_int8_gops
@@ -195,15 +202,59 @@ def floor_parts(a, quant, gathered):
     return mem_s, compute_s, copy_s
 
 
+class ReadProbe:
+    """Read bandwidth measured beside the calls, once per iteration: the ranks that run the
+    calls stream a private 256 MiB buffer at once (the slowest one's rate per core: what each
+    gets while all stream), then the first of them streams alone (what the rank with the most
+    weights gets once the others are done). This machine's memory bandwidth drifts by up to 2x
+    within minutes, so a probe taken at the start of the run misjudged the floors of calls made
+    later. numpy's int64 sum reads at the rate of the C probe; arrays this large get 2 MiB pages
+    (numpy asks for them), as the weight caches do. `barrier` is collective over every rank
+    (ranks outside `active` only wait)."""
+
+    def __init__(self, barrier, rank, active):
+        self.barrier, self.rank, self.active = barrier, rank, list(active)
+        self.buf = (np.ones((256 << 20) // 8, dtype=np.int64) if rank in self.active
+                    else None)  # written once: pages faulted in
+        self.all, self.one = [], []
+
+    def _read(self):
+        t0 = time.perf_counter()
+        np.add.reduce(self.buf)
+        return time.perf_counter() - t0
+
+    def take(self):
+        nbytes = 256 << 20
+        self.barrier()
+        t = self._read() if self.rank in self.active else 0.0
+        ts = [None] * dist.get_world_size()
+        dist.all_gather_object(ts, t)
+        self.all.append(nbytes / max(ts) * 1e-9)
+        self.barrier()
+        t = self._read() if self.rank == self.active[0] else 0.0
+        self.barrier()
+        if self.rank == self.active[0]:
+            self.one.append(nbytes / t * 1e-9)
+
+    def median(self):
+        """Per-core GB/s (all at once, one alone) over the probes taken since the last call,
+        then forget them: each token count's rows use the probes of its own calls (`one` is
+        known on the first active rank only)."""
+        r = {"all": statistics.median(self.all), "one": statistics.median(self.one) if self.one
+             else 0.0, "streams": len(self.active)}
+        self.all, self.one = [], []
+        return r
+
+
 def add_speedups(rows):
     """The issue's ratios on the fused rows, from the same job: `speedup_vs_bf16` (ms of the
     bf16 call / ms of this quantisation's, same shape and tokens) and `speedup_vs_<impl>` (ms of
     that unfused path of the same quantisation / ms of the fused call)."""
-    ms = {(r["impl"], r["quant"], r["shape"], r["tokens"]): r["ms"] for r in rows}
+    ms = {(r["impl"], r["quant"], r["shape"], r["tokens"], r["hosts"]): r["ms"] for r in rows}
     for r in rows:
         if r["impl"] != "mega_moe" or not r["ms"]:
             continue
-        key = (r["shape"], r["tokens"])
+        key = (r["shape"], r["tokens"], r["hosts"])
         if r["quant"] != "bf16" and ("mega_moe", "bf16") + key in ms:
             r["speedup_vs_bf16"] = round(ms[("mega_moe", "bf16") + key] / r["ms"], 3)
         for other in ("unfused", "unfused_gmm"):
@@ -213,6 +264,9 @@ def add_speedups(rows):
 
 def main():
     a = parse()
+    if a.paired_hosts:
+        import serve_bench_paired
+        return serve_bench_paired.main(a)
     torch.set_num_threads(max(1, a.threads))
     dist.init_process_group("gloo")
     rank, W = dist.get_rank(), dist.get_world_size()
@@ -251,6 +305,8 @@ def main():
         else:
             buf.dispatch_quant_mode, buf.dispatch_quant_out_dtype = 0, None
 
+    # one thread per rank: the probe beside the calls measures what those threads read
+    probe = ReadProbe(world.barrier, rank, range(W)) if a.threads == 1 and not a.no_probe else None
     for n in tokens:
         g = torch.Generator().manual_seed(a.seed * 7 + rank * 1000 + n)
         x = (torch.randn(n, H, generator=g)).to(torch.bfloat16)
@@ -280,6 +336,9 @@ def main():
                     if it >= a.warmup:
                         times[k].append(dt)
                         cpus[k].append(time.process_time() - c0)
+            if probe and it >= a.warmup:
+                probe.take()
+        beside = probe.median() if probe else None
         for v in variants:
             quant = v["quant"]
             use(v)
@@ -312,7 +371,7 @@ def main():
             diffs = [None] * W
             dist.all_gather_object(diffs, diff)
             if rank == 0:
-                mem_s, compute_s, copy_s = floor_parts(a, quant, gathered)
+                mem_s, compute_s, copy_s = floor_parts(a, quant, gathered, beside)
                 floor_ms = 1e3 * (max(mem_s, compute_s) + copy_s)
                 job_flops = sum(gr["flops"] for gr in gathered)
                 for impl in impls:
@@ -328,6 +387,8 @@ def main():
                          "ms": round(ms, 4), "floor_ms": round(floor_ms, 4),
                          "floor_mem_ms": round(1e3 * mem_s, 4),
                          "floor_compute_ms": round(1e3 * compute_s, 4),
+                         "read_gbs_beside": round(beside["all"], 2) if beside else None,
+                         "read_one_gbs_beside": round(beside["one"], 2) if beside else None,
                          "over_floor": round(ms / floor_ms, 3) if floor_ms > 0 else None,
                          "cpu_ms": round(cpu, 4)}
                     if a.hosts > 1:

@@ -2,6 +2,9 @@
 and prints rows with the fields the issue asks for: impl, quant, shape, tokens, hosts, ms,
 floor_ms, over_floor; the fused and the unfused outputs agree."""
 import json
+import os
+
+import pytest
 
 from conftest import run_megamoe
 
@@ -27,3 +30,26 @@ def test_bench_serve_small(megamoe_bin):
                 assert x["speedup_vs_" + other] > 0, x
             for other in ("unfused", "unfused_gmm"):
                 assert x["vs_" + other + "_rel_l2"] < (0.01 if x["quant"] == "bf16" else 0.04), x
+        # the floor's parts, and the read rate probed beside the calls (one thread per rank)
+        assert x["floor_ms"] >= max(x["floor_mem_ms"], x["floor_compute_ms"]) > 0, x
+        assert x["read_gbs_beside"] > 0 and x["read_one_gbs_beside"] > 0, x
+    assert probe[0]["read_gbs_one_core"] > 0 and probe[0]["int8_peak_gops_per_core"] > 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts are network namespaces: root")
+def test_bench_serve_hosts_pairs_one_host_and_two_hosts_call_by_call():
+    """--hosts 2 (2 ranks): one job of 4 ranks runs the one-host group and the two-host group
+    call by call; every two-host row carries its one-host twin's ms and the wire fields."""
+    r = run_megamoe(["bench", "serve", "--small", "--hosts", "2", "--impl", "mega_moe",
+                     "--quant", "bf16,w8a8", "--iters", "2", "--warmup", "1", "--tokens", "1,8"],
+                    timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    rows = [x for x in json.loads(r.stdout)["rows"] if x["impl"] == "mega_moe"]
+    one = {(x["quant"], x["tokens"]): x for x in rows if x["hosts"] == 1}
+    two = {(x["quant"], x["tokens"]): x for x in rows if x["hosts"] == 2}
+    assert set(one) == set(two) == {(q, t) for q in ("bf16", "w8a8") for t in (1, 8)}
+    for key, x in two.items():
+        assert x["ms_one_host"] == one[key]["ms"] and x["ms"] > 0, x
+        assert x["bytes_to_other_hosts"] > 0 and x["wire_floor_ms"] > 0, x
+        assert abs(x["over_wire_floor"] - (x["ms"] - x["ms_one_host"]) / x["wire_floor_ms"]) \
+            < 1e-3 * max(1.0, abs(x["over_wire_floor"])), x
