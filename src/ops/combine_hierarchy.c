@@ -18,6 +18,8 @@
 #include "base/error.h"
 #include "combine_v2.h"
 
+#define MM_V2H_MAX_TERMS 64 /* K + NS slots of a token */
+
 static int64_t mm_v2h_gs(const mm_v2_combine_t *c) { return c->c.hier_group; }
 static int64_t mm_v2h_ng(const mm_v2_combine_t *c)
 {
@@ -96,16 +98,24 @@ void mm_v2c_hier_poison(const mm_v2_combine_t *c, megamoe_status_t st)
         mm_v2_poison_line(&c->call, MM_V2C_SIG, c->n + c->call.me, mm_v2c_pe(c, leader), st);
 }
 
-static megamoe_status_t mm_v2h_send_rows(mm_v2_combine_t *c)
+/* Rows to the group's leader: a member puts them into the leader's slots; the leader itself
+ * reads its rows in place (own: the row of each (source, token, slot) it holds, -1 none), or
+ * on the int8 transport path stores their transport records in its slots like a member. */
+static megamoe_status_t mm_v2h_send_rows(mm_v2_combine_t *c, int32_t *own)
 {
     const mm_v2_cfg_t *g = &c->c;
-    const int32_t *tr = c->a->assist_info_for_combine.data;
+    const int32_t *tr = (const int32_t *)c->a->assist_info_for_combine.data + g->assist_off;
     int64_t leader = g->erank / mm_v2h_gs(c) * mm_v2h_gs(c);
     int pe = mm_v2c_pe(c, leader);
+    size_t per_src = (size_t)(g->max_bs * c->KS);
+    if (own) {
+        for (int64_t i = 0; i < c->n_own; i++)
+            own[(size_t)tr[3 * i] * per_src + (size_t)tr[3 * i + 1] * c->KS + tr[3 * i + 2]] = (int32_t)i;
+        return MEGAMOE_OK;
+    }
     uint8_t *tmp = mm_v2_scratch_take(&c->scratch, c->cstride);
     size_t stamp_off = c->cstride - 8;
     uint64_t gen = c->call.gen;
-    size_t per_src = (size_t)(g->max_bs * c->KS);
     for (int64_t i = 0; i < c->n_own; i++) {
         int64_t s = tr[3 * i], slot = (int64_t)tr[3 * i + 1] * c->KS + tr[3 * i + 2];
         const uint8_t *p = mm_v2c_payload(c, i, tmp);
@@ -124,61 +134,113 @@ static megamoe_status_t mm_v2h_send_rows(mm_v2_combine_t *c)
     return MEGAMOE_OK;
 }
 
-/* Leader: partial sums of this group's rows for every (source, token). */
-static megamoe_status_t mm_v2h_leader(mm_v2_combine_t *c)
+/* Leader: the terms of token t of source s that this group served, in slot order (*nt of
+ * them; 0: none). own: the leader's own rows (NULL: all in its slots). */
+static megamoe_status_t mm_v2h_token_terms(const mm_v2_combine_t *c, int64_t s, int64_t t,
+                                           const int32_t *own, mm_v2c_term_t *terms, int *nt)
 {
     const mm_v2_cfg_t *g = &c->c;
-    int64_t gs = mm_v2h_gs(c), grp = g->erank / gs, h = g->h;
+    int64_t grp = g->erank / mm_v2h_gs(c);
+    size_t wb = mm_v2h_wbytes(c), nk = (size_t)(g->max_bs * g->K);
+    size_t per_src = (size_t)(g->max_bs * c->KS), stamp_off = c->cstride - 8;
+    const uint8_t *wbuf = mm_v2_seg(&c->call, MM_V2C_HW) + (size_t)s * wb;
+    const float *w = (const float *)wbuf;
+    const int32_t *ids = (const int32_t *)(wbuf + nk * 4);
+    const uint8_t *act = wbuf + nk * 8;
+    *nt = 0;
+    for (int64_t k = 0; k < c->KS; k++) {
+        int32_t id = k < g->K ? ids[t * g->K + k] : 0;
+        uint8_t on = k < g->K ? act[t * g->K + k] : 1;
+        if (mm_v2h_slot_group(c, s, k, id, on) != grp) continue;
+        size_t slot = (size_t)s * per_src + (size_t)(t * c->KS + k);
+        mm_v2c_term_t tm = {NULL, NULL, k < g->K ? w[t * g->K + k] : 1.0f, 0, 0,
+                            k < g->K ? MM_V2C_ROW_W : MM_V2C_ROW};
+        if (own && own[slot] >= 0) {
+            tm.p = mm_v2c_row(c, own[slot]);
+        } else {
+            tm.p = mm_v2c_slot(c, MM_V2C_HSLOTS, (int64_t)slot);
+            uint64_t stamp;
+            memcpy(&stamp, tm.p + stamp_off, 8);
+            if (stamp != c->call.gen)
+                return mm_error(MEGAMOE_INVALID_ARGUMENT, "combine_v2 (hierarchy): no expert row "
+                                "for source %lld token %lld slot %lld: the combine inputs must "
+                                "be those of the matching dispatch_v2", (long long)s,
+                                (long long)t, (long long)k);
+            if (g->comm_quant) tm.kind = k < g->K ? MM_V2C_CQ_W : MM_V2C_CQ;
+        }
+        terms[(*nt)++] = tm;
+    }
+    return MEGAMOE_OK;
+}
+
+/* Leader: the partial sums of this group's rows for every token of source s (not this rank),
+ * put into s's partial rows. acc: a partial row; tmp: 2 * H floats. */
+static megamoe_status_t mm_v2h_partials(mm_v2_combine_t *c, int64_t s, const int32_t *own,
+                                        float *acc, float *tmp)
+{
+    const mm_v2_cfg_t *g = &c->c;
+    int64_t grp = g->erank / mm_v2h_gs(c);
+    size_t ps = mm_v2h_pstride(c), nk = (size_t)(g->max_bs * g->K);
+    const uint8_t *proc = mm_v2_seg(&c->call, MM_V2C_HW) + (size_t)s * mm_v2h_wbytes(c) + nk * 9;
+    int wpe = mm_v2_wpe(&c->call, mm_v2c_pe(c, s));
+    uint64_t gen = c->call.gen;
+    mm_v2c_term_t terms[MM_V2H_MAX_TERMS];
+    for (int64_t t = 0; t < g->max_bs; t++) {
+        if (!proc[t]) continue;
+        int nt;
+        MM_CHECK(mm_v2h_token_terms(c, s, t, own, terms, &nt));
+        if (!nt) continue;
+        mm_v2c_sum_terms(c, terms, nt, acc, tmp);
+        memcpy((uint8_t *)acc + ps - 8, &gen, 8);
+        uint8_t *to = mm_v2_seg(&c->call, MM_V2C_PARTIAL) + (size_t)(grp * g->max_bs + t) * ps;
+        MM_CHECK(mm_shmem_put(to, acc, ps, wpe));
+    }
+    return MEGAMOE_OK;
+}
+
+/* Leader: partial sums of this group's rows for every other source's tokens, each source as
+ * soon as its weights are in (a failed transfer marks its peer lost, shmem.h: every rank's wait
+ * fails with it). This rank's own tokens' partial is summed in the final pass, token by token
+ * (mm_v2c_hier_run), while the other groups' partials for them are on the wire. */
+static megamoe_status_t mm_v2h_leader(mm_v2_combine_t *c, const int32_t *own)
+{
+    const mm_v2_cfg_t *g = &c->c;
+    int64_t gs = mm_v2h_gs(c), grp = g->erank / gs, h = g->h, pending = 0;
     for (int64_t d = grp * gs; d < (grp + 1) * gs && d < g->eW; d++) {
         if (d == g->erank) continue;
         int pe = mm_v2c_pe(c, d);
         MM_CHECK(mm_v2_wait(&c->call, mm_v2_sig(&c->call, MM_V2C_SIG, c->n + pe),
                             "hierarchy rows from the group", pe, NULL));
     }
-    size_t wb = mm_v2h_wbytes(c), nk = (size_t)(g->max_bs * g->K), ps = mm_v2h_pstride(c);
-    size_t per_src = (size_t)(g->max_bs * c->KS), stamp_off = c->cstride - 8;
-    float *acc = mm_v2_scratch_take(&c->scratch, ps + (size_t)h * 8);
-    float *scratch = (float *)((uint8_t *)acc + ps);
-    uint64_t gen = c->call.gen;
-    megamoe_status_t st = MEGAMOE_OK;
-    for (int64_t s = 0; s < g->eW && st == MEGAMOE_OK; s++) {
-        int pe = mm_v2c_pe(c, s);
-        if (s != g->erank)
-            MM_CHECK(mm_v2_wait(&c->call, mm_v2_sig(&c->call, MM_V2C_SIG, 2 * c->n + pe),
-                                "hierarchy weights", pe, NULL));
-        const uint8_t *wbuf = mm_v2_seg(&c->call, MM_V2C_HW) + (size_t)s * wb;
-        const float *w = (const float *)wbuf;
-        const int32_t *ids = (const int32_t *)(wbuf + nk * 4);
-        const uint8_t *act = wbuf + nk * 8, *proc = wbuf + nk * 9;
-        for (int64_t t = 0; t < g->max_bs && st == MEGAMOE_OK; t++) {
-            if (!proc[t]) continue;
-            int any = 0;
-            memset(acc, 0, (size_t)h * 4);
-            for (int64_t k = 0; k < c->KS; k++) {
-                int32_t id = k < g->K ? ids[t * g->K + k] : 0;
-                uint8_t on = k < g->K ? act[t * g->K + k] : 1;
-                if (mm_v2h_slot_group(c, s, k, id, on) != grp) continue;
-                const uint8_t *p = mm_v2c_slot(c, MM_V2C_HSLOTS, (int64_t)((size_t)s * per_src) + t * c->KS + k);
-                uint64_t stamp;
-                memcpy(&stamp, p + stamp_off, 8);
-                if (stamp != gen) {
-                    st = mm_error(MEGAMOE_INVALID_ARGUMENT, "combine_v2 (hierarchy): no expert row "
-                                  "for source %lld token %lld slot %lld: the combine inputs must "
-                                  "be those of the matching dispatch_v2", (long long)s,
-                                  (long long)t, (long long)k);
-                    break;
-                }
-                mm_v2c_accumulate(c, acc, p, k < g->K ? w[t * g->K + k] : 1.0f, k < g->K, scratch);
-                any = 1;
-            }
-            if (!any || st != MEGAMOE_OK) continue;
-            memcpy((uint8_t *)acc + ps - 8, &gen, 8);
-            uint8_t *to = mm_v2_seg(&c->call, MM_V2C_PARTIAL) + (size_t)(grp * g->max_bs + t) * ps;
-            if (s == g->erank) memcpy(to, acc, ps);
-            else st = mm_shmem_put(to, acc, ps, mm_v2_wpe(&c->call, pe));
-        }
+    float *acc = mm_v2_scratch_take(&c->scratch, mm_v2h_pstride(c) + (size_t)h * 8);
+    float *tmp = (float *)((uint8_t *)acc + mm_v2h_pstride(c));
+    uint8_t *done = mm_v2_scratch_take(&c->scratch, (size_t)g->eW);
+    for (int64_t s = 0; s < g->eW; s++) {
+        done[s] = s == g->erank;
+        pending += s != g->erank;
     }
-    if (st != MEGAMOE_OK) return st;
+    while (pending > 0) {
+        int progressed = 0;
+        for (int64_t s = 0; s < g->eW; s++) {
+            if (done[s]) continue;
+            int pe = mm_v2c_pe(c, s);
+            uint64_t v = mm_shmem_signal_fetch(mm_v2_sig(&c->call, MM_V2C_SIG, 2 * c->n + pe));
+            if (v < mm_v2_sigval(&c->call, MEGAMOE_OK)) continue;
+            MM_CHECK(mm_v2_sig_status(&c->call, v, "hierarchy weights", pe));
+            MM_CHECK(mm_v2h_partials(c, s, own, acc, tmp));
+            done[s] = 1;
+            pending--;
+            progressed = 1;
+        }
+        if (progressed) continue;
+        for (int64_t s = 0; s < g->eW; s++)
+            if (!done[s]) { /* none in: wait for the first one missing */
+                int pe = mm_v2c_pe(c, s);
+                MM_CHECK(mm_v2_wait(&c->call, mm_v2_sig(&c->call, MM_V2C_SIG, 2 * c->n + pe),
+                                    "hierarchy weights", pe, NULL));
+                break;
+            }
+    }
     MM_CHECK(mm_shmem_fence());
     for (int64_t s = 0; s < g->eW; s++)
         if (s != g->erank)
@@ -188,14 +250,26 @@ static megamoe_status_t mm_v2h_leader(mm_v2_combine_t *c)
     return MEGAMOE_OK;
 }
 
+/* Bytes of the leader's own-row index (mm_v2h_send_rows). */
+size_t mm_v2c_hier_own_bytes(const mm_v2_combine_t *c)
+{
+    return (size_t)c->c.eW * (size_t)c->c.max_bs * (size_t)c->KS * 4;
+}
+
 megamoe_status_t mm_v2c_hier_run(mm_v2_combine_t *c, const uint8_t *processed)
 {
     const mm_v2_cfg_t *g = &c->c;
     const megamoe_combine_v2_args_t *a = c->a;
     int64_t gs = mm_v2h_gs(c), ng = mm_v2h_ng(c), h = g->h;
+    int lead = g->erank % gs == 0;
+    int32_t *own = NULL; /* a leader without the int8 transport reads its own rows in place */
+    if (lead && !g->comm_quant) {
+        own = mm_v2_scratch_take(&c->scratch, mm_v2c_hier_own_bytes(c));
+        memset(own, 0xff, mm_v2c_hier_own_bytes(c));
+    }
     MM_CHECK(mm_v2h_send_weights(c, processed));
-    MM_CHECK(mm_v2h_send_rows(c));
-    if (g->erank % gs == 0) MM_CHECK(mm_v2h_leader(c));
+    MM_CHECK(mm_v2h_send_rows(c, own));
+    if (lead) MM_CHECK(mm_v2h_leader(c, own));
     uint64_t t0 = mm_now_ns();
     for (int64_t l = 0; l < g->eW; l += gs) {
         if (l == g->erank) continue;
@@ -206,11 +280,14 @@ megamoe_status_t mm_v2c_hier_run(mm_v2_combine_t *c, const uint8_t *processed)
     size_t ps = mm_v2h_pstride(c), xrow = (size_t)h * g->xsize;
     float *acc = mm_v2_scratch_take(&c->scratch, (size_t)h * 16);
     float *scratch = acc + h;
+    float *mine = lead ? mm_v2_scratch_take(&c->scratch, (size_t)h * 4) : NULL;
     const int32_t *ids = a->expert_ids.data;
     const uint8_t *mask = a->x_active_mask.data;
     const float *w = a->expert_scales.data;
     megamoe_status_t st = MEGAMOE_OK;
     uint8_t *need = mm_v2_scratch_take(&c->scratch, (size_t)ng);
+    mm_v2c_term_t terms[MM_V2H_MAX_TERMS];
+    int64_t my_grp = g->erank / gs;
     for (int64_t t = 0; t < g->bs && st == MEGAMOE_OK; t++) {
         if (!processed[t]) continue;
         memset(need, 0, (size_t)ng);
@@ -220,9 +297,19 @@ megamoe_status_t mm_v2c_hier_run(mm_v2_combine_t *c, const uint8_t *processed)
             int64_t grp = mm_v2h_slot_group(c, g->erank, k, id, on);
             if (grp >= 0) need[grp] = 1;
         }
+        if (lead && need[my_grp]) { /* this group's partial, as the leader sums it for others */
+            int nt;
+            st = mm_v2h_token_terms(c, g->erank, t, own, terms, &nt);
+            if (st != MEGAMOE_OK) break;
+            mm_v2c_sum_terms(c, terms, nt, mine, scratch);
+        }
         memset(acc, 0, (size_t)h * 4);
         for (int64_t grp = 0; grp < ng; grp++) {
             if (!need[grp]) continue;
+            if (lead && grp == my_grp) {
+                mm_rows_axpy_f32(acc, mine, 1.0f, h);
+                continue;
+            }
             const uint8_t *p = mm_v2_seg(&c->call, MM_V2C_PARTIAL) + (size_t)(grp * g->max_bs + t) * ps;
             uint64_t stamp;
             memcpy(&stamp, p + ps - 8, 8);

@@ -45,18 +45,6 @@ void mm_v2c_accumulate(const mm_v2_combine_t *c, float *acc, const uint8_t *payl
     }
 }
 
-/* One contribution to a token's sum, applied to chunks of H in the fixed order (the sum of
- * each element is still k ascending: chunking only keeps the accumulator in L1 while all the
- * token's rows stream in together, which doubles the read bandwidth). */
-enum { MM_V2C_ROW_W, MM_V2C_ROW, MM_V2C_CQ_W, MM_V2C_CQ, MM_V2C_CONST };
-typedef struct {
-    const uint8_t *p; /* XType row, transport record, or ori_x row (const) */
-    const uint8_t *v; /* const expert: its v row */
-    float w, p1, p2;
-    int kind;
-} mm_v2c_term_t;
-#define MM_V2C_CHUNK 1024
-
 /* Softmax gates (p1, p2) of const expert ci for token t (A3 form, spec §5.3). */
 static void mm_v2c_const_gates(const mm_v2_combine_t *c, int64_t t, int64_t ci, float *scratch,
                                float *p1, float *p2)
@@ -132,9 +120,8 @@ static void mm_v2c_term_chunk(const mm_v2_combine_t *c, const mm_v2c_term_t *tm,
     }
 }
 
-/* acc[0, H) = the terms summed in order, chunk by chunk. */
-static void mm_v2c_sum_terms(const mm_v2_combine_t *c, const mm_v2c_term_t *terms, int nterms,
-                             float *acc, float *tmp)
+void mm_v2c_sum_terms(const mm_v2_combine_t *c, const mm_v2c_term_t *terms, int nterms,
+                      float *acc, float *tmp)
 {
     int64_t h = c->c.h;
     for (int64_t c0 = 0; c0 < h; c0 += MM_V2C_CHUNK) {
@@ -462,7 +449,8 @@ static megamoe_status_t mm_v2c_run(mm_v2_combine_t *c, mm_v2_op_t op)
                       2 * mm_v2_piece(h * 16) + mm_v2_piece((size_t)c->n_own * xrow);
         if (g->alg == MM_V2_ALG_HIERARCHY)
             need += mm_v2_piece(mm_v2c_hier_seg(c, -1)) + mm_v2_piece(mm_align_up(h * 4 + 8, 64) + h * 8) +
-                    mm_v2_piece((size_t)g->eW);
+                    2 * mm_v2_piece((size_t)g->eW) + mm_v2_piece(mm_v2c_hier_own_bytes(c)) +
+                    mm_v2_piece(h * 4);
         local = mm_v2_scratch_init(&c->scratch, MM_V2_WS_COMBINE, need);
     }
     mm_v2_record_t *r = mm_v2_rec(&c->call, c->call.me);

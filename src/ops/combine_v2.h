@@ -47,6 +47,21 @@ const uint8_t *mm_v2c_payload(const mm_v2_combine_t *c, int64_t i, uint8_t *tmp)
 /* Add f32(y') of a payload times w (w < 0: weight 1, no multiply) into acc. */
 void mm_v2c_accumulate(const mm_v2_combine_t *c, float *acc, const uint8_t *payload, float w,
                        int weighted, float *scratch);
+/* One contribution to a token's sum, applied to chunks of H in the fixed order (the sum of
+ * each element is still k ascending: chunking only keeps the accumulator in L1 while all the
+ * token's rows stream in together, which doubles the read bandwidth). */
+enum { MM_V2C_ROW_W, MM_V2C_ROW, MM_V2C_CQ_W, MM_V2C_CQ, MM_V2C_CONST };
+typedef struct {
+    const uint8_t *p; /* XType row, transport record, or ori_x row (const) */
+    const uint8_t *v; /* const expert: its v row */
+    float w, p1, p2;
+    int kind;
+} mm_v2c_term_t;
+#define MM_V2C_CHUNK 1024
+/* acc[0, H) = the terms summed in order, chunk by chunk; tmp: 2 * MM_V2C_CHUNK floats. */
+void mm_v2c_sum_terms(const mm_v2_combine_t *c, const mm_v2c_term_t *terms, int nterms,
+                      float *acc, float *tmp);
+
 /* The source-side special experts and the final rounding of one token (acc already holds the
  * expert contributions); writes the outputs of combine or combine_add_rms_norm. */
 void mm_v2c_special(const mm_v2_combine_t *c, int64_t t, int64_t k, float w, float *acc,
@@ -56,6 +71,8 @@ void mm_v2c_emit(const mm_v2_combine_t *c, int64_t t, float *acc, float *scratch
 /* Hierarchy. */
 uint64_t mm_v2c_hier_seg(const mm_v2_combine_t *c, int seg);
 megamoe_status_t mm_v2c_hier_run(mm_v2_combine_t *c, const uint8_t *processed);
+/* Scratch bytes of a leader's index of its own rows. */
+size_t mm_v2c_hier_own_bytes(const mm_v2_combine_t *c);
 /* The hierarchy's own signal lines (weights at the leaders, rows at its leader) set with
  * error st (mm_v2_sigval); a leader's partial lines are the fullmesh ones. */
 void mm_v2c_hier_poison(const mm_v2_combine_t *c, megamoe_status_t st);

@@ -167,17 +167,8 @@ int64_t mm_v2d_region(const mm_v2_dispatch_t *d, int64_t s, int64_t dst)
 
 /* ---- outputs of one row ---------------------------------------------------------------- */
 
-typedef struct {
-    uint8_t *xo;      /* expand_x */
-    uint8_t *so;      /* dynamic_scales (NULL when no per-row scales) */
-    int32_t *assist;
-    float *escales;   /* expand_scales (NULL without expert_scales) */
-    int64_t *off;     /* [L * eW] final first row of block (le, s) */
-} mm_v2d_out_t;
-
-static void mm_v2d_place(const mm_v2_dispatch_t *d, const mm_v2d_out_t *o, int64_t row,
-                         const uint8_t *payload, const uint8_t *scales, int64_t s,
-                         const mm_v2_meta_t *meta)
+void mm_v2d_place(const mm_v2_dispatch_t *d, const mm_v2d_out_t *o, int64_t row,
+                  const uint8_t *payload, const uint8_t *scales, int64_t s, const mm_v2_meta_t *meta)
 {
     const mm_v2_cfg_t *c = &d->c;
     mm_v2_copy(o->xo + (size_t)row * c->row_bytes, payload, c->row_bytes, d->stream);
@@ -188,10 +179,8 @@ static void mm_v2d_place(const mm_v2_dispatch_t *d, const mm_v2d_out_t *o, int64
     if (o->escales) o->escales[row] = meta->w;
 }
 
-/* Rows of token t for this rank itself, straight into their final rows. The payload is made
- * once per token (per row with smoothing scales) and cached in rec for the token's units. */
-static void mm_v2d_self_token(mm_v2_dispatch_t *d, const mm_v2d_out_t *o, int64_t t, uint8_t *rec,
-                              int *cached)
+void mm_v2d_self_token(mm_v2_dispatch_t *d, const mm_v2d_out_t *o, int64_t t, uint8_t *rec,
+                       int *cached)
 {
     const mm_v2_cfg_t *c = &d->c;
     int64_t K = c->K, NS = c->NS, L = mm_v2_local_experts(c, c->erank), me = c->erank;
@@ -422,6 +411,10 @@ static megamoe_status_t mm_v2d_collect(mm_v2_dispatch_t *d, const mm_v2d_out_t *
             pending--;
             progressed = 1;
         }
+        if (!progressed && st == MEGAMOE_OK && !d->rows_zeroed) {
+            mm_v2d_zero_rows_early(d); /* nothing in yet: zero_fill's bulk meanwhile */
+            if (d->rows_zeroed) continue;
+        }
         if (!progressed && st == MEGAMOE_OK) {
             for (int64_t s = 0; s < eW; s++)
                 if (!done[s]) {
@@ -503,6 +496,24 @@ static void mm_zero_tail(void *p, size_t elem, int64_t from, int64_t numel)
     if (p && from < numel) memset((uint8_t *)p + (size_t)from * elem, 0, (size_t)(numel - from) * elem);
 }
 
+/* zero_fill: expand_x's and dynamic_scales' rows from `rows` on (the bulk of zero_fill). */
+static void mm_v2d_zero_rows(const mm_v2_dispatch_t *d, int64_t rows)
+{
+    const mm_v2_cfg_t *c = &d->c;
+    const megamoe_dispatch_v2_args_t *a = d->a;
+    mm_zero_tail(a->expand_x.data, c->row_bytes, rows, a->expand_x.shape[0]);
+    int64_t sn = megamoe_tensor_numel(&a->dynamic_scales);
+    size_t se = megamoe_dtype_size(a->dynamic_scales.dtype);
+    mm_zero_tail(a->dynamic_scales.data, se, c->scale_elems ? rows * c->scale_elems : 0, sn);
+}
+
+void mm_v2d_zero_rows_early(mm_v2_dispatch_t *d)
+{
+    if (!d->a->zero_fill || d->c.tp == 2 || d->rows_zeroed) return; /* TP: rows known later */
+    mm_v2d_zero_rows(d, d->n_own);
+    d->rows_zeroed = 1;
+}
+
 static void mm_v2d_finish(mm_v2_dispatch_t *d, int64_t n_peer)
 {
     const mm_v2_cfg_t *c = &d->c;
@@ -535,11 +546,7 @@ static void mm_v2d_finish(mm_v2_dispatch_t *d, int64_t n_peer)
         }
     }
     if (!a->zero_fill) return;
-    int64_t rows = d->n_own + n_peer;
-    mm_zero_tail(a->expand_x.data, c->row_bytes, rows, a->expand_x.shape[0]);
-    int64_t sn = megamoe_tensor_numel(&a->dynamic_scales);
-    size_t se = megamoe_dtype_size(a->dynamic_scales.dtype);
-    mm_zero_tail(a->dynamic_scales.data, se, c->scale_elems ? rows * c->scale_elems : 0, sn);
+    if (!d->rows_zeroed) mm_v2d_zero_rows(d, d->n_own + n_peer);
     mm_zero_tail(a->assist_info_for_combine.data, 4, c->assist_off + 3 * d->n_own,
                  megamoe_tensor_numel(&a->assist_info_for_combine));
     mm_zero_tail(tok, 8, L, megamoe_tensor_numel(&a->expert_token_nums));
@@ -585,8 +592,10 @@ static megamoe_status_t mm_v2d_local(mm_v2_dispatch_t *d)
     size_t need = mm_v2d_plan_bytes(c) + 2 * mm_v2_piece(d->stride) +
                   2 * mm_v2_piece((size_t)c->eL * eW * 8) + mm_v2_piece(eW * 8) +
                   mm_v2_piece(eW * sizeof(int)) + mm_v2_piece(eW);
-    if (c->alg == MM_V2_ALG_HIERARCHY)
-        need += 2 * mm_v2_piece(ng * 8) + mm_v2_piece((size_t)mm_v2d_hier_stride(d));
+    if (c->alg == MM_V2_ALG_HIERARCHY) /* mm_v2d_hier_send */
+        need += 2 * mm_v2_piece(ng * 8) + mm_v2_piece((size_t)mm_v2d_hier_stride(d)) +
+                mm_v2_piece(mm_v2d_hier_stride(d) - d->meta_off) + mm_v2_piece((size_t)c->eL * 8) +
+                mm_v2_piece(eW);
     return mm_v2_scratch_init(&d->scratch, MM_V2_WS_DISPATCH, need);
 }
 
@@ -675,21 +684,14 @@ megamoe_status_t megamoe_dispatch_v2(const megamoe_dispatch_v2_args_t *caller_ar
     o.off = mm_v2_scratch_take(&d.scratch, (size_t)(d.Lmax * c->eW) * 8);
     if (c->erank >= 0) {
         uint64_t t0 = mm_now_ns();
+        /* counts first (everyone sends them before waiting), then one pass over the tokens
+         * writes the own rows and sends the others' (fullmesh: a unit per destination rank;
+         * hierarchy: a unit per destination group, forwarded by its leader) */
         st = mm_v2d_send_counts(&d);
-        if (c->alg == MM_V2_ALG_HIERARCHY) {
-            if (st == MEGAMOE_OK) st = mm_v2d_hier_send(&d);
-            if (st == MEGAMOE_OK) st = mm_v2d_layout(&d, &o);
-            for (int64_t t = 0; t < c->bs && st == MEGAMOE_OK; t++) {
-                int cached = 0;
-                if (d.active[t]) mm_v2d_self_token(&d, &o, t, rec, &cached);
-            }
-        } else {
-            /* counts first (everyone sends them before waiting), then one pass over the
-             * tokens writes the own rows and the units for the others */
-            if (st == MEGAMOE_OK) st = mm_v2d_layout(&d, &o);
-            if (st == MEGAMOE_OK) st = mm_v2d_send_rows(&d, &o, rec);
-        }
-        if (st == MEGAMOE_OK) st = mm_v2d_collect(&d, &o, t0);
+        if (st == MEGAMOE_OK) st = mm_v2d_layout(&d, &o);
+        int hier = c->alg == MM_V2_ALG_HIERARCHY;
+        if (st == MEGAMOE_OK) st = hier ? mm_v2d_hier_send(&d, &o, t0) : mm_v2d_send_rows(&d, &o, rec);
+        if (st == MEGAMOE_OK && !(hier && mm_v2d_hier_leads(&d))) st = mm_v2d_collect(&d, &o, t0);
     }
     if (st == MEGAMOE_OK && c->tp == 2) st = mm_v2d_tp(&d, &o, &n_peer);
     if (st == MEGAMOE_OK) mm_v2d_finish(&d, n_peer);

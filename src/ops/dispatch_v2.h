@@ -55,6 +55,7 @@ typedef struct mm_v2_dispatch {
     int64_t *src_region;        /* [eW] first record of source s's region in my RECV segment */
     int64_t n_own;              /* rows received (own block) */
     int64_t *perf_us;           /* [W] wait per physical source, us */
+    int rows_zeroed;            /* zero_fill's rows past n_own done early (mm_v2d_zero_rows_early) */
     mm_v2_scratch_t scratch;    /* the rest, reserved before the agreement */
 } mm_v2_dispatch_t;
 
@@ -77,10 +78,40 @@ void mm_v2d_make_row(const mm_v2_dispatch_t *d, int64_t t, int64_t srow, uint8_t
 int mm_v2d_payload_per_token(const mm_v2_dispatch_t *d);
 int64_t mm_v2d_scale_row(const mm_v2_dispatch_t *d, int64_t k_slot, int64_t t);
 
+/* Where the received rows go: the outputs, and each (local expert, source) block's first row. */
+typedef struct mm_v2d_out {
+    uint8_t *xo;      /* expand_x */
+    uint8_t *so;      /* dynamic_scales (NULL when no per-row scales) */
+    int32_t *assist;
+    float *escales;   /* expand_scales (NULL without expert_scales) */
+    int64_t *off;     /* [L * eW] final first row of block (le, s) */
+} mm_v2d_out_t;
+/* Write one row (payload, scales, assist triple, expand_scales) at final row `row`. */
+void mm_v2d_place(const mm_v2_dispatch_t *d, const mm_v2d_out_t *o, int64_t row,
+                  const uint8_t *payload, const uint8_t *scales, int64_t s, const mm_v2_meta_t *meta);
+/* Rows of token t for this rank itself, straight into their final rows. The payload is made
+ * once per token (per row with smoothing scales) and cached in rec (payload + scales) for the
+ * token's other units; *cached says whether rec holds it. */
+void mm_v2d_self_token(mm_v2_dispatch_t *d, const mm_v2d_out_t *o, int64_t t, uint8_t *rec,
+                       int *cached);
+
+/* zero_fill's bulk (expand_x and dynamic_scales rows past the n_own received) at once, while a
+ * wait would idle; finish does the rest (no-op with TP 2, whose row count comes later). */
+void mm_v2d_zero_rows_early(mm_v2_dispatch_t *d);
+
 /* Hierarchy: hop-1 sizes for the agreement record and the two-hop send. */
 void mm_v2d_hier_units(mm_v2_dispatch_t *d, int32_t *units_to_pe);
 uint64_t mm_v2d_hier_stride(const mm_v2_dispatch_t *d);
-megamoe_status_t mm_v2d_hier_send(mm_v2_dispatch_t *d);
+/* The whole hierarchy data phase after the layout (mm_v2d_layout): own rows and hop 1 in one
+ * pass over the tokens, then at a leader hop 2 in arrival order, its own rows placed straight
+ * into the outputs. A member that does not lead its group collects afterwards (its leader
+ * forwards into its RECV segment). t0: start of the data phase (performance_info). */
+megamoe_status_t mm_v2d_hier_send(mm_v2_dispatch_t *d, const mm_v2d_out_t *o, uint64_t t0);
+/* 1 when this rank leads its hierarchy group (no collect: hop 2 placed every row). */
+static inline int mm_v2d_hier_leads(const mm_v2_dispatch_t *d)
+{
+    return d->c.erank % d->c.hier_group == 0;
+}
 /* The hierarchy's own signal lines (hop 1 at the leaders; a leader's hop-2 lines at its group)
  * set with error st (mm_v2_sigval). */
 void mm_v2d_hier_poison(const mm_v2_dispatch_t *d, megamoe_status_t st);
