@@ -256,6 +256,22 @@ size_t mm_v2c_hier_own_bytes(const mm_v2_combine_t *c)
     return (size_t)c->c.eW * (size_t)c->c.max_bs * (size_t)c->KS * 4;
 }
 
+/* The groups whose partials token t of this rank needs (need[group] = 1). */
+static const uint8_t *mm_v2h_need(const mm_v2_combine_t *c, int64_t t, uint8_t *need)
+{
+    const mm_v2_cfg_t *g = &c->c;
+    const int32_t *ids = c->a->expert_ids.data;
+    const uint8_t *mask = c->a->x_active_mask.data;
+    memset(need, 0, (size_t)mm_v2h_ng(c));
+    for (int64_t k = 0; k < c->KS; k++) {
+        int32_t id = k < g->K ? ids[t * g->K + k] : 0;
+        uint8_t on = k < g->K ? (uint8_t)(g->mask_dim != 2 || mask[t * g->K + k]) : 1;
+        int64_t grp = mm_v2h_slot_group(c, g->erank, k, id, on);
+        if (grp >= 0) need[grp] = 1;
+    }
+    return need;
+}
+
 megamoe_status_t mm_v2c_hier_run(mm_v2_combine_t *c, const uint8_t *processed)
 {
     const mm_v2_cfg_t *g = &c->c;
@@ -270,35 +286,43 @@ megamoe_status_t mm_v2c_hier_run(mm_v2_combine_t *c, const uint8_t *processed)
     MM_CHECK(mm_v2h_send_weights(c, processed));
     MM_CHECK(mm_v2h_send_rows(c, own));
     if (lead) MM_CHECK(mm_v2h_leader(c, own));
-    uint64_t t0 = mm_now_ns();
-    for (int64_t l = 0; l < g->eW; l += gs) {
-        if (l == g->erank) continue;
-        int pe = mm_v2c_pe(c, l);
-        MM_CHECK(mm_v2_wait(&c->call, mm_v2_sig(&c->call, MM_V2C_SIG, pe), "hierarchy partials", pe, NULL));
-        c->perf_us[mm_v2_phys(g, l)] += (int64_t)((mm_now_ns() - t0) / 1000);
-    }
     size_t ps = mm_v2h_pstride(c), xrow = (size_t)h * g->xsize;
     float *acc = mm_v2_scratch_take(&c->scratch, (size_t)h * 16);
     float *scratch = acc + h;
     float *mine = lead ? mm_v2_scratch_take(&c->scratch, (size_t)h * 4) : NULL;
+    uint8_t *early = lead ? mm_v2_scratch_take(&c->scratch, (size_t)g->bs) : NULL;
     const int32_t *ids = a->expert_ids.data;
     const uint8_t *mask = a->x_active_mask.data;
     const float *w = a->expert_scales.data;
-    megamoe_status_t st = MEGAMOE_OK;
     uint8_t *need = mm_v2_scratch_take(&c->scratch, (size_t)ng);
     mm_v2c_term_t terms[MM_V2H_MAX_TERMS];
-    int64_t my_grp = g->erank / gs;
+    int64_t my_grp = g->erank / gs, t_early = 0;
+    int nt;
+    /* the other groups' partials; while they are not all in, a leader sums its own group's
+     * partial of its tokens in order into its PARTIAL row (the rest are summed inline below) */
+    for (int64_t l = 0; l < g->eW; l += gs) {
+        if (l == g->erank) continue;
+        int pe = mm_v2c_pe(c, l);
+        uint64_t *sig = mm_v2_sig(&c->call, MM_V2C_SIG, pe);
+        while (lead && t_early < g->bs && mm_shmem_signal_fetch(sig) < mm_v2_sigval(&c->call, MEGAMOE_OK)) {
+            int64_t t = t_early++;
+            if (!processed[t] || !mm_v2h_need(c, t, need)[my_grp]) continue;
+            MM_CHECK(mm_v2h_token_terms(c, g->erank, t, own, terms, &nt));
+            mm_v2c_sum_terms(c, terms, nt,
+                             (float *)(mm_v2_seg(&c->call, MM_V2C_PARTIAL) + (size_t)(my_grp * g->max_bs + t) * ps),
+                             scratch);
+            early[t] = 1;
+        }
+        MM_CHECK(mm_v2_wait(&c->call, sig, "hierarchy partials", pe, &c->perf_us[mm_v2_phys(g, l)]));
+    }
+    megamoe_status_t st = MEGAMOE_OK;
     for (int64_t t = 0; t < g->bs && st == MEGAMOE_OK; t++) {
         if (!processed[t]) continue;
-        memset(need, 0, (size_t)ng);
-        for (int64_t k = 0; k < c->KS; k++) {
-            int32_t id = k < g->K ? ids[t * g->K + k] : 0;
-            uint8_t on = k < g->K ? (uint8_t)(g->mask_dim != 2 || mask[t * g->K + k]) : 1;
-            int64_t grp = mm_v2h_slot_group(c, g->erank, k, id, on);
-            if (grp >= 0) need[grp] = 1;
-        }
-        if (lead && need[my_grp]) { /* this group's partial, as the leader sums it for others */
-            int nt;
+        mm_v2h_need(c, t, need);
+        const float *my_part = mine;
+        if (lead && need[my_grp] && early[t]) {
+            my_part = (const float *)(mm_v2_seg(&c->call, MM_V2C_PARTIAL) + (size_t)(my_grp * g->max_bs + t) * ps);
+        } else if (lead && need[my_grp]) { /* this group's partial, as the leader sums it for others */
             st = mm_v2h_token_terms(c, g->erank, t, own, terms, &nt);
             if (st != MEGAMOE_OK) break;
             mm_v2c_sum_terms(c, terms, nt, mine, scratch);
@@ -307,7 +331,7 @@ megamoe_status_t mm_v2c_hier_run(mm_v2_combine_t *c, const uint8_t *processed)
         for (int64_t grp = 0; grp < ng; grp++) {
             if (!need[grp]) continue;
             if (lead && grp == my_grp) {
-                mm_rows_axpy_f32(acc, mine, 1.0f, h);
+                mm_rows_axpy_f32(acc, my_part, 1.0f, h);
                 continue;
             }
             const uint8_t *p = mm_v2_seg(&c->call, MM_V2C_PARTIAL) + (size_t)(grp * g->max_bs + t) * ps;

@@ -450,7 +450,7 @@ static megamoe_status_t mm_v2c_run(mm_v2_combine_t *c, mm_v2_op_t op)
         if (g->alg == MM_V2_ALG_HIERARCHY)
             need += mm_v2_piece(mm_v2c_hier_seg(c, -1)) + mm_v2_piece(mm_align_up(h * 4 + 8, 64) + h * 8) +
                     2 * mm_v2_piece((size_t)g->eW) + mm_v2_piece(mm_v2c_hier_own_bytes(c)) +
-                    mm_v2_piece(h * 4);
+                    mm_v2_piece(h * 4) + mm_v2_piece(bs);
         local = mm_v2_scratch_init(&c->scratch, MM_V2_WS_COMBINE, need);
     }
     mm_v2_record_t *r = mm_v2_rec(&c->call, c->call.me);
