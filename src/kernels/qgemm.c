@@ -359,11 +359,24 @@ static void mm_qk_block(const mm_qk_run_t *u, int64_t rb0, int64_t rows, void *a
         u->i8 ? (w->type == MM_QW_INT8 ? u->k->ukr_i8 : u->k->ukr_i4)
               : (w->type == MM_QW_INT8 ? u->k->ukr_w8 : u->k->ukr_w4);
 
+    const char *pf_done = NULL; /* the multi-tile prefetch stream is issued up to here */
     for (int64_t p = p0; p < p1; p++) {
         const int64_t nc = p * MM_QK_NR; /* first column of the panel */
         const int64_t nr = u->n1 - nc < MM_QK_NR ? u->n1 - nc : MM_QK_NR;
         for (int64_t c0 = 0; c0 < u->kq_loop; c0 += chunk) {
             const int64_t c1 = c0 + chunk < u->kq_loop ? c0 + chunk : u->kq_loop;
+            /* Several tiles: their calls on this chunk prefetch (into L2) the stream up to one
+             * full chunk past its end, continuing where the last chunk's stopped: after a
+             * panel's short last chunk the next panel's first chunk is still covered whole
+             * (prefetching one chunk's length past each chunk left 8 KiB of every 1408-deep
+             * panel to the demand misses of the first tile). */
+            const char *pf_from = NULL, *pf_to = NULL;
+            if (ntiles > 1) {
+                const char *end = (const char *)mm_qw_quad(w, p, c0) + (c1 - c0) * qbytes;
+                pf_from = pf_done > end ? pf_done : end;
+                pf_to = end + chunk * qbytes < stream_end ? end + chunk * qbytes : stream_end;
+                if (pf_to > pf_done) pf_done = pf_to;
+            }
             for (int t = 0; t < ntiles; t++) {
                 for (int64_t s0 = c0; s0 < c1;) {
                     const int64_t g = s0 / u->gq, gend = (g + 1) * u->gq;
@@ -398,12 +411,11 @@ static void mm_qk_block(const mm_qk_run_t *u, int64_t rb0, int64_t rows, void *a
                         int64_t bytes = (s1 - s0) * qbytes;
                         if (at + bytes > stream_end) bytes = stream_end - at;
                         if (bytes > 0) k.pf = at, k.npf = bytes / 64;
-                    } else if (s0 == c0) {
-                        const int64_t lines = (c1 - c0) * qbytes / 64;
-                        const int64_t per = (lines + ntiles - 1) / ntiles;
-                        const char *at = (const char *)mm_qw_quad(w, p, c0) + (c1 - c0) * qbytes + t * per * 64;
+                    } else if (s0 == c0 && pf_to > pf_from) {
+                        const int64_t per = ((pf_to - pf_from) / 64 + ntiles - 1) / ntiles;
+                        const char *at = pf_from + t * per * 64;
                         int64_t n = per;
-                        if (at + n * 64 > stream_end) n = (stream_end - at) / 64;
+                        if (at + n * 64 > pf_to) n = (pf_to - at) / 64;
                         if (n > 0) k.pf = at, k.npf = n;
                     }
                     ukr(trows[t], &k);

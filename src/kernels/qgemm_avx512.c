@@ -2,12 +2,14 @@
  * gives the bits of its C twin in qgemm_c.c.
  *
  * int8 A (vpdpbusd, AVX512-VNNI): an mr x 64 tile of int32 accumulators (mr x 4 zmm), per
- * quad 4 loads of B (64 columns x 4 k, unsigned bytes) and mr broadcasts of the row's 4 signed
- * A bytes, mr x 4 vpdpbusd. int4 weights are unpacked in registers, one 64-byte load giving
- * two quads (low nibbles: quad 2o, high nibbles: quad 2o+1; and / shift+and). Zen 4 issues one
- * zmm vpdpbusd every two cycles, so every tile shape keeps the loads and the unpacking off the
- * critical path; on Zen 5 (two per cycle) the 6 x 64 tile still needs only 10 loads per 24.
- * The sums wrap in 32 bits, which is exact (qgemm_impl.h).
+ * quad 4 loads of B (64 columns x 4 k, unsigned bytes) and mr x 4 vpdpbusd, each with the
+ * row's 4 signed A bytes (int8 weights: broadcast by the instruction from memory; int4: one
+ * broadcast per row into a register). int4 weights are unpacked in registers, one 64-byte
+ * load giving two quads (low nibbles: quad 2o, high nibbles: quad 2o+1; and / shift+and).
+ * Zen 4 issues one zmm vpdpbusd every two cycles, so every tile shape keeps the loads and the
+ * unpacking off the critical path; on Zen 5 (two per cycle) the 6 x 64 int4 tile still needs
+ * only 10 loads per 24 (int8: 4 loads and 24 load-operand broadcasts of 4 bytes per 24). The
+ * sums wrap in 32 bits, which is exact (qgemm_impl.h).
  *
  * bf16 A (weight-only, FMA): per k one weight vector per 16 columns, sign-extended from its
  * byte (or nibble), converted (exact), w' = w + offset (when given), then mr vfmadd231ps with
@@ -27,9 +29,10 @@
 MM_QK_INLINE void mm_qk_pf(const char **pf, int64_t *left, const int per, int l2)
 {
     if (*left <= 0) return;
-    for (int i = 0; i < per; i++) {
-        if (l2) _mm_prefetch(*pf + 64 * i, _MM_HINT_T1);
-        else _mm_prefetch(*pf + 64 * i, _MM_HINT_T0);
+    if (l2) {
+        for (int i = 0; i < per; i++) _mm_prefetch(*pf + 64 * i, _MM_HINT_T1);
+    } else {
+        for (int i = 0; i < per; i++) _mm_prefetch(*pf + 64 * i, _MM_HINT_T0);
     }
     *pf += 64 * per;
     *left -= per;
@@ -57,6 +60,21 @@ MM_TARGET_AVX512VNNI MM_QK_INLINE __m512i mm_dpbusd(__m512i acc, __m512i u8, __m
         ACC[r][2] = mm_dpbusd(ACC[r][2], B2, x_);                                           \
         ACC[r][3] = mm_dpbusd(ACC[r][3], B3, x_);                                           \
     }
+
+/* The same for int8 weights: each vpdpbusd broadcasts the row's A dword from memory itself
+ * ({1to16}, the signed operand), so no broadcast instruction and no register holds it, and the
+ * row's 4 are one statement, which ties every accumulator to its register (one statement per
+ * instruction left 6 register copies per quad in the 4- and 5-row loops). At M = 16 with the
+ * weights from memory (1408 x 4096 / 4096 x 2816, development timings, one thread) this took
+ * 80 / 82 % of the VNNI peak to 83 / 89 %, and M = 1 streams faster; with the weights in cache
+ * both forms run at 90 %, so the gain is in overlapping the memory stream. int4 keeps
+ * MM_QK_DOTS: this form was 3-7 % slower at M = 4, where its unpacking already competes. */
+#define MM_QK_DOTS_MEM(ACC, A_, B0, B1, B2, B3)                                             \
+    _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++)                                   \
+        __asm__("vpdpbusd %4%{1to16%}, %5, %0\n\tvpdpbusd %4%{1to16%}, %6, %1\n\t"         \
+                "vpdpbusd %4%{1to16%}, %7, %2\n\tvpdpbusd %4%{1to16%}, %8, %3"              \
+                : "+v"(ACC[r][0]), "+v"(ACC[r][1]), "+v"(ACC[r][2]), "+v"(ACC[r][3])          \
+                : "m"((A_)[r]), "v"(B0), "v"(B1), "v"(B2), "v"(B3));
 
 /* int4 with MR <= 3: the high nibbles go to a second accumulator set, added at the end, so
  * the two dot products of an octet do not form one dependency chain (integer sums: the order
@@ -91,7 +109,7 @@ MM_TARGET_AVX512VNNI MM_QK_INLINE void mm_qk_int(const int MR, const int INT4,
             mm_qk_pf(&pf, &left, 4, l2);
             const __m512i b0 = _mm512_load_si512(b), b1 = _mm512_load_si512(b + 64),
                           b2 = _mm512_load_si512(b + 128), b3 = _mm512_load_si512(b + 192);
-            MM_QK_DOTS(acc, a, b0, b1, b2, b3)
+            MM_QK_DOTS_MEM(acc, a, b0, b1, b2, b3)
             a += MM_QK_MR;
             b += 256;
         }

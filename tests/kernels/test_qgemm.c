@@ -344,6 +344,26 @@ MM_TEST(w8a8_w4a8_edge_shapes_bit_exact)
             }
 }
 
+/* Decode-size blocks of several tiles (M = 7 .. 17: tiles of 4-6 rows sharing K chunks of
+ * 64 quads) on K that spans several chunks and ends off a chunk, a 64 and a quad. */
+MM_TEST(w8a8_w4a8_decode_tiles_bit_exact)
+{
+    static const int64_t Ms[] = {7, 8, 15, 16, 17};
+    static const int64_t Ks[] = {257, 600, 1413};
+    char label[128];
+    for (int t = 0; t < 2; t++)
+        for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
+            for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+                qcase_t c = base_case((mm_qw_type_t)t, Ks[ki], ki == 1 ? 130 : 64);
+                c.rows[0] = Ms[mi];
+                c.c_type = mi % 2 ? MEGAMOE_DTYPE_BF16 : MEGAMOE_DTYPE_FP32;
+                c.gather = (int)(ki == 2);
+                snprintf(label, sizeof label, "%s K=%lld N=%lld M=%lld", t ? "w4a8" : "w8a8",
+                         (long long)c.K, (long long)c.N, (long long)c.rows[0]);
+                ASSERT_TRUE(run_case(&c, label));
+            }
+}
+
 MM_TEST(grouped_gathered_empty_groups_and_row_blocks)
 {
     char label[128];
