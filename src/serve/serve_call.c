@@ -15,7 +15,7 @@
 enum { MM_SV_DISPATCH = 0, MM_SV_COMBINE = 1, MM_SV_READ = 2 };
 /* scratch slots (0, 1: the expert sets' pointer arrays, serve_args.c) */
 enum { SCR_PAYLOAD = 2, SCR_PLAN, SCR_PAIRS, SCR_PREP, SCR_TILES, SCR_SHARED, SCR_QX, SCR_FETCH,
-       SCR_UNITS, SCR_ROWS, SCR_SPREP, SCR_STAGE };
+       SCR_UNITS, SCR_ROWS, SCR_SPREP, SCR_STAGE, SCR_GETS };
 
 static inline uint64_t *mm_sv_line(const megamoe_symm_buffer_t *b, int dir, int src)
 {
@@ -564,13 +564,21 @@ static megamoe_status_t mm_sv_reduce(megamoe_symm_buffer_t *b, const mm_sv_call_
                                      const float *shared)
 {
     const size_t rb = b->row_bytes;
-    /* results of owners on other hosts: one get per (owner, expert) block into the staging rows */
+    /* results of owners on other hosts: one get per (owner, expert) block into the staging
+     * rows, all in flight together (one after another, each cost a round trip: at 8 tokens per
+     * rank ~24 of them) */
     const int32_t *mine = pl->rec[pl->part_of[b->me]]->counts;
-    for (int64_t e = 0; stage && e < c->E; e++) {
-        if (mine[e] == 0 || pl->dst_off[e] < 0 || !mm_sv_remote(b, (int)(e / c->L))) continue;
-        MM_CHECK(mm_shmem_get(stage + (size_t)prefix[e] * rb,
-                              (char *)b->recv + (size_t)pl->dst_off[e] * rb, (size_t)mine[e] * rb,
-                              b->pes[e / c->L]));
+    if (stage) {
+        mm_shmem_get_op_t *gets = NULL;
+        MM_CHECK(mm_sv_scratch(b, SCR_GETS, sizeof *gets * (size_t)c->E, (void **)&gets));
+        int ng = 0;
+        for (int64_t e = 0; e < c->E; e++) {
+            if (mine[e] == 0 || pl->dst_off[e] < 0 || !mm_sv_remote(b, (int)(e / c->L))) continue;
+            gets[ng++] = (mm_shmem_get_op_t){stage + (size_t)prefix[e] * rb,
+                                             (char *)b->recv + (size_t)pl->dst_off[e] * rb,
+                                             (size_t)mine[e] * rb, b->pes[e / c->L]};
+        }
+        MM_CHECK(mm_shmem_get_many(gets, ng));
     }
     /* then the sums, tokens split over the pool (each token's order fixed: the same bits) */
     const size_t hs = mm_align_up((size_t)c->H, 16);

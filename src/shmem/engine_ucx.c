@@ -430,6 +430,55 @@ static megamoe_status_t mm_ucx_get(mm_shmem_engine_t *se, int pe, uint64_t off, 
     return mm_ucx_wait_done(e, d, pe, "an inter-host get");
 }
 
+/* Gets issued together, then waited for in turn: the round trips overlap (a serving call
+ * fetches one block per remote expert; one after another they cost a round trip each). */
+#define MM_UCX_GET_BATCH 64
+static megamoe_status_t mm_ucx_get_many(mm_shmem_engine_t *se, const mm_engine_get_t *g, int n)
+{
+    mm_ucx_engine_t *e = &se->u;
+    megamoe_status_t first = MEGAMOE_OK;
+    for (int b0 = 0; b0 < n; b0 += MM_UCX_GET_BATCH) {
+        const int nb = n - b0 < MM_UCX_GET_BATCH ? n - b0 : MM_UCX_GET_BATCH;
+        mm_ucx_done_t *d[MM_UCX_GET_BATCH];
+        for (int i = 0; i < nb; i++) {
+            const mm_engine_get_t *x = &g[b0 + i];
+            d[i] = NULL;
+            if (x->n == 0 || first != MEGAMOE_OK) continue; /* after an error: issue no more */
+            ucp_request_param_t prm;
+            mm_ucx_done_t *dd = mm_ucx_done_new(e, &prm);
+            if (dd == NULL) {
+                first = MEGAMOE_OUT_OF_MEMORY;
+                continue;
+            }
+            megamoe_status_t st = MEGAMOE_OK;
+            ucs_status_ptr_t r = NULL;
+            pthread_mutex_lock(&e->lock);
+            mm_ucx_peer_t *p = &e->peers[x->pe];
+            if (mm_ucx_ep_locked(e, x->pe, "inter-host get", &st)) {
+                if (e->proto == MM_UCX_PROTO_AM) mm_ucx_am_flush_pe(e, x->pe);
+                r = ucp_get_nbx(p->ep, x->dst, x->n, p->base + x->off, p->rkey, &prm);
+                e->stats.gets++;
+                e->stats.get_bytes += x->n;
+            }
+            pthread_mutex_unlock(&e->lock);
+            if (st != MEGAMOE_OK || r == NULL || UCS_PTR_IS_ERR(r)) { /* NULL: done at once */
+                mm_ucx_done_release(e, dd);
+                if (st == MEGAMOE_OK && r != NULL)
+                    st = mm_ucx_status(UCS_PTR_STATUS(r), x->pe, "an inter-host get");
+                if (first == MEGAMOE_OK) first = st;
+                continue;
+            }
+            d[i] = dd;
+        }
+        for (int i = 0; i < nb; i++) { /* every issued get, also after an error */
+            if (d[i] == NULL) continue;
+            megamoe_status_t st = mm_ucx_wait_done(e, d[i], g[b0 + i].pe, "an inter-host get");
+            if (first == MEGAMOE_OK) first = st;
+        }
+    }
+    return first;
+}
+
 /* ---- the data path: by protocol ---- */
 
 /* What waits for pe or came from it can never complete (lock held; pe lost or closing). */
@@ -856,6 +905,7 @@ const mm_shmem_engine_ops_t mm_shmem_engine_ucx = {
     .startup = mm_ucx_startup,
     .put = mm_ucx_put,
     .get = mm_ucx_get,
+    .get_many = mm_ucx_get_many,
     .atomic = mm_ucx_atomic,
     .put_signal = mm_ucx_put_signal,
     .fence = mm_ucx_fence,

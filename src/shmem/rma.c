@@ -147,6 +147,53 @@ megamoe_status_t mm_shmem_get(void *dest, const void *src, size_t nbytes, int pe
     return mm_shmem_g.engine_ops->get(mm_shmem_g.engine, pe, off, dest, nbytes);
 }
 
+/* The engine's part of mm_shmem_get_many, a batch at a time. */
+static megamoe_status_t mm_shmem_get_flush(mm_engine_get_t *g, int n)
+{
+    if (n == 0) return MEGAMOE_OK;
+    const mm_shmem_engine_ops_t *ops = mm_shmem_g.engine_ops;
+    if (ops->get_many) return ops->get_many(mm_shmem_g.engine, g, n);
+    megamoe_status_t first = MEGAMOE_OK;
+    for (int i = 0; i < n && first == MEGAMOE_OK; i++)
+        first = ops->get(mm_shmem_g.engine, g[i].pe, g[i].off, g[i].dst, g[i].n);
+    return first;
+}
+
+#define MM_SHMEM_GET_BATCH 64
+megamoe_status_t mm_shmem_get_many(const mm_shmem_get_op_t *ops, int n)
+{
+    mm_engine_get_t g[MM_SHMEM_GET_BATCH];
+    int ng = 0;
+    megamoe_status_t st = MEGAMOE_OK;
+    for (int i = 0; i < n && st == MEGAMOE_OK; i++) {
+        const mm_shmem_get_op_t *o = &ops[i];
+        uint64_t off;
+        int bad;
+        st = mm_rma_seam(MM_SHMEM_RMA_GET, o->pe, "mm_shmem_get");
+        if (st != MEGAMOE_OK) break;
+        const char *s = mm_shmem_xlate(o->src, o->nbytes, o->pe, "mm_shmem_get", &off, &bad);
+        if (s) {
+            mm_shmem_copy(o->dest, s, o->nbytes);
+            continue;
+        }
+        if (bad) {
+            st = MEGAMOE_INVALID_ARGUMENT;
+            break;
+        }
+        st = mm_shmem_route_op(o->pe, "mm_shmem_get");
+        if (st != MEGAMOE_OK) break;
+        g[ng++] = (mm_engine_get_t){o->pe, off, o->dest, o->nbytes};
+        if (ng == MM_SHMEM_GET_BATCH) {
+            st = mm_shmem_get_flush(g, ng);
+            ng = 0;
+        }
+    }
+    /* the gets already collected are issued and complete before the error returns: no
+     * engine write into a dest after this call */
+    megamoe_status_t fl = mm_shmem_get_flush(g, ng);
+    return st != MEGAMOE_OK ? st : fl;
+}
+
 static void mm_shmem_signal_at(uint64_t *remote, uint64_t value, int sig_op)
 {
     if (sig_op == MM_SHMEM_SIGNAL_ADD) __atomic_fetch_add(remote, value, __ATOMIC_RELEASE);

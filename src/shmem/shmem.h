@@ -135,6 +135,16 @@ enum {
  * ignore the status of a put learn of the failure at their next wait). */
 megamoe_status_t mm_shmem_put(void *dest, const void *src, size_t nbytes, int pe);
 megamoe_status_t mm_shmem_get(void *dest, const void *src, size_t nbytes, int pe);
+/* n gets as one: the engine's are in flight together (about one round trip instead of n),
+ * mapped peers' are copies. Every dest holds its data on return; on an error (the first is
+ * returned) the dests are undefined, and no get is still in flight. */
+typedef struct mm_shmem_get_op {
+    void *dest;
+    const void *src;
+    size_t nbytes;
+    int pe;
+} mm_shmem_get_op_t;
+megamoe_status_t mm_shmem_get_many(const mm_shmem_get_op_t *ops, int n);
 megamoe_status_t mm_shmem_put_signal(void *dest, const void *src, size_t nbytes, uint64_t *sig,
                                      uint64_t value, int sig_op, int pe);
 megamoe_status_t mm_shmem_signal_op(uint64_t *sig, uint64_t value, int sig_op, int pe);

@@ -69,6 +69,14 @@ enum { MM_ENGINE_SET = 0, MM_ENGINE_ADD = 1, MM_ENGINE_CAS0 = 2 /* store if the 
  * it arrive, so no later quiet needs to wait for it. */
 #define MM_ENGINE_NO_QUIET 0x100
 
+/* One get of get_many: n bytes at offset off of pe's segment into dst. */
+typedef struct mm_engine_get {
+    int pe;
+    uint64_t off;
+    void *dst;
+    size_t n;
+} mm_engine_get_t;
+
 typedef struct mm_shmem_engine_ops {
     const char *name;
     megamoe_status_t (*init)(const mm_engine_init_t *in, mm_shmem_engine_t **e_p);
@@ -82,6 +90,10 @@ typedef struct mm_shmem_engine_ops {
                             size_t n);
     /* Blocking get: dst holds the data on return. */
     megamoe_status_t (*get)(mm_shmem_engine_t *e, int pe, uint64_t off, void *dst, size_t n);
+    /* n blocking gets in flight together (one round trip, not n): every dst holds its data on
+     * return; the first error is returned, and every get issued is complete (or its endpoint
+     * closed) before this returns. NULL: one get after another. */
+    megamoe_status_t (*get_many)(mm_shmem_engine_t *e, const struct mm_engine_get *g, int n);
     /* Atomic update of the 64-bit word at off on pe, ordered after every put this thread issued
      * to pe before (the data a signal covers is visible before the signal). Non-blocking. */
     megamoe_status_t (*atomic)(mm_shmem_engine_t *e, int pe, uint64_t off, uint64_t value,

@@ -122,6 +122,49 @@ MM_TEST(gets_from_every_peer)
     ASSERT_OK(mm_shmem_release());
 }
 
+/* mm_shmem_get_many: blocks from every peer (several per peer, sizes 0 to ~1 MiB, more than
+ * one engine batch of 64) in one call, each landing whole at its own dest; then an argument
+ * error in the middle of a list comes back (the gets before it are complete: no engine write
+ * lands after the call). */
+MM_TEST(many_gets_in_one_call)
+{
+    mm_shmem_params_t p = mm_t_params();
+    ASSERT_OK(mm_shmem_acquire(&p));
+    int me = mm_shmem_my_pe(), n = mm_shmem_n_pes();
+    const size_t total = 2u << 20;
+    enum { NOPS = 150 };
+    uint8_t *mine = NULL;
+    ASSERT_OK(mm_shmem_malloc(total, 0, (void **)&mine));
+    mm_t_fill(mine, total, me, 77);
+    mm_shmem_get_op_t ops[NOPS];
+    size_t offs[NOPS];
+    uint8_t *bufs[NOPS];
+    uint64_t seed = 991 + (uint64_t)me;
+    for (int i = 0; i < NOPS; i++) {
+        size_t size = i % 40 == 0 ? (1u << 20) : i % 7 == 0 ? 0 : (size_t)(mm_t_rand(&seed) % 9000);
+        offs[i] = (size_t)(mm_t_rand(&seed) % (total - size));
+        bufs[i] = malloc(size + 1);
+        ASSERT_TRUE(bufs[i] != NULL);
+        ops[i] = (mm_shmem_get_op_t){bufs[i], mine + offs[i], size, (me + 1 + i) % n};
+    }
+    ASSERT_OK(mm_shmem_barrier_all());
+    ASSERT_OK(mm_shmem_get_many(ops, NOPS));
+    for (int i = 0; i < NOPS; i++)
+        for (size_t k = 0; k < ops[i].nbytes; k++)
+            if (bufs[i][k] != mm_t_byte(ops[i].pe, 77, offs[i] + k))
+                MM_FAIL_("get %d of %zu bytes from rank %d: byte %zu wrong", i, ops[i].nbytes,
+                         ops[i].pe, k);
+    ASSERT_OK(mm_shmem_get_many(ops, 0));
+    ops[5].src = &seed; /* not in the symmetric heap */
+    ops[5].nbytes = sizeof seed;
+    ASSERT_STATUS(mm_shmem_get_many(ops, 10), MEGAMOE_INVALID_ARGUMENT);
+    ASSERT_CONTAINS(megamoe_last_error(), "is not inside the symmetric heap");
+    ASSERT_OK(mm_shmem_barrier_all());
+    for (int i = 0; i < NOPS; i++) free(bufs[i]);
+    ASSERT_OK(mm_shmem_free(mine));
+    ASSERT_OK(mm_shmem_release());
+}
+
 MM_TEST(signal_ops_and_every_comparison)
 {
     mm_shmem_params_t p = mm_t_params();
