@@ -347,6 +347,15 @@ static void mm_mc_slot_geometry(int64_t count, int64_t k, int64_t NT, int64_t *r
     }
 }
 
+/* Inference: source s's rows of slot j are here. A source on another host signals only a
+ * block with rows (route->blk_rows, known to every rank from the call's count exchange), by
+ * setting the line to the launch's generation; the others count tile slots up. */
+static int mm_mc_inf_arrived(mm_mc_exec_t *x, const mm_ep_plan_t *r, int64_t j, int s)
+{
+    if (!x->remote[s]) return mm_mc_load(mm_mc_arrival(x, j, s)) >= x->arrival_target;
+    return r->blk_rows[j * x->ep + s] == 0 || mm_mc_load(mm_mc_arrival(x, j, s)) >= x->gen;
+}
+
 /* 1 when task t may run now; fills its tile and signal amount. */
 static int mm_mc_ready(mm_mc_exec_t *x, const mm_mc_task_t *t, mm_mc_tile_t *tl,
                        uint64_t *amount)
@@ -400,7 +409,7 @@ static int mm_mc_ready(mm_mc_exec_t *x, const mm_mc_task_t *t, mm_mc_tile_t *tl,
         tl->ret_row = -1;
         if (tl->rows == 0) return 1;
         for (int s = 0; s < x->ep; s++)
-            if (mm_mc_load(mm_mc_arrival(x, t->j, s)) < x->arrival_target) return 0;
+            if (!mm_mc_inf_arrived(x, r, t->j, s)) return 0;
         return 1;
     }
     case MM_MC_LOCAL:
@@ -452,16 +461,18 @@ static void mm_mc_describe_wait(mm_mc_exec_t *x, const mm_mc_task_t *t, char *bu
                      t->j);
             return;
         }
+        const int inf = t->type == MM_MC_EXPERT_ALL && !x->null_mode;
         int s = t->type == MM_MC_EXPERT ? t->peer : 0;
         for (int q = 0; t->type != MM_MC_EXPERT && q < x->ep; q++)
-            if (mm_mc_load(mm_mc_arrival(x, t->j, q)) < x->arrival_target) {
+            if (inf ? !mm_mc_inf_arrived(x, x->launch.route, t->j, q)
+                    : mm_mc_load(mm_mc_arrival(x, t->j, q)) < x->arrival_target) {
                 s = q;
                 break;
             }
         snprintf(buf, len, "the rows of rank %d for local expert %d (arrival counter %llu, "
                  "needs %llu)", s, t->j,
                  (unsigned long long)mm_mc_load(mm_mc_arrival(x, t->j, s)),
-                 (unsigned long long)x->arrival_target);
+                 (unsigned long long)(inf && x->remote[s] ? x->gen : x->arrival_target));
         return;
     }
     case MM_MC_REDUCE:
@@ -534,6 +545,17 @@ static void mm_mc_signal(mm_mc_exec_t *x, mm_mc_worker_t *w, uint64_t *sig, uint
                      w->invocation, t0, mm_now_ns());
 }
 
+/* The same, setting the peer's line to value (SET). */
+static void mm_mc_signal_set(mm_mc_exec_t *x, mm_mc_worker_t *w, uint64_t *sig, uint64_t value,
+                             int peer, int stage, int64_t owner)
+{
+    uint64_t t0 = w->ring ? mm_now_ns() : 0;
+    mm_mc_remote_signal(x, sig, value, MM_SHMEM_SIGNAL_SET, peer);
+    if (w->ring)
+        mm_prof_push(w->ring, MM_PROF_SIGNAL, (uint8_t)stage, w->task, (int32_t)owner, peer,
+                     w->invocation, t0, mm_now_ns());
+}
+
 static void mm_mc_publish(mm_mc_exec_t *x, mm_mc_worker_t *w)
 {
     mm_mc_slot_t s;
@@ -551,10 +573,19 @@ static void mm_mc_publish(mm_mc_exec_t *x, mm_mc_worker_t *w)
     for (int i = 0; i < x->ep; i++) {
         int d = (x->me + i) % x->ep;
         void *remote = mm_shmem_ptr(mine, x->pes[d]);
-        if (remote) memcpy(remote, &s, sizeof s);
-        else if (mm_shmem_put(mine, &s, sizeof s, x->pes[d]) != MEGAMOE_OK &&
-                 mm_shmem_put(mine, &s, sizeof s, x->pes[d]) != MEGAMOE_OK) /* as a signal */
-            mm_shmem_declare_lost(x->pes[d], "an O1 status put to it failed twice");
+        if (remote == NULL) { /* another host: the slot and the count in one message */
+            uint64_t t0 = w->ring ? mm_now_ns() : 0, *line = mm_mc_line(x->done, x->me);
+            if (mm_shmem_put_signal(mine, &s, sizeof s, line, 1, MM_SHMEM_SIGNAL_ADD,
+                                    x->pes[d]) != MEGAMOE_OK &&
+                mm_shmem_put_signal(mine, &s, sizeof s, line, 1, MM_SHMEM_SIGNAL_ADD,
+                                    x->pes[d]) != MEGAMOE_OK) /* as a signal */
+                mm_shmem_declare_lost(x->pes[d], "an O1 status put to it failed twice");
+            if (w->ring)
+                mm_prof_push(w->ring, MM_PROF_SIGNAL, (uint8_t)stage, w->task, -1, d,
+                             w->invocation, t0, mm_now_ns());
+            continue;
+        }
+        memcpy(remote, &s, sizeof s);
         /* the slot is visible before the count (same thread, release) */
         mm_mc_signal(x, w, mm_mc_line(x->done, x->me), 1, d, stage, -1);
     }
@@ -591,10 +622,19 @@ static void mm_mc_execute(mm_mc_exec_t *x, mm_mc_worker_t *w, int32_t id, const 
             /* a peer on another host waits for whole blocks (EXPERT and WGRAD2 need the
              * block's every tile), so the block's last tile slot signals them all at once: one
              * message per block carries its rows and the signal, not one per tile */
-            if (__atomic_add_fetch(mm_mc_block_line(x, t->peer, t->j), 1, __ATOMIC_ACQ_REL) ==
-                x->arrival_target)
+            if (__atomic_add_fetch(mm_mc_block_line(x, t->peer, t->j), 1, __ATOMIC_ACQ_REL) !=
+                x->arrival_target) {
+            } else if (x->launch.dir != MM_MC_INF) {
                 mm_mc_signal(x, w, mm_mc_arrival(x, t->j, x->me), (uint64_t)x->nt, t->peer,
                              stage, owner);
+            } else if (x->null_mode || x->launch.route->seg_rows[(int64_t)t->peer * p->S + t->j] > 0) {
+                /* inference: the peer knows every block's rows from the call's count exchange
+                 * and waits only for blocks with rows, so an empty block sends nothing (at
+                 * decode most of a peer's blocks are empty); the line takes the launch's
+                 * generation (SET): it is not counted up in the launches it is skipped */
+                mm_mc_signal_set(x, w, mm_mc_arrival(x, t->j, x->me), x->gen, t->peer, stage,
+                                 owner);
+            }
         } else if (amount > 0) {
             mm_mc_signal(x, w, mm_mc_arrival(x, t->j, x->me), amount, t->peer, stage, owner);
         }

@@ -115,7 +115,11 @@ typedef struct mm_mc_body {
 
 typedef struct mm_mc_launch {
     int dir;                   /* MM_MC_FWD / MM_MC_BWD / MM_MC_INF (an inference plan) */
-    const mm_ep_plan_t *route; /* routing plan of the call; ignored when local != OK */
+    const mm_ep_plan_t *route; /* routing plan of the call; ignored when local != OK
+                                  (inference: seg_*, group_off, and blk_rows[j * EP + s] =
+                                  source s's rows of local slot j, every source, equal to
+                                  what that source sends: a source on another host signals
+                                  only blocks with rows) */
     megamoe_status_t local;    /* failure on this rank before the launch (text: last error) */
     uint64_t tag;              /* must be equal on every rank (backward: forward generation) */
     const char *tag_what;      /* what a tag mismatch means, for the error text */

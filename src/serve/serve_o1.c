@@ -219,6 +219,13 @@ megamoe_status_t mm_sv_o1_run(megamoe_symm_buffer_t *b, const mm_sv_o1_call_t *k
                     if (pl->rec[s]->counts[e] > maxb) maxb = pl->rec[s]->counts[e];
             }
         for (int64_t j = 0; j <= L; j++) r->group_off[j] = pl->grp_off[j];
+        /* every source's rows per local expert: the executor waits only for a block with rows
+         * from a source on another host (which signals nothing for an empty one) */
+        for (int64_t j = 0; j < L; j++)
+            for (int s = 0; s < b->W; s++) {
+                const int q = pl->part_of[s];
+                r->blk_rows[j * b->W + s] = q < 0 ? 0 : pl->rec[q]->counts[(int64_t)b->me * L + j];
+            }
         r->max_block_rows = maxb;
     }
     mm_sv_o1_ctx_t x = {b, k};
