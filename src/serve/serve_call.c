@@ -15,7 +15,7 @@
 enum { MM_SV_DISPATCH = 0, MM_SV_COMBINE = 1, MM_SV_READ = 2 };
 /* scratch slots (0, 1: the expert sets' pointer arrays, serve_args.c) */
 enum { SCR_PAYLOAD = 2, SCR_PLAN, SCR_PAIRS, SCR_PREP, SCR_TILES, SCR_SHARED, SCR_QX, SCR_FETCH,
-       SCR_UNITS, SCR_ROWS, SCR_SPREP, SCR_STAGE, SCR_GETS };
+       SCR_UNITS, SCR_ROWS, SCR_SPREP, SCR_STAGE, SCR_GETS, SCR_RET };
 
 static inline uint64_t *mm_sv_line(const megamoe_symm_buffer_t *b, int dir, int src)
 {
@@ -561,14 +561,14 @@ static megamoe_status_t mm_sv_reduce_part(void *arg, int worker, int nw)
 static megamoe_status_t mm_sv_reduce(megamoe_symm_buffer_t *b, const mm_sv_call_t *c,
                                      const mm_sv_plan_t *pl, const int64_t *pair_row,
                                      const int64_t *pair_pos, const int64_t *prefix, char *stage,
-                                     const float *shared)
+                                     int pushed, const float *shared)
 {
     const size_t rb = b->row_bytes;
     /* results of owners on other hosts: one get per (owner, expert) block into the staging
      * rows, all in flight together (one after another, each cost a round trip: at 8 tokens per
      * rank ~24 of them) */
     const int32_t *mine = pl->rec[pl->part_of[b->me]]->counts;
-    if (stage) {
+    if (stage && !pushed) {
         mm_shmem_get_op_t *gets = NULL;
         MM_CHECK(mm_sv_scratch(b, SCR_GETS, sizeof *gets * (size_t)c->E, (void **)&gets));
         int ng = 0;
@@ -636,12 +636,29 @@ static megamoe_status_t mm_sv_call_host(megamoe_symm_buffer_t *b, mm_sv_call_t *
     return st;
 }
 
+/* The O1 path across hosts: the owners put the results of participant q's rows back into the
+ * top of q's receive rows, laid out as q's staging rows (q's order), before their DONE (which
+ * the engine applies after them): q then reads them there, with no round trip after the launch.
+ * Where q's receive rows of the call and its pairs do not both fit (near the capacity: never at
+ * decode) the results stay with their owners and q gets them as the host path does. The same
+ * answer on every rank (from the exchanged counts): the row of q's pair position 0, or -1. */
+static int64_t mm_sv_ret_base(const megamoe_symm_buffer_t *b, const mm_sv_plan_t *pl, int q,
+                              int64_t L)
+{
+    const int d = pl->member[q];
+    int64_t recv = 0, total = 0;
+    for (int s = 0; s < pl->np; s++)
+        for (int64_t j = 0; j < L; j++) recv += pl->rec[s]->counts[(int64_t)d * L + j];
+    for (int64_t e = 0; e < (int64_t)b->W * L; e++) total += pl->rec[q]->counts[e];
+    return recv + total <= b->cap ? b->cap - total : -1;
+}
+
 /* The O1 path: everything the launch needs, the launch, the shared experts' rows in place. */
 static megamoe_status_t mm_sv_call_o1(megamoe_symm_buffer_t *b, const mm_sv_call_t *c,
                                       const mm_sv_plan_t *pl, const mm_gemm_backend_ops_t *gemm,
                                       megamoe_status_t local, int64_t *pair_row, int64_t *pair_pos,
                                       int64_t *next, int64_t *prefix, char **stage_p,
-                                      float **shared_p)
+                                      int *pushed_p, float **shared_p)
 {
     const size_t rb = b->row_bytes;
     const int atype = c->routed.atype;
@@ -671,6 +688,27 @@ static megamoe_status_t mm_sv_call_o1(megamoe_symm_buffer_t *b, const mm_sv_call
     if (local == MEGAMOE_OK && remote)
         local = mm_sv_scratch(b, SCR_STAGE, (size_t)(total > 0 ? total : 1) * rb, (void **)stage_p);
     k.stage = *stage_p;
+    /* results back to the participants on other hosts (mm_sv_ret_base) */
+    *pushed_p = 0;
+    int64_t *ret = NULL;
+    const int64_t L = c->L;
+    if (local == MEGAMOE_OK)
+        local = mm_sv_scratch(b, SCR_RET, sizeof *ret * (size_t)(pl->np * L), (void **)&ret);
+    for (int q = 0; local == MEGAMOE_OK && q < pl->np; q++) {
+        const int d = pl->member[q];
+        const int64_t base = d == b->me || !mm_sv_remote(b, d) ? -1 : mm_sv_ret_base(b, pl, q, L);
+        int64_t at = base; /* + q's pairs of the experts before local expert j */
+        for (int64_t e = 0; e < (int64_t)b->me * L; e++) at += pl->rec[q]->counts[e];
+        for (int64_t j = 0; j < L; j++) {
+            ret[q * L + j] = base < 0 ? -1 : at;
+            at += pl->rec[q]->counts[(int64_t)b->me * L + j];
+        }
+    }
+    if (local == MEGAMOE_OK && remote && mm_sv_ret_base(b, pl, pl->part_of[b->me], L) >= 0) {
+        *pushed_p = 1; /* read where the owners put them: the same layout as the staging rows */
+        *stage_p = (char *)b->recv + (size_t)mm_sv_ret_base(b, pl, pl->part_of[b->me], L) * rb;
+    }
+    k.ret = ret;
     /* the weights: cache lookups and per-channel terms, on this thread */
     int64_t *rows = NULL;
     if (local == MEGAMOE_OK) local = mm_sv_scratch(b, SCR_ROWS, sizeof *rows * (size_t)c->L, (void **)&rows);
@@ -817,16 +855,16 @@ static megamoe_status_t mm_sv_body(megamoe_symm_buffer_t *b, const megamoe_mega_
                                           (void **)&pair_row);
     int64_t *pair_pos = pair_row + c.n * c.K, *next = pair_pos + c.n * c.K, *prefix = next + E;
     float *shared = NULL;
-    int waited = 0;
+    int waited = 0, pushed = 0;
     if (use_o1) {
         st = mm_sv_call_o1(b, &c, &pl, gemm, work, pair_row, pair_pos, next, prefix, &stage,
-                           &shared);
+                           &pushed, &shared);
         waited = st == MEGAMOE_OK || !b->broken;
     } else {
         st = mm_sv_call_host(b, &c, &pl, gemm, gen, work, pair_row, pair_pos, next, prefix,
                              &stage, &shared, &waited);
     }
-    if (st == MEGAMOE_OK) st = mm_sv_reduce(b, &c, &pl, pair_row, pair_pos, prefix, stage, shared);
+    if (st == MEGAMOE_OK) st = mm_sv_reduce(b, &c, &pl, pair_row, pair_pos, prefix, stage, pushed, shared);
     /* it reads nothing more of this call, also after a failure (a lost peer included: the
      * survivors go on); not after a timeout (the buffer is broken) */
     if (waited || !b->broken) mm_sv_done_reading(b, &pl, gen);

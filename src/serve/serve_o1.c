@@ -177,8 +177,26 @@ static megamoe_status_t mm_sv_o1_expert(void *ctx, mm_mc_worker_t *w, const mm_m
 {
     const mm_sv_o1_ctx_t *x = ctx;
     const mm_sv_o1_call_t *k = x->k;
-    return mm_sv_tile_routed(x->b, k->c, &k->pw[t->j], t->row0, t->rows,
-                             k->tiles + (size_t)w->index * k->tile_bytes);
+    const megamoe_symm_buffer_t *b = x->b;
+    MM_CHECK(mm_sv_tile_routed(b, k->c, &k->pw[t->j], t->row0, t->rows,
+                               k->tiles + (size_t)w->index * k->tile_bytes));
+    /* the results of rows from participants on other hosts go back now (serve_call.c,
+     * mm_sv_ret_base): the tile's part of each such source's block, one put */
+    const mm_sv_plan_t *pl = k->pl;
+    const int64_t L = k->c->L, t0 = t->row0, t1 = t->row0 + t->rows;
+    const size_t rb = b->row_bytes;
+    for (int q = 0; q < pl->np; q++) {
+        const int64_t at = k->ret[q * L + t->j];
+        if (at < 0) continue;
+        const int64_t b0 = pl->blk_off[t->j * pl->np + q];
+        const int64_t b1 = b0 + pl->rec[q]->counts[(int64_t)b->me * L + t->j];
+        const int64_t r0 = b0 > t0 ? b0 : t0, r1 = b1 < t1 ? b1 : t1;
+        if (r1 <= r0) continue;
+        MM_CHECK(mm_shmem_put((char *)b->recv + (size_t)(at + r0 - b0) * rb,
+                              (const char *)b->recv + (size_t)r0 * rb, (size_t)(r1 - r0) * rb,
+                              b->pes[pl->member[q]]));
+    }
+    return MEGAMOE_OK;
 }
 
 static megamoe_status_t mm_sv_o1_local(void *ctx, mm_mc_worker_t *w, int64_t i)

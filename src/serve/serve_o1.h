@@ -37,6 +37,8 @@ typedef struct mm_sv_o1_call {
     const char *qx;           /* quantised token rows ([n][row_bytes]) or NULL (bf16 rows) */
     size_t wire;              /* bytes of a dispatched row */
     char *stage;              /* rows for owners on other hosts, in this rank's order */
+    const int64_t *ret;       /* [np * L] row on participant q of its first pair of local
+                                 expert j where this rank puts the results back, or -1 */
     const mm_sv_prepared_t *pw;  /* [L] routed experts */
     const mm_sv_prepared_t *spw; /* [S] shared experts or NULL */
     const int64_t *tok;       /* active tokens */

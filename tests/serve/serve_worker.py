@@ -470,7 +470,8 @@ def run_paths():
             ("bf16", "bf16", (9, 13, 5, 11), None, None), ("int8", "int8", (9, 13, 5, 11), None, None),
             ("int4_zero_rank", "int4", (0, 7, 12, 3), None, None),
             ("bf16_shared_mask", "bf16", (9, 13, 5, 11), "int8", "random"),
-            ("int8_prefill_tiles", "int8", (24, 24, 24, 24), "bf16", None)):
+            ("int8_prefill_tiles", "int8", (24, 24, 24, 24), "bf16", None),
+            ("bf16_rank0_full", "bf16", (24, 24, 24, 24), None, None)):
         c = dict(wtype=scene, K=3, n=n, dup=False, ids="int32", w="fp32", active=active)
         L = E // WORLD
         seed = zlib.crc32(name.encode())
@@ -478,6 +479,13 @@ def run_paths():
         buf.dispatch_quant_mode, buf.dispatch_quant_out_dtype = mode, qout
         ex = gen_experts(E, scene, seed, "int8" if scene == "int4" else "int32")
         x, ids, w, mask = make_inputs(c, WORLD, seed + 1)[RANK]
+        if name == "bf16_rank0_full":
+            # rank 0's receive rows and its own pairs do not both fit the capacity (every rank
+            # sends it the most it can) while it has pairs for other ranks: across hosts its
+            # results come back by get, the others' by put (serve_call.c, mm_sv_ret_base)
+            third = [(L + t % L) if RANK == 0 else 2 for t in range(24)] if WORLD == 2 else \
+                [2 + (t + RANK) % (E - 2) for t in range(24)]
+            ids = torch.tensor([[0, 1, third[t]] for t in range(24)], dtype=ids.dtype)
         mine = [ex[e] for e in range(RANK * L, (RANK + 1) * L)]
         kw = dict(l1_weights_sf=as_list(mine, "sf1", "list"), l2_weights_sf=as_list(mine, "sf2", "list"),
                   l1_bias=as_list(mine, "b1", "list"), l2_bias=as_list(mine, "b2", "list"),
