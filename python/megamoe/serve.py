@@ -510,7 +510,8 @@ def get_symm_buffer_for_mega_moe(group, num_experts, num_max_tokens_per_rank, nu
         if dist.is_available() and dist.is_initialized() and not isinstance(group, (str, _comm.Comm)):
             w_guess = dist.get_world_size(group) if group is not None else dist.get_world_size()
         cap = vals["max_recv_token_num"] or nmax * (w_guess or 1) * min(k, max(1, e // (w_guess or 1)))
-        heap = _heap_for(max(cap, 0), max(vals["hidden"], 1), w_guess or 1)
+        # (+ the return rows a group spanning hosts adds: not known here, so counted)
+        heap = _heap_for(max(cap, 0) + max(nmax * k, 0), max(vals["hidden"], 1), w_guess or 1)
     except Exception:  # sizing is a convenience; the library checks everything
         heap = 0
     comm = _resolve_group(group, heap)

@@ -291,7 +291,11 @@ static void mm_sv_rec_fill(mm_sv_create_rec_t *r, const megamoe_symm_buffer_para
 /* Allocate the receive rows and signal lines on team (collective over its members). */
 static megamoe_status_t mm_sv_alloc(megamoe_symm_buffer_t *b, mm_shmem_team_t *team)
 {
-    const size_t recv = (size_t)b->cap * b->row_bytes, sig = (size_t)3 * (size_t)b->W * 64;
+    /* the receive rows, then (a group spanning hosts, a token bound) the return rows */
+    const int spans = b->ranks_per_host < b->W;
+    b->ret_rows = spans ? b->p.num_max_tokens_per_rank * b->p.num_topk : 0;
+    const size_t recv = (size_t)(b->cap + b->ret_rows) * b->row_bytes,
+                 sig = (size_t)3 * (size_t)b->W * 64;
     void *r = NULL, *s = NULL;
     megamoe_status_t st = mm_shmem_team_malloc(team, recv > 0 ? recv : 64, 4096, &r);
     if (st == MEGAMOE_OK) st = mm_shmem_team_malloc(team, sig, 4096, &s);
@@ -307,9 +311,12 @@ static megamoe_status_t mm_sv_alloc(megamoe_symm_buffer_t *b, mm_shmem_team_t *t
             return mm_error(st, "get_symm_buffer_for_mega_moe: the SHMEM heap has no room for "
                             "%zu bytes of receive rows (%lld rows of %zu bytes: max_recv_token_num, "
                             "or num_max_tokens_per_rank * group size * min(num_topk, local "
-                            "experts)); set HYPER_PARALLEL_SHMEM_HEAP_SIZE larger on every rank "
-                            "before the runtime starts, or lower the bounds",
-                            recv, (long long)b->cap, b->row_bytes);
+                            "experts); a group spanning hosts adds num_max_tokens_per_rank * "
+                            "num_topk = %lld rows for results coming back); set "
+                            "HYPER_PARALLEL_SHMEM_HEAP_SIZE larger on every rank before the "
+                            "runtime starts, or lower the bounds",
+                            recv, (long long)(b->cap + b->ret_rows), b->row_bytes,
+                            (long long)b->ret_rows);
         return st;
     }
     b->recv = r;

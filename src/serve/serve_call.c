@@ -636,23 +636,6 @@ static megamoe_status_t mm_sv_call_host(megamoe_symm_buffer_t *b, mm_sv_call_t *
     return st;
 }
 
-/* The O1 path across hosts: the owners put the results of participant q's rows back into the
- * top of q's receive rows, laid out as q's staging rows (q's order), before their DONE (which
- * the engine applies after them): q then reads them there, with no round trip after the launch.
- * Where q's receive rows of the call and its pairs do not both fit (near the capacity: never at
- * decode) the results stay with their owners and q gets them as the host path does. The same
- * answer on every rank (from the exchanged counts): the row of q's pair position 0, or -1. */
-static int64_t mm_sv_ret_base(const megamoe_symm_buffer_t *b, const mm_sv_plan_t *pl, int q,
-                              int64_t L)
-{
-    const int d = pl->member[q];
-    int64_t recv = 0, total = 0;
-    for (int s = 0; s < pl->np; s++)
-        for (int64_t j = 0; j < L; j++) recv += pl->rec[s]->counts[(int64_t)d * L + j];
-    for (int64_t e = 0; e < (int64_t)b->W * L; e++) total += pl->rec[q]->counts[e];
-    return recv + total <= b->cap ? b->cap - total : -1;
-}
-
 /* The O1 path: everything the launch needs, the launch, the shared experts' rows in place. */
 static megamoe_status_t mm_sv_call_o1(megamoe_symm_buffer_t *b, const mm_sv_call_t *c,
                                       const mm_sv_plan_t *pl, const mm_gemm_backend_ops_t *gemm,
@@ -688,7 +671,11 @@ static megamoe_status_t mm_sv_call_o1(megamoe_symm_buffer_t *b, const mm_sv_call
     if (local == MEGAMOE_OK && remote)
         local = mm_sv_scratch(b, SCR_STAGE, (size_t)(total > 0 ? total : 1) * rb, (void **)stage_p);
     k.stage = *stage_p;
-    /* results back to the participants on other hosts (mm_sv_ret_base) */
+    /* Across hosts the owners put the results of a source's rows back into the source's
+     * return rows (after its receive rows, laid out as its staging rows: its order) before
+     * their DONE, which the engine applies after them, so the source finds every result in
+     * its own memory when the launch ends: no round trip after it. ret[q * L + j]: the row on
+     * participant q (on another host) of its first pair of local expert j, else -1. */
     *pushed_p = 0;
     int64_t *ret = NULL;
     const int64_t L = c->L;
@@ -696,17 +683,17 @@ static megamoe_status_t mm_sv_call_o1(megamoe_symm_buffer_t *b, const mm_sv_call
         local = mm_sv_scratch(b, SCR_RET, sizeof *ret * (size_t)(pl->np * L), (void **)&ret);
     for (int q = 0; local == MEGAMOE_OK && q < pl->np; q++) {
         const int d = pl->member[q];
-        const int64_t base = d == b->me || !mm_sv_remote(b, d) ? -1 : mm_sv_ret_base(b, pl, q, L);
-        int64_t at = base; /* + q's pairs of the experts before local expert j */
+        const int back = b->ret_rows > 0 && d != b->me && mm_sv_remote(b, d);
+        int64_t at = b->cap; /* + q's pairs of the experts before local expert j */
         for (int64_t e = 0; e < (int64_t)b->me * L; e++) at += pl->rec[q]->counts[e];
         for (int64_t j = 0; j < L; j++) {
-            ret[q * L + j] = base < 0 ? -1 : at;
+            ret[q * L + j] = back ? at : -1;
             at += pl->rec[q]->counts[(int64_t)b->me * L + j];
         }
     }
-    if (local == MEGAMOE_OK && remote && mm_sv_ret_base(b, pl, pl->part_of[b->me], L) >= 0) {
-        *pushed_p = 1; /* read where the owners put them: the same layout as the staging rows */
-        *stage_p = (char *)b->recv + (size_t)mm_sv_ret_base(b, pl, pl->part_of[b->me], L) * rb;
+    if (local == MEGAMOE_OK && remote && b->ret_rows > 0) { /* (pairs <= n * K <= ret_rows) */
+        *pushed_p = 1; /* read them there: the same layout as the staging rows */
+        *stage_p = (char *)b->recv + (size_t)b->cap * rb;
     }
     k.ret = ret;
     /* the weights: cache lookups and per-channel terms, on this thread */

@@ -130,6 +130,9 @@ struct megamoe_symm_buffer {
     int *pes;                 /* [W] world PE of member i */
     megamoe_symm_buffer_params_t p; /* resolved; comm_alg -> "" */
     int64_t L, cap;           /* local experts; receive capacity (rows) */
+    int64_t ret_rows;         /* rows after the receive rows where the O1 owners on other hosts
+                                 put this rank's results back: num_max_tokens_per_rank * top-k
+                                 when the group spans hosts, else 0 (serve_call.c) */
     size_t row_bytes;         /* bytes per receive row */
     void *recv;               /* symmetric [cap][row_bytes] */
     uint64_t *sig;            /* symmetric: [3][W] lines (dispatch from s, combine from s, s

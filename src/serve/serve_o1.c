@@ -181,7 +181,7 @@ static megamoe_status_t mm_sv_o1_expert(void *ctx, mm_mc_worker_t *w, const mm_m
     MM_CHECK(mm_sv_tile_routed(b, k->c, &k->pw[t->j], t->row0, t->rows,
                                k->tiles + (size_t)w->index * k->tile_bytes));
     /* the results of rows from participants on other hosts go back now (serve_call.c,
-     * mm_sv_ret_base): the tile's part of each such source's block, one put */
+     * mm_sv_call_o1): the tile's part of each such source's block, one put */
     const mm_sv_plan_t *pl = k->pl;
     const int64_t L = k->c->L, t0 = t->row0, t1 = t->row0 + t->rows;
     const size_t rb = b->row_bytes;

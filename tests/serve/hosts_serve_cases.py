@@ -69,9 +69,9 @@ def test_job_ran_on_separate_hosts_and_left_nothing(hosts, world, tmp_path_facto
 @needs_root
 @pytest.mark.parametrize("hosts,world", JOBS)
 def test_o1_and_host_paths_same_bits_across_hosts(hosts, world, tmp_path_factory):
-    """Across hosts the O1 path puts the results back to their sources (the host path gets
-    them), or gets them where a source's rows would not fit (bf16_rank0_full): y and
-    expert_token_nums bit for bit with the host path, and auto took the O1 path."""
+    """Across hosts the O1 path puts the results back into their sources' return rows (the
+    host path gets them), also with a source's receive rows at the capacity (bf16_rank0_full):
+    y and expert_token_nums bit for bit with the host path, and auto took the O1 path."""
     _, per_rank = _run(hosts, world, str(tmp_path_factory.getbasetemp()))
     for rank, res in enumerate(per_rank):
         assert res is not None, f"rank {rank} wrote no results"

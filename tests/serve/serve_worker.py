@@ -480,9 +480,9 @@ def run_paths():
         ex = gen_experts(E, scene, seed, "int8" if scene == "int4" else "int32")
         x, ids, w, mask = make_inputs(c, WORLD, seed + 1)[RANK]
         if name == "bf16_rank0_full":
-            # rank 0's receive rows and its own pairs do not both fit the capacity (every rank
-            # sends it the most it can) while it has pairs for other ranks: across hosts its
-            # results come back by get, the others' by put (serve_call.c, mm_sv_ret_base)
+            # every rank sends rank 0 the most it can (its receive rows at or near the capacity)
+            # while rank 0 has pairs for other ranks: across hosts its results come back into
+            # the return rows after the full receive rows (serve_call.c, mm_sv_call_o1)
             third = [(L + t % L) if RANK == 0 else 2 for t in range(24)] if WORLD == 2 else \
                 [2 + (t + RANK) % (E - 2) for t in range(24)]
             ids = torch.tensor([[0, 1, third[t]] for t in range(24)], dtype=ids.dtype)
