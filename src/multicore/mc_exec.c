@@ -56,11 +56,16 @@ struct mm_mc_exec {
     int ep, me, n_workers;
     int *pes;
     uint8_t *remote;     /* [EP] 1: the peer is on another host (no mapping of its heap) */
+    /* inference, peers on other hosts, this launch: 1 when all this rank's rows to peer d
+     * (whole_to[d]) / all of source s's rows here (whole_from[s]) are few enough to travel
+     * under one signal (MM_MC_WHOLE_ROWS) instead of one per block */
+    uint8_t *whole_to, *whole_from;
     void *sym;           /* symmetric signal area */
     uint64_t *arrival;   /* [S * EP] lines */
     uint64_t *done;      /* [EP] lines */
     uint64_t *ready;     /* [R] lines: guest slot g's weights published (SET gen) */
     uint64_t *part;      /* [EP * R] lines: rank d's guest slot g partial done (SET gen) */
+    uint64_t *whole;     /* [EP] lines: inference, every row of source s arrived (SET gen) */
     mm_mc_slot_t *slots; /* [2][EP] */
     uint64_t *priv;      /* private lines (MM_PV_*) */
     /* the current launch (written while the workers are parked) */
@@ -108,7 +113,20 @@ static inline uint64_t *mm_mc_block_line(mm_mc_exec_t *x, int peer, int64_t j)
                                    (int64_t)peer * x->plan->S + j);
 }
 
+/* DISPATCH tasks to peer run so far (inference, peers on other hosts). */
+static inline uint64_t *mm_mc_peer_line(mm_mc_exec_t *x, int peer)
+{
+    return mm_mc_line(x->priv, MM_PV_EXPERT + 2 * x->plan->S + x->plan->s.R +
+                                   (int64_t)x->ep * x->plan->S + peer);
+}
+
 uint64_t *mm_mc_ready_line(mm_mc_exec_t *x, int g) { return mm_mc_line(x->ready, g); }
+
+/* Inference across hosts: up to this many rows from one source to one owner travel under one
+ * signal after the source's last DISPATCH task to it (decode: the blocks are a few rows each,
+ * so per-block signals were most of the messages); more keep a signal per block, so an
+ * owner's first experts start while later blocks are still on the wire. */
+#define MM_MC_WHOLE_ROWS 64
 
 /* ---- creation -------------------------------------------------------------------------------- */
 
@@ -138,13 +156,15 @@ megamoe_status_t mm_mc_exec_create(const mm_mc_plan_t *plan, mm_shmem_team_t *te
         st = mm_prof_control_init(); /* MEGAMOE_PROFILE */
         x->pes = calloc((size_t)ep, sizeof *x->pes);
         x->remote = calloc((size_t)ep, sizeof *x->remote);
+        x->whole_to = calloc((size_t)ep * 2, 1);
+        x->whole_from = x->whole_to ? x->whole_to + ep : NULL;
         x->workers = calloc((size_t)nw, sizeof *x->workers);
         size_t stride = mm_align_up(worker_scratch > 0 ? worker_scratch : 64, 4096);
-        if (x->pes == NULL || x->remote == NULL || x->workers == NULL)
+        if (x->pes == NULL || x->remote == NULL || x->workers == NULL || x->whole_to == NULL)
             st = mm_error(MEGAMOE_OUT_OF_MEMORY, "O1 executor tables");
         if (st == MEGAMOE_OK)
             st = mm_aligned_calloc((size_t)(MM_PV_EXPERT + 2 * plan->S + plan->s.R +
-                                            (int64_t)ep * plan->S) * 64,
+                                            (int64_t)ep * plan->S + ep) * 64,
                                    64, "O1 counters", (void **)&x->priv);
         if (st == MEGAMOE_OK)
             st = mm_aligned_alloc(stride * (size_t)nw, 4096, "O1 worker scratch", &x->scratch);
@@ -168,7 +188,8 @@ megamoe_status_t mm_mc_exec_create(const mm_mc_plan_t *plan, mm_shmem_team_t *te
             x->done = mm_mc_line(x->arrival, plan->S * ep);
             x->ready = mm_mc_line(x->done, ep);
             x->part = mm_mc_line(x->ready, plan->s.R);
-            x->slots = (mm_mc_slot_t *)(void *)mm_mc_line(x->part, (int64_t)ep * plan->s.R);
+            x->whole = mm_mc_line(x->part, (int64_t)ep * plan->s.R);
+            x->slots = (mm_mc_slot_t *)(void *)mm_mc_line(x->whole, ep);
             for (int i = 0; i < ep; i++)
                 x->remote[i] = mm_shmem_ptr(x->arrival, x->pes[i]) == NULL;
             /* nobody signals before every rank zeroed its counters */
@@ -201,6 +222,7 @@ megamoe_status_t mm_mc_exec_destroy(mm_mc_exec_t *x)
     mm_aligned_free(x->scratch);
     free(x->workers);
     free(x->remote);
+    free(x->whole_to);
     free(x->pes);
     free(x);
     return st;
@@ -353,7 +375,9 @@ static void mm_mc_slot_geometry(int64_t count, int64_t k, int64_t NT, int64_t *r
 static int mm_mc_inf_arrived(mm_mc_exec_t *x, const mm_ep_plan_t *r, int64_t j, int s)
 {
     if (!x->remote[s]) return mm_mc_load(mm_mc_arrival(x, j, s)) >= x->arrival_target;
-    return r->blk_rows[j * x->ep + s] == 0 || mm_mc_load(mm_mc_arrival(x, j, s)) >= x->gen;
+    if (r->blk_rows[j * x->ep + s] == 0) return 1;
+    return mm_mc_load(x->whole_from[s] ? mm_mc_line(x->whole, s) : mm_mc_arrival(x, j, s)) >=
+           x->gen;
 }
 
 /* 1 when task t may run now; fills its tile and signal amount. */
@@ -469,9 +493,11 @@ static void mm_mc_describe_wait(mm_mc_exec_t *x, const mm_mc_task_t *t, char *bu
                 s = q;
                 break;
             }
-        snprintf(buf, len, "the rows of rank %d for local expert %d (arrival counter %llu, "
-                 "needs %llu)", s, t->j,
-                 (unsigned long long)mm_mc_load(mm_mc_arrival(x, t->j, s)),
+        const int whole = inf && x->remote[s] && x->whole_from[s];
+        snprintf(buf, len, "the rows of rank %d for local expert %d (%s counter %llu, "
+                 "needs %llu)", s, t->j, whole ? "all-rows" : "arrival",
+                 (unsigned long long)mm_mc_load(whole ? mm_mc_line(x->whole, s)
+                                                      : mm_mc_arrival(x, t->j, s)),
                  (unsigned long long)(inf && x->remote[s] ? x->gen : x->arrival_target));
         return;
     }
@@ -627,7 +653,9 @@ static void mm_mc_execute(mm_mc_exec_t *x, mm_mc_worker_t *w, int32_t id, const 
             } else if (x->launch.dir != MM_MC_INF) {
                 mm_mc_signal(x, w, mm_mc_arrival(x, t->j, x->me), (uint64_t)x->nt, t->peer,
                              stage, owner);
-            } else if (x->null_mode || x->launch.route->seg_rows[(int64_t)t->peer * p->S + t->j] > 0) {
+            } else if (x->null_mode ||
+                       (!x->whole_to[t->peer] &&
+                        x->launch.route->seg_rows[(int64_t)t->peer * p->S + t->j] > 0)) {
                 /* inference: the peer knows every block's rows from the call's count exchange
                  * and waits only for blocks with rows, so an empty block sends nothing (at
                  * decode most of a peer's blocks are empty); the line takes the launch's
@@ -635,6 +663,13 @@ static void mm_mc_execute(mm_mc_exec_t *x, mm_mc_worker_t *w, int32_t id, const 
                 mm_mc_signal_set(x, w, mm_mc_arrival(x, t->j, x->me), x->gen, t->peer, stage,
                                  owner);
             }
+            /* few rows to that peer: one signal after its last DISPATCH task covers them all
+             * (after a local failure: both kinds, the peer waits for the one it expects) */
+            if (x->launch.dir == MM_MC_INF &&
+                __atomic_add_fetch(mm_mc_peer_line(x, t->peer), 1, __ATOMIC_ACQ_REL) ==
+                    (uint64_t)p->S * x->arrival_target &&
+                (x->null_mode || x->whole_to[t->peer]))
+                mm_mc_signal_set(x, w, mm_mc_line(x->whole, x->me), x->gen, t->peer, stage, -1);
         } else if (amount > 0) {
             mm_mc_signal(x, w, mm_mc_arrival(x, t->j, x->me), amount, t->peer, stage, owner);
         }
@@ -824,6 +859,16 @@ megamoe_status_t mm_mc_run(mm_mc_exec_t *x, const mm_mc_launch_t *l)
     x->work_target += (uint64_t)x->graph->n_counted;
     if (l->dir == MM_MC_BWD) x->wgrad_target += (uint64_t)(2 * p->wchunks);
     x->null_mode = l->local != MEGAMOE_OK || l->route == NULL;
+    if (l->dir == MM_MC_INF && !x->null_mode) /* the same rows seen from both ends */
+        for (int d = 0; d < x->ep; d++) {
+            int64_t to = 0, from = 0;
+            for (int64_t j = 0; j < p->S; j++) {
+                to += l->route->seg_rows[(int64_t)d * p->S + j];
+                from += l->route->blk_rows[j * x->ep + d];
+            }
+            x->whole_to[d] = x->remote[d] && to > 0 && to <= MM_MC_WHOLE_ROWS;
+            x->whole_from[d] = x->remote[d] && from <= MM_MC_WHOLE_ROWS;
+        }
     x->local = l->local;
     x->fatal = MEGAMOE_OK;
     x->local_text[0] = x->fatal_text[0] = '\0';

@@ -302,7 +302,8 @@ megamoe_status_t mm_mc_workers(int total, int explicit_total, int cube, int vect
 
 size_t mm_mc_heap_bytes(int ep, int64_t L, int R)
 {
-    /* arrival [S][EP], done [EP], weights ready [R], guest partial done [EP][R] */
-    size_t lines = (size_t)((L + R) * ep + ep + R + (int64_t)ep * R) * 64;
+    /* arrival [S][EP], done [EP], weights ready [R], guest partial done [EP][R], all rows
+     * arrived [EP] (inference) */
+    size_t lines = (size_t)((L + R) * ep + ep + R + (int64_t)ep * R + ep) * 64;
     return mm_align_up(lines + (size_t)2 * (size_t)ep * MM_MC_SLOT_BYTES, 4096);
 }
