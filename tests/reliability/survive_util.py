@@ -73,13 +73,10 @@ def check_survivors(r, rows, victims, stopped=(), losses=1, min_after=5, rss_sla
         if not os.environ.get("MEGAMOE_BUILD_DIR", "").rstrip("/").endswith("asan"):
             # (ASan's quarantine keeps freed memory resident: RSS is checked in make test)
             assert row["rss_mb_end"] - row["rss_mb_start"] < rss_slack_mb, row
-    # the ranks serving on made the same calls (each is collective, and they stop together) ...
-    totals = [row["calls_before"] + row["failed_calls"] + row["calls_after"] for row in serving]
-    assert len(set(totals)) == 1, totals
-    # ... and the same good ones after the first loss, but for the calls in flight at the later
-    # losses: such a call fails on a survivor the loss reached and completes on one that already
-    # had everything from the lost rank (docs/reliability.md, "What a caller sees"), and
-    # calls_after counts the good calls after the first failure
+    # the ranks serving on made the same number of good calls after the first loss, but for the
+    # calls in flight at the later losses: such a call fails on a survivor the loss reached and
+    # completes on one that already had everything from the lost rank (docs/reliability.md,
+    # "What a caller sees"), and calls_after counts the good calls after the first failure
     after = [row["calls_after"] for row in serving]
     assert max(after) - min(after) <= losses - 1, after
     return serving
