@@ -480,16 +480,20 @@ megamoe_status_t mm_shmem_release(void)
         pthread_mutex_unlock(&g->lock);
         return st;
     }
-    /* Peers leaving from now on is expected: the monitor stops reporting it. */
-    atomic_store(&g->closing, 1);
     megamoe_status_t st;
     if (lost) {
         /* a loss the survivors acknowledged: they synchronise among themselves (the bootstrap
          * needs every rank); else (this rank stopped, or a loss nobody acknowledged yet)
-         * teardown is local */
+         * teardown is local. The monitor keeps watching through the survivors' barrier: a
+         * member that tore down locally (it had not acknowledged a loss yet, e.g. one learnt
+         * at a call's last transfer, which this rank's call survived) leaves, and its exit
+         * fails the barrier at once (PEER_LOST) instead of after the runtime timeout. */
         st = mm_shmem_check_peers("the last mm_shmem_release (torn down locally)");
         if (st == MEGAMOE_OK) st = mm_shmem_survivors_barrier("the last mm_shmem_release");
+        /* Peers leaving from now on is expected: the monitor stops reporting it. */
+        atomic_store(&g->closing, 1);
     } else {
+        atomic_store(&g->closing, 1); /* as above */
         /* Nobody unmaps while a peer may still write into its heap. */
         st = mm_boot_barrier(g->boot);
     }

@@ -7,6 +7,13 @@
  *                      and gives the clean run's bits
  *   dispatch_put_lost  a broken connection at rank 1's first put: every rank fails with
  *                      PEER_LOST
+ *   late_put_lost_K    a broken connection at rank 1's K-th put from the end (1, 2: its DONE
+ *                      status slots; 3: its last result put on the O1 schedule): rank 1 fails
+ *                      with PEER_LOST; another rank may have had every result before the loss
+ *                      and returns OK with the clean bits, else PEER_LOST. Then teardown on
+ *                      every rank returns at once with OK or PEER_LOST (an OK rank destroys
+ *                      its buffer collectively first): a member that tore down locally must
+ *                      not leave the others' last release waiting out the runtime timeout.
  *   signal             a transient signal failure is retried: the call is OK, the clean bits
  *   combine_get        (host schedule) transient: the rank whose get failed fails (IO) and
  *                      writes nothing, the others are OK (their results are complete); the next
@@ -16,9 +23,11 @@
  *                      status slots): every rank fails with IO naming rank 1; the next call
  *                      works and gives the clean bits. */
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "harness/harness.h"
 #include "megamoe/comm.h"
 #include "megamoe/serve.h"
@@ -100,7 +109,8 @@ static void run_case(const char *g_case)
 
     unsigned op = MM_SHMEM_RMA_PUT;
     int lose = 0;
-    if (!strcmp(g_case, "dispatch_put_lost")) lose = 1;
+    const int late = !strncmp(g_case, "late_put_lost_", 14) ? atoi(g_case + 14) : 0;
+    if (!strcmp(g_case, "dispatch_put_lost") || late) lose = 1;
     else if (!strcmp(g_case, "signal")) op = MM_SHMEM_RMA_SIGNAL;
     else if (!strcmp(g_case, "combine_get")) op = MM_SHMEM_RMA_GET;
     const int result_put = !strcmp(g_case, "result_put");
@@ -110,17 +120,33 @@ static void run_case(const char *g_case)
     ASSERT_OK(call(b, clean));
     unsigned long n = me == 1 ? mm_shmem_test_rma_count(op) : 0;
     if (me == 1) {
-        ASSERT_TRUE(n > (result_put ? 3u : 0u));
+        ASSERT_TRUE(n > (result_put ? 3u : late ? (unsigned)late : 0u));
         /* lost: rank 1's first put (a dispatch put: its result puts need rows that arrived
          * from the others; a connection lost that late is learnt by the others only from the
          * monitor's report, after the call) */
-        mm_shmem_test_fail_rma(op, result_put ? (long)n - 3 : lose ? 0 : (long)n / 2, lose);
+        mm_shmem_test_fail_rma(op, result_put ? (long)n - 3 : late ? (long)n - late
+                                   : lose ? 0 : (long)n / 2, lose);
     }
     memset(y, 0xAB, sizeof y);
     megamoe_status_t st = call(b, y);
     if (me == 1) {
         ASSERT_TRUE(mm_shmem_test_rma_fired());
         mm_shmem_test_fail_rma(0, 0, 0);
+    }
+    if (late) {
+        fprintf(stderr, "rank %d: the call returned %s\n", me, megamoe_status_name(st));
+        ASSERT_TRUE(st == MEGAMOE_PEER_LOST || (st == MEGAMOE_OK && me != 1));
+        if (st == MEGAMOE_OK) {
+            ASSERT_TRUE(memcmp(y, clean, sizeof y) == 0);
+            st = megamoe_symm_buffer_destroy(b); /* collective: meets the loss */
+            ASSERT_TRUE(st == MEGAMOE_OK || st == MEGAMOE_PEER_LOST);
+        }
+        megamoe_symm_buffer_free(b);
+        const double t0 = mm_now_s();
+        st = megamoe_comm_destroy(comm);
+        ASSERT_TRUE(st == MEGAMOE_OK || st == MEGAMOE_PEER_LOST);
+        ASSERT_TRUE(mm_now_s() - t0 < 10.0); /* the runtime timeout here is 30 s */
+        return;
     }
     if (lose) {
         ASSERT_EQ_INT(st, MEGAMOE_PEER_LOST);
@@ -149,6 +175,9 @@ static void run_case(const char *g_case)
 
 MM_TEST(dispatch_put) { run_case("dispatch_put"); }
 MM_TEST(dispatch_put_lost) { run_case("dispatch_put_lost"); }
+MM_TEST(late_put_lost_1) { run_case("late_put_lost_1"); }
+MM_TEST(late_put_lost_2) { run_case("late_put_lost_2"); }
+MM_TEST(late_put_lost_3) { run_case("late_put_lost_3"); }
 MM_TEST(signal) { run_case("signal"); }
 MM_TEST(combine_get) { run_case("combine_get"); }
 MM_TEST(result_put) { run_case("result_put"); }
