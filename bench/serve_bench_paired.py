@@ -9,8 +9,9 @@ the one-host twin run as a separate job before the two-host job compared the dri
 them). Every iteration calls each group in turn with the same weights, tokens and routing per
 member; the ranks outside the called group wait in a gloo barrier (asleep, off the cores), so
 each call has the machine's two cores to itself, as a job of 2 ranks has. Rows: hosts 1 (group
-`one`) and hosts 2 (group `two`, with bytes_to_other_hosts); the C driver adds ms_one_host,
-wire_floor_ms and over_wire_floor from the pair.
+`one`) and hosts 2 (group `two`, with bytes_to_other_hosts and extra_ms: the median over the
+iterations of the two-host call minus its one-host twin, with quartiles extra_ms_q1/q3); the C
+driver adds ms_one_host, wire_floor_ms and over_wire_floor = extra_ms / wire_floor_ms.
 """
 import json
 import statistics
@@ -111,11 +112,13 @@ def main(a):
             dist.all_gather_object(gathered, info)
             if rank != 0:
                 continue
+            per_group = {}
             for grp, hosts in (("one", 1), ("two", 2)):
                 parts = [gr[grp] for gr in gathered if grp in gr]
                 mem_s, compute_s, copy_s = S.floor_parts(a, quant, parts, beside)
                 floor_ms = 1e3 * (max(mem_s, compute_s) + copy_s)
                 per_iter = [max(p["times"][i] for p in parts) for i in range(a.iters)]
+                per_group[grp] = per_iter
                 ms = 1e3 * statistics.median(per_iter)
                 r = {"impl": "mega_moe", "quant": quant, "shape": name, "tokens": n,
                      "hosts": hosts, "ranks": 2, "H": H, "I": I, "E": E, "K": K,
@@ -127,6 +130,13 @@ def main(a):
                      "over_floor": round(ms / floor_ms, 3) if floor_ms > 0 else None}
                 if hosts > 1:
                     r["bytes_to_other_hosts"] = max(p["wire_bytes"] for p in parts)
+                    # the paired estimate of the time the wire adds: per iteration, this call
+                    # minus its one-host twin made just before (the same drift in both), median
+                    # and quartiles; the C driver divides it by the wire floor
+                    d = sorted(1e3 * (t - o) for t, o in zip(per_iter, per_group["one"]))
+                    q = statistics.quantiles(d, n=4) if len(d) > 1 else [d[0]] * 3
+                    r["extra_ms"] = round(statistics.median(d), 4)
+                    r["extra_ms_q1"], r["extra_ms_q3"] = round(q[0], 4), round(q[2], 4)
                 rows_out.append(r)
                 print(json.dumps(r), flush=True)
     for buf in bufs.values():
