@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/clock.h"
 #include "base/error.h"
 #include "kernels/quant.h"
 #include "serve/serve_o1.h"
@@ -178,8 +179,15 @@ static megamoe_status_t mm_sv_o1_expert(void *ctx, mm_mc_worker_t *w, const mm_m
     const mm_sv_o1_ctx_t *x = ctx;
     const mm_sv_o1_call_t *k = x->k;
     const megamoe_symm_buffer_t *b = x->b;
+    const int64_t expert = (int64_t)b->me * k->c->L + t->j;
+    uint64_t s0 = w->ring ? mm_now_ns() : 0;
     MM_CHECK(mm_sv_tile_routed(b, k->c, &k->pw[t->j], t->row0, t->rows,
                                k->tiles + (size_t)w->index * k->tile_bytes));
+    if (w->ring) { /* the MegaKernel trace: the tile's FFN, then its result puts (below) */
+        const uint64_t s1 = mm_now_ns();
+        mm_mc_trace(w, MM_MC_ST_EXPERT, expert, -1, s0, s1);
+        s0 = s1;
+    }
     /* the results of rows from participants on other hosts go back now (serve_call.c,
      * mm_sv_call_o1): the tile's part of each such source's block, one put */
     const mm_sv_plan_t *pl = k->pl;
@@ -195,6 +203,11 @@ static megamoe_status_t mm_sv_o1_expert(void *ctx, mm_mc_worker_t *w, const mm_m
         MM_CHECK(mm_shmem_put((char *)b->recv + (size_t)(at + r0 - b0) * rb,
                               (const char *)b->recv + (size_t)r0 * rb, (size_t)(r1 - r0) * rb,
                               b->pes[pl->member[q]]));
+        if (w->ring) {
+            const uint64_t s1 = mm_now_ns();
+            mm_mc_trace(w, MM_MC_ST_COMBINE, expert, pl->member[q], s0, s1);
+            s0 = s1;
+        }
     }
     return MEGAMOE_OK;
 }
