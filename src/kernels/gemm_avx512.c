@@ -257,7 +257,10 @@ static megamoe_status_t mm_avx512_weight_pack(mm_gemm_weight_t *w)
     return mm_avx512_weight_refresh(w);
 }
 
-static void mm_avx512_weight_release(mm_gemm_weight_t *w) { mm_aligned_free(w->data); }
+static void mm_avx512_weight_release(mm_gemm_weight_t *w)
+{
+    mm_gemm_packed_free(w->data, w->bytes);
+}
 
 const mm_gemm_backend_ops_t mm_gemm_avx512_ops = {
     .name = MM_GEMM_NAME_AVX512,

@@ -34,12 +34,16 @@ extern const mm_gemm_backend_ops_t mm_gemm_onednn_ops;
 
 /* A packed weight's buffer of at least `bytes` (*bytes_p: the size allocated), 64-byte aligned;
  * from 4 MiB on whole 2 MiB pages with MADV_HUGEPAGE asked for (+1-2% on the products: one TLB
- * entry per 2 MiB of B, hardware prefetchers not stopped every 4 KiB). Free with
- * mm_aligned_free. `what` names it in an OUT_OF_MEMORY error. */
+ * entry per 2 MiB of B, hardware prefetchers not stopped every 4 KiB) in a mapping of its own
+ * (fresh pages: see gemm.c). Free with mm_gemm_packed_free(p, *bytes_p). `what` names it in an
+ * OUT_OF_MEMORY error. */
 megamoe_status_t mm_gemm_packed_alloc(size_t bytes, const char *what, void **p, size_t *bytes_p);
-/* The same with whole 2 MiB pages from huge_from bytes on (quantised weights: from 2 MiB). */
+void mm_gemm_packed_free(void *p, size_t bytes);
+/* The same with whole 2 MiB pages from huge_from bytes on (quantised weights: from 2 MiB);
+ * free with mm_gemm_packed_free_from(p, *bytes_p, the same huge_from). */
 megamoe_status_t mm_gemm_packed_alloc_from(size_t bytes, size_t huge_from, const char *what,
                                            void **p, size_t *bytes_p);
+void mm_gemm_packed_free_from(void *p, size_t bytes, size_t huge_from);
 
 /* Per-thread scratch buffer `slot` (0..MM_GEMM_SCRATCH_SLOTS-1) of at least `bytes`, 64-byte
  * aligned; valid until the next request of that slot on the same thread; freed at thread

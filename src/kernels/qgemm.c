@@ -134,7 +134,7 @@ megamoe_status_t mm_qweight_update(mm_qweight_t *w, const mm_qweight_src_t *src,
 void mm_qweight_destroy(mm_qweight_t *w)
 {
     if (w == NULL) return;
-    mm_aligned_free(w->data);
+    mm_gemm_packed_free_from(w->data, w->bytes, (size_t)2 << 20);
     free(w);
 }
 
