@@ -478,7 +478,7 @@ void mm_gemm_split(int64_t rows, int64_t N, int64_t K, int64_t n_align, int work
 
 megamoe_status_t mm_gemm_packed_alloc(size_t bytes, const char *what, void **p, size_t *bytes_p)
 {
-    return mm_gemm_packed_alloc_from(bytes, (size_t)4 << 20, what, p, bytes_p);
+    return mm_gemm_packed_alloc_from(bytes, MM_GEMM_HUGE_FROM_BF16, what, p, bytes_p);
 }
 
 megamoe_status_t mm_gemm_packed_alloc_from(size_t bytes, size_t huge_from, const char *what,
@@ -499,7 +499,7 @@ megamoe_status_t mm_gemm_packed_alloc_from(size_t bytes, size_t huge_from, const
                             strerror(errno));
         char *a = (char *)(((uintptr_t)m + huge - 1) & ~(uintptr_t)(huge - 1));
         if (a > m) munmap(m, (size_t)(a - m));
-        if (a + bytes < m + bytes + huge) munmap(a + bytes, (size_t)(m + bytes + huge - (a + bytes)));
+        munmap(a + bytes, huge - (size_t)(a - m)); /* the tail: never empty (a - m < huge) */
 #ifdef MADV_HUGEPAGE
         (void)madvise(a, bytes, MADV_HUGEPAGE); /* a hint: without it, 4 KiB pages */
 #endif
@@ -518,7 +518,10 @@ void mm_gemm_packed_free_from(void *p, size_t bytes, size_t huge_from)
     else mm_aligned_free(p);
 }
 
-void mm_gemm_packed_free(void *p, size_t bytes) { mm_gemm_packed_free_from(p, bytes, (size_t)4 << 20); }
+void mm_gemm_packed_free(void *p, size_t bytes)
+{
+    mm_gemm_packed_free_from(p, bytes, MM_GEMM_HUGE_FROM_BF16);
+}
 
 static megamoe_status_t mm_weight_pack(mm_gemm_weight_t *w)
 {

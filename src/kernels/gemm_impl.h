@@ -32,6 +32,11 @@ extern const mm_gemm_backend_ops_t mm_gemm_amx_ops;
 extern const mm_gemm_backend_ops_t mm_gemm_onednn_ops;
 #endif
 
+/* Where packed weights start to get whole 2 MiB pages: bf16 from 4 MiB, quantised from 2 MiB
+ * (the free must name the threshold the allocation used). */
+#define MM_GEMM_HUGE_FROM_BF16 ((size_t)4 << 20)
+#define MM_GEMM_HUGE_FROM_QUANT ((size_t)2 << 20)
+
 /* A packed weight's buffer of at least `bytes` (*bytes_p: the size allocated), 64-byte aligned;
  * from 4 MiB on whole 2 MiB pages with MADV_HUGEPAGE asked for (+1-2% on the products: one TLB
  * entry per 2 MiB of B, hardware prefetchers not stopped every 4 KiB) in a mapping of its own

@@ -98,7 +98,7 @@ megamoe_status_t mm_qweight_create(const mm_qweight_src_t *src, uint64_t version
      * GB/s on 4 KiB pages, 23 GB/s (of its 2.9 MB) on two huge pages. The rounding costs up to
      * 2 MiB per weight (45 % of that 2.75 MiB one). */
     megamoe_status_t st = mm_gemm_packed_alloc_from((size_t)w->panels * w->panel_bytes,
-                                                    (size_t)2 << 20, "quantised packed weight",
+                                                    MM_GEMM_HUGE_FROM_QUANT, "quantised packed weight",
                                                     &p, &w->bytes);
     if (st != MEGAMOE_OK) {
         free(w);
@@ -134,7 +134,7 @@ megamoe_status_t mm_qweight_update(mm_qweight_t *w, const mm_qweight_src_t *src,
 void mm_qweight_destroy(mm_qweight_t *w)
 {
     if (w == NULL) return;
-    mm_gemm_packed_free_from(w->data, w->bytes, (size_t)2 << 20);
+    mm_gemm_packed_free_from(w->data, w->bytes, MM_GEMM_HUGE_FROM_QUANT);
     free(w);
 }
 
