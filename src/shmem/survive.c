@@ -126,11 +126,23 @@ static atomic_int mm_surv_hold_heartbeats; /* test seam */
 
 void mm_shmem_engine_test_hold_heartbeats(int on) { atomic_store(&mm_surv_hold_heartbeats, on); }
 
-void mm_surv_set_kick(void (*kick)(void)) { S.kick = kick; }
+/* The kick is read by the engine's progress thread (a loss it sees) while the owner thread
+ * installs or clears it (liveness start and stop): a leaf lock makes clearing it a fence, so no
+ * kick runs after the monitor's wake-up descriptor is closed (and possibly reused). */
+static pthread_mutex_t mm_surv_kick_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void mm_surv_set_kick(void (*kick)(void))
+{
+    pthread_mutex_lock(&mm_surv_kick_lock);
+    S.kick = kick;
+    pthread_mutex_unlock(&mm_surv_kick_lock);
+}
 
 static void mm_surv_wake(void)
 {
+    pthread_mutex_lock(&mm_surv_kick_lock);
     if (S.kick) S.kick();
+    pthread_mutex_unlock(&mm_surv_kick_lock);
 }
 
 /* ---- what is known here ---------------------------------------------------------------- */
