@@ -17,6 +17,7 @@
 #define MM_WAIT_SPIN_NS 50000ull
 #define MM_WAIT_YIELD_NS 2000000ull
 #define MM_WAIT_SLEEP_MAX_NS 1000000ull
+#define MM_WAIT_LOSS_GRACE_NS 1000000000ull
 
 static const char *const mm_cmp_names[] = {"==", "!=", ">", ">=", "<", "<="};
 
@@ -29,8 +30,12 @@ static uint64_t mm_wait_timeout_ns(void)
 }
 
 
-megamoe_status_t mm_shmem_wait_impl(const uint64_t *addr, int cmp, uint64_t value,
-                                    uint64_t *value_p, const char *what)
+/* watch_pe < 0: every loss known here fails the wait (the calls in flight at a loss fail).
+ * watch_pe >= 0: only the loss of watch_pe does, and only when the word still does not hold
+ * MM_WAIT_LOSS_GRACE_NS after it (its last write may still be on its way when its connection's
+ * end is seen). */
+static megamoe_status_t mm_wait_core(const uint64_t *addr, int cmp, uint64_t value,
+                                     uint64_t *value_p, int watch_pe, const char *what)
 {
     if (addr == NULL) return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: NULL address", what);
     if (cmp < MM_SHMEM_CMP_EQ || cmp > MM_SHMEM_CMP_LE)
@@ -49,6 +54,7 @@ megamoe_status_t mm_shmem_wait_impl(const uint64_t *addr, int cmp, uint64_t valu
     /* a wait that started before the survivors installed a new view may wait for a rank that
      * is gone now: it fails like the calls in flight at the loss */
     const uint64_t view = live ? mm_surv_view_gen() : 0;
+    uint64_t watch_lost = 0; /* when watch_pe's loss was seen (0: not yet) */
     mm_backoff_t b;
     mm_backoff_init(&b, MM_WAIT_SPIN_NS, MM_WAIT_YIELD_NS, MM_WAIT_SLEEP_MAX_NS);
     for (;;) {
@@ -57,7 +63,15 @@ megamoe_status_t mm_shmem_wait_impl(const uint64_t *addr, int cmp, uint64_t valu
         if (engine && mm_shmem_g.engine_ops->progress(engine)) continue;
         uint64_t elapsed;
         if (!mm_backoff_miss(&b, &elapsed)) continue;
-        if (live) {
+        if (live && watch_pe >= 0) {
+            /* its last message may still sit in the engine's receive queue when its
+             * connection's end is seen: the engine is driven a grace period longer */
+            if (watch_lost == 0 && mm_surv_kind(watch_pe) != MM_LOSS_NONE)
+                watch_lost = mm_now_ns();
+            if (watch_lost != 0 && mm_now_ns() - watch_lost > MM_WAIT_LOSS_GRACE_NS)
+                return mm_error(MEGAMOE_PEER_LOST, "%s: rank %d was lost before its message "
+                                "arrived", what, watch_pe);
+        } else if (live) {
             megamoe_status_t st = mm_shmem_check_peers(what);
             if (st != MEGAMOE_OK) return st;
             if (mm_surv_view_gen() != view)
@@ -76,6 +90,18 @@ megamoe_status_t mm_shmem_wait_impl(const uint64_t *addr, int cmp, uint64_t valu
     }
     if (value_p) *value_p = v;
     return MEGAMOE_OK;
+}
+
+megamoe_status_t mm_shmem_wait_impl(const uint64_t *addr, int cmp, uint64_t value,
+                                    uint64_t *value_p, const char *what)
+{
+    return mm_wait_core(addr, cmp, value, value_p, -1, what);
+}
+
+megamoe_status_t mm_shmem_wait_from(const uint64_t *addr, int cmp, uint64_t value, int pe,
+                                    const char *what)
+{
+    return mm_wait_core(addr, cmp, value, NULL, pe, what);
 }
 
 megamoe_status_t mm_shmem_wait_u64(const uint64_t *addr, int cmp, uint64_t value,
