@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import statistics
 import sys
 import time
@@ -322,6 +323,8 @@ def main():
         keys = [(v["quant"], i) for v in variants for i in impls]
         times = {k: [] for k in keys}
         cpus = {k: [] for k in keys}
+        syss = {k: [] for k in keys}  # kernel time and minor page faults per call (every
+        faults = {k: [] for k in keys}  # thread): what a call pays the kernel, e.g. for memory
         outs = {}
         for it in range(a.warmup + a.iters):
             for v in variants:  # interleaved, iteration by iteration
@@ -329,13 +332,17 @@ def main():
                 for impl in impls:
                     k = (v["quant"], impl)
                     world.barrier()
+                    u0 = resource.getrusage(resource.RUSAGE_SELF)
                     c0 = time.process_time()
                     t0 = time.perf_counter()
                     outs[k] = runs[k]()
                     dt = time.perf_counter() - t0
                     if it >= a.warmup:
+                        u1 = resource.getrusage(resource.RUSAGE_SELF)
                         times[k].append(dt)
                         cpus[k].append(time.process_time() - c0)
+                        syss[k].append(u1.ru_stime - u0.ru_stime)
+                        faults[k].append(u1.ru_minflt - u0.ru_minflt)
             if probe and it >= a.warmup:
                 probe.take()
         beside = probe.median() if probe else None
@@ -360,6 +367,8 @@ def main():
             gathered = [None] * W
             dist.all_gather_object(gathered, {"times": {i: times[(quant, i)] for i in impls},
                                               "cpus": {i: cpus[(quant, i)] for i in impls},
+                                              "syss": {i: syss[(quant, i)] for i in impls},
+                                              "faults": {i: faults[(quant, i)] for i in impls},
                                               "touched": touched, "copy": copy, "flops": flops,
                                               "wire_bytes": wire_bytes})
             diff = {}
@@ -382,6 +391,10 @@ def main():
                     # a figure that a loaded machine disturbs less than ms
                     cpu = 1e3 * statistics.median([max(gr["cpus"][impl][i] for gr in gathered)
                                                    for i in range(a.iters)])
+                    sys_ms = 1e3 * statistics.median([max(gr["syss"][impl][i] for gr in gathered)
+                                                      for i in range(a.iters)])
+                    minflt = statistics.median([max(gr["faults"][impl][i] for gr in gathered)
+                                                for i in range(a.iters)])
                     r = {"impl": impl, "quant": quant, "shape": name, "tokens": n,
                          "hosts": a.hosts, "ranks": W, "H": H, "I": I, "E": E, "K": K,
                          "ms": round(ms, 4), "floor_ms": round(floor_ms, 4),
@@ -390,7 +403,8 @@ def main():
                          "read_gbs_beside": round(beside["all"], 2) if beside else None,
                          "read_one_gbs_beside": round(beside["one"], 2) if beside else None,
                          "over_floor": round(ms / floor_ms, 3) if floor_ms > 0 else None,
-                         "cpu_ms": round(cpu, 4)}
+                         "cpu_ms": round(cpu, 4), "sys_ms": round(sys_ms, 3),
+                         "minflt": int(minflt)}
                     if a.hosts > 1:
                         r["bytes_to_other_hosts"] = max(gr["wire_bytes"] for gr in gathered)
                     if n >= 1024 and a.peak_gflops:

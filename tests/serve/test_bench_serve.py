@@ -25,6 +25,7 @@ def test_bench_serve_small(megamoe_bin):
             assert key in x, x
         assert x["ms"] > 0 and x["floor_ms"] > 0 and x["hosts"] == 1
         assert x["cpu_ms"] > 0, x
+        assert x["sys_ms"] >= 0 and x["minflt"] >= 0, x
         if x["impl"] == "mega_moe":
             for other in ("unfused", "unfused_gmm") + (("bf16",) if x["quant"] != "bf16" else ()):
                 assert x["speedup_vs_" + other] > 0, x
