@@ -14,6 +14,7 @@
 #include "base/cpu.h"
 #include "base/env.h"
 #include "base/error.h"
+#include "gemm_avx512.h"
 #include "gemm_impl.h"
 #include "simd.h"
 
@@ -21,7 +22,9 @@
 
 /* In preference order for auto: the own AMX kernel where it can run (1.8-2.2x oneDNN's packed
  * path on the MoE shapes, 5-7x on the weight gradients, and split-invariant, which oneDNN's
- * AMX kernels are not: docs/kernels.md), then oneDNN, the own AVX512-BF16 kernel, plain C. */
+ * AMX kernels are not: docs/kernels.md), then oneDNN, the own AVX-512 kernel, plain C — except
+ * on AVX-512 without AVX512-BF16, where the own kernel (its FMA form) comes before oneDNN
+ * (mm_gemm_backend_of). */
 static const mm_gemm_backend_ops_t *const mm_gemm_backends[] = {
 #if MM_X86
     &mm_gemm_amx_ops,
@@ -73,6 +76,16 @@ megamoe_status_t mm_gemm_backend_of(mm_gemm_choice_t choice,
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "mm_gemm_backend_of: choice %d or NULL backend_p",
                         (int)choice);
     if (choice == MM_GEMM_CHOICE_AUTO) {
+#if MM_X86
+        /* AVX-512 without AVX512-BF16 (nor AMX): oneDNN's kernels there sum in an order that
+         * depends on a call's row and column range (tests/kernels/test_gemm.c), so O1 would
+         * not give O0's bits; the own kernel's FMA form does, on every form. */
+        if (!mm_cpu_has_amx_bf16() && mm_avx512_kernel_is_fma() &&
+            mm_gemm_probe(&mm_gemm_avx512_ops) == MEGAMOE_OK) {
+            *backend_p = &mm_gemm_avx512_ops;
+            return MEGAMOE_OK;
+        }
+#endif
         /* Registry order is preference order; ref always probes OK. */
         for (int i = 0; i < MM_GEMM_BACKEND_COUNT; i++)
             if (mm_gemm_probe(mm_gemm_backends[i]) == MEGAMOE_OK) {

@@ -1,4 +1,4 @@
-/* The own AVX512-BF16 backend: the BLIS-style driver. The micro-kernel
+/* The own AVX-512 backend (AVX512-BF16, or fp32 FMAs without it): the BLIS-style driver. The micro-kernel
  * (gemm_avx512_ukernel.c) does an mr x 64 update over one K block; the packers
  * (gemm_avx512_pack.c) produce the panels; this file owns the loops, the blocking, the
  * prefetch schedule, the edges and the backend vtable. Formats and the determinism argument
@@ -53,8 +53,9 @@
 
 static megamoe_status_t mm_avx512_probe(void)
 {
-    if (!mm_cpu_has_avx512_bf16())
-        return mm_error_quiet(MEGAMOE_UNSUPPORTED, "the avx512 GEMM backend needs AVX512-BF16");
+    if (!mm_cpu_has_avx512())
+        return mm_error_quiet(MEGAMOE_UNSUPPORTED, "the avx512 GEMM backend needs AVX-512 "
+                              "(F, BW, VL, DQ)");
     return MEGAMOE_OK;
 }
 

@@ -1,4 +1,5 @@
-/* The own AVX512-BF16 GEMM backend, BLIS style: the driver (gemm_avx512.c) owns the loops,
+/* The own AVX-512 GEMM backend (vdpbf16ps, or fp32 FMAs where AVX512-BF16 is missing), BLIS
+ * style: the driver (gemm_avx512.c) owns the loops,
  * the blocking, the packing (gemm_avx512_pack.c) and the edges; the micro-kernels
  * (gemm_avx512_ukernel.c) only do an mr x 64 rank-kp update on packed panels with a fixed
  * signature. Private to these three files, except the B panel packer, which also fills
@@ -13,8 +14,8 @@
  *             uint32 = (A[r][2p] | A[r][2p+1] << 16); rows past the block's end and k past K
  *             are 0.
  *
- * Determinism: every element of C is one chain of vdpbf16ps over its k pairs in ascending
- * order, started from +0, whatever the row/column sub-block, the tile it falls in or the K
+ * Determinism: every element of C is one chain of vdpbf16ps (or of its two FMAs per pair)
+ * over its k pairs in ascending order, started from +0, whatever the row/column sub-block, the tile it falls in or the K
  * blocking (partial sums are kept in fp32, never rounded, between K blocks). The fp32 sum is
  * then added to C_old (accumulate) and rounded once to bf16. So the bits of an element do not
  * depend on how a product is split between calls. */
@@ -51,8 +52,10 @@ typedef struct mm_avx512_ukr_args {
 } mm_avx512_ukr_args_t;
 
 #if MM_X86
-/* The micro-kernel for mr rows (1..MM_AVX_MR). Needs AVX512-BF16. */
+/* The micro-kernel for mr rows (1..MM_AVX_MR): vdpbf16ps where the CPU has AVX512-BF16,
+ * else two fp32 FMAs per pair (mm_avx512_kernel_is_fma). */
 void mm_avx512_ukernel(int mr, const mm_avx512_ukr_args_t *args);
+int mm_avx512_kernel_is_fma(void);
 
 /* Pack pairs [p0, p0 + kp) of rows [0, rows) (rows <= MM_AVX_MR; row r starts at rowp[r],
  * K valid elements) into one A micro-panel [kp][MM_AVX_MR]; missing rows are 0. The same

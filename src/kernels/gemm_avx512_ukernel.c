@@ -1,4 +1,4 @@
-/* AVX512-BF16 micro-kernels of the own GEMM backend (see gemm_avx512.h): an mr x 64 tile
+/* Micro-kernels of the own AVX-512 GEMM backend (see gemm_avx512.h): an mr x 64 tile
  * (mr <= 6) of fp32 accumulators in zmm registers (6 x 4 = 24 at mr = 6), updated per k pair
  * by 4 aligned loads of the B slice and mr 32-bit broadcasts of A pairs, mr x 4 vdpbf16ps.
  *
@@ -8,6 +8,13 @@
  * share of the next B slice to prefetch into L2 (one line per k pair), so that the first
  * tile of every slice does not wait for L3 or memory.
  *
+ * CPUs with AVX-512 but without AVX512-BF16 (Skylake-SP to Ice Lake, and VMs that hide the
+ * bit) run the same kernel with each vdpbf16ps replaced by two fp32 FMAs on the widened
+ * halves (the odd element of each pair first, as vdpbf16ps orders them): a product of two
+ * bf16 values is exact in fp32, so each FMA rounds once, like each step of vdpbf16ps — the
+ * bits agree with it except where vdpbf16ps flushes subnormals. Same formats, same chains
+ * per element, so the split invariance below holds on either (gemm_avx512.h).
+ *
  * The tile starts from +0 or from the fp32 partial sums of an earlier K block (`cont`) and
  * ends with the partial sums stored back, or (`last`) with the epilogue: fp32 store, or one
  * round-to-nearest-even to bf16 (mm_cvt_bf16x16, the bits of megamoe_fp32_to_bf16), after
@@ -16,31 +23,66 @@
 
 #if MM_X86
 #include <immintrin.h>
+#include <string.h>
 
 #include "simd.h"
 
 #define MM_UKR_INLINE static inline __attribute__((always_inline))
 
-/* One k pair: acc[r][j] += A pair(r) . B(j) for r < MR_. */
-#define MM_UKR_STEP(MR_)                                                                    \
+/* One k pair: acc[r][j] += A pair(r) . B(j) for r < MR_ (FMA_: two fp32 FMAs per pair). */
+#define MM_UKR_STEP(MR_, FMA_)                                                              \
     do {                                                                                    \
-        const __m512bh b0_ = (__m512bh)_mm512_load_si512((const void *)b);                 \
-        const __m512bh b1_ = (__m512bh)_mm512_load_si512((const void *)(b + 32));          \
-        const __m512bh b2_ = (__m512bh)_mm512_load_si512((const void *)(b + 64));          \
-        const __m512bh b3_ = (__m512bh)_mm512_load_si512((const void *)(b + 96));          \
-        _Pragma("GCC unroll 6") for (int r_ = 0; r_ < (MR_); r_++)                         \
-        {                                                                                   \
-            const __m512bh a_ = (__m512bh)_mm512_set1_epi32((int)a[r_]);                    \
-            acc[r_][0] = _mm512_dpbf16_ps(acc[r_][0], b0_, a_);                             \
-            acc[r_][1] = _mm512_dpbf16_ps(acc[r_][1], b1_, a_);                             \
-            acc[r_][2] = _mm512_dpbf16_ps(acc[r_][2], b2_, a_);                             \
-            acc[r_][3] = _mm512_dpbf16_ps(acc[r_][3], b3_, a_);                             \
+        const __m512i b0_ = _mm512_load_si512((const void *)b);                             \
+        const __m512i b1_ = _mm512_load_si512((const void *)(b + 32));                      \
+        const __m512i b2_ = _mm512_load_si512((const void *)(b + 64));                      \
+        const __m512i b3_ = _mm512_load_si512((const void *)(b + 96));                      \
+        if (FMA_) {                                                                         \
+            const __m512i hi_ = _mm512_set1_epi32((int)0xffff0000u);                        \
+            const __m512 h0_ = _mm512_castsi512_ps(_mm512_and_si512(b0_, hi_));            \
+            const __m512 h1_ = _mm512_castsi512_ps(_mm512_and_si512(b1_, hi_));            \
+            const __m512 h2_ = _mm512_castsi512_ps(_mm512_and_si512(b2_, hi_));            \
+            const __m512 h3_ = _mm512_castsi512_ps(_mm512_and_si512(b3_, hi_));            \
+            const __m512 l0_ = _mm512_castsi512_ps(_mm512_slli_epi32(b0_, 16));            \
+            const __m512 l1_ = _mm512_castsi512_ps(_mm512_slli_epi32(b1_, 16));            \
+            const __m512 l2_ = _mm512_castsi512_ps(_mm512_slli_epi32(b2_, 16));            \
+            const __m512 l3_ = _mm512_castsi512_ps(_mm512_slli_epi32(b3_, 16));            \
+            _Pragma("GCC unroll 6") for (int r_ = 0; r_ < (MR_); r_++)                     \
+            {                                                                               \
+                const uint32_t x_ = a[r_];                                                  \
+                const __m512 ah_ = _mm512_set1_ps(mm_u32_as_f32(x_ & 0xffff0000u));         \
+                const __m512 al_ = _mm512_set1_ps(mm_u32_as_f32(x_ << 16));                 \
+                acc[r_][0] = _mm512_fmadd_ps(al_, l0_, _mm512_fmadd_ps(ah_, h0_, acc[r_][0])); \
+                acc[r_][1] = _mm512_fmadd_ps(al_, l1_, _mm512_fmadd_ps(ah_, h1_, acc[r_][1])); \
+                acc[r_][2] = _mm512_fmadd_ps(al_, l2_, _mm512_fmadd_ps(ah_, h2_, acc[r_][2])); \
+                acc[r_][3] = _mm512_fmadd_ps(al_, l3_, _mm512_fmadd_ps(ah_, h3_, acc[r_][3])); \
+            }                                                                               \
+        } else {                                                                            \
+            _Pragma("GCC unroll 6") for (int r_ = 0; r_ < (MR_); r_++)                     \
+            {                                                                               \
+                const __m512bh a_ = (__m512bh)_mm512_set1_epi32((int)a[r_]);                \
+                acc[r_][0] = _mm512_dpbf16_ps(acc[r_][0], (__m512bh)b0_, a_);               \
+                acc[r_][1] = _mm512_dpbf16_ps(acc[r_][1], (__m512bh)b1_, a_);               \
+                acc[r_][2] = _mm512_dpbf16_ps(acc[r_][2], (__m512bh)b2_, a_);               \
+                acc[r_][3] = _mm512_dpbf16_ps(acc[r_][3], (__m512bh)b3_, a_);               \
+            }                                                                               \
         }                                                                                   \
         a += MM_AVX_MR;                                                                     \
         b += 2 * MM_AVX_NR;                                                                 \
     } while (0)
 
-MM_TARGET_AVX512BF16 MM_UKR_INLINE void mm_ukr(const int MR_, const mm_avx512_ukr_args_t *p)
+static inline float mm_u32_as_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* FMA_ is a compile-time constant at every call: the two kernels share this body. Both are
+ * compiled for the AVX512-BF16 target so that the body inlines into either; with FMA_ = 1 no
+ * BF16 instruction is left (the epilogue's conversions are integer code, simd.h), which the
+ * FMA kernels' tests on a CPU without AVX512-BF16 would show as SIGILL. */
+MM_TARGET_AVX512BF16 MM_UKR_INLINE void mm_ukr(const int MR_, const int FMA_,
+                                               const mm_avx512_ukr_args_t *p)
 {
     /* Every argument into a local first: the project builds with -fno-strict-aliasing, so
      * fields read through p after a store to C would be re-loaded from memory. */
@@ -85,7 +127,7 @@ MM_TARGET_AVX512BF16 MM_UKR_INLINE void mm_ukr(const int MR_, const mm_avx512_uk
                     }
                 }
                 pf += 64 * per;
-                MM_UKR_STEP(MR_);
+                MM_UKR_STEP(MR_, FMA_);
             }
         }
         for (; k < n; k++) {
@@ -98,10 +140,10 @@ MM_TARGET_AVX512BF16 MM_UKR_INLINE void mm_ukr(const int MR_, const mm_avx512_uk
                 }
             }
             pf += 64 * per;
-            MM_UKR_STEP(MR_);
+            MM_UKR_STEP(MR_, FMA_);
         }
     }
-    for (; k < kp; k++) MM_UKR_STEP(MR_);
+    for (; k < kp; k++) MM_UKR_STEP(MR_, FMA_);
 
     if (!last) {
         _Pragma("GCC unroll 6") for (int r = 0; r < MR_; r++)
@@ -155,10 +197,15 @@ MM_TARGET_AVX512BF16 MM_UKR_INLINE void mm_ukr(const int MR_, const mm_avx512_uk
 }
 
 #define MM_UKR_DEF(MR_)                                                                     \
-    MM_TARGET_AVX512BF16 __attribute__((noinline)) static void mm_ukr_##MR_(              \
+    MM_TARGET_AVX512BF16 __attribute__((noinline)) static void mm_ukr_bf16_##MR_(         \
         const mm_avx512_ukr_args_t *p)                                                      \
     {                                                                                       \
-        mm_ukr(MR_, p);                                                                     \
+        mm_ukr(MR_, 0, p);                                                                  \
+    }                                                                                       \
+    MM_TARGET_AVX512BF16 __attribute__((noinline)) static void mm_ukr_fma_##MR_(           \
+        const mm_avx512_ukr_args_t *p)                                                      \
+    {                                                                                       \
+        mm_ukr(MR_, 1, p);                                                                  \
     }
 MM_UKR_DEF(1)
 MM_UKR_DEF(2)
@@ -167,15 +214,17 @@ MM_UKR_DEF(4)
 MM_UKR_DEF(5)
 MM_UKR_DEF(6)
 
+typedef void (*mm_ukr_fn)(const mm_avx512_ukr_args_t *);
+static const mm_ukr_fn mm_ukr_bf16[MM_AVX_MR] = {mm_ukr_bf16_1, mm_ukr_bf16_2, mm_ukr_bf16_3,
+                                                 mm_ukr_bf16_4, mm_ukr_bf16_5, mm_ukr_bf16_6};
+static const mm_ukr_fn mm_ukr_fma[MM_AVX_MR] = {mm_ukr_fma_1, mm_ukr_fma_2, mm_ukr_fma_3,
+                                                mm_ukr_fma_4, mm_ukr_fma_5, mm_ukr_fma_6};
+
 void mm_avx512_ukernel(int mr, const mm_avx512_ukr_args_t *p)
 {
-    switch (mr) {
-    case 1: mm_ukr_1(p); break;
-    case 2: mm_ukr_2(p); break;
-    case 3: mm_ukr_3(p); break;
-    case 4: mm_ukr_4(p); break;
-    case 5: mm_ukr_5(p); break;
-    default: mm_ukr_6(p); break;
-    }
+    const int i = (mr < 1 ? 1 : mr > MM_AVX_MR ? MM_AVX_MR : mr) - 1;
+    (mm_avx512_kernel_is_fma() ? mm_ukr_fma : mm_ukr_bf16)[i](p);
 }
+
+int mm_avx512_kernel_is_fma(void) { return !mm_cpu_has_avx512_bf16(); }
 #endif /* MM_X86 */

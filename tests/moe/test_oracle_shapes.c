@@ -80,11 +80,11 @@ static void mm_backend_case(const char *backend)
 }
 
 /* The shape is the one where auto puts every weight product on the own kernel (where the CPU
- * has AVX512-BF16 and no AMX): gate_up / down forward (NN) and their transposes (NT). */
+ * has AVX-512 and no AMX): gate_up / down forward (NN) and their transposes (NT). */
 MM_TEST(auto_reaches_the_own_kernel_at_this_shape)
 {
     setenv("MEGAMOE_GEMM", "auto", 1);
-    const int own = mm_cpu_has_avx512_bf16() && !mm_cpu_has_amx_bf16();
+    const int own = mm_cpu_has_avx512() && !mm_cpu_has_amx_bf16(); /* BF16 or FMA form */
     const struct {
         mm_gemm_form_t form;
         int64_t K, N;
