@@ -172,6 +172,7 @@ typedef struct {
     double copy_gbs, peak_gflops, int8_gops;
     const char *script;
     const mm_bench_wire_engine_t *eng;
+    const char *between; /* --between: what runs before each timed fused call ("": nothing) */
 } mm_serve_env_t;
 
 /* One launch of bench/serve_bench.py. `paired` (hosts 2, 2 ranks): 4 ranks on the 2 hosts run
@@ -228,7 +229,8 @@ static int mm_serve_job(const mm_serve_env_t *env, int hosts, int paired, const 
                     "--impl", (char *)impl, "--iters", a[2], "--warmup", a[3], "--read-gbs", a[4],
                     "--copy-gbs", a[5], "--peak-gflops", a[6], "--threads", a[7], "--hosts", a[8],
                     "--read-one-gbs", a[9], "--streams", a[10], "--peak-int8-gops", a[11],
-                    "--out", outp, paired ? "--paired-hosts" : NULL, NULL};
+                    "--out", outp, "--between", (char *)env->between,
+                    paired ? "--paired-hosts" : NULL, NULL};
     memcpy(argv + k, tail, sizeof tail);
     fflush(stdout);
     fflush(stderr);
@@ -371,12 +373,14 @@ static int mm_bench_serve_main(int argc, char **argv)
                 "    [--quant bf16,w8a8,w4a8] [--impl mega_moe,unfused,unfused_gmm] [--ranks 2]\n"
                 "    [--hosts 1]\n"
                 "    [--threads T] [--iters 5] [--warmup 1] [--small] [--acceptance]\n"
-                "    [--prefill-iters 3]\n"
+                "    [--prefill-iters 3] [--between spin:MS|stream:MB]\n"
                 "  the serving MegaMoE against the unfused paths, rows with floor_ms, over_floor,\n"
                 "  cpu_ms, sys_ms, minflt, speedup_vs_*, pct_peak (prefill); --small: a tiny\n"
                 "  shape, decode sizes (checks the bench works); --acceptance: only the rows\n"
                 "  issue 27's targets read (deepseek decode 1,8,32 every impl + prefill 4096\n"
-                "  mega_moe; with --hosts 2 the decode rows of mega_moe)\n"
+                "  mega_moe; with --hosts 2 the decode rows of mega_moe); --between: before\n"
+                "  each timed mega_moe call, busy-wait MS ms or read an MB-MiB array (what a\n"
+                "  long call before it does to the fused call)\n"
                 "megamoe launch -n N [--fault kill-rank:R@S] --timeout T -- megamoe bench serve\n"
                 "    --loop SECONDS [--shape tiny|small|H:I:E:K] [--tokens 8] [--out FILE]\n"
                 "  one rank of a serving loop through lost ranks (bench/bench_serve_loop.c): a\n"
@@ -395,6 +399,7 @@ static int mm_bench_serve_main(int argc, char **argv)
     const int hosts = atoi(mm_bench_opt(argc, argv, "--hosts", "1"));
     const int iters = atoi(mm_bench_opt(argc, argv, "--iters", small ? "3" : "5"));
     const int warmup = atoi(mm_bench_opt(argc, argv, "--warmup", "1"));
+    const char *between = mm_bench_opt(argc, argv, "--between", "");
     int cores = mm_cpu_count();
     int threads = atoi(mm_bench_opt(argc, argv, "--threads", "0"));
     if (threads <= 0) threads = cores / ranks > 0 ? cores / ranks : 1;
@@ -428,7 +433,7 @@ static int mm_bench_serve_main(int argc, char **argv)
     mm_bench_begin("serve");
     const mm_serve_env_t env = {ranks,        hosts,    threads,     streams,   read_gbs,
                                 read_one_gbs, copy_gbs, peak_gflops, int8_gops, script,
-                                &eng};
+                                &eng,         between};
     int rc = 0;
     const int n_shapes = (int)(sizeof mm_serve_shapes / sizeof mm_serve_shapes[0]);
     if (acceptance) {

@@ -54,7 +54,30 @@ def parse():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--check", type=int, default=1)
     p.add_argument("--out", required=True)
+    # Diagnostic (run the script directly): before every timed mega_moe call, spin:MS busy-waits
+    # MS ms in Python (no memory traffic) or stream:MB reads an MB-MiB array — what a long call
+    # before it does to the fused call, without the other paths' own state
+    p.add_argument("--between", default="")
     return p.parse_args()
+
+
+def between_action(spec):
+    """The --between action, or None."""
+    if not spec:
+        return None
+    kind, _, arg = spec.partition(":")
+    if kind == "spin":
+        ms = float(arg)
+
+        def spin():
+            end = time.perf_counter() + ms * 1e-3
+            while time.perf_counter() < end:
+                pass
+        return spin
+    if kind == "stream":
+        buf = np.ones(int(float(arg) * (1 << 20)) // 8, dtype=np.float64)
+        return lambda: float(buf.sum())
+    raise SystemExit(f"--between {spec}: expected spin:MS or stream:MB")
 
 
 def expert_weights(H, I, e, seed, quant):
@@ -266,6 +289,8 @@ def add_speedups(rows):
 def main():
     a = parse()
     if a.paired_hosts:
+        if a.between:
+            raise SystemExit("--between: one host only (the paired run times its own calls)")
         import serve_bench_paired
         return serve_bench_paired.main(a)
     torch.set_num_threads(max(1, a.threads))
@@ -308,6 +333,7 @@ def main():
 
     # one thread per rank: the probe beside the calls measures what those threads read
     probe = ReadProbe(world.barrier, rank, range(W)) if a.threads == 1 and not a.no_probe else None
+    between = between_action(a.between)
     for n in tokens:
         g = torch.Generator().manual_seed(a.seed * 7 + rank * 1000 + n)
         x = (torch.randn(n, H, generator=g)).to(torch.bfloat16)
@@ -331,6 +357,8 @@ def main():
                 use(v)
                 for impl in impls:
                     k = (v["quant"], impl)
+                    if between and impl == "mega_moe":
+                        between()
                     world.barrier()
                     u0 = resource.getrusage(resource.RUSAGE_SELF)
                     c0 = time.process_time()

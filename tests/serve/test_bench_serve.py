@@ -56,3 +56,18 @@ def test_bench_serve_hosts_pairs_one_host_and_two_hosts_call_by_call():
         assert x["extra_ms_q1"] <= x["extra_ms"] <= x["extra_ms_q3"], x
         assert abs(x["over_wire_floor"] - x["extra_ms"] / x["wire_floor_ms"]) \
             < 1e-3 * max(1.0, abs(x["over_wire_floor"])), x
+
+
+def test_bench_serve_between_runs_its_action_before_each_fused_call():
+    """--between spin:MS busy-waits before every timed fused call (outside its time), stream:MB
+    reads an array; anything else is refused with the accepted forms."""
+    for spec in ("spin:300", "stream:8"):
+        r = run_megamoe(["bench", "serve", "--small", "--impl", "mega_moe", "--quant", "bf16",
+                         "--tokens", "1", "--iters", "2", "--warmup", "0", "--threads", "1",
+                         "--between", spec], timeout=600)
+        assert r.returncode == 0, r.stderr[-4000:]
+        (row,) = [x for x in json.loads(r.stdout)["rows"] if x["impl"] == "mega_moe"]
+        assert 0 < row["ms"] < 300, row  # the spin is not part of the call's time
+    r = run_megamoe(["bench", "serve", "--small", "--impl", "mega_moe", "--quant", "bf16",
+                     "--tokens", "1", "--iters", "1", "--between", "nap:3"], timeout=600)
+    assert r.returncode != 0 and "expected spin:MS or stream:MB" in r.stderr, r.stderr[-2000:]
