@@ -110,6 +110,19 @@ static void mm_avx_pack_a(const mm_gemm_args_t *a, const mm_avx_plan_t *pl, int6
     }
 }
 
+/* The FMA form's A block: every packed pair (A[2p] | A[2p+1] << 16) becomes the fp32 bits of
+ * its odd element, then of its even one, in place (backwards: element i moves to 2i and 2i+1,
+ * never over one not yet read). The micro-kernel then broadcasts each half straight from
+ * memory (a load, not a shuffle-port operation per row and pair). */
+static void mm_avx_widen_a(uint32_t *abuf, size_t n)
+{
+    for (size_t i = n; i-- > 0;) {
+        const uint32_t x = abuf[i];
+        abuf[2 * i + 1] = x << 16;
+        abuf[2 * i] = x & 0xffff0000u;
+    }
+}
+
 static megamoe_status_t mm_avx512_gemm(const mm_gemm_args_t *a)
 {
     const int64_t rows = a->m1 - a->m0, cols = a->n1 - a->n0;
@@ -140,7 +153,10 @@ static megamoe_status_t mm_avx512_gemm(const mm_gemm_args_t *a)
         bbuf = mm_gemm_scratch(1, pe * sizeof(uint16_t));
         if (bbuf == NULL) return MEGAMOE_OUT_OF_MEMORY;
     }
-    uint32_t *abuf = mm_gemm_scratch(2, (size_t)(tiles_max * MM_AVX_MR * pl.K2) * sizeof(uint32_t));
+    /* the FMA form reads each A pair as its two widened halves (mm_avx_widen_a) */
+    const int fma = mm_avx512_kernel_is_fma();
+    const size_t a_elems = (size_t)(tiles_max * MM_AVX_MR * pl.K2);
+    uint32_t *abuf = mm_gemm_scratch(2, (fma ? 2 : 1) * a_elems * sizeof(uint32_t));
     if (abuf == NULL) return MEGAMOE_OUT_OF_MEMORY;
     float *acc = NULL;
     if (pl.nkb > 1) {
@@ -163,6 +179,7 @@ static megamoe_status_t mm_avx512_gemm(const mm_gemm_args_t *a)
         const int64_t mb = mm_min64(pl.mc, rows - r0);
         const int64_t tiles = (mb + MM_AVX_MR - 1) / MM_AVX_MR;
         mm_avx_pack_a(a, &pl, r0, mb, abuf);
+        if (fma) mm_avx_widen_a(abuf, (size_t)(tiles * MM_AVX_MR * pl.K2));
         for (int64_t p = 0; p < np; p++) {
             const uint16_t *panel;
             if (wpanels) {
@@ -205,7 +222,7 @@ static megamoe_status_t mm_avx512_gemm(const mm_gemm_args_t *a)
                 u.last = p0 + kc >= pl.K2;
                 for (int64_t t = 0; t < tiles; t++) {
                     const int mr = (int)mm_min64(MM_AVX_MR, mb - t * MM_AVX_MR);
-                    u.a = abuf + (size_t)(p0 * tiles + t * kc) * MM_AVX_MR;
+                    u.a = abuf + (size_t)(p0 * tiles + t * kc) * MM_AVX_MR * (fma ? 2 : 1);
                     u.acc = acc ? acc + (size_t)t * MM_AVX_MR * MM_AVX_NR : NULL;
                     u.c = mm_gemm_c_at(C, a->ldc, a->c_type, r0 + t * MM_AVX_MR, p * MM_AVX_NR);
                     u.pf = NULL;

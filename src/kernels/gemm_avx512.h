@@ -33,7 +33,8 @@
 /* One micro-kernel call: C_tile[mr][nr] (+)= A_panel · B_panel over kp pairs. */
 typedef struct mm_avx512_ukr_args {
     int64_t kp;        /* k pairs, > 0 */
-    const uint32_t *a; /* A micro-panel [kp][MM_AVX_MR] */
+    const uint32_t *a; /* A micro-panel [kp][MM_AVX_MR]; the FMA form's [kp][MM_AVX_MR][2]:
+                          the fp32 bits of each pair's odd element, then of its even one */
     const uint16_t *b; /* B slice [kp][64][2], 64-byte aligned */
     /* fp32 partial sums of the tile, [MM_AVX_MR][64] contiguous: read first when `cont`
      * (continue a K chain), written at the end unless `last`. */

@@ -12,8 +12,10 @@
  * bit) run the same kernel with each vdpbf16ps replaced by two fp32 FMAs on the widened
  * halves (the odd element of each pair first, as vdpbf16ps orders them): a product of two
  * bf16 values is exact in fp32, so each FMA rounds once, like each step of vdpbf16ps — the
- * bits agree with it except where vdpbf16ps flushes subnormals. Same formats, same chains
- * per element, so the split invariance below holds on either (gemm_avx512.h).
+ * bits agree with it except where vdpbf16ps flushes subnormals. The driver widens the A
+ * block once (each pair to its two fp32 halves), so the kernel broadcasts each half straight
+ * from memory; only B's halves are made in registers (8 logic ops per 48 FMAs at mr = 6).
+ * Same chains per element as the BF16 form, so the split invariance holds (gemm_avx512.h).
  *
  * The tile starts from +0 or from the fp32 partial sums of an earlier K block (`cont`) and
  * ends with the partial sums stored back, or (`last`) with the epilogue: fp32 store, or one
@@ -23,7 +25,6 @@
 
 #if MM_X86
 #include <immintrin.h>
-#include <string.h>
 
 #include "simd.h"
 
@@ -48,9 +49,8 @@
             const __m512 l3_ = _mm512_castsi512_ps(_mm512_slli_epi32(b3_, 16));            \
             _Pragma("GCC unroll 6") for (int r_ = 0; r_ < (MR_); r_++)                     \
             {                                                                               \
-                const uint32_t x_ = a[r_];                                                  \
-                const __m512 ah_ = _mm512_set1_ps(mm_u32_as_f32(x_ & 0xffff0000u));         \
-                const __m512 al_ = _mm512_set1_ps(mm_u32_as_f32(x_ << 16));                 \
+                const __m512 ah_ = _mm512_castsi512_ps(_mm512_set1_epi32((int)a[2 * r_]));  \
+                const __m512 al_ = _mm512_castsi512_ps(_mm512_set1_epi32((int)a[2 * r_ + 1])); \
                 acc[r_][0] = _mm512_fmadd_ps(al_, l0_, _mm512_fmadd_ps(ah_, h0_, acc[r_][0])); \
                 acc[r_][1] = _mm512_fmadd_ps(al_, l1_, _mm512_fmadd_ps(ah_, h1_, acc[r_][1])); \
                 acc[r_][2] = _mm512_fmadd_ps(al_, l2_, _mm512_fmadd_ps(ah_, h2_, acc[r_][2])); \
@@ -66,16 +66,9 @@
                 acc[r_][3] = _mm512_dpbf16_ps(acc[r_][3], (__m512bh)b3_, a_);               \
             }                                                                               \
         }                                                                                   \
-        a += MM_AVX_MR;                                                                     \
+        a += (FMA_) ? 2 * MM_AVX_MR : MM_AVX_MR;                                            \
         b += 2 * MM_AVX_NR;                                                                 \
     } while (0)
-
-static inline float mm_u32_as_f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 /* FMA_ is a compile-time constant at every call: the two kernels share this body. Both are
  * compiled for the AVX512-BF16 target so that the body inlines into either; with FMA_ = 1 no
