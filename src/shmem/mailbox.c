@@ -28,10 +28,29 @@ typedef struct mm_mail_line {
 
 _Static_assert(sizeof(mm_mail_line_t) == 64, "a mailbox line is one cache line");
 
+/* One message to pe: wait until pe acknowledged the previous one, then the line and its
+ * sequence (no_ack: only pe's loss fails the wait). */
+static megamoe_status_t mm_mail_send(int pe, const mm_mail_line_t *msg, int no_ack,
+                                     const char *what)
+{
+    mm_shmem_global_t *g = &mm_shmem_g;
+    uint64_t *ack = (uint64_t *)(g->my_base + mm_shmem_ack_off(pe));
+    MM_CHECK(no_ack ? mm_shmem_wait_from(ack, MM_SHMEM_CMP_GE, g->mail_sent[pe], pe, what)
+                    : mm_shmem_wait_impl(ack, MM_SHMEM_CMP_GE, g->mail_sent[pe], NULL, what));
+    char *line = g->my_base + mm_shmem_inbox_off(g->my_pe); /* symmetric: pe's line for me */
+    MM_CHECK(mm_shmem_put(line + offsetof(mm_mail_line_t, tag), &msg->tag,
+                          sizeof *msg - offsetof(mm_mail_line_t, tag), pe));
+    uint64_t seq = ++g->mail_sent[pe];
+    return mm_shmem_word_op(pe, mm_shmem_inbox_off(g->my_pe), seq, MM_ENGINE_SET);
+}
+
 /* no_ack: the last exchange of a lifecycle (no later message reuses the lines, and a peer
  * that got every message may already be gone). A member leaves once it has every message, and
- * it sent (and delivered) its own before, so while this PE waits only the loss of the member
- * it waits for counts; any other member closing its endpoints is not a loss. */
+ * it sent (and delivered) its own before, so only what arrives decides: the exchange holds
+ * once every other member's message is here. A send failing with a member's loss is no error
+ * then (that member may have got the message and left before this PE saw the put complete),
+ * and while this PE waits only the loss of the member it waits for counts (after a grace for
+ * a message still on its way); any other member closing its endpoints is not a loss. */
 static megamoe_status_t mm_mail_exchange(const int *pes, int n, int me, const void *payload,
                                          void *out, const char *what, int no_ack)
 {
@@ -44,19 +63,16 @@ static megamoe_status_t mm_mail_exchange(const int *pes, int n, int me, const vo
     /* send to every other member (rotated start: members do not all hit the first one) */
     for (int i = 1; i < n; i++) {
         int pe = pes[(me + i) % n];
-        uint64_t *ack = (uint64_t *)(g->my_base + mm_shmem_ack_off(pe));
-        MM_CHECK(no_ack ? mm_shmem_wait_from(ack, MM_SHMEM_CMP_GE, g->mail_sent[pe], pe, what)
-                        : mm_shmem_wait_impl(ack, MM_SHMEM_CMP_GE, g->mail_sent[pe], NULL, what));
-        char *line = g->my_base + mm_shmem_inbox_off(g->my_pe); /* symmetric: pe's line for me */
-        MM_CHECK(mm_shmem_put(line + offsetof(mm_mail_line_t, tag), &msg.tag,
-                              sizeof msg - offsetof(mm_mail_line_t, tag), pe));
-        uint64_t seq = ++g->mail_sent[pe];
-        MM_CHECK(mm_shmem_word_op(pe, mm_shmem_inbox_off(g->my_pe), seq, MM_ENGINE_SET));
+        megamoe_status_t st = mm_mail_send(pe, &msg, no_ack, what);
+        if (st != MEGAMOE_OK && !(no_ack && st == MEGAMOE_PEER_LOST)) return st;
     }
     /* the last exchange: every message delivered before this PE may see all of the others'
      * and leave (an engine signal can still be queued behind its put's flush, and a teardown
      * drops what is queued) */
-    if (no_ack && n > 1) MM_CHECK(mm_shmem_quiet());
+    if (no_ack && n > 1) {
+        megamoe_status_t st = mm_shmem_quiet();
+        if (st != MEGAMOE_OK && st != MEGAMOE_PEER_LOST) return st;
+    }
     /* receive from every other member, acknowledge at once */
     for (int i = 1; i < n; i++) {
         int idx = (me + n - i) % n, pe = pes[idx];
