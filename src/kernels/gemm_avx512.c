@@ -1,5 +1,5 @@
-/* The own AVX-512 backend (AVX512-BF16, or fp32 FMAs without it): the BLIS-style driver. The micro-kernel
- * (gemm_avx512_ukernel.c) does an mr x 64 update over one K block; the packers
+/* The own AVX-512 backend (AVX512-BF16, or fp32 FMAs without it): the BLIS-style driver.
+ * The micro-kernel (gemm_avx512_ukernel.c) does an mr x 64 update over one K block; the packers
  * (gemm_avx512_pack.c) produce the panels; this file owns the loops, the blocking, the
  * prefetch schedule, the edges and the backend vtable. Formats and the determinism argument
  * are in gemm_avx512.h.

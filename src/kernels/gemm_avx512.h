@@ -15,8 +15,9 @@
  *             are 0.
  *
  * Determinism: every element of C is one chain of vdpbf16ps (or of its two FMAs per pair)
- * over its k pairs in ascending order, started from +0, whatever the row/column sub-block, the tile it falls in or the K
- * blocking (partial sums are kept in fp32, never rounded, between K blocks). The fp32 sum is
+ * over its k pairs in ascending order, started from +0, whatever the row/column sub-block,
+ * the tile it falls in or the K blocking (partial sums are kept in fp32, never rounded, between
+ * K blocks). The fp32 sum is
  * then added to C_old (accumulate) and rounded once to bf16. So the bits of an element do not
  * depend on how a product is split between calls. */
 #ifndef MM_KERNELS_GEMM_AVX512_H
