@@ -7,6 +7,7 @@ import pytest
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(REPO, "python"))
+sys.path.insert(0, os.path.join(REPO, "tests", "harness"))  # free_port
 BUILD = os.environ.get("MEGAMOE_BUILD_DIR", os.path.join(REPO, "build", "release"))
 MEGAMOE = os.path.join(BUILD, "bin", "megamoe")
 

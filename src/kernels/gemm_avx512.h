@@ -1,8 +1,7 @@
 /* The own AVX-512 GEMM backend (vdpbf16ps, or fp32 FMAs where AVX512-BF16 is missing), BLIS
- * style: the driver (gemm_avx512.c) owns the loops,
- * the blocking, the packing (gemm_avx512_pack.c) and the edges; the micro-kernels
- * (gemm_avx512_ukernel.c) only do an mr x 64 rank-kp update on packed panels with a fixed
- * signature. Private to these three files, except the B panel packer, which also fills
+ * style: the driver (gemm_avx512.c) owns the loops, the blocking, the packing
+ * (gemm_avx512_pack.c) and the edges; the micro-kernels (gemm_avx512_ukernel.c) only do an
+ * mr x 64 rank-kp update on packed panels with a fixed signature. Private to these three files, except the B panel packer, which also fills
  * oneDNN's BA16a64b2a packed weights (the same layout; gemm_onednn.c).
  *
  * Packed formats (bf16 pairs along k, the operand layout of vdpbf16ps):
@@ -17,8 +16,7 @@
  * Determinism: every element of C is one chain of vdpbf16ps (or of its two FMAs per pair)
  * over its k pairs in ascending order, started from +0, whatever the row/column sub-block,
  * the tile it falls in or the K blocking (partial sums are kept in fp32, never rounded, between
- * K blocks). The fp32 sum is
- * then added to C_old (accumulate) and rounded once to bf16. So the bits of an element do not
+ * K blocks). The fp32 sum is then added to C_old (accumulate) and rounded once to bf16. So the bits of an element do not
  * depend on how a product is split between calls. */
 #ifndef MM_KERNELS_GEMM_AVX512_H
 #define MM_KERNELS_GEMM_AVX512_H

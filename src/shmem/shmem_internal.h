@@ -251,9 +251,10 @@ megamoe_status_t mm_shmem_survivors_barrier(const char *what);
  * messages ("team barrier", "signal wait"). */
 megamoe_status_t mm_shmem_wait_impl(const uint64_t *addr, int cmp, uint64_t value,
                                     uint64_t *value_p, const char *what);
-/* As mm_shmem_wait_impl, but only pe's loss fails it (and only when the word still does not
- * hold then): for the last exchange of a lifecycle, whose members leave as soon as they have
- * every message, so their endpoints closing is not a loss. */
+/* As mm_shmem_wait_impl, but only pe's loss fails it, and only when the word still does not
+ * hold 1 s after the loss (its message may still sit in the engine's receive queue): for the
+ * last exchange of a lifecycle, whose members leave as soon as they have every message, so
+ * their endpoints closing is not a loss. */
 megamoe_status_t mm_shmem_wait_from(const uint64_t *addr, int cmp, uint64_t value, int pe,
                                     const char *what);
 static inline int mm_shmem_cmp(uint64_t v, int cmp, uint64_t value)

@@ -14,3 +14,11 @@ MM_TEST(fails_then_skips)
     mm_test_fail(__FILE__, __LINE__, "wrong before the skip");
     MM_SKIP("too late to skip");
 }
+
+/* prints the port mm_test_free_port picks; test_harness.py checks it against the range */
+MM_TEST(picks_a_free_port)
+{
+    int port = mm_test_free_port();
+    fprintf(stderr, "free port %d\n", port);
+    ASSERT_TRUE(port > 0);
+}

@@ -57,7 +57,8 @@ def test_unknown_case_name_is_an_error_and_nothing_runs():
     assert "[ OK ]" not in r.stderr
     r = run(SELFTEST, "--list")
     assert r.returncode == 0
-    assert r.stdout.split() == ["passes", "skips", "fails", "fails_then_skips"]
+    assert r.stdout.split() == ["passes", "skips", "fails", "fails_then_skips",
+                                "picks_a_free_port"]
 
 
 def cpu_has_amx_bf16():
@@ -85,3 +86,26 @@ def test_amx_cases_skip_without_amx_and_run_with_it():
             assert f"[SKIP] {c}: no usable AMX here" in r.stderr, r.stderr
             assert f"[ OK ] {c}" not in r.stderr
         assert f"1 of {len(listed)} test cases passed, {len(AMX_CASES)} skipped" in r.stderr
+
+
+def _ephemeral_range():
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        return tuple(int(v) for v in f.read().split())
+
+
+def test_free_ports_lie_outside_the_ephemeral_range_and_bind():
+    """Tests' bootstrap ports (C and Python helpers) are never ones a port-0 bind of the job
+    (gloo, UCX) could take before rank 0 listens: the CI failure of 'Address already in use'."""
+    import socket
+    from free_port import free_port
+    lo, hi = _ephemeral_range()
+    ports = [free_port() for _ in range(20)]
+    for _ in range(5):
+        r = run(SELFTEST, "picks_a_free_port")
+        assert r.returncode == 0, r.stderr
+        ports.append(int(r.stderr.split("free port ")[1].split()[0]))
+    for port in ports:
+        assert not lo <= port <= hi and port >= 1024, (port, lo, hi)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+    assert len(set(ports)) > 15  # random picks, not one fixed port

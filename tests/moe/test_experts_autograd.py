@@ -3,21 +3,15 @@ instead of silently dropping the layer's second-order terms, a second backward t
 retained graph gives the same gradients again, forwards under torch.no_grad() keep no saved state, weights replaced
 wholesale are re-packed, and NaN/Inf inputs or gradients are refused naming the element."""
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
+from free_port import free_port as _free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 PY = sys.executable  # the interpreter running the tests (MEGAMOE_PYTHON in CMake)
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("case", ["double_backward", "retain_graph", "no_grad", "replaced_weights",

@@ -3,19 +3,14 @@ AdamW training of a router-skewed MoE block with replicas tracks the same run wi
 the plan is reported by info() and identical on every rank, balanced routing moves nothing,
 and bad settings are refused."""
 import os
-import socket
 import subprocess
 import sys
+
+from free_port import free_port as _free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 PY = sys.executable  # the interpreter running the tests (MEGAMOE_PYTHON in CMake)
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_training_with_replicas_tracks_without():

@@ -3,21 +3,15 @@ patterns x EP 2 and 4 x (lossless, factor 1.5, forced overflow) against the fp32
 sharing with outstanding forwards, close/use-after-close, settings that differ between ranks,
 the nn.Linear layout, and the seed's two-rank sample."""
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
+from free_port import free_port as _free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 PY = sys.executable  # the interpreter running the tests (MEGAMOE_PYTHON in CMake)
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(nproc, script, *args, timeout=240):

@@ -4,21 +4,15 @@ non-overlapping spans per worker; merge and summary read them."""
 import collections
 import json
 import os
-import socket
 import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 from conftest import REPO, run_megamoe  # noqa: E402
+from free_port import free_port as _free_port  # noqa: E402
 from trace_synth import load, records  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_profiled_training_steps_on_two_ranks(tmp_path, megamoe_bin):

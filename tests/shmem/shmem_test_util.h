@@ -26,22 +26,8 @@ static inline mm_shmem_params_t mm_t_params(void)
     return p;
 }
 
-/* A free loopback port (bound then released). */
-static inline int mm_t_free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
+/* A free loopback port outside the ephemeral range (tests/harness/free_port.c). */
+static inline int mm_t_free_port(void) { return mm_test_free_port(); }
 
 /* Deterministic byte pattern of (source, tag, index). */
 static inline uint8_t mm_t_byte(int src, uint64_t tag, size_t i)

@@ -35,6 +35,12 @@ def test_normal_run_returns_zero_and_sets_environment(megamoe_bin):
         assert parts[7].startswith("tcp://127.0.0.1:")
         assert parts[8] == "64"
         endpoints.add(parts[7])
+        # both ports outside the ephemeral range: a port-0 bind of the job (gloo, UCX) or an
+        # outgoing connection cannot take them before rank 0 listens
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(v) for v in f.read().split())
+        boot, master = int(parts[7].rsplit(":", 1)[1]), int(parts[9])
+        assert boot != master and not lo <= boot <= hi and not lo <= master <= hi, (boot, master)
     assert len(endpoints) == 1
 
 
