@@ -52,6 +52,27 @@ int mm_cpu_has_avx512(void)
 #endif
 }
 
+int mm_cpu_is_intel(void)
+{
+#if MM_X86
+    static atomic_int cached = -1; /* racing first calls compute the same value */
+    int c = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (c >= 0) return c;
+    unsigned r[4];
+    mm_cpuid(0, 0, r); /* vendor in EBX, EDX, ECX */
+    char v[13];
+    memcpy(v, &r[1], 4);
+    memcpy(v + 4, &r[3], 4);
+    memcpy(v + 8, &r[2], 4);
+    v[12] = '\0';
+    int is = strcmp(v, "GenuineIntel") == 0;
+    atomic_store_explicit(&cached, is, memory_order_relaxed);
+    return is;
+#else
+    return 0;
+#endif
+}
+
 int mm_cpu_has_avx512_bf16(void)
 {
 #if MM_X86

@@ -16,6 +16,8 @@ int mm_cpu_has_avx512_vnni(void);
 int mm_cpu_has_amx_int8(void);
 /* AMX-TILE and AMX-BF16 reported by cpuid (the kernel permission is requested separately). */
 int mm_cpu_has_amx_bf16(void);
+/* 1 when cpuid's vendor string is "GenuineIntel" (tuning choices measured per vendor). */
+int mm_cpu_is_intel(void);
 /* Brand string ("AMD EPYC ..."); never NULL. */
 const char *mm_cpu_brand(void);
 /* Bytes of the last-level cache (cpu0's; sysfs, else sysconf, else 32 MiB). */

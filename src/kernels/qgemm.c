@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/cpu.h"
 #include "base/error.h"
 #include "gemm_impl.h"
 #include "qgemm_impl.h"
@@ -34,11 +35,14 @@
 #define MM_QK_MAX_TILES 32
 #define MM_QK_CHUNK 16384     /* bytes of B per K chunk */
 /* Single-tile blocks (<= 6 rows, bandwidth-bound): prefetch into L1 this far ahead of the
- * loads. Measured at M = 1 (K x N = 4096 x 2816, weights from memory; GB/s of weights, int8 /
+ * loads. AMD (Zen 4), M = 1 (K x N = 4096 x 2816, weights from memory; GB/s of weights, int8 /
  * int4): none 26 / 22.5, 128-256 B ahead 29-30 / 27-27.5, 512 B 27 / 24, 1 KiB 25.5 / 25,
- * 4 KiB into L2 (the bf16 kernel's choice) 23.5 / 20, 8 KiB into L2 21 / 22. Close prefetches
- * keep more lines in flight without competing with the hardware prefetcher's stream. */
-#define MM_QK_PF_AHEAD 256
+ * 4 KiB into L2 (the bf16 kernel's choice) 23.5 / 20, 8 KiB into L2 21 / 22: close prefetches
+ * keep more lines in flight without competing with the hardware prefetcher's stream. Intel
+ * (Xeon VM, family 6 model 207, 2026-12-07; `bench gemm --shape dec_gmm1`, 256 B and 1 KiB
+ * alternated 4 times): 1 KiB gives int4 M = 4 +20 % (one thread) / +12 % (two), M = 1 the
+ * same, M = 16 +10 %; `bench serve` w4a8 at 8 tokens 12 % faster (two rounds each). */
+static int64_t mm_qk_pf_ahead(void) { return mm_cpu_is_intel() ? 1024 : 256; }
 
 /* ---- weights ----------------------------------------------------------------------------- */
 
@@ -407,7 +411,7 @@ static void mm_qk_block(const mm_qk_run_t *u, int64_t rb0, int64_t rows, void *a
                     k.npf = 0;
                     k.pf_l2 = ntiles > 1;
                     if (ntiles == 1) {
-                        const char *at = (const char *)k.b + MM_QK_PF_AHEAD;
+                        const char *at = (const char *)k.b + mm_qk_pf_ahead();
                         int64_t bytes = (s1 - s0) * qbytes;
                         if (at + bytes > stream_end) bytes = stream_end - at;
                         if (bytes > 0) k.pf = at, k.npf = bytes / 64;
