@@ -30,6 +30,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include "free_port.h"
 #include "base/alloc.h"
 #include "base/clock.h"
 #include "base/cpu.h"
@@ -502,22 +503,6 @@ static int mm_supervise(mm_child_t *c, int n, char *text, size_t cap, double tim
     return failed ? 1 : 0;
 }
 
-static int mm_free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0) close(fd);
-    return port;
-}
-
 /* Value of "<impl> <size> <x>" (size 0: "<impl> <x>") in text, NaN when missing. */
 static double mm_find(const char *text, const char *impl, size_t size)
 {
@@ -586,7 +571,7 @@ static int mm_bench_shmem_main(int argc, char **argv)
     char token[40], endpoint[64];
     if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw) memset(raw, 7, sizeof raw);
     for (int i = 0; i < 16; i++) sprintf(token + 2 * i, "%02x", raw[i]);
-    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", mm_free_port());
+    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", mm_free_loopback_port());
     mm_bench_progress(1, 1, "2 ranks: put, memcpy, MPI_Put, signal round trip, barrier");
     int failed;
     /* the workers' own arguments */

@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "free_port.h"
 #include "launch_hosts.h"
 #include "launch_report.h"
 
@@ -79,46 +80,6 @@ static double mm_launch_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int mm_port_bindable(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return 0;
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons((uint16_t)port);
-    int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0; /* no SO_REUSEADDR: TIME_WAIT counts */
-    close(fd);
-    return ok;
-}
-
-/* A free loopback port for the job's bootstrap and master endpoints, outside the kernel's
- * ephemeral range (net.ipv4.ip_local_port_range): a port-0 bind would hand out a port that,
- * between our release and rank 0's listen(), any port-0 bind or outgoing connection of the job
- * (gloo's pair listeners, UCX) may take, and rank 0 would fail with "Address already in use". */
-static int mm_free_port(void)
-{
-    int lo = 32768, hi = 60999;
-    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
-    if (f) {
-        if (fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768, hi = 60999;
-        fclose(f);
-    }
-    int a = 10000, b = lo - 1, outside = 1; /* the larger span beside the range; not under 10000 */
-    if (hi + 1 <= 65535 && 65535 - hi > b - a) a = hi + 1, b = 65535;
-    if (b - a < 64) a = 1024, b = 65535, outside = 0; /* the range covers nearly all: take any */
-    unsigned x = 0;
-    if (getrandom(&x, sizeof x, 0) != (ssize_t)sizeof x) x = (unsigned)getpid() * 2654435761u;
-    for (int i = 0; i < 256; i++) {
-        x = x * 1103515245u + 12345u;
-        int port = a + (int)((x >> 8) % (unsigned)(b - a + 1));
-        if ((!outside || port < lo || port > hi) && mm_port_bindable(port)) return port;
-    }
-    errno = EADDRINUSE;
-    return -1;
 }
 
 static void mm_random_token(char *out, size_t hex_len)
@@ -669,8 +630,8 @@ int mm_cmd_launch(int argc, char **argv)
         if (user_ep && *user_ep) snprintf(endpoint, sizeof endpoint, "%s", user_ep);
         else snprintf(endpoint, sizeof endpoint, "tcp://%.15s:%d", hosts->host[0].ip, MM_HOSTS_BOOT_PORT);
     } else {
-        int port = user_ep && *user_ep ? 0 : mm_free_port(), mport = mm_free_port();
-        for (int i = 0; i < 8 && mport == port && mport > 0; i++) mport = mm_free_port();
+        int port = user_ep && *user_ep ? 0 : mm_free_loopback_port(), mport = mm_free_loopback_port();
+        for (int i = 0; i < 8 && mport == port && mport > 0; i++) mport = mm_free_loopback_port();
         if (port < 0 || mport < 0) {
             fprintf(stderr, "megamoe launch: cannot find a free loopback port: %s\n", strerror(errno));
             return 1;

@@ -3,7 +3,7 @@
 A port that ``bind(("127.0.0.1", 0))`` hands out lies in net.ipv4.ip_local_port_range, so between
 our release and rank 0's listen() the same port can go to any port-0 bind or outgoing connection
 of the job — gloo's pair listeners, UCX — and rank 0 fails with "Address already in use" (seen
-in CI). Outside the range only another explicit bind collides (free_port.c is the C twin)."""
+in CI). Outside the range only another explicit bind collides (bench/free_port.h is the C twin)."""
 import random
 import socket
 

@@ -44,8 +44,6 @@ int mm_test_rank(void);
 int mm_test_world(void);
 /* Multiplier for timeouts under sanitizers (MEGAMOE_TEST_TIMEOUT_MULTIPLIER, default 1). */
 double mm_test_timeout_multiplier(void);
-/* A free loopback port outside the kernel's ephemeral range (free_port.c says why); -1 if none. */
-int mm_test_free_port(void);
 
 /* Compare arrays with |got - want| <= atol + rtol * |want|; prints the worst element and a
  * PASS/FAIL line. Returns 1 when all close. NaN in got is a failure unless want is NaN. */

@@ -1,5 +1,6 @@
 /* Cases for tests/harness/test_harness.py, which runs this program with chosen names and
  * checks what the runner prints and returns (not a CTest: one case fails on purpose). */
+#include "free_port.h"
 #include "harness.h"
 
 MM_TEST(passes) { ASSERT_EQ_INT(1 + 1, 2); }
@@ -15,10 +16,10 @@ MM_TEST(fails_then_skips)
     MM_SKIP("too late to skip");
 }
 
-/* prints the port mm_test_free_port picks; test_harness.py checks it against the range */
+/* prints the port mm_free_loopback_port picks; test_harness.py checks it against the range */
 MM_TEST(picks_a_free_port)
 {
-    int port = mm_test_free_port();
+    int port = mm_free_loopback_port();
     fprintf(stderr, "free port %d\n", port);
     ASSERT_TRUE(port > 0);
 }

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "free_port.h"
 #include "harness/harness.h"
 #include "megamoe/log.h"
 #include "shmem/shmem.h"
@@ -26,8 +27,8 @@ static inline mm_shmem_params_t mm_t_params(void)
     return p;
 }
 
-/* A free loopback port outside the ephemeral range (tests/harness/free_port.c). */
-static inline int mm_t_free_port(void) { return mm_test_free_port(); }
+/* A free loopback port outside the ephemeral range (bench/free_port.h says why). */
+static inline int mm_t_free_port(void) { return mm_free_loopback_port(); }
 
 /* Deterministic byte pattern of (source, tag, index). */
 static inline uint8_t mm_t_byte(int src, uint64_t tag, size_t i)
