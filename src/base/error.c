@@ -6,14 +6,25 @@
 
 #include "error.h"
 
+static _Thread_local megamoe_status_t mm_tolerated; /* OK: none */
+
+megamoe_status_t mm_error_tolerate(megamoe_status_t status)
+{
+    megamoe_status_t prev = mm_tolerated;
+    mm_tolerated = status;
+    return prev;
+}
+
 megamoe_status_t mm_error(megamoe_status_t status, const char *fmt, ...)
 {
-    const int log = mm_log_enabled(MEGAMOE_LOG_ERROR); /* may record a bad log level: first */
+    const megamoe_log_level_t level =
+        status != MEGAMOE_OK && status == mm_tolerated ? MEGAMOE_LOG_DEBUG : MEGAMOE_LOG_ERROR;
+    const int log = mm_log_enabled(level); /* may record a bad log level: first */
     va_list ap;
     va_start(ap, fmt);
     megamoe_status_t st = mm_error_vquiet(status, fmt, ap);
     va_end(ap);
-    if (log) mm_log_emit(MEGAMOE_LOG_ERROR, "%s", megamoe_last_error());
+    if (log) mm_log_emit(level, "%s", megamoe_last_error());
     return st;
 }
 

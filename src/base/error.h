@@ -30,6 +30,12 @@ megamoe_status_t mm_error(megamoe_status_t status, const char *fmt, ...) MM_PRIN
  * handles, e.g. probing). */
 megamoe_status_t mm_error_quiet(megamoe_status_t status, const char *fmt, ...) MM_PRINTF(2, 3);
 
+/* While this thread tolerates `status` (the caller will accept it as an outcome, e.g. a send
+ * to a member that may already have left), mm_error() logs that status at debug level instead
+ * of error level; the text is still remembered. Returns the status tolerated before (restore
+ * it when done); MEGAMOE_OK tolerates nothing. */
+megamoe_status_t mm_error_tolerate(megamoe_status_t status);
+
 /* mm_error_quiet with a va_list. */
 megamoe_status_t mm_error_vquiet(megamoe_status_t status, const char *fmt, va_list ap);
 

@@ -33,6 +33,29 @@ MM_TEST(callback_receives_prefixed_lines_at_or_above_level)
     megamoe_log_set_callback(NULL, NULL);
 }
 
+MM_TEST(a_tolerated_status_logs_at_debug_and_others_still_at_error)
+{
+    megamoe_log_set_callback(capture, NULL);
+    megamoe_log_set_level(MEGAMOE_LOG_INFO);
+    captured_count = 0;
+    megamoe_status_t prev = mm_error_tolerate(MEGAMOE_PEER_LOST);
+    ASSERT_EQ_INT(prev, MEGAMOE_OK);
+    ASSERT_EQ_INT(mm_error(MEGAMOE_PEER_LOST, "rank %d left", 1), MEGAMOE_PEER_LOST);
+    ASSERT_EQ_INT(captured_count, 0); /* debug: below the level */
+    ASSERT_EQ_STR(megamoe_last_error(), "PEER_LOST: rank 1 left"); /* still remembered */
+    megamoe_log_set_level(MEGAMOE_LOG_DEBUG);
+    mm_error(MEGAMOE_PEER_LOST, "rank %d left", 2);
+    ASSERT_EQ_INT(captured_count, 1);
+    ASSERT_EQ_STR(captured, "[megamoe][debug] PEER_LOST: rank 2 left");
+    mm_error(MEGAMOE_TIMEOUT, "waited");
+    ASSERT_EQ_STR(captured, "[megamoe][error] TIMEOUT: waited");
+    mm_error_tolerate(prev);
+    megamoe_log_set_level(MEGAMOE_LOG_INFO);
+    mm_error(MEGAMOE_PEER_LOST, "rank %d left", 3);
+    ASSERT_EQ_STR(captured, "[megamoe][error] PEER_LOST: rank 3 left");
+    megamoe_log_set_callback(NULL, NULL);
+}
+
 MM_TEST(level_names)
 {
     ASSERT_EQ_STR(megamoe_log_level_name(MEGAMOE_LOG_TRACE), "trace");
