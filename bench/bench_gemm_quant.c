@@ -38,9 +38,11 @@ typedef struct qb_shape {
 
 static const qb_shape_t qb_shapes[] = {
     {"moe_gmm1", "quant", 256, 4096, 2816}, {"moe_gmm2", "quant", 256, 1408, 4096},
+    /* M: rows per expert of a decode call (8: 32 tokens per rank, top-8 of 64 experts, 2 ranks) */
     {"dec_gmm1", "decode", 1, 4096, 2816},  {"dec_gmm1", "decode", 4, 4096, 2816},
-    {"dec_gmm1", "decode", 16, 4096, 2816}, {"dec_gmm2", "decode", 1, 1408, 4096},
-    {"dec_gmm2", "decode", 4, 1408, 4096},  {"dec_gmm2", "decode", 16, 1408, 4096},
+    {"dec_gmm1", "decode", 8, 4096, 2816},  {"dec_gmm1", "decode", 16, 4096, 2816},
+    {"dec_gmm2", "decode", 1, 1408, 4096},  {"dec_gmm2", "decode", 4, 1408, 4096},
+    {"dec_gmm2", "decode", 8, 1408, 4096},  {"dec_gmm2", "decode", 16, 1408, 4096},
 };
 #define QB_NSHAPES ((int)(sizeof qb_shapes / sizeof qb_shapes[0]))
 

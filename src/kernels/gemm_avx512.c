@@ -47,7 +47,11 @@
 /* Calls of <= MM_AVX_DECODE_ROWS rows (decode: the weights are streamed from memory by the
  * first tile and are what bounds the call) prefetch into L1 just ahead instead: at M = 4 on
  * 4096 x 2816 weights from memory (Zen 4) 27-30 GB/s of weights instead of 19-20 with the
- * 4 KiB L2 prefetch (M = 1: 28-30 either way). */
+ * 4 KiB L2 prefetch (M = 1: 28-30 either way). Not on Intel, where the far L2 prefetch wins
+ * (Xeon VM, family 6 model 207, FMA form, `bench gemm --quick --no-probe --shape dec_gmm1`,
+ * alternated twice, GFLOP/s two threads, M = 1 / 4 / 8): 256 B into L1 24 / 73-74 / 118-119,
+ * 1 KiB 25-26 / 86-87 / 129-132, 2 KiB 27 / 93-94 / 138-141, 4 KiB into L1 27-28 / 96-99 /
+ * 144-149, 4 KiB into L2 29 / 105-106 / 145-150, 8 KiB into L2 28 / 105-106 / 149-151. */
 #define MM_AVX_DECODE_ROWS 36
 #define MM_AVX_PF_AHEAD_DECODE 256
 
@@ -173,7 +177,7 @@ static megamoe_status_t mm_avx512_gemm(const mm_gemm_args_t *a)
     const int nt = a->form == MM_GEMM_NT;
     const int64_t first_lines = mm_min64(pl.kcp, pl.K2) * 4; /* lines of a call's first slice */
     /* Decode sizes: the first tile streams the weights from memory at the memory's pace. */
-    const int decode = rows <= MM_AVX_DECODE_ROWS;
+    const int decode = rows <= MM_AVX_DECODE_ROWS && !mm_cpu_is_intel();
 
     for (int64_t r0 = 0; r0 < rows; r0 += pl.mc) {
         const int64_t mb = mm_min64(pl.mc, rows - r0);

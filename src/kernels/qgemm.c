@@ -34,15 +34,18 @@
 #define MM_QK_RB_INT8 192     /* int8 A: row blocks of up to 32 tiles (B read once per 192 rows) */
 #define MM_QK_MAX_TILES 32
 #define MM_QK_CHUNK 16384     /* bytes of B per K chunk */
-/* Single-tile blocks (<= 6 rows, bandwidth-bound): prefetch into L1 this far ahead of the
- * loads. AMD (Zen 4), M = 1 (K x N = 4096 x 2816, weights from memory; GB/s of weights, int8 /
- * int4): none 26 / 22.5, 128-256 B ahead 29-30 / 27-27.5, 512 B 27 / 24, 1 KiB 25.5 / 25,
- * 4 KiB into L2 (the bf16 kernel's choice) 23.5 / 20, 8 KiB into L2 21 / 22: close prefetches
- * keep more lines in flight without competing with the hardware prefetcher's stream. Intel
- * (Xeon VM, family 6 model 207, 2026-12-07; `bench gemm --shape dec_gmm1`, 256 B and 1 KiB
- * alternated 4 times): 1 KiB gives int4 M = 4 +20 % (one thread) / +12 % (two), M = 1 the
- * same, M = 16 +10 %; `bench serve` w4a8 at 8 tokens 12 % faster (two rounds each). */
-static int64_t mm_qk_pf_ahead(void) { return mm_cpu_is_intel() ? 1024 : 256; }
+/* Single-tile blocks (<= 6 rows, bandwidth-bound): how far ahead of the loads the kernel
+ * prefetches, and into which level. AMD (Zen 4), M = 1 (K x N = 4096 x 2816, weights from
+ * memory; GB/s of weights, int8 / int4): none 26 / 22.5, 128-256 B ahead into L1 29-30 /
+ * 27-27.5, 512 B 27 / 24, 1 KiB 25.5 / 25, 4 KiB into L2 (the bf16 kernel's choice) 23.5 / 20,
+ * 8 KiB into L2 21 / 22: close prefetches keep more lines in flight without competing with the
+ * hardware prefetcher's stream. Intel (Xeon VM, family 6 model 207, no AMX; `bench gemm --quick
+ * --no-probe --shape dec_gmm1`, 2026-12-07, alternated twice, GOP/s two threads int8 / int4):
+ * M = 4: 256 B into L1 (stop 43's first runs) 1.0 / 1.0x, 1 KiB into L1 207-214 / 346-353,
+ * 2 KiB 222-229 / 388-401, 4 KiB 220-227 / 388-400, 4 KiB into L2 237-238 / 431, 8-16 KiB into
+ * L2 the same; M = 1 equal within 3 %: Intel's L2 streamer wants the far, L2 prefetch. */
+static int64_t mm_qk_pf_ahead(void) { return mm_cpu_is_intel() ? 4096 : 256; }
+static int mm_qk_pf_into_l2(void) { return mm_cpu_is_intel(); }
 
 /* ---- weights ----------------------------------------------------------------------------- */
 
@@ -409,7 +412,7 @@ static void mm_qk_block(const mm_qk_run_t *u, int64_t rb0, int64_t rows, void *a
                      * current chunk, which every tile re-reads). */
                     k.pf = NULL;
                     k.npf = 0;
-                    k.pf_l2 = ntiles > 1;
+                    k.pf_l2 = ntiles > 1 || mm_qk_pf_into_l2();
                     if (ntiles == 1) {
                         const char *at = (const char *)k.b + mm_qk_pf_ahead();
                         int64_t bytes = (s1 - s0) * qbytes;

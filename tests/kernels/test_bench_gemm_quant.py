@@ -16,10 +16,10 @@ def test_bench_gemm_quant_rows_and_fields(megamoe_bin):
         assert key in probes
     assert set(probes["read_gbps"]) == {"1", "2"}
     rows = [x for x in doc["rows"] if x["impl"] == "decode"]
-    # M = 1, 4, 16 x bf16 / w8a8 / w4a8 x 1 and 2 threads
-    assert len(rows) == 18
+    # M = 1, 4, 8, 16 x bf16 / w8a8 / w4a8 x 1 and 2 threads
+    assert len(rows) == 24
     assert {x["quant"] for x in rows} == {"bf16", "w8a8", "w4a8"}
-    assert {x["M"] for x in rows} == {1, 4, 16} and {x["threads"] for x in rows} == {1, 2}
+    assert {x["M"] for x in rows} == {1, 4, 8, 16} and {x["threads"] for x in rows} == {1, 2}
     for x in rows:
         assert x["K"] == 1408 and x["N"] == 4096 and x["gflops"] > 0
         for key in ("pct_int8_peak", "pct_roofline", "weight_sets", "backend"):
