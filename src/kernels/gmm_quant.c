@@ -43,7 +43,31 @@ static const megamoe_tensor_t *mm_gq_group_tensor(const megamoe_grouped_matmul_a
 typedef struct mm_gq_pack {
     mm_qweight_t *w;
     int64_t group_size;
+    /* int4 weights: the exact column sums of each K group, [G][N] (G = 1 for per-channel
+     * scales), for A8W4's bias_pre = bias - 8 sum_g s[g] colsum_g(W): made with the pack, so a
+     * call costs G x N instead of a K x N pass over the weights per expert (which, column by
+     * column, took longer than the products themselves). */
+    int32_t *colsum;
+    int64_t groups;
+    size_t colsum_bytes;
 } mm_gq_pack_t;
+
+/* colsum [G][N] of an int4 KN weight (two values per byte, low nibble first; rows ld bytes). */
+static void mm_gq_int4_colsums(const uint8_t *w, int64_t ld, int64_t K, int64_t N, int64_t gs,
+                               int32_t *colsum)
+{
+    const int64_t g_len = gs > 0 ? gs : (K > 0 ? K : 1);
+    const int64_t G = (K + g_len - 1) / g_len;
+    memset(colsum, 0, (size_t)(G * N) * sizeof *colsum);
+    for (int64_t k = 0; k < K; k++) {
+        const uint8_t *row = w + k * ld;
+        int32_t *cs = colsum + (k / g_len) * N;
+        for (int64_t n = 0; n < N; n++) {
+            const int v = (n & 1) ? row[n / 2] >> 4 : row[n / 2] & 15;
+            cs[n] += v >= 8 ? v - 16 : v;
+        }
+    }
+}
 
 megamoe_status_t mm_gmm_quant_pack(void **packs, int64_t e, const megamoe_grouped_matmul_args_t *a,
                                    const mm_gmm_plan_t *g, const void *src, uint64_t version,
@@ -87,12 +111,12 @@ megamoe_status_t mm_gmm_quant_pack(void **packs, int64_t e, const megamoe_groupe
     mm_gq_pack_t *p = packs[e];
     megamoe_status_t st;
     if (p && p->group_size != gs) { /* another K grouping: a new pack */
-        mm_qweight_destroy(p->w);
-        free(p);
+        mm_gmm_quant_destroy(p);
         packs[e] = p = NULL;
     }
+    int fresh = 0;
     if (p) {
-        st = mm_qweight_update(p->w, &s, version, repacked);
+        st = mm_qweight_update(p->w, &s, version, &fresh);
     } else {
         p = calloc(1, sizeof *p);
         st = p ? mm_qweight_create(&s, version, &p->w)
@@ -100,11 +124,27 @@ megamoe_status_t mm_gmm_quant_pack(void **packs, int64_t e, const megamoe_groupe
         if (st == MEGAMOE_OK) {
             p->group_size = gs;
             packs[e] = p;
-            if (repacked) *repacked = 1;
+            fresh = 1;
         } else {
             free(p);
+            p = NULL;
         }
     }
+    if (st == MEGAMOE_OK && fresh && a->weight_int4) {
+        const int64_t g_len = gs > 0 ? gs : (g->K > 0 ? g->K : 1);
+        const int64_t G = (g->K + g_len - 1) / g_len;
+        if (!p->colsum || p->groups != G) {
+            free(p->colsum);
+            p->colsum_bytes = (size_t)(G * g->N) * sizeof *p->colsum;
+            p->colsum = malloc(p->colsum_bytes + 1);
+            p->groups = G;
+        }
+        if (p->colsum)
+            mm_gq_int4_colsums(s.data, s.ld, g->K, g->N, gs, p->colsum);
+        else /* the pack stays valid; a later repack retries */
+            st = mm_error(MEGAMOE_OUT_OF_MEMORY, "%s: int4 column sums", mm_gq_fn);
+    }
+    if (fresh && repacked) *repacked = 1;
     free(dense);
     return st;
 }
@@ -112,13 +152,16 @@ megamoe_status_t mm_gmm_quant_pack(void **packs, int64_t e, const megamoe_groupe
 size_t mm_gmm_quant_packed_bytes(const void *pack)
 {
     const mm_gq_pack_t *p = pack;
-    return p ? mm_qweight_packed_bytes(p->w) : 0;
+    return p ? mm_qweight_packed_bytes(p->w) + (p->colsum ? p->colsum_bytes : 0) : 0;
 }
 
 void mm_gmm_quant_destroy(void *pack)
 {
     mm_gq_pack_t *p = pack;
-    if (p) mm_qweight_destroy(p->w);
+    if (p) {
+        mm_qweight_destroy(p->w);
+        free(p->colsum);
+    }
     free(p);
 }
 
@@ -309,11 +352,25 @@ megamoe_status_t mm_gmm_quant(const mm_gmm_plan_t *p)
         if (mm_cx_present(&a->antiquant_offset)) x->w_offset = woff + e * G * p->N;
         if (i32_bias) x->bias_i32 = (const int32_t *)a->bias.data + e * p->N;
         if (int4 && !weight_only) { /* A8W4: bias_pre = bias - 8 colsum(W * scale) */
-            const uint8_t *w8 = mm_gmm_weight(p, e);
-            st = megamoe_quant_w4a8_bias_pre(w8, p->K, p->N, wscale + e * G * p->N, gs,
-                                             mm_cx_present(&a->bias) ? bias + e * p->N : NULL,
-                                             pre + e * p->N);
-            x->bias_pre = pre + e * p->N;
+            const mm_gq_pack_t *pk = packs[e];
+            if (!pk->colsum || pk->groups != G) {
+                st = mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: expert %lld's packed int4 weight has "
+                              "%lld K groups of column sums, the call's scale %lld", mm_gq_fn,
+                              (long long)e, (long long)pk->groups, (long long)G);
+                break;
+            }
+            /* the sum of megamoe_quant_w4a8_bias_pre, group by group: each group's products
+             * are exact in double there, so the two agree */
+            const float *sc_e = wscale + e * G * p->N;
+            const float *b_e = mm_cx_present(&a->bias) ? bias + e * p->N : NULL;
+            float *pre_e = pre + e * p->N;
+            for (int64_t n = 0; n < p->N; n++) {
+                double sum = 0;
+                for (int64_t gi = 0; gi < G; gi++)
+                    sum += (double)pk->colsum[gi * p->N + n] * sc_e[gi * p->N + n];
+                pre_e[n] = (float)((b_e ? (double)b_e[n] : 0.0) - 8.0 * sum);
+            }
+            x->bias_pre = pre_e;
         } else if (mm_cx_present(&a->bias) && !i32_bias) {
             x->bias_post = bias + e * p->N;
         }

@@ -145,14 +145,20 @@ megamoe_status_t megamoe_quant_w4a8_bias_pre(const uint8_t *packed, int64_t K, i
     if (N > 0 && (bias_pre == NULL || (K > 0 && (packed == NULL || scales == NULL))))
         return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: NULL buffer", fn);
     const int64_t pc = (N + 1) / 2, g_len = group_size > 0 ? group_size : (K > 0 ? K : 1);
-    for (int64_t n = 0; n < N; n++) {
-        double s = 0;
-        for (int64_t k = 0; k < K; k++) {
-            const uint8_t b = packed[k * pc + n / 2];
-            const int v = (n & 1) ? b >> 4 : b & 15;
-            s += (double)(v >= 8 ? v - 16 : v) * scales[(k / g_len) * N + n];
+    /* row by row (the weight's order in memory), one running sum per column, k ascending */
+    double *s = calloc((size_t)N + 1, sizeof *s);
+    if (s == NULL)
+        return mm_error(MEGAMOE_OUT_OF_MEMORY, "%s: %lld column sums", fn, (long long)N);
+    for (int64_t k = 0; k < K; k++) {
+        const uint8_t *row = packed + k * pc;
+        const float *sc = scales + (k / g_len) * N;
+        for (int64_t n = 0; n < N; n++) {
+            const int v = (n & 1) ? row[n / 2] >> 4 : row[n / 2] & 15;
+            s[n] += (double)(v >= 8 ? v - 16 : v) * sc[n];
         }
-        bias_pre[n] = (float)((bias ? (double)bias[n] : 0.0) - 8.0 * s);
     }
+    for (int64_t n = 0; n < N; n++)
+        bias_pre[n] = (float)((bias ? (double)bias[n] : 0.0) - 8.0 * s[n]);
+    free(s);
     return MEGAMOE_OK;
 }

@@ -704,6 +704,43 @@ def test_gmm_a8w4_device_formula():
     close(y, ref, "A8W4")
 
 
+def test_gmm_a8w4_cached_column_sums_follow_weights_and_scales():
+    """A8W4's -8 colsum(W s) term comes from column sums kept with the packed weight (per K
+    group): they must follow an in-place weight update and the call's (changing) scales."""
+    e, k, n, m, groups = 2, 64, 64, 9, 1  # (the companion op's A8W4 scale is per channel)
+    counts = [5, 4]
+    g = torch.Generator().manual_seed(11)
+    v = torch.randint(-8, 8, (e, k, n), generator=g)
+    x = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=g)
+    pt = torch.rand(m, generator=g) + 0.5
+    w = _pack_int4(v)
+
+    def ref(v, s):
+        out = torch.zeros(m, n, dtype=F64)
+        start = 0
+        for gi, c in enumerate(counts):
+            ws = (v[gi].double().reshape(groups, k // groups, n) *
+                  s[gi].double().unsqueeze(1)).reshape(k, n)
+            out[start:start + c] = ((x[start:start + c].double() - 8) @ ws) * \
+                pt[start:start + c, None].double()
+            start += c
+        return out
+
+    def run(s):
+        return ops.npu_grouped_matmul([x], [w], scale=[s], per_token_scale=[pt],
+                                      group_list=torch.tensor(counts), group_list_type=1,
+                                      split_item=2, group_type=0, output_dtype=torch.float32)[0]
+    s1 = torch.rand(e, groups, n, generator=g) * 0.01
+    close(run(s1), ref(v, s1), "first call")
+    close(run(s1), ref(v, s1), "second call (the kept pack)")
+    s2 = torch.rand(e, groups, n, generator=g) * 0.02  # new scales, same packed weight
+    close(run(s2), ref(v, s2), "new scales")
+    v2 = torch.randint(-8, 8, (e, k, n), generator=g)
+    with torch.no_grad():
+        w.copy_(_pack_int4(v2))  # in place: re-packed, column sums remade
+    close(run(s2), ref(v2, s2), "after an in-place weight update")
+
+
 @pytest.mark.parametrize("v2", [False, True])
 def test_grouped_matmul_swiglu_quant(v2):
     e, k, n, m = 3, 64, 96, 13
