@@ -105,20 +105,24 @@ static megamoe_status_t mm_gmm_plan(const megamoe_grouped_matmul_args_t *a, mm_g
         p->counts[0] = p->total = p->M;
     }
     for (int64_t g = 0; g < p->E; g++) p->starts[g + 1] = p->starts[g] + p->counts[g];
-    /* per-group [E, N] parameters: [N] is accepted for one group */
+    /* per-group [E, N] parameters: [N] is accepted for one group; an int4 weight's scale may
+     * also be per K group, [E, G, N] (A8W4 per-group dequantisation; gmm_quant.c checks G) */
     const megamoe_tensor_t *per_n[] = {&a->bias, &a->scale};
     const char *per_n_name[] = {"bias", "scale"};
     for (int i = 0; i < 2; i++) {
         const megamoe_tensor_t *t = per_n[i];
         if (!mm_cx_present(t)) continue;
+        const int k_groups = i == 1 && a->weight_int4;
         int ok = (t->ndim == 2 && t->shape[0] == p->E && t->shape[1] == p->N) ||
-                 (t->ndim == 3 && t->shape[0] == p->E && t->shape[1] == 1 && t->shape[2] == p->N) ||
+                 (t->ndim == 3 && t->shape[0] == p->E && (t->shape[1] == 1 || k_groups) &&
+                  t->shape[2] == p->N) ||
                  (t->ndim == 1 && p->E == 1 && t->shape[0] == p->N);
         if (!ok) {
             char got[96];
-            return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: %s has shape %s, expected [%lld, %lld]",
+            return mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: %s has shape %s, expected [%lld, %lld]%s",
                             fn, per_n_name[i], mm_cx_shape_str(t, got, sizeof got),
-                            (long long)p->E, (long long)p->N);
+                            (long long)p->E, (long long)p->N,
+                            k_groups ? " (or [E, G, N] per K group)" : "");
         }
     }
     if (mm_cx_present(&a->bias) && !mm_cx_is_float(a->bias.dtype) &&

@@ -704,10 +704,12 @@ def test_gmm_a8w4_device_formula():
     close(y, ref, "A8W4")
 
 
-def test_gmm_a8w4_cached_column_sums_follow_weights_and_scales():
+@pytest.mark.parametrize("groups", [1, 4])
+def test_gmm_a8w4_cached_column_sums_follow_weights_and_scales(groups):
     """A8W4's -8 colsum(W s) term comes from column sums kept with the packed weight (per K
-    group): they must follow an in-place weight update and the call's (changing) scales."""
-    e, k, n, m, groups = 2, 64, 64, 9, 1  # (the companion op's A8W4 scale is per channel)
+    group): they must follow an in-place weight update and the call's (changing) scales.
+    groups > 1: the per-group scale [E, G, N] (swiglu_quant_v2's dequant_mode 1)."""
+    e, k, n, m = 2, 64, 64, 9
     counts = [5, 4]
     g = torch.Generator().manual_seed(11)
     v = torch.randint(-8, 8, (e, k, n), generator=g)
@@ -739,6 +741,33 @@ def test_gmm_a8w4_cached_column_sums_follow_weights_and_scales():
     with torch.no_grad():
         w.copy_(_pack_int4(v2))  # in place: re-packed, column sums remade
     close(run(s2), ref(v2, s2), "after an in-place weight update")
+
+
+def test_grouped_matmul_swiglu_quant_v2_a8w4_per_group():
+    """A8W4 with per-K-group scales (dequant_mode 1) and the weight-assist matrix 8 colsum(W s):
+    the device's ((X - 8)(W s) + assist) p, i.e. X (W s) p, then SwiGLU and per-row int8."""
+    e, k, n, m, groups = 2, 64, 64, 11, 4
+    counts = [6, 3]  # 9 of 11 rows
+    g = torch.Generator().manual_seed(13)
+    v = torch.randint(-8, 8, (e, k, n), generator=g)
+    s = torch.rand(e, groups, n, generator=g) * 0.01
+    ws = (v.double().reshape(e, groups, k // groups, n) * s.double().unsqueeze(2)).reshape(e, k, n)
+    assist = 8 * ws.sum(1)
+    x = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=g)
+    xs = torch.rand(m, generator=g) + 0.5
+    out, scale = ops.npu_grouped_matmul_swiglu_quant_v2(
+        x, [_pack_int4(v)], [s], xs, torch.tensor(counts), weight_assist_matrix=[assist.float()],
+        dequant_mode=1, group_list_type=1)
+    c = torch.zeros(m, n, dtype=F64)
+    start = 0
+    for gi, cnt in enumerate(counts):
+        c[start:start + cnt] = (x[start:start + cnt].double() @ ws[gi]) * \
+            xs[start:start + cnt, None].double()
+        start += cnt
+    qr, sr = quant_rows(swiglu(c)[:9])
+    assert (out[:9].int() - qr.int()).abs().max() <= 1
+    assert torch.allclose(scale[:9], sr, rtol=1e-4)
+    assert (out[9:] == 0).all() and (scale[9:] == 0).all()
 
 
 @pytest.mark.parametrize("v2", [False, True])
