@@ -130,7 +130,7 @@ megamoe_status_t mm_gmm_quant_pack(void **packs, int64_t e, const megamoe_groupe
             p = NULL;
         }
     }
-    if (st == MEGAMOE_OK && fresh && a->weight_int4) {
+    if (st == MEGAMOE_OK && a->weight_int4 && (fresh || !p->colsum)) {
         const int64_t g_len = gs > 0 ? gs : (g->K > 0 ? g->K : 1);
         const int64_t G = (g->K + g_len - 1) / g_len;
         if (!p->colsum || p->groups != G) {
@@ -141,7 +141,7 @@ megamoe_status_t mm_gmm_quant_pack(void **packs, int64_t e, const megamoe_groupe
         }
         if (p->colsum)
             mm_gq_int4_colsums(s.data, s.ld, g->K, g->N, gs, p->colsum);
-        else /* the pack stays valid; a later repack retries */
+        else /* the pack stays valid; the next call retries */
             st = mm_error(MEGAMOE_OUT_OF_MEMORY, "%s: int4 column sums", mm_gq_fn);
     }
     if (fresh && repacked) *repacked = 1;
@@ -354,9 +354,11 @@ megamoe_status_t mm_gmm_quant(const mm_gmm_plan_t *p)
         if (int4 && !weight_only) { /* A8W4: bias_pre = bias - 8 colsum(W * scale) */
             const mm_gq_pack_t *pk = packs[e];
             if (!pk->colsum || pk->groups != G) {
-                st = mm_error(MEGAMOE_INVALID_ARGUMENT, "%s: expert %lld's packed int4 weight has "
-                              "%lld K groups of column sums, the call's scale %lld", mm_gq_fn,
-                              (long long)e, (long long)pk->groups, (long long)G);
+                st = mm_error(pk->colsum ? MEGAMOE_INVALID_ARGUMENT : MEGAMOE_OUT_OF_MEMORY,
+                              "%s: expert %lld's packed int4 weight has %s column sums for the "
+                              "call's %lld K groups (its packing %s); re-pack the weights", mm_gq_fn,
+                              (long long)e, pk->colsum ? "other" : "no", (long long)G,
+                              pk->colsum ? "saw other scales" : "could not allocate them");
                 break;
             }
             /* the sum of megamoe_quant_w4a8_bias_pre, group by group: each group's products
