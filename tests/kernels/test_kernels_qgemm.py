@@ -118,6 +118,33 @@ def test_qgemm_int8_activations_bit_exact(int4, gs, c_type, vector):
 
 
 @pytest.mark.parametrize("int4", [0, 1])
+@pytest.mark.parametrize("gs,c_type", [(0, INT32), (0, FP32), (40, BF16)])
+@pytest.mark.parametrize("vector", [True, False])
+def test_qgemm_decode_blocks_of_several_tiles_bit_exact(int4, gs, c_type, vector):
+    """Decode-size experts of 7-36 rows run several tiles over shared chunks of K, with the
+    next chunk prefetched by the tiles; K = 600 gives several chunks, an odd quad count and,
+    with gs 40, K groups inside a chunk."""
+    e, k, n = 4, 600, 130
+    lo, hi = (-8, 7) if int4 else (-128, 127)
+    vals = rng.integers(lo, hi + 1, size=(e, k, n)).astype(np.int8)
+    rows = [7, 13, 36, 8]
+    r = sum(rows)
+    a = rng.integers(-128, 128, size=(70, k)).astype(np.int8)
+    index = rng.integers(0, 70, size=r).astype(np.int32)
+    groups = (k + gs - 1) // gs if gs else 1
+    fl = c_type != INT32
+    xs = rng.uniform(0.001, 0.05, 70).astype(f32) if fl else None
+    ws = rng.uniform(-0.02, 0.02, (e, groups, n)).astype(f32) if fl else None
+    bpre = rng.uniform(-2, 2, (e, n)).astype(f32) if fl else None
+    with vector_mode(vector):
+        got = qgemm(vals, int4, int4, gs, rows, a, INT8, c_type, index, xs, ws, None, bpre, None,
+                    None)
+    want = reference_int(vals, gs, rows, a, index, xs, ws, bpre, None, None, c_type)
+    assert np.array_equal(got.view(np.uint32 if got.itemsize == 4 else np.uint16),
+                          want.view(np.uint32 if want.itemsize == 4 else np.uint16))
+
+
+@pytest.mark.parametrize("int4", [0, 1])
 @pytest.mark.parametrize("gs", [0, 16])
 def test_qgemm_weight_only_close_to_fp64(int4, gs):
     e, k, n = 2, 67, 70
