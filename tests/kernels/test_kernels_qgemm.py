@@ -92,20 +92,26 @@ def reference_int(vals, gs, rows, a, index, xs, ws, bpre, bpost, bi32, c_type):
     return np.concatenate(out, axis=0) if out else None
 
 
+# (e, k, n, rows per expert, rows of A): single tiles and big blocks; and decode blocks of
+# 7-36 rows, whose tiles share chunks of K (K = 600: several chunks, an odd quad count, K
+# groups inside a chunk) with the next chunk prefetched by the tiles
+QGEMM_I8_SHAPES = [(3, 100, 90, [5, 0, 40], 30), (4, 600, 130, [7, 13, 36, 8], 70)]
+
+
 @pytest.mark.parametrize("int4", [0, 1])
 @pytest.mark.parametrize("gs,c_type", [(0, FP32), (0, BF16), (0, INT32), (32, FP32), (32, BF16)])
 @pytest.mark.parametrize("vector", [True, False])
-def test_qgemm_int8_activations_bit_exact(int4, gs, c_type, vector):
-    e, k, n = 3, 100, 90
+@pytest.mark.parametrize("shape", QGEMM_I8_SHAPES, ids=["tiles_and_big", "decode_blocks"])
+def test_qgemm_int8_activations_bit_exact(int4, gs, c_type, vector, shape):
+    e, k, n, rows, na = shape
     lo, hi = (-8, 7) if int4 else (-128, 127)
     vals = rng.integers(lo, hi + 1, size=(e, k, n)).astype(np.int8)
-    rows = [5, 0, 40]
     r = sum(rows)
-    a = rng.integers(-128, 128, size=(30, k)).astype(np.int8)
-    index = rng.integers(0, 30, size=r).astype(np.int32)
+    a = rng.integers(-128, 128, size=(na, k)).astype(np.int8)
+    index = rng.integers(0, na, size=r).astype(np.int32)
     groups = (k + gs - 1) // gs if gs else 1
     fl = c_type != INT32
-    xs = rng.uniform(0.001, 0.05, 30).astype(f32) if fl else None
+    xs = rng.uniform(0.001, 0.05, na).astype(f32) if fl else None
     ws = rng.uniform(-0.02, 0.02, (e, groups, n)).astype(f32) if fl else None
     bpre = rng.uniform(-2, 2, (e, n)).astype(f32) if fl else None
     bpost = rng.uniform(-1, 1, (e, n)).astype(f32) if fl else None
@@ -113,33 +119,6 @@ def test_qgemm_int8_activations_bit_exact(int4, gs, c_type, vector):
     with vector_mode(vector):
         got = qgemm(vals, int4, int4, gs, rows, a, INT8, c_type, index, xs, ws, None, bpre, bpost, bi32)
     want = reference_int(vals, gs, rows, a, index, xs, ws, bpre, bpost, bi32, c_type)
-    assert np.array_equal(got.view(np.uint32 if got.itemsize == 4 else np.uint16),
-                          want.view(np.uint32 if want.itemsize == 4 else np.uint16))
-
-
-@pytest.mark.parametrize("int4", [0, 1])
-@pytest.mark.parametrize("gs,c_type", [(0, INT32), (0, FP32), (40, BF16)])
-@pytest.mark.parametrize("vector", [True, False])
-def test_qgemm_decode_blocks_of_several_tiles_bit_exact(int4, gs, c_type, vector):
-    """Decode-size experts of 7-36 rows run several tiles over shared chunks of K, with the
-    next chunk prefetched by the tiles; K = 600 gives several chunks, an odd quad count and,
-    with gs 40, K groups inside a chunk."""
-    e, k, n = 4, 600, 130
-    lo, hi = (-8, 7) if int4 else (-128, 127)
-    vals = rng.integers(lo, hi + 1, size=(e, k, n)).astype(np.int8)
-    rows = [7, 13, 36, 8]
-    r = sum(rows)
-    a = rng.integers(-128, 128, size=(70, k)).astype(np.int8)
-    index = rng.integers(0, 70, size=r).astype(np.int32)
-    groups = (k + gs - 1) // gs if gs else 1
-    fl = c_type != INT32
-    xs = rng.uniform(0.001, 0.05, 70).astype(f32) if fl else None
-    ws = rng.uniform(-0.02, 0.02, (e, groups, n)).astype(f32) if fl else None
-    bpre = rng.uniform(-2, 2, (e, n)).astype(f32) if fl else None
-    with vector_mode(vector):
-        got = qgemm(vals, int4, int4, gs, rows, a, INT8, c_type, index, xs, ws, None, bpre, None,
-                    None)
-    want = reference_int(vals, gs, rows, a, index, xs, ws, bpre, None, None, c_type)
     assert np.array_equal(got.view(np.uint32 if got.itemsize == 4 else np.uint16),
                           want.view(np.uint32 if want.itemsize == 4 else np.uint16))
 
