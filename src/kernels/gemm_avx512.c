@@ -53,6 +53,14 @@
  * 1 KiB 25-26 / 86-87 / 129-132, 2 KiB 27 / 93-94 / 138-141, 4 KiB into L1 27-28 / 96-99 /
  * 144-149, 4 KiB into L2 29 / 105-106 / 145-150, 8 KiB into L2 28 / 105-106 / 149-151. */
 #define MM_AVX_DECODE_ROWS 36
+/* The FMA form (no AVX512-BF16) makes B's fp32 halves in registers: 8 logic ops per 48 FMAs,
+ * on the same two vector ports. Row blocks of at least this many tiles widen each B slice
+ * once into an fp32 copy in L2 (twice the bytes, the same bits) that all their tiles read
+ * instead. Xeon VM (family 6 model 207), `bench gemm --quick --no-probe --no-quant --shape
+ * m2048 / m512`, alternated twice, GFLOP/s one / two threads: M = 2048 132-141 / 237-261 ->
+ * 155 / 290-306 (89 % of the FMA peak with one thread), M = 512 122-136 / 231-240 -> 137-157 /
+ * 271-272. Fewer tiles would not pay for the widening pass; decode calls never widen. */
+#define MM_AVX_WIDE_TILES 8
 #define MM_AVX_PF_AHEAD_DECODE 256
 
 static megamoe_status_t mm_avx512_probe(void)
@@ -162,6 +170,12 @@ static megamoe_status_t mm_avx512_gemm(const mm_gemm_args_t *a)
     const size_t a_elems = (size_t)(tiles_max * MM_AVX_MR * pl.K2);
     uint32_t *abuf = mm_gemm_scratch(2, (fma ? 2 : 1) * a_elems * sizeof(uint32_t));
     if (abuf == NULL) return MEGAMOE_OUT_OF_MEMORY;
+    /* the FMA form's widened B slice (MM_AVX_WIDE_TILES) */
+    float *bwide = NULL;
+    if (fma && tiles_max >= MM_AVX_WIDE_TILES) {
+        bwide = mm_gemm_scratch(4, (size_t)pl.kcp * 2 * MM_AVX_NR * sizeof(float));
+        if (bwide == NULL) return MEGAMOE_OUT_OF_MEMORY;
+    }
     float *acc = NULL;
     if (pl.nkb > 1) {
         acc = mm_gemm_scratch(3, (size_t)(tiles_max * MM_AVX_MR * MM_AVX_NR) * sizeof(float));
@@ -222,6 +236,11 @@ static megamoe_status_t mm_avx512_gemm(const mm_gemm_args_t *a)
                 const int64_t per_tile = (lines + pf_round - 1) / pf_round;
                 u.kp = kc;
                 u.b = panel + (size_t)p0 * 2 * MM_AVX_NR;
+                u.bw = NULL;
+                if (bwide && tiles >= MM_AVX_WIDE_TILES) {
+                    mm_avx512_widen_b(bwide, u.b, kc);
+                    u.bw = bwide;
+                }
                 u.cont = p0 > 0;
                 u.last = p0 + kc >= pl.K2;
                 for (int64_t t = 0; t < tiles; t++) {
@@ -232,7 +251,9 @@ static megamoe_status_t mm_avx512_gemm(const mm_gemm_args_t *a)
                     u.pf = NULL;
                     u.npf = 0;
                     u.pf_l1 = 0;
-                    if (t == 0) { /* the slice's first tile: its own slice, ahead of its loads */
+                    if (t == 0 && u.bw) {
+                        /* the widening pass has read the slice */
+                    } else if (t == 0) { /* the slice's first tile: its own slice, ahead of its loads */
                         const int64_t ahead = decode ? MM_AVX_PF_AHEAD_DECODE : MM_AVX_PF_AHEAD;
                         u.pf_l1 = decode;
                         u.pf = (const char *)u.b + ahead;

@@ -30,14 +30,30 @@
 
 #define MM_UKR_INLINE static inline __attribute__((always_inline))
 
-/* One k pair: acc[r][j] += A pair(r) . B(j) for r < MR_ (FMA_: two fp32 FMAs per pair). */
+/* One k pair: acc[r][j] += A pair(r) . B(j) for r < MR_ (FMA_: two fp32 FMAs per pair, on B's
+ * halves made in registers (1) or read widened from bw (2)). */
 #define MM_UKR_STEP(MR_, FMA_)                                                              \
     do {                                                                                    \
         const __m512i b0_ = _mm512_load_si512((const void *)b);                             \
         const __m512i b1_ = _mm512_load_si512((const void *)(b + 32));                      \
         const __m512i b2_ = _mm512_load_si512((const void *)(b + 64));                      \
         const __m512i b3_ = _mm512_load_si512((const void *)(b + 96));                      \
-        if (FMA_) {                                                                         \
+        if ((FMA_) == 2) {                                                                  \
+            const __m512 h0_ = _mm512_load_ps(bw), h1_ = _mm512_load_ps(bw + 16);          \
+            const __m512 h2_ = _mm512_load_ps(bw + 32), h3_ = _mm512_load_ps(bw + 48);     \
+            const __m512 l0_ = _mm512_load_ps(bw + 64), l1_ = _mm512_load_ps(bw + 80);     \
+            const __m512 l2_ = _mm512_load_ps(bw + 96), l3_ = _mm512_load_ps(bw + 112);    \
+            _Pragma("GCC unroll 6") for (int r_ = 0; r_ < (MR_); r_++)                     \
+            {                                                                               \
+                const __m512 ah_ = _mm512_castsi512_ps(_mm512_set1_epi32((int)a[2 * r_]));  \
+                const __m512 al_ = _mm512_castsi512_ps(_mm512_set1_epi32((int)a[2 * r_ + 1])); \
+                acc[r_][0] = _mm512_fmadd_ps(al_, l0_, _mm512_fmadd_ps(ah_, h0_, acc[r_][0])); \
+                acc[r_][1] = _mm512_fmadd_ps(al_, l1_, _mm512_fmadd_ps(ah_, h1_, acc[r_][1])); \
+                acc[r_][2] = _mm512_fmadd_ps(al_, l2_, _mm512_fmadd_ps(ah_, h2_, acc[r_][2])); \
+                acc[r_][3] = _mm512_fmadd_ps(al_, l3_, _mm512_fmadd_ps(ah_, h3_, acc[r_][3])); \
+            }                                                                               \
+            bw += 2 * MM_AVX_NR;                                                            \
+        } else if (FMA_) {                                                                  \
             const __m512i hi_ = _mm512_set1_epi32((int)0xffff0000u);                        \
             const __m512 h0_ = _mm512_castsi512_ps(_mm512_and_si512(b0_, hi_));            \
             const __m512 h1_ = _mm512_castsi512_ps(_mm512_and_si512(b1_, hi_));            \
@@ -82,6 +98,7 @@ MM_TARGET_AVX512BF16 MM_UKR_INLINE void mm_ukr(const int MR_, const int FMA_,
     const int64_t kp = p->kp, ldc = p->ldc, nr = p->nr;
     const uint32_t *a = p->a;
     const uint16_t *b = p->b;
+    const float *bw = p->bw;
     float *const tile = p->acc;
     const int last = p->last, c_bf16 = p->c_bf16, accumulate = p->accumulate;
     void *const cv = p->c;
@@ -199,6 +216,11 @@ MM_TARGET_AVX512BF16 MM_UKR_INLINE void mm_ukr(const int MR_, const int FMA_,
         const mm_avx512_ukr_args_t *p)                                                      \
     {                                                                                       \
         mm_ukr(MR_, 1, p);                                                                  \
+    }                                                                                       \
+    MM_TARGET_AVX512BF16 __attribute__((noinline)) static void mm_ukr_fmaw_##MR_(          \
+        const mm_avx512_ukr_args_t *p)                                                      \
+    {                                                                                       \
+        mm_ukr(MR_, 2, p);                                                                  \
     }
 MM_UKR_DEF(1)
 MM_UKR_DEF(2)
@@ -212,11 +234,29 @@ static const mm_ukr_fn mm_ukr_bf16[MM_AVX_MR] = {mm_ukr_bf16_1, mm_ukr_bf16_2, m
                                                  mm_ukr_bf16_4, mm_ukr_bf16_5, mm_ukr_bf16_6};
 static const mm_ukr_fn mm_ukr_fma[MM_AVX_MR] = {mm_ukr_fma_1, mm_ukr_fma_2, mm_ukr_fma_3,
                                                 mm_ukr_fma_4, mm_ukr_fma_5, mm_ukr_fma_6};
+static const mm_ukr_fn mm_ukr_fmaw[MM_AVX_MR] = {mm_ukr_fmaw_1, mm_ukr_fmaw_2, mm_ukr_fmaw_3,
+                                                 mm_ukr_fmaw_4, mm_ukr_fmaw_5, mm_ukr_fmaw_6};
 
 void mm_avx512_ukernel(int mr, const mm_avx512_ukr_args_t *p)
 {
     const int i = (mr < 1 ? 1 : mr > MM_AVX_MR ? MM_AVX_MR : mr) - 1;
-    (mm_avx512_kernel_is_fma() ? mm_ukr_fma : mm_ukr_bf16)[i](p);
+    (p->bw ? mm_ukr_fmaw : mm_avx512_kernel_is_fma() ? mm_ukr_fma : mm_ukr_bf16)[i](p);
+}
+
+/* [kp][64][2] bf16 pairs -> [kp][8][16] fp32: per pair the 4 vectors of odd elements (the
+ * high halves), then the 4 of even ones, the bits the FMA kernel makes in registers. */
+MM_TARGET_AVX512 void mm_avx512_widen_b(float *dst, const uint16_t *b, int64_t kp)
+{
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    for (int64_t k = 0; k < kp; k++, b += 2 * MM_AVX_NR, dst += 2 * MM_AVX_NR) {
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
+        {
+            _mm_prefetch((const char *)(b + 32 * j) + 4096, _MM_HINT_T0);
+            const __m512i x = _mm512_load_si512((const void *)(b + 32 * j));
+            _mm512_store_si512((void *)(dst + 16 * j), _mm512_and_si512(x, hi));
+            _mm512_store_si512((void *)(dst + 64 + 16 * j), _mm512_slli_epi32(x, 16));
+        }
+    }
 }
 
 int mm_avx512_kernel_is_fma(void) { return !mm_cpu_has_avx512_bf16(); }

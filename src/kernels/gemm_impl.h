@@ -53,7 +53,7 @@ void mm_gemm_packed_free_from(void *p, size_t bytes, size_t huge_from);
 /* Per-thread scratch buffer `slot` (0..MM_GEMM_SCRATCH_SLOTS-1) of at least `bytes`, 64-byte
  * aligned; valid until the next request of that slot on the same thread; freed at thread
  * exit. NULL (after mm_error OUT_OF_MEMORY) when it cannot grow. */
-#define MM_GEMM_SCRATCH_SLOTS 4
+#define MM_GEMM_SCRATCH_SLOTS 5
 void *mm_gemm_scratch(int slot, size_t bytes);
 
 /* C[r, 0..cols) for r < rows (C points at the sub-block's first element, row stride ldc, type
