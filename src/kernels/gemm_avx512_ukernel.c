@@ -34,35 +34,29 @@
  * halves made in registers (1) or read widened from bw (2)). */
 #define MM_UKR_STEP(MR_, FMA_)                                                              \
     do {                                                                                    \
-        const __m512i b0_ = _mm512_load_si512((const void *)b);                             \
-        const __m512i b1_ = _mm512_load_si512((const void *)(b + 32));                      \
-        const __m512i b2_ = _mm512_load_si512((const void *)(b + 64));                      \
-        const __m512i b3_ = _mm512_load_si512((const void *)(b + 96));                      \
-        if ((FMA_) == 2) {                                                                  \
-            const __m512 h0_ = _mm512_load_ps(bw), h1_ = _mm512_load_ps(bw + 16);          \
-            const __m512 h2_ = _mm512_load_ps(bw + 32), h3_ = _mm512_load_ps(bw + 48);     \
-            const __m512 l0_ = _mm512_load_ps(bw + 64), l1_ = _mm512_load_ps(bw + 80);     \
-            const __m512 l2_ = _mm512_load_ps(bw + 96), l3_ = _mm512_load_ps(bw + 112);    \
-            _Pragma("GCC unroll 6") for (int r_ = 0; r_ < (MR_); r_++)                     \
-            {                                                                               \
-                const __m512 ah_ = _mm512_castsi512_ps(_mm512_set1_epi32((int)a[2 * r_]));  \
-                const __m512 al_ = _mm512_castsi512_ps(_mm512_set1_epi32((int)a[2 * r_ + 1])); \
-                acc[r_][0] = _mm512_fmadd_ps(al_, l0_, _mm512_fmadd_ps(ah_, h0_, acc[r_][0])); \
-                acc[r_][1] = _mm512_fmadd_ps(al_, l1_, _mm512_fmadd_ps(ah_, h1_, acc[r_][1])); \
-                acc[r_][2] = _mm512_fmadd_ps(al_, l2_, _mm512_fmadd_ps(ah_, h2_, acc[r_][2])); \
-                acc[r_][3] = _mm512_fmadd_ps(al_, l3_, _mm512_fmadd_ps(ah_, h3_, acc[r_][3])); \
+        if (FMA_) {                                                                         \
+            __m512 h0_, h1_, h2_, h3_, l0_, l1_, l2_, l3_;                                  \
+            if ((FMA_) == 2) {                                                              \
+                h0_ = _mm512_load_ps(bw), h1_ = _mm512_load_ps(bw + 16);                    \
+                h2_ = _mm512_load_ps(bw + 32), h3_ = _mm512_load_ps(bw + 48);               \
+                l0_ = _mm512_load_ps(bw + 64), l1_ = _mm512_load_ps(bw + 80);               \
+                l2_ = _mm512_load_ps(bw + 96), l3_ = _mm512_load_ps(bw + 112);              \
+                bw += 2 * MM_AVX_NR;                                                        \
+            } else {                                                                        \
+                const __m512i hi_ = _mm512_set1_epi32((int)0xffff0000u);                    \
+                const __m512i b0_ = _mm512_load_si512((const void *)b);                     \
+                const __m512i b1_ = _mm512_load_si512((const void *)(b + 32));              \
+                const __m512i b2_ = _mm512_load_si512((const void *)(b + 64));              \
+                const __m512i b3_ = _mm512_load_si512((const void *)(b + 96));              \
+                h0_ = _mm512_castsi512_ps(_mm512_and_si512(b0_, hi_));                      \
+                h1_ = _mm512_castsi512_ps(_mm512_and_si512(b1_, hi_));                      \
+                h2_ = _mm512_castsi512_ps(_mm512_and_si512(b2_, hi_));                      \
+                h3_ = _mm512_castsi512_ps(_mm512_and_si512(b3_, hi_));                      \
+                l0_ = _mm512_castsi512_ps(_mm512_slli_epi32(b0_, 16));                      \
+                l1_ = _mm512_castsi512_ps(_mm512_slli_epi32(b1_, 16));                      \
+                l2_ = _mm512_castsi512_ps(_mm512_slli_epi32(b2_, 16));                      \
+                l3_ = _mm512_castsi512_ps(_mm512_slli_epi32(b3_, 16));                      \
             }                                                                               \
-            bw += 2 * MM_AVX_NR;                                                            \
-        } else if (FMA_) {                                                                  \
-            const __m512i hi_ = _mm512_set1_epi32((int)0xffff0000u);                        \
-            const __m512 h0_ = _mm512_castsi512_ps(_mm512_and_si512(b0_, hi_));            \
-            const __m512 h1_ = _mm512_castsi512_ps(_mm512_and_si512(b1_, hi_));            \
-            const __m512 h2_ = _mm512_castsi512_ps(_mm512_and_si512(b2_, hi_));            \
-            const __m512 h3_ = _mm512_castsi512_ps(_mm512_and_si512(b3_, hi_));            \
-            const __m512 l0_ = _mm512_castsi512_ps(_mm512_slli_epi32(b0_, 16));            \
-            const __m512 l1_ = _mm512_castsi512_ps(_mm512_slli_epi32(b1_, 16));            \
-            const __m512 l2_ = _mm512_castsi512_ps(_mm512_slli_epi32(b2_, 16));            \
-            const __m512 l3_ = _mm512_castsi512_ps(_mm512_slli_epi32(b3_, 16));            \
             _Pragma("GCC unroll 6") for (int r_ = 0; r_ < (MR_); r_++)                     \
             {                                                                               \
                 const __m512 ah_ = _mm512_castsi512_ps(_mm512_set1_epi32((int)a[2 * r_]));  \
@@ -73,6 +67,10 @@
                 acc[r_][3] = _mm512_fmadd_ps(al_, l3_, _mm512_fmadd_ps(ah_, h3_, acc[r_][3])); \
             }                                                                               \
         } else {                                                                            \
+            const __m512i b0_ = _mm512_load_si512((const void *)b);                         \
+            const __m512i b1_ = _mm512_load_si512((const void *)(b + 32));                  \
+            const __m512i b2_ = _mm512_load_si512((const void *)(b + 64));                  \
+            const __m512i b3_ = _mm512_load_si512((const void *)(b + 96));                  \
             _Pragma("GCC unroll 6") for (int r_ = 0; r_ < (MR_); r_++)                     \
             {                                                                               \
                 const __m512bh a_ = (__m512bh)_mm512_set1_epi32((int)a[r_]);                \
