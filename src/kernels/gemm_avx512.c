@@ -59,7 +59,11 @@
  * instead. Xeon VM (family 6 model 207), `bench gemm --quick --no-probe --no-quant --shape
  * m2048 / m512`, alternated twice, GFLOP/s one / two threads: M = 2048 132-141 / 237-261 ->
  * 155 / 290-306 (89 % of the FMA peak with one thread), M = 512 122-136 / 231-240 -> 137-157 /
- * 271-272. Fewer tiles would not pay for the widening pass; decode calls never widen. */
+ * 271-272. Fewer tiles would not pay for the widening; decode calls never widen. The
+ * slice's first tile widens it while it computes (it makes the halves in registers anyway;
+ * the stores use other ports) instead of a separate pass before it: `bench gemm --seconds 2
+ * --no-probe --no-quant`, packed, one thread, best GFLOP/s, three alternations: M = 128
+ * 153 / 157 / 156 -> 159 / 159 / 160, M = 2048 161 / 162 / 162 -> 164 / 164 / 164. */
 #define MM_AVX_WIDE_TILES 8
 #define MM_AVX_PF_AHEAD_DECODE 256
 
@@ -236,11 +240,8 @@ static megamoe_status_t mm_avx512_gemm(const mm_gemm_args_t *a)
                 const int64_t per_tile = (lines + pf_round - 1) / pf_round;
                 u.kp = kc;
                 u.b = panel + (size_t)p0 * 2 * MM_AVX_NR;
-                u.bw = NULL;
-                if (bwide && tiles >= MM_AVX_WIDE_TILES) {
-                    mm_avx512_widen_b(bwide, u.b, kc);
-                    u.bw = bwide;
-                }
+                /* the first tile widens the slice while it computes, the others read it */
+                const int widen = bwide && tiles >= MM_AVX_WIDE_TILES;
                 u.cont = p0 > 0;
                 u.last = p0 + kc >= pl.K2;
                 for (int64_t t = 0; t < tiles; t++) {
@@ -251,9 +252,9 @@ static megamoe_status_t mm_avx512_gemm(const mm_gemm_args_t *a)
                     u.pf = NULL;
                     u.npf = 0;
                     u.pf_l1 = 0;
-                    if (t == 0 && u.bw) {
-                        /* the widening pass has read the slice */
-                    } else if (t == 0) { /* the slice's first tile: its own slice, ahead of its loads */
+                    u.bw = widen && t > 0 ? bwide : NULL;
+                    u.bw_out = widen && t == 0 ? bwide : NULL;
+                    if (t == 0) { /* the slice's first tile: its own slice, ahead of its loads */
                         const int64_t ahead = decode ? MM_AVX_PF_AHEAD_DECODE : MM_AVX_PF_AHEAD;
                         u.pf_l1 = decode;
                         u.pf = (const char *)u.b + ahead;

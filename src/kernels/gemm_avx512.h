@@ -35,7 +35,11 @@ typedef struct mm_avx512_ukr_args {
     const uint32_t *a; /* A micro-panel [kp][MM_AVX_MR]; the FMA form's [kp][MM_AVX_MR][2]:
                           the fp32 bits of each pair's odd element, then of its even one */
     const uint16_t *b; /* B slice [kp][64][2], 64-byte aligned */
-    const float *bw;   /* the FMA form: the same slice widened (mm_avx512_widen_b), or NULL */
+    /* The FMA form's widened slice, [kp][8][16] fp32 (per pair the 4 vectors of odd
+     * elements, then the 4 of even ones; 64-byte aligned): read from bw (else the halves are
+     * made in registers), or made in registers and also written to bw_out. NULL: neither. */
+    const float *bw;
+    float *bw_out;
     /* fp32 partial sums of the tile, [MM_AVX_MR][64] contiguous: read first when `cont`
      * (continue a K chain), written at the end unless `last`. */
     float *acc;
@@ -57,9 +61,6 @@ typedef struct mm_avx512_ukr_args {
  * else two fp32 FMAs per pair (mm_avx512_kernel_is_fma). */
 void mm_avx512_ukernel(int mr, const mm_avx512_ukr_args_t *args);
 int mm_avx512_kernel_is_fma(void);
-/* The FMA form's widened B slice: [kp][64][2] bf16 -> [kp][8][16] fp32 (per pair the odd
- * elements' 4 vectors, then the even ones'), 64-byte aligned. */
-void mm_avx512_widen_b(float *dst, const uint16_t *b, int64_t kp);
 
 /* Pack pairs [p0, p0 + kp) of rows [0, rows) (rows <= MM_AVX_MR; row r starts at rowp[r],
  * K valid elements) into one A micro-panel [kp][MM_AVX_MR]; missing rows are 0. The same

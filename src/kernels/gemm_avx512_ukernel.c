@@ -31,7 +31,8 @@
 #define MM_UKR_INLINE static inline __attribute__((always_inline))
 
 /* One k pair: acc[r][j] += A pair(r) . B(j) for r < MR_ (FMA_: two fp32 FMAs per pair, on B's
- * halves made in registers (1) or read widened from bw (2)). */
+ * halves made in registers (1), read widened from bw (2), or made in registers and also
+ * stored to bwo (3): the first tile of a slice widens it for the others while it computes). */
 #define MM_UKR_STEP(MR_, FMA_)                                                              \
     do {                                                                                    \
         if (FMA_) {                                                                         \
@@ -56,6 +57,13 @@
                 l1_ = _mm512_castsi512_ps(_mm512_slli_epi32(b1_, 16));                      \
                 l2_ = _mm512_castsi512_ps(_mm512_slli_epi32(b2_, 16));                      \
                 l3_ = _mm512_castsi512_ps(_mm512_slli_epi32(b3_, 16));                      \
+                if ((FMA_) == 3) {                                                          \
+                    _mm512_store_ps(bwo, h0_), _mm512_store_ps(bwo + 16, h1_);              \
+                    _mm512_store_ps(bwo + 32, h2_), _mm512_store_ps(bwo + 48, h3_);         \
+                    _mm512_store_ps(bwo + 64, l0_), _mm512_store_ps(bwo + 80, l1_);         \
+                    _mm512_store_ps(bwo + 96, l2_), _mm512_store_ps(bwo + 112, l3_);        \
+                    bwo += 2 * MM_AVX_NR;                                                   \
+                }                                                                           \
             }                                                                               \
             _Pragma("GCC unroll 6") for (int r_ = 0; r_ < (MR_); r_++)                     \
             {                                                                               \
@@ -97,6 +105,7 @@ MM_TARGET_AVX512BF16 MM_UKR_INLINE void mm_ukr(const int MR_, const int FMA_,
     const uint32_t *a = p->a;
     const uint16_t *b = p->b;
     const float *bw = p->bw;
+    float *bwo = p->bw_out;
     float *const tile = p->acc;
     const int last = p->last, c_bf16 = p->c_bf16, accumulate = p->accumulate;
     void *const cv = p->c;
@@ -219,6 +228,11 @@ MM_TARGET_AVX512BF16 MM_UKR_INLINE void mm_ukr(const int MR_, const int FMA_,
         const mm_avx512_ukr_args_t *p)                                                      \
     {                                                                                       \
         mm_ukr(MR_, 2, p);                                                                  \
+    }                                                                                       \
+    MM_TARGET_AVX512BF16 __attribute__((noinline)) static void mm_ukr_fmas_##MR_(          \
+        const mm_avx512_ukr_args_t *p)                                                      \
+    {                                                                                       \
+        mm_ukr(MR_, 3, p);                                                                  \
     }
 MM_UKR_DEF(1)
 MM_UKR_DEF(2)
@@ -234,27 +248,16 @@ static const mm_ukr_fn mm_ukr_fma[MM_AVX_MR] = {mm_ukr_fma_1, mm_ukr_fma_2, mm_u
                                                 mm_ukr_fma_4, mm_ukr_fma_5, mm_ukr_fma_6};
 static const mm_ukr_fn mm_ukr_fmaw[MM_AVX_MR] = {mm_ukr_fmaw_1, mm_ukr_fmaw_2, mm_ukr_fmaw_3,
                                                  mm_ukr_fmaw_4, mm_ukr_fmaw_5, mm_ukr_fmaw_6};
+static const mm_ukr_fn mm_ukr_fmas[MM_AVX_MR] = {mm_ukr_fmas_1, mm_ukr_fmas_2, mm_ukr_fmas_3,
+                                                 mm_ukr_fmas_4, mm_ukr_fmas_5, mm_ukr_fmas_6};
 
 void mm_avx512_ukernel(int mr, const mm_avx512_ukr_args_t *p)
 {
     const int i = (mr < 1 ? 1 : mr > MM_AVX_MR ? MM_AVX_MR : mr) - 1;
-    (p->bw ? mm_ukr_fmaw : mm_avx512_kernel_is_fma() ? mm_ukr_fma : mm_ukr_bf16)[i](p);
-}
-
-/* [kp][64][2] bf16 pairs -> [kp][8][16] fp32: per pair the 4 vectors of odd elements (the
- * high halves), then the 4 of even ones, the bits the FMA kernel makes in registers. */
-MM_TARGET_AVX512 void mm_avx512_widen_b(float *dst, const uint16_t *b, int64_t kp)
-{
-    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
-    for (int64_t k = 0; k < kp; k++, b += 2 * MM_AVX_NR, dst += 2 * MM_AVX_NR) {
-        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
-        {
-            _mm_prefetch((const char *)(b + 32 * j) + 4096, _MM_HINT_T0);
-            const __m512i x = _mm512_load_si512((const void *)(b + 32 * j));
-            _mm512_store_si512((void *)(dst + 16 * j), _mm512_and_si512(x, hi));
-            _mm512_store_si512((void *)(dst + 64 + 16 * j), _mm512_slli_epi32(x, 16));
-        }
-    }
+    (p->bw_out ? mm_ukr_fmas
+     : p->bw   ? mm_ukr_fmaw
+     : mm_avx512_kernel_is_fma() ? mm_ukr_fma
+                                 : mm_ukr_bf16)[i](p);
 }
 
 int mm_avx512_kernel_is_fma(void) { return !mm_cpu_has_avx512_bf16(); }
