@@ -55,7 +55,9 @@ def parse():
     p.add_argument("--check", type=int, default=1)
     p.add_argument("--out", required=True)
     # Diagnostic (run the script directly): before every timed mega_moe call, spin:MS busy-waits
-    # MS ms in Python (no memory traffic) or stream:MB reads an MB-MiB array — what a long call
+    # MS ms in Python (no memory traffic), stream:MB reads an MB-MiB array, fault:MB maps MB MiB
+    # fresh, touches every page and unmaps them (page-table churn, as the torch path's large
+    # temporaries cause) — what a long call
     # before it does to the fused call, without the other paths' own state
     p.add_argument("--between", default="")
     return p.parse_args()
@@ -77,7 +79,15 @@ def between_action(spec):
     if kind == "stream":
         buf = np.ones(int(float(arg) * (1 << 20)) // 8, dtype=np.float64)
         return lambda: float(buf.sum())
-    raise SystemExit(f"--between {spec}: expected spin:MS or stream:MB")
+    if kind == "fault":
+        n = int(float(arg) * (1 << 20))
+
+        def fault():
+            a = np.empty(n, dtype=np.uint8)  # far above malloc's mmap threshold: fresh pages
+            a[::4096] = 1                    # the first touch of every page faults it in
+            del a                            # munmap: the pages and their mappings go back
+        return fault
+    raise SystemExit(f"--between {spec}: expected spin:MS, stream:MB or fault:MB")
 
 
 def expert_weights(H, I, e, seed, quant):

@@ -60,8 +60,9 @@ def test_bench_serve_hosts_pairs_one_host_and_two_hosts_call_by_call():
 
 def test_bench_serve_between_runs_its_action_before_each_fused_call():
     """--between spin:MS busy-waits before every timed fused call (outside its time), stream:MB
-    reads an array; anything else is refused with the accepted forms."""
-    for spec in ("spin:300", "stream:8"):
+    reads an array, fault:MB maps, touches and unmaps fresh pages; anything else is refused
+    with the accepted forms."""
+    for spec in ("spin:300", "stream:8", "fault:64"):
         r = run_megamoe(["bench", "serve", "--small", "--impl", "mega_moe", "--quant", "bf16",
                          "--tokens", "1", "--iters", "2", "--warmup", "0", "--threads", "1",
                          "--between", spec], timeout=600)
@@ -70,4 +71,4 @@ def test_bench_serve_between_runs_its_action_before_each_fused_call():
         assert 0 < row["ms"] < 300, row  # the spin is not part of the call's time
     r = run_megamoe(["bench", "serve", "--small", "--impl", "mega_moe", "--quant", "bf16",
                      "--tokens", "1", "--iters", "1", "--between", "nap:3"], timeout=600)
-    assert r.returncode != 0 and "expected spin:MS or stream:MB" in r.stderr, r.stderr[-2000:]
+    assert r.returncode != 0 and "expected spin:MS, stream:MB or fault:MB" in r.stderr, r.stderr[-2000:]
