@@ -15,6 +15,7 @@ int8 activations), w4a8 (int4 per-channel weights packed two per int8 with the c
 import argparse
 import json
 import math
+import mmap
 import os
 import resource
 import statistics
@@ -57,8 +58,8 @@ def parse():
     # Diagnostic (run the script directly): before every timed mega_moe call, spin:MS busy-waits
     # MS ms in Python (no memory traffic), stream:MB reads an MB-MiB array, fault:MB maps MB MiB
     # fresh, touches every page and unmaps them (page-table churn, as the torch path's large
-    # temporaries cause) — what a long call
-    # before it does to the fused call, without the other paths' own state
+    # temporaries cause) — what a long call before it does to the fused call, without the
+    # other paths' own state
     p.add_argument("--between", default="")
     return p.parse_args()
 
@@ -83,9 +84,11 @@ def between_action(spec):
         n = int(float(arg) * (1 << 20))
 
         def fault():
-            a = np.empty(n, dtype=np.uint8)  # far above malloc's mmap threshold: fresh pages
-            a[::4096] = 1                    # the first touch of every page faults it in
-            del a                            # munmap: the pages and their mappings go back
+            m = mmap.mmap(-1, n)  # anonymous: fresh pages at any size (malloc may reuse)
+            a = np.frombuffer(m, dtype=np.uint8)
+            a[::4096] = 1  # the first touch of every page faults it in
+            del a
+            m.close()  # munmap: the pages and their mappings go back
         return fault
     raise SystemExit(f"--between {spec}: expected spin:MS, stream:MB or fault:MB")
 
