@@ -66,6 +66,15 @@
  * 153 / 157 / 156 -> 159 / 159 / 160, M = 2048 161 / 162 / 162 -> 164 / 164 / 164. */
 #define MM_AVX_WIDE_TILES 8
 #define MM_AVX_PF_AHEAD_DECODE 256
+/* Decode calls of several tiles (7..36 rows) spread their rows evenly over the tiles (8 rows:
+ * 4 + 4, not 6 + 2) and use K blocks of this many pairs (a 12 KiB slice, in L1 for the tiles
+ * after the first) instead of 256 KiB slices that the later tiles re-read from L2 while the
+ * memory stream stalls. Same chains per element, so the same bits. Zen 5 (family 26),
+ * `bench gemm --shape dec_gmm1 --seconds 0.3 --no-probe`, alternated twice, bf16 GFLOP/s one /
+ * two threads: M = 8 116-121 / 212-226 -> 132-177 / 314-334, M = 16 216-234 / 395-420 ->
+ * 245-304 / 524-600 (K blocks of 32 or 64 pairs: the same within the noise; 16 slower; those
+ * runs' data not kept; the kept before/after runs: docs/results/zen5-2026-12-07c). */
+#define MM_AVX_KCP_DECODE 48
 
 static megamoe_status_t mm_avx512_probe(void)
 {
@@ -81,6 +90,19 @@ static inline size_t mm_panel_elems(int64_t K) { return (size_t)((K + 1) / 2) * 
 static inline int64_t mm_min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t mm_max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+/* First row of tile t of a row block of mb rows in `tiles` tiles: MM_AVX_MR rows each (the
+ * last takes the rest), or with `even` the rows spread evenly (decode: 8 rows are two tiles
+ * of 4, not 6 + 2, so that no tile is a thin one re-reading the whole slice). */
+static inline int64_t mm_avx_tile_row(int64_t mb, int64_t tiles, int64_t t, int even)
+{
+    if (even) return t * mb / tiles;
+    return t * MM_AVX_MR < mb ? t * MM_AVX_MR : mb;
+}
+static inline int mm_avx_tile_rows(int64_t mb, int64_t tiles, int64_t t, int even)
+{
+    return (int)(mm_avx_tile_row(mb, tiles, t + 1, even) - mm_avx_tile_row(mb, tiles, t, even));
+}
+
 /* How one call is blocked. */
 typedef struct mm_avx_plan {
     int64_t K2;       /* k pairs */
@@ -88,10 +110,11 @@ typedef struct mm_avx_plan {
     int64_t mc;       /* rows per row block, a multiple of MM_AVX_MR */
 } mm_avx_plan_t;
 
-static void mm_avx_plan(int64_t rows, int64_t K, mm_avx_plan_t *pl)
+static void mm_avx_plan(int64_t rows, int64_t K, int decode, mm_avx_plan_t *pl)
 {
+    const int64_t kcp = decode && rows > MM_AVX_MR ? MM_AVX_KCP_DECODE : MM_AVX_KCP;
     pl->K2 = (K + 1) / 2;
-    pl->nkb = (pl->K2 + MM_AVX_KCP - 1) / MM_AVX_KCP;
+    pl->nkb = (pl->K2 + kcp - 1) / kcp;
     pl->kcp = (pl->K2 + pl->nkb - 1) / pl->nkb; /* equal blocks */
     int64_t nib = (rows + MM_AVX_MC - 1) / MM_AVX_MC;
     int64_t mc = (rows + nib - 1) / nib;
@@ -102,7 +125,7 @@ static void mm_avx_plan(int64_t rows, int64_t K, mm_avx_plan_t *pl)
  * micro-panel is packed, the rows of the next one are prefetched: A usually comes from L3 or
  * memory here, and six short row streams do not train the hardware prefetchers. */
 static void mm_avx_pack_a(const mm_gemm_args_t *a, const mm_avx_plan_t *pl, int64_t r0,
-                          int64_t mb, uint32_t *dst)
+                          int64_t mb, int even, uint32_t *dst)
 {
     if (a->form == MM_GEMM_TN) {
         mm_avx512_pack_a_cols(dst, a->A, a->lda, a->a_rows, a->m0 + r0, mb, a->K, pl->kcp);
@@ -110,12 +133,12 @@ static void mm_avx_pack_a(const mm_gemm_args_t *a, const mm_avx_plan_t *pl, int6
     }
     const int64_t tiles = (mb + MM_AVX_MR - 1) / MM_AVX_MR;
     const uint16_t *rowp[MM_AVX_MR], *nextp[MM_AVX_MR];
-    int mr = (int)mm_min64(MM_AVX_MR, mb);
+    int mr = mm_avx_tile_rows(mb, tiles, 0, even);
     for (int r = 0; r < mr; r++) rowp[r] = mm_gemm_a_row(a, a->m0 + r0 + r);
     for (int64_t t = 0; t < tiles; t++) {
-        const int64_t m = a->m0 + r0 + t * MM_AVX_MR; /* first row of C in this tile */
-        const int nmr = t + 1 < tiles ? (int)mm_min64(MM_AVX_MR, mb - (t + 1) * MM_AVX_MR) : 0;
-        for (int r = 0; r < nmr; r++) nextp[r] = mm_gemm_a_row(a, m + MM_AVX_MR + r);
+        const int64_t mn = a->m0 + r0 + mm_avx_tile_row(mb, tiles, t + 1, even);
+        const int nmr = t + 1 < tiles ? mm_avx_tile_rows(mb, tiles, t + 1, even) : 0;
+        for (int r = 0; r < nmr; r++) nextp[r] = mm_gemm_a_row(a, mn + r);
         for (int64_t p0 = 0; p0 < pl->K2; p0 += pl->kcp) {
             const int64_t kc = mm_min64(pl->kcp, pl->K2 - p0);
             uint32_t *o = dst + (size_t)(p0 * tiles + t * kc) * MM_AVX_MR;
@@ -142,8 +165,11 @@ static void mm_avx_widen_a(uint32_t *abuf, size_t n)
 static megamoe_status_t mm_avx512_gemm(const mm_gemm_args_t *a)
 {
     const int64_t rows = a->m1 - a->m0, cols = a->n1 - a->n0;
+    /* Decode sizes: the first tile streams the weights from memory at the memory's pace. */
+    const int decode = rows <= MM_AVX_DECODE_ROWS && !mm_cpu_is_intel();
+    const int even = decode && a->form != MM_GEMM_TN;
     mm_avx_plan_t pl;
-    mm_avx_plan(rows, a->K, &pl);
+    mm_avx_plan(rows, a->K, decode, &pl);
     const size_t pe = mm_panel_elems(a->K);
     const int64_t np = (cols + MM_AVX_NR - 1) / MM_AVX_NR;
     const int64_t tiles_max = pl.mc / MM_AVX_MR;
@@ -194,13 +220,11 @@ static megamoe_status_t mm_avx512_gemm(const mm_gemm_args_t *a)
     u.accumulate = a->accumulate;
     const int nt = a->form == MM_GEMM_NT;
     const int64_t first_lines = mm_min64(pl.kcp, pl.K2) * 4; /* lines of a call's first slice */
-    /* Decode sizes: the first tile streams the weights from memory at the memory's pace. */
-    const int decode = rows <= MM_AVX_DECODE_ROWS && !mm_cpu_is_intel();
 
     for (int64_t r0 = 0; r0 < rows; r0 += pl.mc) {
         const int64_t mb = mm_min64(pl.mc, rows - r0);
         const int64_t tiles = (mb + MM_AVX_MR - 1) / MM_AVX_MR;
-        mm_avx_pack_a(a, &pl, r0, mb, abuf);
+        mm_avx_pack_a(a, &pl, r0, mb, even, abuf);
         if (fma) mm_avx_widen_a(abuf, (size_t)(tiles * MM_AVX_MR * pl.K2));
         for (int64_t p = 0; p < np; p++) {
             const uint16_t *panel;
@@ -245,10 +269,11 @@ static megamoe_status_t mm_avx512_gemm(const mm_gemm_args_t *a)
                 u.cont = p0 > 0;
                 u.last = p0 + kc >= pl.K2;
                 for (int64_t t = 0; t < tiles; t++) {
-                    const int mr = (int)mm_min64(MM_AVX_MR, mb - t * MM_AVX_MR);
+                    const int mr = mm_avx_tile_rows(mb, tiles, t, even);
                     u.a = abuf + (size_t)(p0 * tiles + t * kc) * MM_AVX_MR * (fma ? 2 : 1);
                     u.acc = acc ? acc + (size_t)t * MM_AVX_MR * MM_AVX_NR : NULL;
-                    u.c = mm_gemm_c_at(C, a->ldc, a->c_type, r0 + t * MM_AVX_MR, p * MM_AVX_NR);
+                    const int64_t tr = r0 + mm_avx_tile_row(mb, tiles, t, even);
+                    u.c = mm_gemm_c_at(C, a->ldc, a->c_type, tr, p * MM_AVX_NR);
                     u.pf = NULL;
                     u.npf = 0;
                     u.pf_l1 = 0;
