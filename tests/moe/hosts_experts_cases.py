@@ -203,14 +203,16 @@ def test_host_fault_in_the_middle_of_a_call(kind, phase, sched):
         assert status in ("PEER_LOST", "TIMEOUT"), m.group(0)
         assert p["exit_status"] == (3 if status == "PEER_LOST" else 4), p
         assert (ph, sc) == (word, sched) and calls >= 2, m.group(0)  # the fault hit the loop
-        # the error came within the timeout of the fault; destroy returned at once, and close
-        # too — but for the ranks on the side of a cut that learnt of one lost rank first: their
-        # close frees the layer's symmetric memory, which waits for the survivors to agree on
-        # who is gone (docs/reliability.md), i.e. until the cut host's other ranks are found
-        # lost too (the peer heartbeat: seconds, bounded by the runtime timeout)
+        # the error came within the timeout of the fault; close and destroy returned at once —
+        # but for the ranks on the side of a cut that learnt of one lost rank first: whichever
+        # of the two frees the symmetric memory (the layer's close, or the communicator's
+        # destroy when the close left it the last reference) waits for the survivors to agree
+        # on who is gone (docs/reliability.md), i.e. until the cut host's other ranks are found
+        # lost too (the peer heartbeat: seconds, bounded by the runtime timeout; under a
+        # parallel ctest the destroy was seen taking 7.3 s)
         assert p["elapsed_s"] - f["injected_at_s"] <= TIMEOUT_SEC + 3, (p, f)
-        assert close_s <= (2 if kind == "kill-host" else TIMEOUT_SEC) and destroy_s <= 2, \
-            m.group(0)
+        bound = 2 if kind == "kill-host" else TIMEOUT_SEC
+        assert close_s <= bound and destroy_s <= bound, m.group(0)
         assert close_st in ("OK", "PEER_LOST", "TIMEOUT"), m.group(0)
     for p in s["procs"]:
         if p["victim"]:
