@@ -10,11 +10,13 @@
 #define MM_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 #define MM_TARGET_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #define MM_TARGET_AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+#define MM_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #else
 #define MM_X86 0
 #define MM_TARGET_AVX512
 #define MM_TARGET_AVX512BF16
 #define MM_TARGET_AVX512VNNI
+#define MM_TARGET_AVX2
 #endif
 
 /* One iteration of a spin-wait: `pause` on x86 (frees the sibling hyper-thread and avoids the

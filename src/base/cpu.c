@@ -52,6 +52,27 @@ int mm_cpu_has_avx512(void)
 #endif
 }
 
+int mm_cpu_has_avx2_fma(void)
+{
+#if MM_X86
+    static atomic_int cached = -1; /* racing first calls compute the same value */
+    int c = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (c >= 0) return c;
+    unsigned r[4];
+    mm_cpuid(1, 0, r);
+    int osxsave = (r[2] >> 27) & 1, fma = (r[2] >> 12) & 1;
+    int ok = 0;
+    if (osxsave && fma && (mm_xgetbv0() & 0x6) == 0x6) { /* XMM and YMM state enabled */
+        mm_cpuid(7, 0, r);
+        ok = (r[1] >> 5) & 1; /* EBX bit 5: AVX2 */
+    }
+    atomic_store_explicit(&cached, ok, memory_order_relaxed);
+    return ok;
+#else
+    return 0;
+#endif
+}
+
 int mm_cpu_is_intel(void)
 {
 #if MM_X86

@@ -8,6 +8,8 @@
 
 /* AVX-512 F+BW+VL+DQ usable (CPU and OS state). */
 int mm_cpu_has_avx512(void);
+/* AVX2 and FMA usable (CPU and OS state): the own GEMM's AVX2 form (Zen 2/3, Haswell on). */
+int mm_cpu_has_avx2_fma(void);
 /* AVX512-BF16 (vdpbf16ps, vcvtne2ps2bf16). */
 int mm_cpu_has_avx512_bf16(void);
 /* AVX512-VNNI (vpdpbusd) with AVX-512 F/BW/VL/DQ usable. */

@@ -78,9 +78,9 @@
 
 static megamoe_status_t mm_avx512_probe(void)
 {
-    if (!mm_cpu_has_avx512())
+    if (!mm_cpu_has_avx512() && !mm_cpu_has_avx2_fma())
         return mm_error_quiet(MEGAMOE_UNSUPPORTED, "the avx512 GEMM backend needs AVX-512 "
-                              "(F, BW, VL, DQ)");
+                              "(F, BW, VL, DQ), or AVX2 and FMA for its AVX2 form");
     return MEGAMOE_OK;
 }
 

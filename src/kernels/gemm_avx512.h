@@ -1,4 +1,5 @@
-/* The own AVX-512 GEMM backend (vdpbf16ps, or fp32 FMAs where AVX512-BF16 is missing), BLIS
+/* The own AVX-512 GEMM backend (vdpbf16ps, or fp32 FMAs where AVX512-BF16 is missing, or the
+ * same FMAs in ymm registers where AVX-512 is missing: the AVX2 form), BLIS
  * style: the driver (gemm_avx512.c) owns the loops, the blocking, the packing
  * (gemm_avx512_pack.c) and the edges; the micro-kernels (gemm_avx512_ukernel.c) only do an
  * mr x 64 rank-kp update on packed panels with a fixed signature. Private to these three files, except the B panel packer, which also fills
@@ -60,6 +61,9 @@ typedef struct mm_avx512_ukr_args {
 /* The micro-kernel for mr rows (1..MM_AVX_MR): vdpbf16ps where the CPU has AVX512-BF16,
  * else two fp32 FMAs per pair (mm_avx512_kernel_is_fma). */
 void mm_avx512_ukernel(int mr, const mm_avx512_ukr_args_t *args);
+/* Its AVX2 form (gemm_avx2_ukernel.c): the FMA form's arithmetic in ymm registers, for CPUs
+ * with AVX2 and FMA but no AVX-512; mm_avx512_ukernel calls it there. */
+void mm_avx2_ukernel(int mr, const mm_avx512_ukr_args_t *args);
 int mm_avx512_kernel_is_fma(void);
 
 /* Pack pairs [p0, p0 + kp) of rows [0, rows) (rows <= MM_AVX_MR; row r starts at rowp[r],

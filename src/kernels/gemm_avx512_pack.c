@@ -8,7 +8,8 @@
  * time, a whole row block per call.
  * B: NN pairs rows 2p and 2p+1 with one vpermt2w per 16 columns; NT is a dword transpose,
  * 16 x 16 blocks in registers (weights are re-packed after every optimizer step in training).
- * Past K and past the last column everything is 0, never an element outside the source. */
+ * Past K and past the last column everything is 0, never an element outside the source.
+ * CPUs without AVX-512 (the AVX2 form) pack the same formats in plain C (~1 % of a product). */
 #include <string.h>
 
 #include "gemm_avx512.h"
@@ -30,9 +31,9 @@ static const int32_t mm_idx45[3][16] __attribute__((aligned(64))) = {
     {0, 0, 5, 13, 0, 0, 0, 0, 6, 14, 0, 0, 0, 0, 7, 15}};
 static const __mmask16 mm_mask45[3] = {0x0c30, 0x30c3, 0xc30c};
 
-MM_TARGET_AVX512 void mm_avx512_pack_a_rows(uint32_t *dst, const uint16_t *const *rowp, int rows,
-                                            int64_t K, int64_t p0, int64_t kp,
-                                            const uint16_t *const *next, int next_rows)
+MM_TARGET_AVX512 static void mm_pack_a_rows_avx512(uint32_t *dst, const uint16_t *const *rowp,
+                                                  int rows, int64_t K, int64_t p0, int64_t kp,
+                                                  const uint16_t *const *next, int next_rows)
 {
     __m512i i0123[3], i45[3];
     for (int v = 0; v < 3; v++) {
@@ -71,9 +72,9 @@ MM_TARGET_AVX512 void mm_avx512_pack_a_rows(uint32_t *dst, const uint16_t *const
  * once per row block, sequentially. */
 #define MM_PF_PAIRS 4 /* pairs of A rows the TN packer prefetches ahead */
 
-MM_TARGET_AVX512 void mm_avx512_pack_a_cols(uint32_t *dst, const uint16_t *A, int64_t lda,
-                                            const uint16_t *const *a_rows, int64_t m,
-                                            int64_t mb, int64_t K, int64_t kcp)
+MM_TARGET_AVX512 static void mm_pack_a_cols_avx512(uint32_t *dst, const uint16_t *A, int64_t lda,
+                                                  const uint16_t *const *a_rows, int64_t m,
+                                                  int64_t mb, int64_t K, int64_t kcp)
 {
     const __m512i lo = _mm512_load_si512((const void *)mm_vnni_pair_idx[0]);
     const __m512i hi = _mm512_load_si512((const void *)mm_vnni_pair_idx[1]);
@@ -161,10 +162,78 @@ MM_TARGET_AVX512 static void mm_pack_b_nt(uint16_t *dst, const uint16_t *src, in
     }
 }
 
+/* ---- the same formats in plain C: the AVX2 form (CPUs without AVX-512) ------------------ */
+
+static void mm_pack_a_rows_c(uint32_t *dst, const uint16_t *const *rowp, int rows, int64_t K,
+                             int64_t p0, int64_t kp)
+{
+    for (int64_t q = 0; q < kp; q++) {
+        const int64_t k = 2 * (p0 + q);
+        for (int r = 0; r < MM_AVX_MR; r++) {
+            uint32_t v = 0;
+            if (r < rows && k < K) {
+                v = rowp[r][k];
+                if (k + 1 < K) v |= (uint32_t)rowp[r][k + 1] << 16;
+            }
+            dst[q * MM_AVX_MR + r] = v;
+        }
+    }
+}
+
+static void mm_pack_a_cols_c(uint32_t *dst, const uint16_t *A, int64_t lda,
+                             const uint16_t *const *a_rows, int64_t m, int64_t mb, int64_t K,
+                             int64_t kcp)
+{
+    const int64_t K2 = (K + 1) / 2, tiles = (mb + MM_AVX_MR - 1) / MM_AVX_MR;
+    for (int64_t p = 0; p < K2; p++) {
+        const int64_t k = 2 * p, p0 = p / kcp * kcp, kc = K2 - p0 < kcp ? K2 - p0 : kcp;
+        const uint16_t *r0 = (a_rows ? a_rows[k] : A + k * lda) + m;
+        const uint16_t *r1 = k + 1 < K ? (a_rows ? a_rows[k + 1] : A + (k + 1) * lda) + m : NULL;
+        uint32_t *o = dst + (size_t)(p0 * tiles + (p - p0)) * MM_AVX_MR; /* tile 0, pair p */
+        for (int64_t t = 0; t < tiles; t++)
+            for (int i = 0; i < MM_AVX_MR; i++) {
+                const int64_t c = t * MM_AVX_MR + i;
+                uint32_t v = 0;
+                if (c < mb) v = r0[c] | (r1 ? (uint32_t)r1[c] << 16 : 0u);
+                o[(size_t)(t * kc) * MM_AVX_MR + i] = v;
+            }
+    }
+}
+
+static void mm_pack_b_c(uint16_t *dst, const uint16_t *src, int64_t ld, int nt, int64_t K,
+                        int64_t n0, int64_t cols)
+{
+    const int64_t K2 = (K + 1) / 2;
+    for (int64_t p = 0; p < K2; p++)
+        for (int64_t j = 0; j < MM_AVX_NR; j++)
+            for (int h = 0; h < 2; h++) {
+                const int64_t k = 2 * p + h;
+                uint16_t v = 0;
+                if (k < K && j < cols) v = nt ? src[(n0 + j) * ld + k] : src[k * ld + n0 + j];
+                dst[p * 2 * MM_AVX_NR + 2 * j + h] = v;
+            }
+}
+
+void mm_avx512_pack_a_rows(uint32_t *dst, const uint16_t *const *rowp, int rows, int64_t K,
+                           int64_t p0, int64_t kp, const uint16_t *const *next, int next_rows)
+{
+    if (mm_cpu_has_avx512()) mm_pack_a_rows_avx512(dst, rowp, rows, K, p0, kp, next, next_rows);
+    else mm_pack_a_rows_c(dst, rowp, rows, K, p0, kp);
+}
+
+void mm_avx512_pack_a_cols(uint32_t *dst, const uint16_t *A, int64_t lda,
+                           const uint16_t *const *a_rows, int64_t m, int64_t mb, int64_t K,
+                           int64_t kcp)
+{
+    if (mm_cpu_has_avx512()) mm_pack_a_cols_avx512(dst, A, lda, a_rows, m, mb, K, kcp);
+    else mm_pack_a_cols_c(dst, A, lda, a_rows, m, mb, K, kcp);
+}
+
 void mm_avx512_pack_b_panel(uint16_t *dst, const uint16_t *src, int64_t ld, int nt, int64_t K,
                             int64_t n0, int64_t cols)
 {
-    if (nt) mm_pack_b_nt(dst, src, ld, K, n0, cols);
+    if (!mm_cpu_has_avx512()) mm_pack_b_c(dst, src, ld, nt, K, n0, cols);
+    else if (nt) mm_pack_b_nt(dst, src, ld, K, n0, cols);
     else mm_pack_b_nn(dst, src, ld, K, n0, cols);
 }
 #endif /* MM_X86 */

@@ -253,6 +253,10 @@ static const mm_ukr_fn mm_ukr_fmas[MM_AVX_MR] = {mm_ukr_fmas_1, mm_ukr_fmas_2, m
 
 void mm_avx512_ukernel(int mr, const mm_avx512_ukr_args_t *p)
 {
+    if (!mm_cpu_has_avx512()) { /* the AVX2 form (the backend's probe allows no other) */
+        mm_avx2_ukernel(mr, p);
+        return;
+    }
     const int i = (mr < 1 ? 1 : mr > MM_AVX_MR ? MM_AVX_MR : mr) - 1;
     (p->bw_out ? mm_ukr_fmas
      : p->bw   ? mm_ukr_fmaw

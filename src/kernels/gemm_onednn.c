@@ -187,12 +187,40 @@ static megamoe_status_t mm_dnnl_fail(dnnl_status_t s, const char *what)
                     dnnl_status2str(s), (int)s);
 }
 
+/* Whether this oneDNN has a bf16 matmul for this CPU at all: oneDNN 2.x implements bf16 (even
+ * its reference code) only from AVX-512 on, so on an AVX2-only CPU (Zen 2/3) every descriptor
+ * is "unimplemented". Asked once with a small plain matmul. */
+static dnnl_status_t mm_bf16_status = dnnl_unimplemented;
+static pthread_once_t mm_bf16_once = PTHREAD_ONCE_INIT;
+
+static void mm_bf16_init(void)
+{
+    mm_md_t src = MM_MD_NONE, wei = MM_MD_NONE, dst = MM_MD_NONE;
+    dnnl_status_t s = mm_md_by_tag(&src, 16, 64, dnnl_bf16, dnnl_ab);
+    if (s == dnnl_success) s = mm_md_by_tag(&wei, 64, 64, dnnl_bf16, dnnl_ab);
+    if (s == dnnl_success) s = mm_md_by_tag(&dst, 16, 64, dnnl_f32, dnnl_ab);
+    dnnl_primitive_desc_t pd = NULL;
+    if (s == dnnl_success)
+        s = mm_matmul_pd(&pd, mm_engine, MM_MDV(src), MM_MDV(wei), MM_MDV(dst), NULL);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    mm_md_free(&src);
+    mm_md_free(&wei);
+    mm_md_free(&dst);
+    mm_bf16_status = s;
+}
+
 static megamoe_status_t mm_onednn_probe(void)
 {
     pthread_once(&mm_engine_once, mm_engine_init);
     if (mm_engine_status != dnnl_success)
         return mm_error_quiet(MEGAMOE_UNSUPPORTED, "oneDNN CPU engine unavailable: %s",
                               dnnl_status2str(mm_engine_status));
+    pthread_once(&mm_bf16_once, mm_bf16_init);
+    if (mm_bf16_status != dnnl_success)
+        return mm_error_quiet(MEGAMOE_UNSUPPORTED,
+                              "this oneDNN has no bf16 matmul for this CPU (%s; oneDNN 2.x needs "
+                              "AVX-512 for bf16)",
+                              dnnl_status2str(mm_bf16_status));
     return MEGAMOE_OK;
 }
 
