@@ -202,7 +202,7 @@ static megamoe_status_t mm_avx512_gemm(const mm_gemm_args_t *a)
     if (abuf == NULL) return MEGAMOE_OUT_OF_MEMORY;
     /* the FMA form's widened B slice (MM_AVX_WIDE_TILES) */
     float *bwide = NULL;
-    if (fma && tiles_max >= MM_AVX_WIDE_TILES) {
+    if (fma && tiles_max >= MM_AVX_WIDE_TILES && !mm_avx512_form_is_avx2()) {
         bwide = mm_gemm_scratch(4, (size_t)pl.kcp * 2 * MM_AVX_NR * sizeof(float));
         if (bwide == NULL) return MEGAMOE_OUT_OF_MEMORY;
     }

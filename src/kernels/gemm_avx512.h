@@ -64,6 +64,13 @@ void mm_avx512_ukernel(int mr, const mm_avx512_ukr_args_t *args);
 /* Its AVX2 form (gemm_avx2_ukernel.c): the FMA form's arithmetic in ymm registers, for CPUs
  * with AVX2 and FMA but no AVX-512; mm_avx512_ukernel calls it there. */
 void mm_avx2_ukernel(int mr, const mm_avx512_ukr_args_t *args);
+/* Run the AVX2 form even where AVX-512 is present (on = 1) or not (0), for every later call in
+ * the process: tests compare its bits with the AVX-512 forms'. Returns the previous setting, or
+ * -1 (nothing changed) where the CPU has no AVX2/FMA. Not to be switched during products. */
+int mm_avx512_force_avx2(int on);
+/* 1 where products run the AVX2 form (no AVX-512, or forced). It never widens B slices
+ * (bw/bw_out stay NULL): measured slower there (Zen 3, below). */
+int mm_avx512_form_is_avx2(void);
 int mm_avx512_kernel_is_fma(void);
 
 /* Pack pairs [p0, p0 + kp) of rows [0, rows) (rows <= MM_AVX_MR; row r starts at rowp[r],

@@ -25,6 +25,7 @@
 
 #if MM_X86
 #include <immintrin.h>
+#include <stdatomic.h>
 
 #include "simd.h"
 
@@ -251,9 +252,23 @@ static const mm_ukr_fn mm_ukr_fmaw[MM_AVX_MR] = {mm_ukr_fmaw_1, mm_ukr_fmaw_2, m
 static const mm_ukr_fn mm_ukr_fmas[MM_AVX_MR] = {mm_ukr_fmas_1, mm_ukr_fmas_2, mm_ukr_fmas_3,
                                                  mm_ukr_fmas_4, mm_ukr_fmas_5, mm_ukr_fmas_6};
 
+static atomic_int mm_avx2_forced; /* mm_avx512_force_avx2 (tests and benchmarks) */
+
+int mm_avx512_force_avx2(int on)
+{
+    if (on && !mm_cpu_has_avx2_fma()) return -1;
+    return atomic_exchange_explicit(&mm_avx2_forced, on ? 1 : 0, memory_order_relaxed);
+}
+
+int mm_avx512_form_is_avx2(void)
+{
+    return !mm_cpu_has_avx512() || atomic_load_explicit(&mm_avx2_forced, memory_order_relaxed);
+}
+
 void mm_avx512_ukernel(int mr, const mm_avx512_ukr_args_t *p)
 {
-    if (!mm_cpu_has_avx512()) { /* the AVX2 form (the backend's probe allows no other) */
+    /* the AVX2 form: CPUs without AVX-512 (the backend's probe allows no other), or forced */
+    if (mm_avx512_form_is_avx2()) {
         mm_avx2_ukernel(mr, p);
         return;
     }
@@ -264,5 +279,8 @@ void mm_avx512_ukernel(int mr, const mm_avx512_ukr_args_t *p)
                                  : mm_ukr_bf16)[i](p);
 }
 
-int mm_avx512_kernel_is_fma(void) { return !mm_cpu_has_avx512_bf16(); }
+int mm_avx512_kernel_is_fma(void)
+{
+    return !mm_cpu_has_avx512_bf16() || atomic_load_explicit(&mm_avx2_forced, memory_order_relaxed);
+}
 #endif /* MM_X86 */

@@ -4,7 +4,8 @@
  *   amx_bf16     tdpbf16ps on 4 accumulator tiles (16x16x32 each: 16384 FLOP / instruction);
  *                run only when cpuid reports AMX-BF16 and the kernel granted tile data
  *   avx512_bf16  vdpbf16ps zmm on 24 accumulators (64 FLOP / instruction)
- *   fp32_fma     vfmadd231ps zmm on 24 accumulators (32 FLOP / instruction)
+ *   fp32_fma     vfmadd231ps zmm on 24 accumulators (32 FLOP / instruction); on CPUs
+ *                without AVX-512, ymm on 12 (16 FLOP / instruction)
  * `unit` names the best BF16 unit present (amx_bf16 > avx512_bf16 > fp32_fma; fp32 FMA is
  * what bf16 data costs without a bf16 unit), `gflops` its per-core peak. Multiply by the
  * thread count for a multi-core peak (the units of different cores did not interfere on the

@@ -10,6 +10,7 @@
 #include "base/cpu.h"
 #include "harness/harness.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_avx512.h"
 #include "megamoe/config.h"
 #include "megamoe/dtype.h"
 #include "megamoe/log.h"
@@ -130,6 +131,60 @@ MM_TEST(split_calls_give_identical_bits_over_k_blocks)
                 free(A), free(B), free(C0), free(C1);
             }
     }
+}
+
+/* The own kernel's AVX2 form (CPUs without AVX-512) computes the FMA form's chains, which agree
+ * with vdpbf16ps's on normal values: forced on an AVX-512 CPU it gives the default form's bits,
+ * on every form, C type, accumulate, packed or plain B, decode sizes (even tiles, short K
+ * blocks), several K blocks and the widened-slice path (>= 8 tiles). Without AVX-512 both runs
+ * are the AVX2 form (the cases above hold it to the fp64 reference there). */
+MM_TEST(avx2_form_gives_the_avx512_forms_bits)
+{
+    const mm_gemm_backend_ops_t *own = NULL;
+    megamoe_log_set_level(MEGAMOE_LOG_OFF);
+    megamoe_status_t st = mm_gemm_backend_get("avx512", &own);
+    megamoe_log_set_level(MEGAMOE_LOG_WARN);
+    if (st != MEGAMOE_OK || !mm_cpu_has_avx2_fma()) {
+        MM_SKIP("no AVX2/FMA: the own kernel has no AVX2 form to compare");
+    }
+    static const int64_t shapes[][3] = {{1, 200, 700},  {5, 130, 96},  {8, 256, 1500},
+                                        {13, 70, 2101}, {36, 64, 300}, {100, 150, 2101}};
+    for (int si = 0; si < 6; si++)
+        for (int f = 0; f < 3; f++)
+            for (int v = 0; v < 4; v++) {
+                const int64_t M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+                const megamoe_dtype_t t = v % 2 ? MEGAMOE_DTYPE_BF16 : MEGAMOE_DTYPE_FP32;
+                const int accumulate = v / 2, packed = f != MM_GEMM_TN && (si + v) % 2;
+                const size_t es = megamoe_dtype_size(t);
+                const int64_t lda = f == MM_GEMM_TN ? M : K, ldb = f == MM_GEMM_NT ? K : N;
+                uint16_t *A = rand_bf16((size_t)(M * K)), *B = rand_bf16((size_t)(N * K));
+                void *C0 = make_c(M, N, t, 1), *C1 = malloc((size_t)(M * N + 1) * es);
+                memcpy(C1, C0, (size_t)(M * N + 1) * es);
+                mm_gemm_weight_t *w = NULL;
+                if (packed)
+                    ASSERT_OK(mm_gemm_weight_create(own, (mm_gemm_form_t)f, K, N, B, ldb, 1, &w));
+                mm_gemm_args_t a;
+                mm_gemm_args_init(&a);
+                a.form = (mm_gemm_form_t)f;
+                a.M = M, a.N = N, a.K = K, a.A = A, a.lda = lda, a.ldc = N;
+                a.B = packed ? NULL : B, a.ldb = ldb, a.weight = w;
+                a.c_type = t, a.accumulate = accumulate, a.backend = own;
+                a.C = C0;
+                ASSERT_OK(mm_gemm(&a));
+                ASSERT_TRUE(mm_avx512_force_avx2(1) >= 0);
+                a.C = C1;
+                megamoe_status_t st1 = mm_gemm(&a);
+                mm_avx512_force_avx2(0);
+                ASSERT_OK(st1);
+                if (memcmp(C0, C1, (size_t)(M * N) * es) != 0) {
+                    fprintf(stderr, "M=%lld N=%lld K=%lld form %d %s acc %d packed %d: the AVX2 "
+                            "form differs\n", (long long)M, (long long)N, (long long)K, f,
+                            megamoe_dtype_name(t), accumulate, packed);
+                    ASSERT_TRUE(0);
+                }
+                mm_gemm_weight_destroy(w);
+                free(A), free(B), free(C0), free(C1);
+            }
 }
 
 MM_TEST(zero_k_gives_zero_or_keeps_c)
