@@ -468,6 +468,9 @@ static int mm_bench_serve_main(int argc, char **argv)
     mm_bench_num("bf16_peak_gflops_per_core", peak_gflops);
     mm_bench_num("int8_peak_gops_per_core", int8_gops);
     mm_bench_str("peak_unit", peak.unit ? peak.unit : "none");
+    /* "none" without AVX512-VNNI or AMX-INT8 (an AVX2 CPU): the quantised floors are then
+     * memory-only (their plain-C kernels have no unit to be measured against) */
+    mm_bench_str("int8_unit", peak_ok && peak.int8_unit ? peak.int8_unit : "none");
     mm_bench_end();
     return rc;
 }

@@ -9,10 +9,11 @@ B's, and the copy is checked bit for bit. First step (B routed like A): the loss
 every local gradient and every parameter after one AdamW step (fp32 master weights) of B are
 compared with A's on every rank by the project's rule (bench/moe_verify.h): the loss and the
 parameters elementwise (rtol 2e-2 |A| + atol 2e-3 max(1, max |A|)), the logits and gradients by
-relative L2 <= 1 % and max |err| <= 2 % of max |A| (README.md says why). Then warm-up and
-measured optimizer steps, A and B interleaved step by step so both see the same machine load;
-each step's time is the slowest rank's. Rank 0 prints one JSON object on stdout (and a table on
-stderr); exit status 1 when the accuracy check fails.
+relative L2 <= 1 % and max |err| <= 2 % of max |A| (README.md says why; where torch accumulates
+bf16 matmuls in bf16, see NormRule). Then warm-up and measured optimizer steps, A and B
+interleaved step by step so both see the same machine load; each step's time is the slowest
+rank's. Rank 0 prints one JSON object on stdout (and a table on stderr); exit status 1 when
+the accuracy check fails.
 """
 import argparse
 import dataclasses
@@ -32,8 +33,10 @@ sys.path.insert(0, HERE)
 import training  # noqa: E402  (also puts the megamoe package on the path)
 import megamoe  # noqa: E402
 from common_experts import CommonEPExperts  # noqa: E402
+from megamoe import _torch_numerics  # noqa: E402
 
 RTOL, ATOL, REL_L2, REL_MAX = 2e-2, 2e-3, 1e-2, 2e-2  # bench/moe_verify.h
+TORCH_ERR_FACTOR = 3  # the scaled norm rule's multiple of torch's error (NormRule)
 
 
 def parse_args(argv=None):
@@ -134,6 +137,45 @@ class RoutingOverride:
         self.handles = []
 
 
+class NormRule:
+    """The "norm" rule (logits, gradients) on this CPU. Its 1 % / 2 % bounds assume torch's bf16
+    matmuls accumulate in fp32 (AVX-512); torch 1.13 below AVX-512 accumulates them in bf16, and
+    then every torch matmul of A and B (attention and MLPs too, which megamoe never computes)
+    carries an error of err ~ 1.2e-3 sqrt(k), k its contraction length, and A and B differ by a
+    few err. There, with the fp32 model, B passes when it is no farther from fp32 than A plus
+    1 % (relative L2); without it, A against B with the bounds raised to TORCH_ERR_FACTOR err
+    (twice that for max |err|), err measured at the model's longest contraction (a Zen 3 showed
+    up to 2.1 err in relative L2 and 3.6 err in max |err| at 1-4 layers, k 256-1024). Every
+    rank takes the largest rank's measurement."""
+
+    def __init__(self, cfg, with_fp32):
+        self.k = max(cfg.hidden_size, cfg.intermediate_size, cfg.shared_expert_intermediate_size,
+                     cfg.vocab_size, cfg.local_num_tokens)
+        t = torch.tensor([float(_torch_numerics.torch_bf16_accumulates_in_bf16()),
+                          _torch_numerics.bf16_matmul_error(self.k)], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        self.inexact, self.err = bool(t[0]), t[1].item()
+        self.vs_fp32 = self.inexact and with_fp32
+        f = max(1.0, TORCH_ERR_FACTOR * self.err / REL_L2) if self.inexact and not with_fp32 else 1
+        self.rel_l2, self.rel_max = REL_L2 * f, REL_MAX * f
+
+    def passed(self, rel_l2, rel_max, vs_fp32):
+        if self.vs_fp32:
+            return vs_fp32["mega_moe"] <= vs_fp32["common"] + REL_L2
+        return rel_l2 <= self.rel_l2 and rel_max <= self.rel_max
+
+    def text(self):
+        if self.vs_fp32:
+            return f"relative L2 from the fp32 model: B's <= A's + {REL_L2} (logits, gradients)"
+        return (f"relative L2 <= {self.rel_l2:.3g} and max |err| <= {self.rel_max:.3g} * max |A| "
+                "(logits, gradients)")
+
+    def report(self):
+        return {"accumulates_in_bf16": self.inexact, "rel_err": self.err, "k": self.k,
+                "norm_rule": "vs fp32" if self.vs_fp32 else "scaled" if self.inexact
+                else "1 %"}
+
+
 def compare(name, got, want, rule, fp32=None):
     """This rank's numbers for B (got) against A (want), and of both against the fp32 model
     when given; the verdict comes after reduce_results has summed them over the ranks."""
@@ -155,9 +197,9 @@ def compare(name, got, want, rule, fp32=None):
 _SUMMED = [1, 2, 3, 4, 8, 9, 10]  # stats summed over the ranks (the others: max)
 
 
-def reduce_results(rows):
+def reduce_results(rows, norm):
     """Sum / max each tensor's numbers over the ranks (dense tensors are replicas, expert
-    tensors shards: together, the whole model) and apply the tensor's rule."""
+    tensors shards: together, the whole model) and apply the tensor's rule (norm: NormRule)."""
     width = max(len(r["stats"]) for r in rows)
     t = torch.tensor([r["stats"] + [0.0] * (width - len(r["stats"])) for r in rows],
                      dtype=torch.float64)
@@ -170,19 +212,22 @@ def reduce_results(rows):
     for r, v in zip(rows, t.tolist()):
         rel_l2 = math.sqrt(v[3] / v[4]) if v[4] > 0 else math.sqrt(v[3])
         rel_max = v[5] / v[6] if v[6] > 0 else v[5]
-        ok = {"elementwise": v[1] == 0, "norm": rel_l2 <= REL_L2 and rel_max <= REL_MAX}
-        row = {"name": r["name"], "rule": r["rule"], "passed": v[0] == 0 and ok[r["rule"]],
+        vs32 = None
+        if len(r["stats"]) > 8:
+            vs32 = {k: math.sqrt(v[c] / v[10]) if v[10] > 0 else 0.0
+                    for k, c in (("common", 8), ("mega_moe", 9))}
+        ok = v[1] == 0 if r["rule"] == "elementwise" else norm.passed(rel_l2, rel_max, vs32)
+        row = {"name": r["name"], "rule": r["rule"], "passed": v[0] == 0 and ok,
                "elements_outside_elementwise_bound": int(v[1]),
                "max_err_over_elementwise_bound": v[7], "rel_l2": rel_l2, "max_abs_err": v[5],
                "max_err_over_max_ref": rel_max}
-        if len(r["stats"]) > 8:
-            row["rel_l2_vs_fp32"] = {k: math.sqrt(v[c] / v[10]) if v[10] > 0 else 0.0
-                                     for k, c in (("common", 8), ("mega_moe", 9))}
+        if vs32 is not None:
+            row["rel_l2_vs_fp32"] = vs32
         out.append(row)
     return out
 
 
-def first_step_accuracy(models, opts, batch, world):
+def first_step_accuracy(models, opts, batch, world, norm):
     """One optimizer step of A, then (with A's routing) of the fp32 model when there is one,
     then of B; compare on every rank."""
     common, mega = models["common"], models["mega_moe"]
@@ -209,7 +254,7 @@ def first_step_accuracy(models, opts, batch, world):
     c, m, f = res["common"], res["mega_moe"], res.get("fp32")
     rows = [compare(k, m[k], c[k], "norm" if k == "logits" or k.startswith("grad.")
                     else "elementwise", None if f is None else f[k]) for k in m]
-    rows = reduce_results(rows)
+    rows = reduce_results(rows, norm)
     rows.insert(0, {"name": "initial parameters", "rule": "bitwise", "passed": bool(same)})
     flips = torch.tensor(routing.differing, dtype=torch.int64)
     dist.all_reduce(flips)
@@ -276,7 +321,8 @@ def main(argv=None):
         g = torch.Generator().manual_seed(a.seed + 10_000 + rank)
         ids = torch.randint(0, cfg.vocab_size, (cfg.batch_size, cfg.seq_len), generator=g)
         batch = (ids, ids.clone())
-        passed, rows = first_step_accuracy(models, opts, batch, world)
+        norm = NormRule(cfg, "fp32" in models)
+        passed, rows = first_step_accuracy(models, opts, batch, world, norm)
         if "fp32" in models:  # only for the first step
             models.pop("fp32").close()
             opts.pop("fp32")
@@ -289,8 +335,15 @@ def main(argv=None):
         experts_info = {k: info[k] for k in (
             "schedule", "workers", "cube_workers", "vector_workers", "dispatch_mode",
             "capacity_policy", "capacity", "max_capacity", "growth_events") if k in info}
-        result = report(a, cfg, world, threads, passed, rows, timing, experts_info)
+        result = report(a, cfg, world, threads, passed, rows, timing, experts_info, norm)
         if rank == 0:
+            if norm.inexact:  # before the JSON line (the last one)
+                print(f"benchmark: torch's bf16 matmul accumulates in bf16 on this CPU (relative "
+                      f"error {norm.err:.3g} at k = {norm.k}; ~0 with fp32 accumulation, as with "
+                      f"AVX-512), so the 1 % rule for the logits and gradients does not hold for "
+                      f"A; they are judged by: {norm.text()}" + ("" if norm.vs_fp32 else
+                      f" ({TORCH_ERR_FACTOR} x that error; --fp32-reference: B no farther from "
+                      f"the fp32 model than A + {REL_L2})"), flush=True)
             text = json.dumps(result)
             print(text, flush=True)
             if a.output:
@@ -305,7 +358,7 @@ def main(argv=None):
         dist.destroy_process_group()
 
 
-def report(a, cfg, world, threads, passed, rows, timing, experts_info):
+def report(a, cfg, world, threads, passed, rows, timing, experts_info, norm):
     def pair(key):
         return None if timing is None else {k: timing[k][key] for k in ("common", "mega_moe")}
 
@@ -323,12 +376,11 @@ def report(a, cfg, world, threads, passed, rows, timing, experts_info):
                   accuracy_rule={
                       "elementwise": f"every element within rtol {RTOL} * |A| + atol {ATOL} * "
                                      "max(1, max |A|) (loss, parameters after the step)",
-                      "norm": f"relative L2 <= {REL_L2} and max |err| <= {REL_MAX} * max |A| "
-                              "(logits, gradients)",
+                      "norm": norm.text(),
                       "all": "finite; B routes its first step like A"})
     return {
         "config": config,
-        "accuracy": {"passed": passed, "tensors": rows},
+        "accuracy": {"passed": passed, "tensors": rows, "torch_bf16_matmul": norm.report()},
         "median_step_ms": step,
         "speedup": ratio(step),
         "moe_ms": moe,

@@ -57,7 +57,12 @@ def test_benchmark_first_step_accuracy_two_ranks(megamoe_bin, tmp_path, capacity
     assert result["median_step_ms"] is None and result["speedup"] is None  # --accuracy-only
     if capacity == "lossless":  # both bf16 models measured against the fp32 one
         vs32 = [t["rel_l2_vs_fp32"] for t in acc["tensors"] if "rel_l2" in t]
-        assert len(vs32) == 56 and all(0 <= v["mega_moe"] < 0.05 for v in vs32), vs32
+        # where torch accumulates bf16 matmuls in bf16 (torch 1.13 below AVX-512) A itself is
+        # 3-6 % from fp32 here, and B is held to A's distance (benchmark.NormRule)
+        inexact = acc["torch_bf16_matmul"]["accumulates_in_bf16"]
+        assert acc["torch_bf16_matmul"]["norm_rule"] == ("vs fp32" if inexact else "1 %")
+        assert len(vs32) == 56 and all(
+            0 <= v["mega_moe"] < (v["common"] + 0.01 if inexact else 0.05) for v in vs32), vs32
     experts = result["config"]["mega_moe_experts"]
     if capacity == "push-growing":  # T*K rows to start with; the routing needs more
         assert experts["dispatch_mode"] == "push" and experts["growth_events"] >= 1, experts
@@ -66,13 +71,19 @@ def test_benchmark_first_step_accuracy_two_ranks(megamoe_bin, tmp_path, capacity
 
 
 def test_benchmark_fails_when_b_is_wrong(megamoe_bin, tmp_path):
-    """One rank, B's experts output 3 % too large: the comparison must say so and exit 1."""
+    """One rank, B's experts output 3 % too large: the comparison must say so and exit 1.
+    Where torch accumulates bf16 matmuls in bf16, A and B differ by a few times torch's own
+    error (~2 % here) and the bounds are raised to TORCH_ERR_FACTOR times it: B is made wrong by
+    twice the raised relative-L2 bound instead (~11 %)."""
     code = (
         "import sys, megamoe\n"
+        "from megamoe import _torch_numerics as tn\n"
         f"sys.path.insert(0, {EXAMPLE!r})\n"
-        "forward = megamoe.MegaMoeExperts.forward\n"
-        "megamoe.MegaMoeExperts.forward = lambda self, *a, **k: forward(self, *a, **k) * 1.03\n"
         "import benchmark\n"
+        "off = 2 * benchmark.TORCH_ERR_FACTOR * tn.bf16_matmul_error(256)  # k: SMALL's vocab\n"
+        "off = off if tn.torch_bf16_accumulates_in_bf16() else 0.03\n"
+        "forward = megamoe.MegaMoeExperts.forward\n"
+        "megamoe.MegaMoeExperts.forward = lambda self, *a, **k: forward(self, *a, **k) * (1+off)\n"
         f"sys.exit(benchmark.main({SMALL + ['--layers', '1', '--accuracy-only']!r}))\n")
     r = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=_env(),
                        timeout=120, cwd=tmp_path)

@@ -29,12 +29,19 @@ def test_bench_serve_small(megamoe_bin):
         if x["impl"] == "mega_moe":
             for other in ("unfused", "unfused_gmm") + (("bf16",) if x["quant"] != "bf16" else ()):
                 assert x["speedup_vs_" + other] > 0, x
-            for other in ("unfused", "unfused_gmm"):
-                assert x["vs_" + other + "_rel_l2"] < (0.01 if x["quant"] == "bf16" else 0.04), x
+            bound = 0.01 if x["quant"] == "bf16" else 0.04
+            # where torch accumulates bf16 matmuls in bf16 (torch 1.13 below AVX-512) the bound
+            # holds for the unfused path's fp32-accumulated form (torch's result with AVX-512);
+            # its own output is 2-4 % from that form (unfused_vs_fp32acc_rel_l2)
+            unfused = "unfused_fp32acc" if x["torch_bf16_accumulates_in_bf16"] else "unfused"
+            for other in (unfused, "unfused_gmm"):
+                assert x["vs_" + other + "_rel_l2"] < bound, x
         # the floor's parts, and the read rate probed beside the calls (one thread per rank)
         assert x["floor_ms"] >= max(x["floor_mem_ms"], x["floor_compute_ms"]) > 0, x
         assert x["read_gbs_beside"] > 0 and x["read_one_gbs_beside"] > 0, x
-    assert probe[0]["read_gbs_one_core"] > 0 and probe[0]["int8_peak_gops_per_core"] > 0
+    assert probe[0]["read_gbs_one_core"] > 0
+    # an INT8 unit (VNNI or AMX) has a probed peak; an AVX2 CPU has none and says so
+    assert (probe[0]["int8_peak_gops_per_core"] > 0) == (probe[0]["int8_unit"] != "none"), probe
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts are network namespaces: root")
