@@ -58,7 +58,7 @@
     MM_ENV(UCX_PROTO_ENABLE, "UCX_PROTO_ENABLE", STRING, "", 0, 0, "", \
            "UCX's own switch for its protocol selection v2, used as given; unset: the inter-host engine uses n (v2, the default from UCX 1.16, has no software-emulated fetching atomics over TCP, which the engine's signals need).") \
     MM_ENV(GEMM, "MEGAMOE_GEMM", ENUM, "auto", 0, 0, "auto|amx|avx512|onednn|ref", \
-           "BF16 GEMM backend, read when a MegaMoeExperts layer is created; auto: the own amx kernel where the CPU has usable AMX-BF16, else oneDNN where built, with big packed weights on the own avx512 kernel (docs/kernels.md).") \
+           "BF16 GEMM backend, read when a MegaMoeExperts layer is created; auto: the own amx kernel where the CPU has usable AMX-BF16, else the own avx512 kernel on CPUs without AVX512-BF16 (its FMA form, or its AVX2 form without AVX-512), else oneDNN where built, with big packed weights on the own avx512 kernel (docs/kernels.md).") \
     MM_ENV(THREADS, "MEGAMOE_THREADS", INT, "0", 0, 4096, "", \
            "Cores given to each rank (0 = online cores / local ranks).") \
     MM_ENV(CUBE_WORKERS, "MEGAMOE_CUBE_WORKERS", INT, "0", 0, 4096, "", \
